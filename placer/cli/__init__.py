@@ -1,0 +1,16 @@
+"""Command-line interface: ``placer COMMAND``. Each command lives in its own module."""
+
+from __future__ import annotations
+
+from placer.cli.app import app
+
+# each import registers its commands on ``app``
+from placer.cli import devices as _devices  # noqa: E402,F401
+from placer.cli import run as _run  # noqa: E402,F401
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

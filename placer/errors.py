@@ -1,0 +1,66 @@
+"""placer's exceptions.
+
+May import: nothing from placer.
+
+Every error that concerns one stage carries it in ``.stage`` and names it in its
+message, together with what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class PlacerError(Exception):
+    """Base class of every error placer raises on purpose."""
+
+    def __init__(self, message: str, *, stage: str | None = None):
+        super().__init__(message)
+        self.stage = stage
+
+
+class PipelineError(PlacerError, ValueError):
+    """The pipeline's graph is malformed (validation failed)."""
+
+
+class EmptyPipelineError(PipelineError):
+    """The pipeline has no stages."""
+
+
+class DuplicateStageError(PipelineError):
+    """Two stages share a name."""
+
+
+class CycleError(PipelineError):
+    """The stages' dependencies form a cycle."""
+
+
+class DanglingInputError(PipelineError):
+    """A stage reads an input that no stage produces."""
+
+
+class MissingImplementationError(PipelineError):
+    """A stage is asked to run on a device it has no implementation for."""
+
+
+class DeviceError(PlacerError):
+    """A device is unknown, or not available on this machine."""
+
+
+class DeviceUnavailableError(DeviceError):
+    """A placement or pin names a device that this machine does not have."""
+
+
+class PlacementError(PlacerError, ValueError):
+    """A placement specification cannot be parsed or does not fit the pipeline."""
+
+
+class StageFailedError(PlacerError):
+    """A stage raised while running.
+
+    ``.outputs`` holds the outputs of every stage that finished before the failure,
+    and ``.run`` the partial timeline, so nothing already computed is lost.
+    """
+
+    def __init__(self, message: str, *, stage: str, outputs=None, run=None):
+        super().__init__(message, stage=stage)
+        self.outputs = outputs if outputs is not None else {}
+        self.run = run

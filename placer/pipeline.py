@@ -1,0 +1,415 @@
+"""Declaring stages and building and validating the pipeline's graph.
+
+May import: networkx, pydantic, placer.errors. Never torch, dask or numba: planning
+and validation must stay fast and importable anywhere.
+
+A pipeline is a :class:`networkx.DiGraph` whose nodes are stage names, each node
+holding its :class:`Stage` under the attribute ``"stage"``; an edge ``u -> v``
+carries ``u``'s output into ``v`` under the argument name ``edge["name"]``.
+:class:`Pipeline` is a thin wrapper that builds and checks such a graph.
+
+Examples
+--------
+>>> p = Pipeline("demo")
+>>> @p.stage(kind="cleaning")
+... def load(device):
+...     return [1.0, 2.0]
+>>> @p.stage(kind="preprocessing")
+... def double(load, device):
+...     return [2 * v for v in load]
+>>> p.order()
+['load', 'double']
+>>> p.stages["double"].inputs
+{'load': 'load'}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from placer.errors import (
+    CycleError,
+    DanglingInputError,
+    DuplicateStageError,
+    EmptyPipelineError,
+    MissingImplementationError,
+    PipelineError,
+)
+
+KINDS = ("cleaning", "preprocessing", "training", "inference", "other")
+Kind = Literal["cleaning", "preprocessing", "training", "inference", "other"]
+#: How an implementation wants its array data: torch tensors on the stage's device,
+#: numpy arrays on the host (numpy, pandas, numba.njit, dask code), or numba CUDA
+#: device arrays (``@cuda.jit`` kernels).
+API = Literal["torch", "numpy", "numba.cuda"]
+DEVICE_CLASSES = ("cpu", "gpu")
+
+
+class Impl(BaseModel):
+    """One implementation of a stage: a callable and the data format it takes."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    fn: Callable[..., Any]
+    api: API = "torch"
+    #: whether ``fn`` takes a ``device`` keyword (filled in from its signature)
+    takes_device: bool = False
+
+    @model_validator(mode="after")
+    def _signature(self) -> Impl:
+        try:
+            params = inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):  # builtins without a signature
+            return self
+        takes = "device" in params or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+        )
+        object.__setattr__(self, "takes_device", takes)
+        return self
+
+
+class Stage(BaseModel):
+    """A stage of a pipeline.
+
+    A stage has either one device-agnostic torch function ``fn`` (called with
+    ``device=torch.device(...)``) or separate ``cpu`` and ``gpu`` implementations,
+    or both (``cpu``/``gpu`` win over ``fn`` on their device class).
+
+    Inputs map the implementation's argument names to the producing stage's name;
+    ``params`` are passed as keyword arguments too.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", validate_assignment=True)
+
+    name: str = Field(min_length=1)
+    kind: str = "other"
+    fn: Impl | None = None
+    cpu: Impl | None = None
+    gpu: Impl | None = None
+    inputs: dict[str, str] = Field(default_factory=dict)
+    pin: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    #: the CPU implementation is row-wise along axis 0, so it may be split into partitions
+    data_parallel: bool = False
+    doc: str = ""
+    #: optional declared work counts, used to predict devices that are absent
+    flops: float | None = None
+    bytes_moved: float | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str, info) -> str:
+        if v not in KINDS:
+            name = info.data.get("name", "?")
+            raise ValueError(
+                f"stage {name!r}: unknown kind {v!r}; use one of {', '.join(KINDS)}"
+            )
+        return v
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {v: v}
+        if isinstance(v, (list, tuple)):
+            return {x: x for x in v}
+        return v
+
+    @field_validator("fn", "cpu", "gpu", mode="before")
+    @classmethod
+    def _impl(cls, v: Any, info) -> Any:
+        if v is None or isinstance(v, (Impl, dict)):
+            return v
+        if callable(v):
+            api = {"fn": "torch", "cpu": "numpy", "gpu": "torch"}[info.field_name]
+            return Impl(fn=v, api=api)
+        raise ValueError(
+            f"stage {info.data.get('name', '?')!r}: {info.field_name} must be a callable or "
+            f"Impl, got {type(v).__name__}"
+        )
+
+    @model_validator(mode="after")
+    def _has_impl(self) -> Stage:
+        if self.fn is None and self.cpu is None and self.gpu is None:
+            raise ValueError(
+                f"stage {self.name!r} has no implementation; give fn= (device-agnostic torch) "
+                "or cpu=/gpu= functions"
+            )
+        return self
+
+    def impl_for(self, device_class: str) -> Impl | None:
+        """The implementation used on a device class (``"cpu"`` or ``"gpu"``)."""
+        own = self.cpu if device_class == "cpu" else self.gpu
+        return own if own is not None else self.fn
+
+    def device_classes(self) -> list[str]:
+        """Device classes this stage can run on."""
+        return [c for c in DEVICE_CLASSES if self.impl_for(c) is not None]
+
+    def code_hash(self) -> str:
+        """A hash of the stage's code and parameters (changes when either does)."""
+        h = hashlib.sha256()
+        h.update(self.name.encode())
+        for impl in (self.fn, self.cpu, self.gpu):
+            if impl is None:
+                h.update(b"-")
+                continue
+            code = getattr(impl.fn, "__code__", None)
+            if code is not None:
+                h.update(code.co_code)
+                h.update(repr(code.co_consts).encode())
+                h.update(repr(code.co_names).encode())
+            else:
+                h.update(repr(impl.fn).encode())
+            h.update(impl.api.encode())
+        h.update(repr(sorted(self.inputs.items())).encode())
+        h.update(repr(sorted((k, repr(v)) for k, v in self.params.items())).encode())
+        h.update(repr(self.data_parallel).encode())
+        return h.hexdigest()[:16]
+
+
+def _infer_inputs(fn: Callable, params: Mapping[str, Any]) -> dict[str, str]:
+    names = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.name == "device" or p.name in params:
+            continue
+        if p.kind in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL):
+            continue
+        if p.default is not inspect.Parameter.empty:
+            continue
+        names.append(p.name)
+    return {n: n for n in names}
+
+
+class Pipeline:
+    """A pipeline of stages: a thin wrapper around a ``networkx.DiGraph``.
+
+    Parameters
+    ----------
+    name : str
+        Shown in reports and run records.
+    graph : networkx.DiGraph, optional
+        A hand-built graph; each node's ``"stage"`` attribute is a :class:`Stage`
+        or a dict of its fields. Edges without a matching stage input become inputs
+        named after the edge's ``"name"`` attribute (default: the producer's name).
+    """
+
+    def __init__(self, name: str = "pipeline", graph: nx.DiGraph | None = None, *, size: int | None = None):
+        self.name = name
+        self.size = size
+        self.graph = nx.DiGraph(name=name)
+        if graph is not None:
+            self._adopt(graph)
+
+    # -- building -----------------------------------------------------------------
+    def add(self, stage: Stage | None = None, /, **fields: Any) -> Stage:
+        """Add a stage (a :class:`Stage` or its fields as keywords) and return it."""
+        if stage is None:
+            stage = Stage(**fields)
+        if stage.name in self.graph:
+            raise DuplicateStageError(
+                f"stage {stage.name!r} is declared twice; give each stage a unique name",
+                stage=stage.name,
+            )
+        self.graph.add_node(stage.name, stage=stage)
+        self._order_cache = None
+        return stage
+
+    def stage(
+        self,
+        name: str | None = None,
+        *,
+        kind: str = "other",
+        inputs: Iterable[str] | Mapping[str, str] | None = None,
+        device: Literal["cpu", "gpu"] | None = None,
+        api: str | None = None,
+        pin: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        data_parallel: bool | None = None,
+        flops: float | None = None,
+        bytes_moved: float | None = None,
+    ) -> Callable[[Callable], Callable]:
+        """Decorator declaring a stage from a function.
+
+        Without ``device`` the function is the device-agnostic torch version and
+        receives ``device=``. With ``device="cpu"`` or ``"gpu"`` it is that device's
+        implementation; decorating a second function with the same ``name`` and the
+        other device adds it to the same stage. Inputs default to the function's
+        required arguments, each read from the stage of the same name.
+        """
+
+        def register(fn: Callable) -> Callable:
+            sname = name or fn.__name__
+            prm = dict(params or {})
+            ins = inputs if inputs is not None else _infer_inputs(fn, prm)
+            slot = "fn" if device is None else device
+            if slot not in ("fn", "cpu", "gpu"):
+                raise PipelineError(
+                    f"stage {sname!r}: device must be 'cpu', 'gpu' or omitted, got {device!r}",
+                    stage=sname,
+                )
+            default_api = {"fn": "torch", "cpu": "numpy", "gpu": "torch"}[slot]
+            impl = Impl(fn=fn, api=api or default_api)
+            if sname in self.graph:
+                old: Stage = self.graph.nodes[sname]["stage"]
+                if getattr(old, slot) is not None:
+                    raise DuplicateStageError(
+                        f"stage {sname!r} already has a {slot} implementation; "
+                        "use another name or another device",
+                        stage=sname,
+                    )
+                upd = {slot: impl}
+                if data_parallel is not None:
+                    upd["data_parallel"] = data_parallel
+                new = old.model_copy(update=upd)
+                self.graph.nodes[sname]["stage"] = new
+            else:
+                self.add(
+                    Stage(
+                        name=sname,
+                        kind=kind,
+                        inputs=ins,
+                        pin=pin,
+                        params=prm,
+                        data_parallel=bool(data_parallel),
+                        doc=inspect.getdoc(fn) or "",
+                        flops=flops,
+                        bytes_moved=bytes_moved,
+                        **{slot: impl},
+                    )
+                )
+            return fn
+
+        return register
+
+    def _adopt(self, graph: nx.DiGraph) -> None:
+        for node, data in graph.nodes(data=True):
+            st = data.get("stage")
+            if st is None:
+                raise PipelineError(
+                    f"node {node!r} has no 'stage' attribute; add stage=Stage(...) to the node",
+                    stage=str(node),
+                )
+            if isinstance(st, Mapping):
+                st = Stage(**{"name": node, **st})
+            if st.name != node:
+                raise PipelineError(
+                    f"node {node!r} holds stage {st.name!r}; the node key must equal the stage name",
+                    stage=str(node),
+                )
+            self.add(st)
+        for u, v, data in graph.edges(data=True):
+            st: Stage = self.graph.nodes[v]["stage"]
+            if u not in st.inputs.values():
+                arg = data.get("name", u)
+                self.graph.nodes[v]["stage"] = st.model_copy(
+                    update={"inputs": {**st.inputs, arg: u}}
+                )
+        self._order_cache = None
+
+    # -- views ----------------------------------------------------------------------
+    @property
+    def stages(self) -> dict[str, Stage]:
+        """Stages by name, in declaration order."""
+        return {n: d["stage"] for n, d in self.graph.nodes(data=True)}
+
+    def validate(self) -> Pipeline:
+        """Check the graph; raise a :class:`~placer.errors.PipelineError` naming the stage."""
+        if self.graph.number_of_nodes() == 0:
+            raise EmptyPipelineError(
+                f"pipeline {self.name!r} has no stages; declare at least one with @pipeline.stage"
+            )
+        # rebuild edges from inputs, so the graph always matches the declarations
+        self.graph.remove_edges_from(list(self.graph.edges))
+        for name, st in self.stages.items():
+            for arg, src in st.inputs.items():
+                if src not in self.graph:
+                    raise DanglingInputError(
+                        f"stage {name!r} reads input {arg!r} from stage {src!r}, which no stage "
+                        f"produces; add a stage named {src!r} or fix the input's name",
+                        stage=name,
+                    )
+                if src == name:
+                    raise CycleError(
+                        f"stage {name!r} reads its own output; remove the self-dependency",
+                        stage=name,
+                    )
+                self.graph.add_edge(src, name, name=arg)
+        try:
+            cycle = nx.find_cycle(self.graph)
+        except nx.NetworkXNoCycle:
+            cycle = None
+        if cycle:
+            path = " -> ".join([e[0] for e in cycle] + [cycle[0][0]])
+            raise CycleError(
+                f"stage {cycle[0][0]!r} is part of a cycle ({path}); a pipeline must be acyclic, "
+                "remove one of these inputs",
+                stage=cycle[0][0],
+            )
+        self._order_cache = None
+        return self
+
+    def order(self) -> list[str]:
+        """Topological order, ties broken by declaration order (the dispatch priority)."""
+        cached = getattr(self, "_order_cache", None)
+        if cached is not None:
+            return cached
+        self.validate()
+        index = {n: i for i, n in enumerate(self.graph.nodes)}
+        order = list(nx.lexicographical_topological_sort(self.graph, key=index.__getitem__))
+        self._order_cache = order
+        return order
+
+    def sinks(self) -> list[str]:
+        """Stages whose output no stage reads: the pipeline's final outputs."""
+        return [n for n in self.order() if self.graph.out_degree(n) == 0]
+
+    def consumers(self, name: str) -> list[str]:
+        return list(self.graph.successors(name))
+
+    def check_placement(self, placement: Mapping[str, str]) -> None:
+        """Check that each stage has an implementation for its placed device class."""
+        for name, st in self.stages.items():
+            dev = placement.get(name)
+            if dev is None:
+                raise PipelineError(
+                    f"stage {name!r} has no device in the placement; add {name}=cpu or {name}=gpu",
+                    stage=name,
+                )
+            cls = device_class(dev)
+            if st.impl_for(cls) is None:
+                have = ", ".join(st.device_classes())
+                raise MissingImplementationError(
+                    f"stage {name!r} has no {cls} implementation (it has: {have}); "
+                    f"place it on {have} or add a {cls} implementation",
+                    stage=name,
+                )
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.name!r}, stages={list(self.graph.nodes)})"
+
+    def __len__(self) -> int:
+        return self.graph.number_of_nodes()
+
+
+def device_class(device: str) -> str:
+    """``"cpu"`` for the CPU, ``"gpu"`` for a GPU or the simulated test device."""
+    return "cpu" if device == "cpu" else "gpu"
+
+
+def as_pipeline(obj: Any, name: str | None = None) -> Pipeline:
+    """Accept a :class:`Pipeline` or a hand-built ``networkx.DiGraph``."""
+    if isinstance(obj, Pipeline):
+        return obj
+    if isinstance(obj, nx.DiGraph):
+        return Pipeline(name or obj.graph.get("name") or "pipeline", obj)
+    raise PipelineError(
+        f"expected a placer.Pipeline or networkx.DiGraph, got {type(obj).__name__}; "
+        "build(size) must return one of these"
+    )

@@ -1,0 +1,1 @@
+"""Ready pipelines. Each module exposes ``build(size=None, **params)``."""

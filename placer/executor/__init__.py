@@ -1,0 +1,145 @@
+"""Running a pipeline under a placement.
+
+May import: placer.pipeline, placer.devices, placer.placement, placer.digest and the
+modules of this package. Device libraries (torch, numba.cuda, dask) are touched only
+inside the functions that need them.
+
+Examples
+--------
+>>> from placer import Pipeline, execute
+>>> p = Pipeline("demo")
+>>> @p.stage()
+... def numbers(device):
+...     import torch
+...     return torch.arange(4.0, device=device)
+>>> @p.stage()
+... def total(numbers, device):
+...     return numbers.sum()
+>>> run = execute(p, "all=cpu")
+>>> float(run.final_outputs["total"])
+6.0
+>>> [s.device for s in run.stages]
+['cpu', 'cpu']
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+from placer.devices import Device, Inventory, discover
+from placer.digest import outputs_digest
+from placer.errors import StageFailedError
+from placer.executor.engine import Engine, InlineLanes, ThreadLanes
+from placer.executor.records import Run, StageRecord, TransferRecord
+from placer.executor.stagecall import call_stage
+from placer.executor.transfer import to_location
+from placer.pipeline import Pipeline, as_pipeline
+from placer.placement import resolve
+
+__all__ = [
+    "Run",
+    "StageRecord",
+    "TransferRecord",
+    "call_stage",
+    "choose_lanes",
+    "execute",
+    "to_location",
+]
+
+
+def choose_lanes(pipeline: Pipeline, devices: dict[str, Device], executor: str, workers: int):
+    """Pick the lanes: ``inline`` when nothing can overlap (a chain), else ``threads``.
+
+    ``executor`` may force ``"inline"`` (everything in the calling thread, lowest
+    overhead) or ``"threads"`` (concurrent lanes).
+    """
+    if executor == "auto":
+        g = pipeline.graph
+        chain = all(g.out_degree(n) <= 1 and g.in_degree(n) <= 1 for n in g) and (
+            sum(1 for n in g if g.in_degree(n) == 0) == 1
+        )
+        executor = "inline" if chain else "threads"
+    if executor == "inline":
+        return InlineLanes(workers)
+    if executor == "threads":
+        acc = sorted({d.name for d in devices.values() if d.kind != "cpu"})
+        return ThreadLanes(workers, acc)
+    raise ValueError(f"unknown executor {executor!r}; use auto, inline or threads")
+
+
+def execute(
+    pipeline: Any,
+    placement: Any = None,
+    *,
+    executor: str = "auto",
+    workers: int | None = None,
+    inventory: Inventory | None = None,
+    size: int | None = None,
+) -> Run:
+    """Run ``pipeline`` with every stage on the device the placement gives it.
+
+    Parameters
+    ----------
+    pipeline : Pipeline or networkx.DiGraph
+    placement : str, mapping, Plan or None
+        ``"all=cpu"``, ``"all=cpu,train=gpu"``, ``{"train": "gpu"}`` (missing stages
+        go to the CPU), or any object with a ``placement`` mapping (a Plan).
+        ``None`` places everything on the CPU.
+    executor : {"auto", "inline", "threads"}
+        How lanes run work (see :func:`choose_lanes`).
+    workers : int, optional
+        CPU stages that may run at once; default: the CPU device's workers.
+
+    Returns
+    -------
+    Run
+        Timeline, transfers, digest; ``run.outputs`` holds every stage's output and
+        ``run.final_outputs`` the sinks' outputs on the host.
+
+    Raises
+    ------
+    StageFailedError
+        When a stage raises; ``.outputs`` keeps what finished before, ``.run`` the
+        partial timeline.
+    """
+    p = as_pipeline(pipeline)
+    p.validate()
+    inv = inventory or discover()
+    devices = resolve(p, placement, inv)
+    cpu = inv.get("cpu")
+    w = int(workers or (cpu.workers if cpu else 1))
+    lanes = choose_lanes(p, devices, executor, w)
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    try:
+        outputs, final, stage_recs, transfer_recs, failure, makespan = Engine(p, devices, lanes).run()
+    finally:
+        lanes.close()
+    run = Run(
+        pipeline=p.name,
+        size=size if size is not None else p.size,
+        placement={n: d.name for n, d in devices.items()},
+        executor=lanes.name,
+        workers=w,
+        makespan_s=makespan,
+        stages=sorted(stage_recs, key=lambda r: r.start_s),
+        transfers=sorted(transfer_recs, key=lambda r: r.start_s),
+        devices={d.name: d.label for d in {d.name: d for d in devices.values()}.values()},
+        started_at=started,
+        versions={k: str(v) if v is not None else None for k, v in inv.host.items()
+                  if k in ("python", "torch", "numba")},
+    )
+    run._outputs.update(outputs)
+    if failure is not None:
+        name, exc, _tb = failure
+        run.error = f"{type(exc).__name__}: {exc}"
+        run.failed_stage = name
+        raise StageFailedError(
+            f"stage {name!r} failed on {devices[name].name}: {type(exc).__name__}: {exc}",
+            stage=name,
+            outputs=dict(outputs),
+            run=run,
+        ) from exc
+    run._final.update(final)
+    run.outputs_digest = outputs_digest(final)
+    return run

@@ -1,0 +1,238 @@
+"""The one execution engine: dispatches stages and transfers to lanes, records a timeline.
+
+May import: placer.pipeline, placer.devices, placer.executor.*; dask inside functions.
+
+It behaves exactly like the schedule model of ``docs/schedule.md``, which the
+optimizer simulates:
+
+* a stage is ready when each of its inputs is at its device's location (``host``
+  for the CPU, else the device);
+* whenever a lane has a free slot, the ready stage with the lowest priority (its
+  index in :meth:`Pipeline.order`) starts there; the CPU lane has ``workers`` slots,
+  every accelerator one;
+* when a stage finishes, its output is copied at once to every other location
+  among its consumers' devices (and to the host if it is a sink on an accelerator),
+  once per location, on a link lane; the copy does not occupy any device's slot;
+* the run ends when every sink's output is on the host.
+
+Variants differ only in how they submit work to lanes: :class:`InlineLanes` calls
+everything in the calling thread (the low-overhead path, exact for chains);
+:class:`ThreadLanes` gives the CPU a pool of ``workers`` threads, each accelerator a
+thread of its own, and links their own threads, so a CPU stage and a GPU stage run
+at the same time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from placer.devices import Device
+from placer.executor.records import StageRecord, TransferRecord
+from placer.executor.stagecall import call_stage
+from placer.executor.transfer import nbytes, to_location
+from placer.pipeline import Pipeline
+
+HOST = "host"
+
+
+class InlineLanes:
+    """Run every task in the calling thread, at once."""
+
+    name = "inline"
+
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+
+    def submit(self, lane: str, task: Callable[[], None]) -> None:
+        task()
+
+    def lane_name(self, lane: str) -> str:
+        return "cpu/0" if lane == "cpu" else lane
+
+    def close(self) -> None:
+        pass
+
+
+class ThreadLanes:
+    """A thread pool per lane: ``workers`` threads for the CPU, one per accelerator."""
+
+    name = "threads"
+
+    def __init__(self, workers: int, accelerators: list[str]):
+        self.workers = workers
+        self._pools = {"cpu": ThreadPoolExecutor(workers, thread_name_prefix="placer-cpu")}
+        for a in accelerators:
+            self._pools[a] = ThreadPoolExecutor(1, thread_name_prefix=f"placer-{a}")
+        self._pools["link"] = ThreadPoolExecutor(max(2, 2 * len(accelerators)), thread_name_prefix="placer-link")
+
+    def submit(self, lane: str, task: Callable[[], None]) -> None:
+        self._pools["link" if lane.startswith("link") else lane].submit(task)
+
+    def lane_name(self, lane: str) -> str:
+        if lane == "cpu":
+            name = threading.current_thread().name  # placer-cpu_3
+            return "cpu/" + name.rsplit("_", 1)[-1]
+        return lane
+
+    def close(self) -> None:
+        for p in self._pools.values():
+            p.shutdown(wait=True)
+
+
+class Engine:
+    """Runs a pipeline under a resolved placement on the given lanes."""
+
+    def __init__(self, pipeline: Pipeline, devices: dict[str, Device], lanes):
+        self.p = pipeline
+        self.devices = devices
+        self.lanes = lanes
+        self.order = pipeline.order()
+        self.prio = {n: i for i, n in enumerate(self.order)}
+        self.stages = pipeline.stages
+        self.loc = {n: d.location for n, d in devices.items()}
+        self.loc_device: dict[str, Device] = {HOST: Device(name="cpu", kind="cpu", label="host")}
+        for d in devices.values():
+            self.loc_device.setdefault(d.location, d)
+            if d.kind == "cpu":
+                self.loc_device[HOST] = d
+        self.sinks = set(pipeline.sinks())
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> tuple[dict[str, Any], dict[str, Any], list[StageRecord], list[TransferRecord], tuple | None, float]:
+        p, loc = self.p, self.loc
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        avail: dict[tuple[str, str], Any] = {}
+        waiting: dict[tuple[str, str], list[str]] = {}
+        missing: dict[str, int] = {}
+        for n in self.order:
+            keys = {(src, loc[n]) for src in self.stages[n].inputs.values()}
+            missing[n] = len(keys)
+            for k in keys:
+                waiting.setdefault(k, []).append(n)
+        ready: dict[str, list[tuple[int, str]]] = {}
+        slots: dict[str, int] = {}
+        for n, d in self.devices.items():
+            lane = "cpu" if d.kind == "cpu" else d.name
+            slots.setdefault(lane, self.lanes.workers if lane == "cpu" else 1)
+        lane_of = {n: ("cpu" if d.kind == "cpu" else d.name) for n, d in self.devices.items()}
+        for n in self.order:
+            if missing[n] == 0:
+                heapq.heappush(ready.setdefault(lane_of[n], []), (self.prio[n], n))
+        stage_recs: list[StageRecord] = []
+        transfer_recs: list[TransferRecord] = []
+        outputs: dict[str, Any] = {}
+        final: dict[str, Any] = {}
+        sinks_left = set(self.sinks)
+        inflight = 0
+        failure: tuple | None = None
+        t_start = time.perf_counter()
+        clock = lambda: time.perf_counter() - t_start  # noqa: E731
+
+        def make_stage_task(n: str, args: dict[str, Any]):
+            dev = self.devices[n]
+            st = self.stages[n]
+
+            def task():
+                t0 = clock()
+                try:
+                    out = call_stage(st, dev, args, workers=self.lanes.workers)
+                    events.put(("stage", n, out, t0, clock(), self.lanes.lane_name(lane_of[n]), None))
+                except BaseException as exc:  # noqa: BLE001 - reported, then re-raised by run
+                    events.put(("stage", n, None, t0, clock(), self.lanes.lane_name(lane_of[n]), exc))
+
+            return task
+
+        def make_transfer_task(src: str, value: Any, frm: str, to: str):
+            target = self.loc_device[to]
+
+            def task():
+                t0 = clock()
+                try:
+                    moved, nb, pinned = to_location(value, target)
+                    events.put(("transfer", (src, frm, to), moved, t0, clock(), (nb, pinned), None))
+                except BaseException as exc:  # noqa: BLE001
+                    events.put(("transfer", (src, frm, to), None, t0, clock(), (0, False), exc))
+
+            return task
+
+        def arrive(key: tuple[str, str], value: Any) -> None:
+            avail[key] = value
+            for c in waiting.get(key, ()):
+                missing[c] -= 1
+                if missing[c] == 0:
+                    heapq.heappush(ready.setdefault(lane_of[c], []), (self.prio[c], c))
+
+        while True:
+            if failure is None:
+                for lane, heap in ready.items():
+                    while heap and slots[lane] > 0:
+                        _, n = heapq.heappop(heap)
+                        slots[lane] -= 1
+                        inflight += 1
+                        args = {a: avail[(src, loc[n])] for a, src in self.stages[n].inputs.items()}
+                        self.lanes.submit(lane, make_stage_task(n, args))
+            if inflight == 0:
+                break
+            kind, key, value, t0, t1, extra, exc = events.get()
+            inflight -= 1
+            if kind == "stage":
+                n = key
+                dev = self.devices[n]
+                slots[lane_of[n]] += 1
+                if exc is not None:
+                    stage_recs.append(StageRecord(name=n, device=dev.name, lane=extra, start_s=t0, end_s=t1,
+                                                  seconds=t1 - t0, status="failed", error=_describe(exc)))
+                    if failure is None:
+                        failure = (n, exc, traceback.format_exception(exc))
+                    continue
+                stage_recs.append(StageRecord(name=n, device=dev.name, lane=extra, start_s=t0, end_s=t1,
+                                              seconds=t1 - t0, output_bytes=nbytes(value)))
+                outputs[n] = value
+                here = loc[n]
+                targets = sorted({loc[c] for c in p.consumers(n)} - {here})
+                if n in self.sinks:
+                    if here == HOST:
+                        final[n] = value
+                        sinks_left.discard(n)
+                    elif HOST not in targets:
+                        targets.append(HOST)
+                if failure is None:
+                    for to in targets:
+                        inflight += 1
+                        self.lanes.submit(f"link:{here}->{to}", make_transfer_task(n, value, here, to))
+                arrive((n, here), value)
+            else:
+                src, frm, to = key
+                nb, pinned = extra
+                if exc is not None:
+                    if failure is None:
+                        failure = (src, exc, traceback.format_exception(exc))
+                    continue
+                transfer_recs.append(TransferRecord(
+                    data=src, src=frm, dst=to, direction=_direction(frm, to), bytes=nb,
+                    start_s=t0, end_s=t1, seconds=t1 - t0, pinned=pinned))
+                if to == HOST and src in self.sinks:
+                    final[src] = value
+                    sinks_left.discard(src)
+                arrive((src, to), value)
+        makespan = clock()
+        return outputs, final, stage_recs, transfer_recs, failure, makespan
+
+
+def _direction(frm: str, to: str) -> str:
+    if frm == HOST:
+        return "h2d"
+    if to == HOST:
+        return "d2h"
+    return "d2d"
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,54 @@
+"""Loading a pipeline from a ``.py`` file or a ``module:function`` reference.
+
+May import: importlib, placer.pipeline, placer.errors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+from placer.errors import PlacerError
+from placer.pipeline import Pipeline, as_pipeline
+
+
+def load_builder(ref: str):
+    """The ``build`` function a reference names (a path to a .py file, or module:function)."""
+    path = Path(ref)
+    if ref.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise PlacerError(f"pipeline file {ref!r} does not exist")
+        modname = f"placer_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+        spec = importlib.util.spec_from_file_location(modname, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = module
+        spec.loader.exec_module(module)
+        fn = getattr(module, "build", None)
+        if fn is None:
+            raise PlacerError(f"pipeline file {ref!r} has no build(size=None, **params) function")
+        return fn
+    mod, _, attr = ref.partition(":")
+    try:
+        module = importlib.import_module(mod)
+    except ImportError as exc:
+        raise PlacerError(f"cannot import pipeline module {mod!r}: {exc}") from None
+    fn = getattr(module, attr or "build", None)
+    if fn is None:
+        raise PlacerError(f"module {mod!r} has no function {attr or 'build'!r}")
+    return fn
+
+
+def load_pipeline(ref: str, size: int | None = None, **params: Any) -> Pipeline:
+    """Build the pipeline a reference names, at ``size``."""
+    build = load_builder(ref)
+    kwargs = dict(params)
+    if "size" in inspect.signature(build).parameters:
+        kwargs["size"] = size
+    p = as_pipeline(build(**kwargs), name=Path(ref).stem if ref.endswith(".py") else ref)
+    if p.size is None:
+        p.size = size
+    return p

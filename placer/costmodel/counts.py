@@ -1,0 +1,122 @@
+"""Counting a call's work: floating-point operations, bytes moved, operations issued.
+
+May import: pydantic; torch only inside :func:`count_work` (it runs code, so it is
+used by the profiler and by the description script, never while planning).
+
+Floating-point operations come from ``torch.utils.flop_counter.FlopCounterMode``
+(matrix products, convolutions, attention), plus one operation per floating-point
+element each op writes (elementwise work, which that counter leaves out). Bytes moved is the sum over
+every aten op of the bytes of its tensor arguments and results: the traffic of a
+device that keeps nothing in cache between kernels, which is how a GPU runs a
+chain of small kernels. Operations issued counts aten ops, an upper bound on
+kernel launches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class Work(BaseModel):
+    """The work of one call.
+
+    Attributes
+    ----------
+    flops : float
+        Floating-point operations.
+    bytes : float
+        Bytes read and written, summed over operations.
+    ops : int
+        Operations issued (≈ kernel launches on a GPU).
+    precision : str
+        The floating-point type that dominates (``fp32``, ``bf16``, ``fp16``, ``fp64``).
+    host_s : float
+        The stage's measured CPU time at a tiny input: an estimate of the host-side
+        (Python, dispatch) cost that a GPU run pays too.
+    source : str
+        ``counted`` (torch), ``declared`` (the stage's own counts) or ``tensor sizes``
+        (only the bytes of inputs and outputs were known).
+    """
+
+    flops: float = 0.0
+    bytes: float = 0.0
+    ops: int = 1
+    precision: str = "fp32"
+    source: str = "counted"
+    #: host-side time of the stage when it is dispatch-bound: its measured CPU time at
+    #: the smallest profiled size (0 when unknown)
+    host_s: float = 0.0
+
+
+_PREC = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+
+
+def count_work(fn: Callable[[], Any]) -> tuple[Any, Work]:
+    """Run ``fn`` once (on CPU torch tensors) and count its work.
+
+    Returns
+    -------
+    (result, Work)
+        ``fn``'s result and the counts. Work done outside torch (numpy, numba)
+        is invisible here; see :func:`tensor_bytes_work` for those.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tally = {"bytes": 0, "ops": 0, "elems": 0, "prec": {}}
+
+    class _Bytes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.namespace == "aten" and func.__name__.split(".")[0] not in _FREE:
+                leaves = tree_flatten((args, kwargs or {}))[0] + tree_flatten(out)[0]
+                for t in leaves:
+                    if isinstance(t, torch.Tensor):
+                        nb = t.nelement() * t.element_size()
+                        tally["bytes"] += nb
+                        if t.is_floating_point():
+                            p = _PREC.get(str(t.dtype).replace("torch.", ""), "fp32")
+                            tally["prec"][p] = tally["prec"].get(p, 0) + nb
+                tally["ops"] += 1
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.is_floating_point():
+                        tally["elems"] += t.nelement()
+            return out
+
+    flop_mode = FlopCounterMode(display=False)
+    with flop_mode, _Bytes():
+        result = fn()
+    flops = float(flop_mode.get_total_flops())
+    prec = max(tally["prec"], key=tally["prec"].get) if tally["prec"] else "fp32"
+    work = Work(
+        flops=flops + float(tally["elems"]),
+        bytes=float(tally["bytes"]),
+        ops=max(1, tally["ops"]),
+        precision=prec,
+        source="counted",
+    )
+    return result, work
+
+
+#: aten ops that move no data (views, metadata)
+_FREE = {
+    "view", "_unsafe_view", "reshape", "expand", "t", "transpose", "permute", "unsqueeze",
+    "squeeze", "alias", "detach", "as_strided", "slice", "select", "lift_fresh", "_to_copy_noop",
+    "empty", "empty_like", "empty_strided", "sym_size", "sym_stride", "sym_numel", "dim", "size",
+    "is_same_size", "_reshape_alias", "split", "chunk", "unbind", "numel",
+}
+
+
+def tensor_bytes_work(input_bytes: float, output_bytes: float, *, flops: float | None = None) -> Work:
+    """Work known only from the sizes of inputs and outputs (one pass over each)."""
+    return Work(
+        flops=float(flops or 0.0),
+        bytes=float(input_bytes + output_bytes),
+        ops=1,
+        source="tensor sizes" if flops is None else "declared",
+    )

@@ -1,0 +1,281 @@
+"""Fitting time (or bytes) against input size, chosen by leave-one-out error.
+
+May import: numpy, pydantic. Never torch: planning from a saved profile must stay
+fast.
+
+The family follows StarPU's regression models: ``a*n**b`` (``power``) and
+``a*n**b + c`` (``power+c``), plus ``a*n + c`` (``linear``) and
+``a*n*log2(n) + c`` (``nlogn``). The constant ``c`` represents fixed costs
+(dispatch, kernel launch, Python overhead) so that small inputs come out right.
+All forms are fitted to minimise squared *relative* error, with ``a, c >= 0``.
+Among the forms with enough points, the one with the smallest leave-one-out
+relative error wins (fewer parameters break near-ties).
+
+Examples
+--------
+>>> import numpy as np
+>>> n = np.array([100, 200, 400, 800, 1600, 3200])
+>>> fit = fit_size_model(n, 2e-3 + 1e-6 * n)
+>>> fit.form in ("linear", "power+c")
+True
+>>> round(fit.predict(32000).value / (2e-3 + 1e-6 * 32000), 2)
+1.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+Form = Literal["constant", "linear", "nlogn", "power", "power+c"]
+#: parameters of each form, used to require enough points
+N_PARAMS = {"constant": 1, "linear": 2, "nlogn": 2, "power": 2, "power+c": 3}
+FORMS: tuple[Form, ...] = ("linear", "nlogn", "power", "power+c")
+#: exponents tried for the power forms before refinement
+_B_GRID = np.linspace(0.0, 3.0, 61)
+#: relative error assumed when too few points exist to estimate one
+UNKNOWN_ERROR = 0.5
+#: a prediction beyond this factor outside the measured range is flagged
+FAR_FACTOR = 10.0
+Label = Literal["measured", "predicted", "roofline"]
+
+
+class Prediction(BaseModel):
+    """A predicted value with its error estimate and provenance.
+
+    Attributes
+    ----------
+    value : float
+        The predicted quantity (seconds or bytes).
+    rel_error : float
+        Estimated relative error (one standard deviation, roughly).
+    label : {"measured", "predicted", "roofline"}
+        ``measured``: at a measured size; ``predicted``: from a fit to measurements
+        of this device; ``roofline``: from work counts and a device description.
+    extrapolation : float
+        How far outside the measured sizes (1.0 inside; 10.0 means ten times
+        beyond the largest or below the smallest).
+    far_outside : bool
+        ``extrapolation`` exceeds :data:`FAR_FACTOR`.
+    """
+
+    value: float
+    rel_error: float
+    label: Label = "predicted"
+    extrapolation: float = 1.0
+    far_outside: bool = False
+
+    def __str__(self) -> str:
+        flag = " (far outside the measured sizes)" if self.far_outside else ""
+        return f"{self.value:.4g} ±{self.rel_error:.0%} [{self.label}]{flag}"
+
+
+class SizeFit(BaseModel):
+    """A fitted size model ``y(n)``.
+
+    Attributes
+    ----------
+    form : str
+        One of :data:`FORMS` (or ``constant``).
+    a, b, c : float
+        Parameters: ``linear``: ``a*n + c``; ``nlogn``: ``a*n*log2(n) + c``;
+        ``power``: ``a*n**b``; ``power+c``: ``a*n**b + c``; ``constant``: ``c``.
+    loo_error : float
+        Root-mean-square leave-one-out relative error of this form (``UNKNOWN_ERROR``
+        when there were too few points to tell).
+    candidates : dict
+        Leave-one-out error of every form that was tried.
+    n_min, n_max : float
+        The measured range.
+    n_points : int
+    valid : bool
+        Enough points to estimate the error (as StarPU's "enough measures").
+    """
+
+    form: Form
+    a: float = 0.0
+    b: float = 1.0
+    c: float = 0.0
+    loo_error: float = UNKNOWN_ERROR
+    candidates: dict[str, float] = Field(default_factory=dict)
+    n_min: float
+    n_max: float
+    n_points: int
+    valid: bool = True
+
+    def __call__(self, n: float | np.ndarray) -> float | np.ndarray:
+        return _eval(self.form, self.a, self.b, self.c, np.asarray(n, dtype=float))
+
+    def extrapolation(self, n: float) -> float:
+        """Factor by which ``n`` lies outside ``[n_min, n_max]`` (1.0 inside)."""
+        if n > self.n_max:
+            return float(n / self.n_max)
+        if 0 < n < self.n_min:
+            return float(self.n_min / n)
+        return 1.0
+
+    def predict(self, n: float, label: Label = "predicted") -> Prediction:
+        """Predict at size ``n`` with an error estimate.
+
+        The error is the leave-one-out error, grown by half of it again for every
+        decade of extrapolation (a heuristic: errors compound with distance).
+        """
+        x = self.extrapolation(n)
+        err = self.loo_error * (1.0 + 0.5 * math.log10(x)) if x > 1 else self.loo_error
+        return Prediction(
+            value=float(max(self(n), 0.0)),
+            rel_error=float(err),
+            label=label,
+            extrapolation=x,
+            far_outside=x > FAR_FACTOR,
+        )
+
+    def describe(self) -> str:
+        """The formula, e.g. ``2.1e-07*n^1.02 + 3.0e-05``."""
+        if self.form == "constant":
+            return f"{self.c:.3g}"
+        term = {"linear": "n", "nlogn": "n*log2(n)", "power": f"n^{self.b:.3g}", "power+c": f"n^{self.b:.3g}"}
+        s = f"{self.a:.3g}*{term[self.form]}"
+        return s + (f" + {self.c:.3g}" if self.form != "power" else "")
+
+
+def _eval(form: str, a: float, b: float, c: float, n: np.ndarray) -> np.ndarray:
+    if form == "constant":
+        return np.full_like(n, c, dtype=float) if n.ndim else np.float64(c)
+    if form == "linear":
+        return a * n + c
+    if form == "nlogn":
+        return a * n * np.log2(np.maximum(n, 2.0)) + c
+    if form == "power":
+        return a * n**b
+    return a * n**b + c
+
+
+def _nnls2(f: np.ndarray, g: np.ndarray | None, y: np.ndarray) -> tuple[float, float, float]:
+    """Minimise sum(((a*f + c*g) - y)/y)**2 with a, c >= 0; return (a, c, sse)."""
+    w = 1.0 / y
+    fw, yw = f * w, y * w  # yw is all ones
+    best = None
+    cands = []
+    if g is not None:
+        gw = g * w
+        A = np.stack([fw, gw], axis=1)
+        sol, *_ = np.linalg.lstsq(A, yw, rcond=None)
+        if sol[0] >= 0 and sol[1] >= 0:
+            cands.append((float(sol[0]), float(sol[1])))
+        cands.append((0.0, float(max(gw @ yw / max(gw @ gw, 1e-300), 0.0))))
+    cands.append((float(max(fw @ yw / max(fw @ fw, 1e-300), 0.0)), 0.0))
+    for a, c in cands:
+        r = a * fw + (c * g * w if g is not None else 0.0) - yw
+        sse = float(r @ r)
+        if best is None or sse < best[2]:
+            best = (a, c, sse)
+    return best
+
+
+def _fit_form(form: str, n: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """Least-relative-squares parameters ``(a, b, c)`` of one form."""
+    ones = np.ones_like(n)
+    if form == "constant":
+        # minimiser of sum((c - y)/y)^2
+        c = float(np.sum(1 / y) / np.sum(1 / y**2))
+        return 0.0, 0.0, c
+    if form == "linear":
+        a, c, _ = _nnls2(n, ones, y)
+        return a, 1.0, c
+    if form == "nlogn":
+        a, c, _ = _nnls2(n * np.log2(np.maximum(n, 2.0)), ones, y)
+        return a, 1.0, c
+    g = ones if form == "power+c" else None
+    if form == "power":  # exact in log space, then the same relative criterion
+        lb = np.polyfit(np.log(n), np.log(y), 1) if len(n) > 1 else (1.0, np.log(y[0] / n[0]))
+        grid = np.unique(np.clip(np.concatenate([_B_GRID, [lb[0]]]), 0.0, 3.0))
+    else:
+        grid = _B_GRID
+
+    def score(b: float) -> tuple[float, float, float]:
+        return _nnls2(n**b, g, y)
+
+    results = [(b, *score(b)) for b in grid]
+    b0 = min(results, key=lambda r: r[3])[0]
+    lo, hi = max(0.0, b0 - 0.05), min(3.0, b0 + 0.05)
+    for _ in range(30):  # golden-section refinement of b
+        m1, m2 = lo + 0.382 * (hi - lo), lo + 0.618 * (hi - lo)
+        if score(m1)[2] < score(m2)[2]:
+            hi = m2
+        else:
+            lo = m1
+    b = (lo + hi) / 2
+    a, c, sse = score(b)
+    best = min(results, key=lambda r: r[3])
+    if best[3] < sse:
+        b, a, c = best[0], best[1], best[2]
+    return float(a), float(b), float(c)
+
+
+def _loo_error(form: str, n: np.ndarray, y: np.ndarray) -> float:
+    errs = []
+    for i in range(len(n)):
+        keep = np.arange(len(n)) != i
+        a, b, c = _fit_form(form, n[keep], y[keep])
+        pred = float(_eval(form, a, b, c, np.asarray(n[i], dtype=float)))
+        errs.append((pred - y[i]) / y[i])
+    return float(np.sqrt(np.mean(np.square(errs))))
+
+
+def fit_size_model(
+    sizes: Sequence[float],
+    values: Sequence[float],
+    *,
+    forms: Sequence[str] = FORMS,
+) -> SizeFit:
+    """Fit ``values`` (seconds or bytes, all > 0) against ``sizes``.
+
+    Parameters
+    ----------
+    sizes, values : sequence of float
+        Measured points; repeated sizes are allowed.
+    forms : sequence of str
+        Candidate forms; those needing more points than are available are skipped.
+
+    Returns
+    -------
+    SizeFit
+        The form with the least leave-one-out relative error. With one point the
+        model is proportional to ``n`` through that point; with two, ``power`` is
+        exact; both are marked ``valid=False`` with error :data:`UNKNOWN_ERROR`.
+
+    Raises
+    ------
+    ValueError
+        No points, mismatched lengths, or a size or value that is not positive and
+        finite.
+    """
+    n = np.asarray(sizes, dtype=float)
+    y = np.asarray(values, dtype=float)
+    if n.shape != y.shape or n.ndim != 1 or len(n) == 0:
+        raise ValueError(f"need equally many sizes and values (got {n.shape} and {y.shape}), at least one")
+    if not (np.all(np.isfinite(n)) and np.all(n > 0) and np.all(np.isfinite(y))):
+        raise ValueError("sizes must be positive and values finite to fit a size model")
+    y = np.maximum(y, 1e-12)  # a zero (e.g. no bytes) would make relative error undefined
+    rng = dict(n_min=float(n.min()), n_max=float(n.max()), n_points=len(n))
+    if len(np.unique(n)) == 1:
+        # one size: assume proportional scaling, the usual case for data stages
+        return SizeFit(form="linear", a=float(np.median(y) / n[0]), c=0.0, valid=False, **rng)
+    usable = [f for f in forms if len(n) >= N_PARAMS[f] + 2]
+    if not usable:
+        a, b, c = _fit_form("power", n, y)
+        return SizeFit(form="power", a=a, b=b, c=c, valid=False, **rng)
+    cands = {f: _loo_error(f, n, y) for f in usable}
+    # prefer fewer parameters unless the richer form is clearly (5%) better
+    order = sorted(usable, key=lambda f: (N_PARAMS[f], forms.index(f)))
+    best = order[0]
+    for f in order[1:]:
+        if cands[f] < cands[best] * 0.95:
+            best = f
+    a, b, c = _fit_form(best, n, y)
+    return SizeFit(form=best, a=a, b=b, c=c, loo_error=cands[best], candidates=cands, **rng)

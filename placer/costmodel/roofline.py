@@ -1,0 +1,156 @@
+"""Device descriptions and the roofline model, for devices this machine lacks.
+
+May import: json, importlib.resources, pydantic, placer.costmodel.{bus,counts,fit}.
+Never torch.
+
+A :class:`DeviceDescription` gives a device's peak rates (floating-point operations
+per second by precision, memory bandwidth), its fixed costs (per operation issued,
+per stage) and its host link, plus efficiency factors calibrated from measurements.
+:meth:`DeviceDescription.predict` turns a :class:`~placer.costmodel.counts.Work`
+into seconds::
+
+    t = stage_overhead_s + max(ops * op_overhead_s, host_factor * host_s)
+        + max(flops / (peak_flops[precision] * compute_eff),
+              bytes / (mem_bandwidth_Bps * memory_eff))
+
+``host_s`` is the stage's CPU time at a tiny input (from the profile): a stage
+whose time is host-side Python and dispatch pays that on a GPU too.
+
+Every number that comes out of it is labelled ``roofline``: a prediction, not a
+measurement.
+
+Examples
+--------
+>>> h200 = load_description("h200")
+>>> h200.name
+'NVIDIA H200'
+>>> from placer.costmodel.counts import Work
+>>> t = h200.predict(Work(flops=2 * 4096**3, bytes=3 * 4096**2 * 4, ops=1))
+>>> 1e-3 < t < 1e-2
+True
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from placer.costmodel.bus import TransferModel
+from placer.costmodel.counts import Work
+from placer.costmodel.fit import Prediction
+
+
+class CalibrationPoint(BaseModel):
+    """One measured op the description was checked against."""
+
+    op: str
+    size: float
+    work: Work
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.predicted_s / self.measured_s
+
+
+class DeviceDescription(BaseModel):
+    """A device described by its rates, for predicting where it was never run.
+
+    Attributes
+    ----------
+    name : str
+        Human name, e.g. ``NVIDIA H200``.
+    kind : {"gpu", "cpu"}
+    source : str
+        Where the numbers come from.
+    memory_bytes : float
+    peak_flops : dict
+        Achievable floating-point operations per second by precision (``fp32``,
+        ``tf32``, ``bf16``, ``fp16``, ``fp64``).
+    mem_bandwidth_Bps : float
+        Device-memory bandwidth, bytes read plus written per second.
+    op_overhead_s : float
+        Host-side cost of issuing one operation (kernel launch).
+    stage_overhead_s : float
+        Fixed cost of running a stage there at all (launch plus synchronise).
+    host_factor : float
+        GPU host-side cost relative to a stage's dispatch-bound CPU time.
+    compute_eff, memory_eff : float
+        Fractions of peak reached by real stages (calibrated).
+    first_call_s : float
+        Typical one-time cost of a stage's first call there (context, compilation).
+    transfer : TransferModel or None
+        The host link.
+    calibration : list of CalibrationPoint
+        Measured ops and the description's predictions of them.
+    """
+
+    name: str
+    kind: Literal["gpu", "cpu"] = "gpu"
+    source: str = ""
+    memory_bytes: float | None = None
+    peak_flops: dict[str, float]
+    mem_bandwidth_Bps: float = Field(gt=0)
+    op_overhead_s: float = Field(ge=0)
+    stage_overhead_s: float = Field(ge=0)
+    host_factor: float = Field(default=0.0, ge=0)
+    compute_eff: float = Field(gt=0, le=1.5)
+    memory_eff: float = Field(gt=0, le=1.5)
+    first_call_s: float = 0.0
+    transfer: TransferModel | None = None
+    calibration: list[CalibrationPoint] = Field(default_factory=list)
+    #: typical ratio spread (predicted/measured) over the calibration ops, as a relative error
+    rel_error: float = 1.0
+
+    def peak(self, precision: str) -> float:
+        if precision in self.peak_flops:
+            return self.peak_flops[precision]
+        return self.peak_flops.get("fp32", min(self.peak_flops.values()))
+
+    def predict(self, work: Work, *, precision: str | None = None) -> float:
+        """Seconds for ``work`` on this device (steady state, data already there)."""
+        prec = precision or work.precision
+        compute = work.flops / (self.peak(prec) * self.compute_eff)
+        memory = work.bytes / (self.mem_bandwidth_Bps * self.memory_eff)
+        fixed = max(work.ops * self.op_overhead_s, self.host_factor * work.host_s)
+        return self.stage_overhead_s + fixed + max(compute, memory)
+
+    def prediction(self, work: Work, **kw) -> Prediction:
+        """:meth:`predict` wrapped with its error and the ``roofline`` label."""
+        return Prediction(value=self.predict(work, **kw), rel_error=self.rel_error, label="roofline")
+
+    def device_entry(self) -> dict:
+        """This device as an entry of the optimizer's ``devices`` table."""
+        return {"kind": self.kind, "memory_bytes": self.memory_bytes, "label": f"{self.name} (described)"}
+
+
+def load_description(name_or_path: str | Path) -> DeviceDescription:
+    """Load a shipped description (``"h200"``) or one from a JSON file.
+
+    Raises
+    ------
+    FileNotFoundError
+        Neither a shipped description nor a file of that name exists.
+    """
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.exists():
+        return DeviceDescription.model_validate_json(p.read_text())
+    key = str(name_or_path).lower().replace("nvidia-", "").replace("nvidia ", "")
+    try:
+        text = _data().joinpath(f"{key}.json").read_text()
+    except FileNotFoundError as exc:
+        have = sorted(f.name[:-5] for f in _data().iterdir() if f.name.endswith(".json"))
+        raise FileNotFoundError(
+            f"no device description {name_or_path!r}; shipped ones: {', '.join(have)}, "
+            "or give a path to a description JSON file"
+        ) from exc
+    return DeviceDescription.model_validate(json.loads(text))
+
+
+def _data():
+    return resources.files("placer").joinpath("data")

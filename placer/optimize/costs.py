@@ -1,0 +1,352 @@
+"""The cost table: what the optimizer knows about a pipeline, as plain data.
+
+May import: networkx, pydantic, placer.errors, placer.optimize.errors. Never torch,
+dask or numba.
+
+A cost table lists the devices, the host<->device link, and for every stage its
+producers, its bytes, and its predicted seconds on each device that can run it.
+It is what a cost model produces for one input size, and what a person writes by
+hand to plan a pipeline for a machine they do not have (see ``docs/costs.md``).
+
+Examples
+--------
+>>> t = CostTable.model_validate({
+...     "devices": {"cpu": {"kind": "cpu", "workers": 2},
+...                 "gpu": {"kind": "gpu", "memory_bytes": 8e10}},
+...     "link": {"h2d": {"latency_s": 1e-5, "bandwidth_Bps": 2.5e10},
+...              "d2h": {"latency_s": 1e-5, "bandwidth_Bps": 2.5e10}},
+...     "stages": [{"name": "load", "output_bytes": 6.4e8, "seconds": {"cpu": 0.1}},
+...                {"name": "clean", "kind": "cleaning", "inputs": ["load"],
+...                 "output_bytes": 6.4e8, "seconds": {"cpu": 0.4, "gpu": 0.002}}]})
+>>> t.allowed("clean")
+['cpu', 'gpu']
+>>> round(t.link.h2d.seconds(6.4e8), 6)
+0.02561
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from placer.optimize.errors import CostTableError
+
+#: names a device may have in a ``seconds`` map even when the table lacks it
+_DEVICE_NAME = re.compile(r"^(cpu|gpu|gpu:\d+|gpu-sim)$")
+
+
+class DeviceSpec(BaseModel):
+    """One device: the CPU (``workers`` concurrent stages) or an accelerator (one at a time).
+
+    ``kind="sim"`` is the simulated test device: it schedules like a GPU but is not one.
+    ``price_per_hour`` is used by the ``cost`` objective (for the CPU, the price of
+    all its workers together).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["cpu", "gpu", "sim"]
+    workers: int = Field(1, ge=1)
+    memory_bytes: float | None = Field(None, gt=0)
+    price_per_hour: float = Field(0.0, ge=0)
+    label: str = ""
+
+
+class Direction(BaseModel):
+    """One direction of the host<->device link: ``latency_s + bytes / bandwidth_Bps``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    latency_s: float = Field(ge=0)
+    bandwidth_Bps: float = Field(gt=0)
+
+    def seconds(self, nbytes: float) -> float:
+        """Seconds to copy ``nbytes`` in this direction."""
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+
+class Link(BaseModel):
+    """The link between the host and every accelerator (h2d: to the device)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    h2d: Direction
+    d2h: Direction
+
+
+class StageCost(BaseModel):
+    """One stage's costs. A device missing from ``seconds`` cannot run the stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    kind: Literal["cleaning", "preprocessing", "training", "inference", "other"] = "other"
+    inputs: list[str] = Field(default_factory=list)
+    input_bytes: float = Field(0.0, ge=0)
+    output_bytes: float = Field(0.0, ge=0)
+    seconds: dict[str, float | None] = Field(default_factory=dict)
+    peak_bytes: dict[str, float] = Field(default_factory=dict)
+    pin: str | None = None
+    #: each step depends on the previous one (sequential work); used in explanations
+    loop_carried: bool = False
+
+
+class CostTable(BaseModel):
+    """Devices, link and per-stage costs at one input size (``size``, in ``size_unit``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    devices: dict[str, DeviceSpec]
+    link: Link | None = None
+    stages: list[StageCost]
+    size: float | None = None
+    size_unit: str = "rows"
+
+    _by_name: dict[str, StageCost] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> CostTable:
+        self._by_name = {st.name: st for st in self.stages}
+        _check_devices(self)
+        _check_graph(self)
+        for st in self.stages:
+            _check_stage(self, st)
+        return self
+
+    # -- reading and writing ---------------------------------------------------------
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "cost table") -> CostTable:
+        """Parse JSON text; raise :class:`CostTableError` with one readable line per problem."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CostTableError(f"{source}: not valid JSON ({exc}); fix the syntax") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise CostTableError(f"{source}: {describe(exc, data)}") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CostTable:
+        """Read a cost table file (JSON)."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise CostTableError(f"cannot read cost table {str(p)!r}: {exc.strerror}") from None
+        return cls.from_json(text, source=str(p))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the table as JSON, atomically (a reader never sees half a file)."""
+        write_atomic(path, self.model_dump_json(indent=2, exclude_defaults=True))
+
+    # -- views ---------------------------------------------------------------------
+    @property
+    def cpu(self) -> str:
+        """The name of the CPU device."""
+        return next(n for n, d in self.devices.items() if d.kind == "cpu")
+
+    @property
+    def accelerators(self) -> list[str]:
+        """Accelerator names (GPUs and simulated test devices), in table order."""
+        return [n for n, d in self.devices.items() if d.kind != "cpu"]
+
+    def stage(self, name: str) -> StageCost:
+        """The stage called ``name``."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no stage named {name!r}") from None
+
+    def seconds(self, stage: str | StageCost, device: str) -> float | None:
+        """Predicted seconds of ``stage`` on ``device``; None when it cannot run there."""
+        st = self.stage(stage) if isinstance(stage, str) else stage
+        return _lookup(st.seconds, device, self.devices[device].kind)
+
+    def memory_need(self, stage: str | StageCost, device: str) -> float:
+        """Bytes the stage needs on ``device``: its peak (default: its output) plus its inputs."""
+        st = self.stage(stage) if isinstance(stage, str) else stage
+        peak = _lookup(st.peak_bytes, device, self.devices[device].kind)
+        peak = st.output_bytes if peak is None else peak
+        by_name = self._by_name
+        return peak + st.input_bytes + sum(by_name[i].output_bytes for i in st.inputs)
+
+    def blocked(self, stage: str | StageCost) -> dict[str, str]:
+        """Why the stage cannot run on each device it cannot run on (device -> reason)."""
+        st = self.stage(stage) if isinstance(stage, str) else stage
+        out = {}
+        for dev, spec in self.devices.items():
+            if self.seconds(st, dev) is None:
+                out[dev] = f"has no implementation or time for {dev}"
+                continue
+            need = self.memory_need(st, dev)
+            if spec.memory_bytes is not None and need > spec.memory_bytes:
+                out[dev] = (
+                    f"needs {fmt_bytes(need)} on {dev}, which has {fmt_bytes(spec.memory_bytes)}"
+                )
+        return out
+
+    def allowed(self, stage: str | StageCost, *, pins: bool = True) -> list[str]:
+        """Devices the stage may run on (implementation, memory and, with ``pins``, its pin)."""
+        st = self.stage(stage) if isinstance(stage, str) else stage
+        if pins and st.pin is not None:
+            return [resolve_pin(self, st)]
+        bad = self.blocked(st)
+        return [d for d in self.devices if d not in bad]
+
+
+def _lookup(mapping: dict, device: str, kind: str):
+    """A per-device value: the device's own key, else ``"gpu"`` for any GPU."""
+    if device in mapping:
+        return mapping[device]
+    if kind == "gpu" and "gpu" in mapping:
+        return mapping["gpu"]
+    return None
+
+
+def resolve_pin(table: CostTable, st: StageCost) -> str:
+    """The device a stage's pin names (``gpu`` also names ``gpu:0``)."""
+    pin = st.pin
+    if pin in table.devices:
+        return pin
+    if pin == "gpu" and "gpu:0" in table.devices:
+        return "gpu:0"
+    if pin == "gpu:0" and "gpu" in table.devices:
+        return "gpu"
+    raise ValueError(
+        f"stage {st.name!r} is pinned to {pin!r}, which is not among the devices "
+        f"({', '.join(table.devices)}); pin it to one of these or add {pin!r} to devices"
+    )
+
+
+def _check_devices(t: CostTable) -> None:
+    cpus = [n for n, d in t.devices.items() if d.kind == "cpu"]
+    if len(cpus) != 1:
+        raise ValueError(
+            f"devices: need exactly one device of kind 'cpu', found {len(cpus)}"
+            f"{' (' + ', '.join(cpus) + ')' if cpus else ''}; the CPU holds the host's data"
+        )
+    for name, d in t.devices.items():
+        if not name.strip():
+            raise ValueError("devices: a device name is empty; name it cpu, gpu, gpu:N or gpu-sim")
+        if d.kind != "cpu" and d.workers != 1:
+            raise ValueError(
+                f"devices.{name}: an accelerator runs one stage at a time; remove 'workers'"
+            )
+    if t.accelerators and t.link is None:
+        raise ValueError(
+            "link: missing; give h2d and d2h latency_s and bandwidth_Bps for the accelerators"
+        )
+    if not t.stages:
+        raise ValueError("stages: empty; list at least one stage")
+
+
+def _check_graph(t: CostTable) -> None:
+    names: set[str] = set()
+    for st in t.stages:
+        if st.name in names:
+            raise ValueError(f"stage {st.name!r} appears twice in stages; give each a unique name")
+        names.add(st.name)
+    g = nx.DiGraph()
+    g.add_nodes_from(names)
+    for st in t.stages:
+        for src in st.inputs:
+            if src == st.name:
+                raise ValueError(f"stage {st.name!r} lists itself in inputs; remove it")
+            if src not in names:
+                raise ValueError(
+                    f"stage {st.name!r} has unknown input {src!r}; add a stage named {src!r} "
+                    "or fix the name in its inputs"
+                )
+            g.add_edge(src, st.name)
+        if len(set(st.inputs)) != len(st.inputs):
+            raise ValueError(f"stage {st.name!r} lists an input twice; list each producer once")
+    try:
+        cycle = nx.find_cycle(g)
+    except nx.NetworkXNoCycle:
+        return
+    path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
+    raise ValueError(f"stages form a cycle ({path}); remove one of these inputs")
+
+
+def _check_stage(t: CostTable, st: StageCost) -> None:
+    for dev, sec in st.seconds.items():
+        if dev not in t.devices and not _DEVICE_NAME.match(dev):
+            raise ValueError(
+                f"stage {st.name!r}: seconds names unknown device {dev!r}; "
+                f"use one of {', '.join(t.devices)}"
+            )
+        if sec is not None and not (math.isfinite(sec) and sec >= 0):
+            raise ValueError(
+                f"stage {st.name!r}: seconds[{dev!r}] is {sec}; give a finite time >= 0 "
+                "or leave the device out if the stage cannot run there"
+            )
+    for dev, b in st.peak_bytes.items():
+        if not (math.isfinite(b) and b >= 0):
+            raise ValueError(f"stage {st.name!r}: peak_bytes[{dev!r}] is {b}; give bytes >= 0")
+    if st.pin is not None:
+        dev = resolve_pin(t, st)
+        why = t.blocked(st).get(dev)
+        if why:
+            raise ValueError(
+                f"stage {st.name!r} is pinned to {dev} but {why}; unpin it or fix its costs"
+            )
+        return
+    if t.allowed(st):
+        return
+    blocked = t.blocked(st)
+    absent = [d for d, s in st.seconds.items() if s is not None and d not in t.devices]
+    detail = "; ".join(f"it {why}" for why in blocked.values())
+    fix = (
+        f"add {', '.join(absent)} to devices or give a time for {t.cpu}"
+        if absent
+        else f"give a time for {t.cpu} or a device with more memory"
+    )
+    raise ValueError(f"no device can run stage {st.name!r} ({detail}); {fix}")
+
+
+def describe(exc: ValidationError, data=None) -> str:
+    """One line per pydantic error, naming the stage instead of its list index."""
+    lines = []
+    for err in exc.errors():
+        loc = list(err["loc"])
+        if len(loc) >= 2 and loc[0] == "stages" and isinstance(loc[1], int):
+            try:
+                loc[1] = repr(data["stages"][loc[1]]["name"])
+                loc[0] = "stage"
+            except (KeyError, IndexError, TypeError):
+                pass
+        where = " ".join(str(x) for x in loc[:2]) + "".join(f".{x}" for x in loc[2:])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(lines)
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=p.parent or ".", prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def fmt_bytes(n: float) -> str:
+    """``1.3 GB`` style (decimal units)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"

@@ -1,0 +1,234 @@
+"""Heuristic placement for large pipelines: list-scheduling seeds, then local search.
+
+May import: placer.optimize.{problem,simulate,objectives,exact}. Never torch, dask or numba.
+
+1. Seeds. Earliest-finish-time list scheduling (HEFT) in upward-rank order and in
+   dispatch order, the per-stage best device on its best producer-to-sink path,
+   the fastest device per stage, all-CPU, and (for ``cost``) the cheapest device per
+   stage; for ``throughput``, a greedy load balance. Each is scored by the objective.
+2. Local search from the best seed: move one stage, or one stage with its
+   neighbours, to another device; keep a move when the score improves. For
+   makespan, stages on the critical path are tried first. While time remains
+   and the pipeline is small, random kicks restart the search (iterated local
+   search); the best placement seen is kept.
+
+Scores are ``(deadline excess, objective value)`` pairs, so for ``cost`` under a
+deadline the search first meets the deadline, then saves money.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+
+from placer.optimize.exact import tails
+from placer.optimize.objectives import loads, money
+from placer.optimize.problem import INF, Problem
+from placer.optimize.simulate import makespan
+
+#: stop iterated local search after this many kicks without improvement
+PATIENCE = 25
+
+
+def default_budget(n: int) -> float:
+    """Seconds of local search for ``n`` stages (the seeds are extra)."""
+    return min(4.0, 0.05 + 0.0003 * n)
+
+
+def score(pb: Problem, place: list[int], objective: str, deadline_s: float | None) -> tuple:
+    """``(deadline excess, value)``: smaller is better."""
+    if objective == "throughput":
+        return (0.0, max(loads(pb, place)))
+    if objective == "cost":
+        if deadline_s is None:
+            return (0.0, money(pb, place))
+        return (max(0.0, makespan(pb, place) - deadline_s), money(pb, place))
+    return (0.0, makespan(pb, place))
+
+
+def upward_rank(pb: Problem) -> list[float]:
+    """HEFT's upward rank: mean time plus the longest mean path (with copies) to a sink."""
+    comm = [(a + b) / 2 for a, b in zip(pb.h2d, pb.d2h)] if len(pb.devices) > 1 else [0.0] * pb.n
+    rank = [0.0] * pb.n
+    for v in range(pb.n - 1, -1, -1):
+        times = [pb.time[v][d] for d in pb.allowed[v]]
+        rest = max((rank[w] for w in pb.succs[v]), default=0.0)
+        rank[v] = sum(times) / len(times) + (comm[v] if pb.succs[v] else 0.0) + rest
+    return rank
+
+
+def rank_order(pb: Problem, rank: list[float]) -> list[int]:
+    """A topological order taking the highest-ranked ready stage first."""
+    rem = pb.indeg[:]
+    heap = [(-rank[v], v) for v in range(pb.n) if not rem[v]]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        v = heapq.heappop(heap)[1]
+        out.append(v)
+        for w in pb.succs[v]:
+            rem[w] -= 1
+            if not rem[w]:
+                heapq.heappush(heap, (-rank[w], w))
+    return out
+
+
+def eft(pb: Problem, order: list[int]) -> list[int]:
+    """List scheduling: each stage, in ``order``, to the device where it finishes first."""
+    slots = [[0.0] * s for s in pb.slots]
+    ef = [0.0] * pb.n
+    place = [0] * pb.n
+    for v in order:
+        best = (INF, 0, 0.0)
+        for d in pb.allowed[v]:
+            ld = pb.loc[d]
+            ready = pb.ext_h2d[v] if ld else 0.0
+            for u in pb.preds[v]:
+                ready = max(ready, ef[u] + pb.tr(u, pb.loc[place[u]], ld))
+            f = max(ready, slots[d][0]) + pb.time[v][d]
+            if not pb.succs[v] and ld:
+                f_home = f + pb.d2h[v]
+            else:
+                f_home = f
+            if f_home < best[0]:
+                best = (f_home, d, f)
+        _, d, f = best
+        place[v], ef[v] = d, f
+        heapq.heapreplace(slots[d], f)
+    return place
+
+
+def path_best(pb: Problem) -> list[int]:
+    """Each stage on the device of its best path, ignoring contention."""
+    bl = tails(pb)
+    head = [[INF] * len(pb.devices) for _ in range(pb.n)]
+    for v in range(pb.n):
+        for d in pb.allowed[v]:
+            ld = pb.loc[d]
+            s = pb.ext_h2d[v] if ld else 0.0
+            for u in pb.preds[v]:
+                s = max(s, min(head[u][e] + pb.tr(u, pb.loc[e], ld) for e in pb.allowed[u]))
+            head[v][d] = s + pb.time[v][d]
+    return [min(pb.allowed[v], key=lambda d: head[v][d] - pb.time[v][d] + bl[v][d]) for v in range(pb.n)]
+
+
+def balance(pb: Problem) -> list[int]:
+    """Greedy load balance for throughput: biggest stages first, to the least-loaded fit."""
+    load = [0.0] * len(pb.devices)
+    place = [0] * pb.n
+    for v in sorted(range(pb.n), key=lambda v: -min(pb.time[v][d] for d in pb.allowed[v])):
+        d = min(pb.allowed[v], key=lambda d: load[d] + pb.time[v][d] / pb.slots[d])
+        place[v] = d
+        load[d] += pb.time[v][d] / pb.slots[d]
+    return place
+
+
+def seeds(pb: Problem, objective: str) -> list[list[int]]:
+    """Starting placements for the local search."""
+    out = [
+        eft(pb, rank_order(pb, upward_rank(pb))),
+        eft(pb, list(range(pb.n))),
+        path_best(pb),
+        [min(al, key=lambda d: pb.time[v][d]) for v, al in enumerate(pb.allowed)],
+    ]
+    if all(pb.cpu in al for al in pb.allowed):
+        out.append([pb.cpu] * pb.n)
+    if objective == "cost":
+        out.append([min(al, key=lambda d: pb.time[v][d] * pb.price_s[d] / pb.slots[d])
+                    for v, al in enumerate(pb.allowed)])
+    if objective == "throughput":
+        out.append(balance(pb))
+    return out
+
+
+def critical_path(pb: Problem, place: list[int]) -> list[int]:
+    """Stages on the chain of latest-arriving inputs that ends at the last sink home."""
+    runs: list = []
+    makespan(pb, place, runs)
+    end = [0.0] * pb.n
+    for v, _, f in runs:
+        end[v] = f
+    loc = [pb.loc[d] for d in place]
+    v = max((w for w in range(pb.n) if not pb.succs[w]),
+            key=lambda w: end[w] + (pb.d2h[w] if loc[w] else 0.0))
+    path = [v]
+    while pb.preds[v]:
+        v = max(pb.preds[v], key=lambda u: end[u] + pb.tr(u, loc[u], loc[path[-1]]))
+        path.append(v)
+    return path
+
+
+def _moves(pb: Problem, place: list[int], objective: str, rng: random.Random):
+    """Candidate moves ``(stages, device)``: critical stages first for makespan."""
+    order = list(range(pb.n))
+    rng.shuffle(order)
+    if objective != "throughput" and pb.n > 1:
+        crit = critical_path(pb, place)
+        seen = set(crit)
+        order = crit + [v for v in order if v not in seen]
+    for v in order:
+        for d in pb.allowed[v]:
+            if d != place[v]:
+                yield (v,), d
+    for v in order:
+        for d in pb.allowed[v]:
+            group = tuple(
+                [v] + [w for w in pb.preds[v] + pb.succs[v] if d in pb.allowed[w] and place[w] != d]
+            )
+            if len(group) > 1 and place[v] != d:
+                yield group, d
+
+
+def local_search(pb, place, best, objective, deadline_s, deadline, rng) -> tuple:
+    """First-improvement descent until no move helps or time runs out."""
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for group, d in _moves(pb, place, objective, rng):
+            old = [place[v] for v in group]
+            for v in group:
+                place[v] = d
+            s = score(pb, place, objective, deadline_s)
+            if _better(s, best):
+                best, improved = s, True
+                break
+            for v, o in zip(group, old):
+                place[v] = o
+            if time.perf_counter() >= deadline:
+                break
+    return place, best
+
+
+def _better(a: tuple, b: tuple) -> bool:
+    if a[0] != b[0]:
+        return a[0] < b[0] - 1e-12 * max(1.0, b[0])
+    return a[1] < b[1] - 1e-12 * max(1e-300, abs(b[1]))
+
+
+def heuristic(
+    pb: Problem,
+    objective: str = "makespan",
+    *,
+    deadline_s: float | None = None,
+    budget_s: float | None = None,
+    seed: int = 0,
+) -> tuple[tuple, list[int]]:
+    """A good placement: ``(score, device index per stage)``; see the module docstring."""
+    rng = random.Random(seed)
+    scored = [(score(pb, p, objective, deadline_s), p) for p in seeds(pb, objective)]
+    best, place = min(scored, key=lambda sp: sp[0])
+    stop = time.perf_counter() + (default_budget(pb.n) if budget_s is None else budget_s)
+    place, best = local_search(pb, place[:], best, objective, deadline_s, stop, rng)
+    idle = 0
+    while idle < PATIENCE and time.perf_counter() < stop:
+        trial = place[:]
+        for v in rng.sample(range(pb.n), k=min(pb.n, rng.randint(1, 3))):
+            trial[v] = rng.choice(pb.allowed[v])
+        s = score(pb, trial, objective, deadline_s)
+        trial, s = local_search(pb, trial, s, objective, deadline_s, stop, rng)
+        if _better(s, best):
+            best, place, idle = s, trial, 0
+        else:
+            idle += 1
+    return best, place

@@ -1,0 +1,129 @@
+"""A cost table compiled to plain lists, indexed by dispatch priority, for fast search.
+
+May import: networkx, placer.optimize.costs. Never torch, dask or numba.
+
+Stage ``i`` of a :class:`Problem` is the ``i``-th stage in dispatch priority: the
+topological order with ties broken by the stage's position in the table
+(``networkx.lexicographical_topological_sort`` keyed by that position). Devices are
+numbered in table order; location 0 is the host (the CPU's), and accelerator ``k``
+has location ``k`` (its own memory).
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+
+from placer.optimize.costs import CostTable
+
+INF = math.inf
+
+
+class Problem:
+    """Lists the simulator and the searches read (built once per table).
+
+    Attributes
+    ----------
+    names : list of str
+        Stage names in dispatch priority.
+    devices, kinds, slots, loc : lists indexed by device
+        Name, kind, concurrent slots, and location of each device.
+    time : list of list of float
+        ``time[v][d]`` seconds of stage ``v`` on device ``d`` (``inf``: cannot run).
+    allowed : list of list of int
+        Devices stage ``v`` may use (implementation, memory, pin).
+    preds, succs : list of list of int
+        Producers and consumers of each stage.
+    h2d, d2h : list of float
+        Seconds to copy each stage's output to an accelerator, or back to the host.
+    ext_h2d : list of float
+        Seconds to copy each stage's external input to an accelerator (0 if none).
+    """
+
+    def __init__(self, table: CostTable, *, pins: bool = True):
+        self.table = table
+        pos = {st.name: i for i, st in enumerate(table.stages)}
+        g = nx.DiGraph()
+        g.add_nodes_from(pos)
+        g.add_edges_from((src, st.name) for st in table.stages for src in st.inputs)
+        self.names = list(nx.lexicographical_topological_sort(g, key=pos.__getitem__))
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.n = len(self.names)
+        self.devices = list(table.devices)
+        self.dev_index = {d: i for i, d in enumerate(self.devices)}
+        specs = [table.devices[d] for d in self.devices]
+        self.kinds = [s.kind for s in specs]
+        self.slots = [s.workers for s in specs]
+        self.price_s = [s.price_per_hour / 3600.0 for s in specs]
+        acc = 0
+        self.loc = []
+        for s in specs:
+            if s.kind == "cpu":
+                self.loc.append(0)
+            else:
+                acc += 1
+                self.loc.append(acc)
+        self.cpu = self.loc.index(0)
+        self._compile_stages(table, pins)
+
+    def _compile_stages(self, table: CostTable, pins: bool) -> None:
+        link = table.link
+        stages = [table.stage(n) for n in self.names]
+        self.out = [st.output_bytes for st in stages]
+        self.ext = [st.input_bytes for st in stages]
+        self.preds = [[self.index[s] for s in st.inputs] for st in stages]
+        self.succs = [[] for _ in stages]
+        for v, ps in enumerate(self.preds):
+            for u in ps:
+                self.succs[u].append(v)
+        self.indeg = [len(p) for p in self.preds]
+        self.time = []
+        for st in stages:
+            row = [table.seconds(st, d) for d in self.devices]
+            self.time.append([INF if s is None else float(s) for s in row])
+        self.allowed = [[self.dev_index[d] for d in table.allowed(st, pins=pins)] for st in stages]
+        for v, al in enumerate(self.allowed):
+            for d in range(len(self.devices)):
+                if d not in al:
+                    self.time[v][d] = INF
+        if link is None:
+            self.h2d = self.d2h = self.ext_h2d = [0.0] * self.n
+        else:
+            self.h2d = [link.h2d.seconds(b) for b in self.out]
+            self.d2h = [link.d2h.seconds(b) for b in self.out]
+            self.ext_h2d = [link.h2d.seconds(b) if b > 0 else 0.0 for b in self.ext]
+        self.kind = [st.kind for st in stages]
+
+    def tr(self, v: int, a: int, b: int) -> float:
+        """Seconds to copy stage ``v``'s output from location ``a`` to location ``b``."""
+        if a == b:
+            return 0.0
+        if a == 0:
+            return self.h2d[v]
+        if b == 0:
+            return self.d2h[v]
+        return self.d2h[v] + self.h2d[v]
+
+    def is_chain(self) -> bool:
+        """True when the stages form one path (each has at most one producer and consumer)."""
+        return all(len(p) <= 1 for p in self.preds) and all(len(s) <= 1 for s in self.succs) and (
+            sum(1 for p in self.preds if not p) == 1
+        )
+
+    def placement(self, place: list[int]) -> dict[str, str]:
+        """Stage name -> device name, in table order."""
+        by = {self.names[v]: self.devices[d] for v, d in enumerate(place)}
+        return {st.name: by[st.name] for st in self.table.stages}
+
+    def encode(self, placement: dict[str, str]) -> list[int]:
+        """The device index of each stage, from a stage -> device-name mapping."""
+        out = []
+        for name in self.names:
+            dev = placement[name]
+            if dev not in self.dev_index and dev == "gpu":
+                dev = "gpu:0"
+            elif dev not in self.dev_index and dev == "gpu:0":
+                dev = "gpu"
+            out.append(self.dev_index[dev])
+        return out

@@ -1,0 +1,202 @@
+"""The schedule model: simulate a placement and return its events and makespan.
+
+May import: pydantic, placer.optimize.{costs,problem,errors}. Never torch, dask or numba.
+
+The model (``docs/schedule.md`` is the full contract shared with the executor):
+
+- A stage is ready on device D once every input is at D's location; external
+  input starts on the host and, for a stage on an accelerator, is copied there
+  from t=0.
+- Whenever a slot of D is free, the ready stage for D with the best dispatch
+  priority starts (topological order, ties by table position). The CPU has
+  ``workers`` slots; each accelerator has one. At one instant, every completion is
+  processed before any dispatch.
+- When a stage finishes, one copy of its output starts at once to every other
+  location among its consumers' devices (and to the host if it is a sink on an
+  accelerator). Copies take ``latency_s + bytes / bandwidth_Bps`` and do not
+  contend with each other or with compute (an optimistic simplification).
+- The makespan is the time every sink's output is on the host.
+
+Examples
+--------
+>>> from placer.optimize.costs import CostTable
+>>> t = CostTable.model_validate({
+...     "devices": {"cpu": {"kind": "cpu"}, "gpu": {"kind": "gpu"}},
+...     "link": {"h2d": {"latency_s": 0.0, "bandwidth_Bps": 1e9},
+...              "d2h": {"latency_s": 0.0, "bandwidth_Bps": 1e9}},
+...     "stages": [{"name": "a", "output_bytes": 1e9, "seconds": {"cpu": 1.0}},
+...                {"name": "b", "inputs": ["a"], "output_bytes": 1e9,
+...                 "seconds": {"cpu": 5.0, "gpu": 1.0}}]})
+>>> simulate(t, {"a": "cpu", "b": "gpu"}).makespan_s  # 1 + copy 1 + 1 + copy back 1
+4.0
+"""
+
+from __future__ import annotations
+
+from heapq import heapify, heappop, heappush
+
+from pydantic import BaseModel
+
+from placer.optimize.costs import CostTable
+from placer.optimize.errors import InfeasibleError
+from placer.optimize.problem import Problem
+
+
+class StageEvent(BaseModel):
+    """A stage's run in the simulated schedule."""
+
+    name: str
+    device: str
+    start_s: float
+    end_s: float
+
+
+class TransferEvent(BaseModel):
+    """One copy of a stage's output (or of its external input, ``external=True``)."""
+
+    data: str
+    src: str
+    dst: str
+    bytes: float
+    start_s: float
+    end_s: float
+    seconds: float
+    external: bool = False
+
+
+class Schedule(BaseModel):
+    """The simulated schedule of one placement."""
+
+    makespan_s: float
+    stages: list[StageEvent]
+    transfers: list[TransferEvent]
+
+
+def makespan(pb: Problem, place: list[int], record: list | None = None) -> float:
+    """Simulated makespan of ``place`` (device index per stage, in priority order).
+
+    With ``record`` (a list), appends ``(v, start, end)`` for every stage run.
+    """
+    loc = [pb.loc[d] for d in place]
+    time, succs, h2d, d2h = pb.time, pb.succs, pb.h2d, pb.d2h
+    rem = pb.indeg[:]
+    ready = [pb.ext_h2d[v] if loc[v] else 0.0 for v in range(pb.n)]
+    future = [(ready[v], v) for v in range(pb.n) if not rem[v]]
+    heapify(future)
+    running: list = []
+    free = pb.slots[:]
+    queues: list[list[int]] = [[] for _ in free]
+    end, done, n = 0.0, 0, pb.n
+    while done < n:
+        if running and (not future or running[0][0] <= future[0][0]):
+            now = running[0][0]
+        else:
+            now = future[0][0]
+        while running and running[0][0] <= now:
+            v = heappop(running)[1]
+            free[place[v]] += 1
+            done += 1
+            lv = loc[v]
+            if not succs[v]:
+                arr = now + d2h[v] if lv else now
+                end = arr if arr > end else end
+            for w in succs[v]:
+                lw = loc[w]
+                if lw == lv:
+                    arr = now
+                elif lv == 0:
+                    arr = now + h2d[v]
+                elif lw == 0:
+                    arr = now + d2h[v]
+                else:
+                    arr = now + d2h[v] + h2d[v]
+                if arr > ready[w]:
+                    ready[w] = arr
+                rem[w] -= 1
+                if not rem[w]:
+                    heappush(future, (ready[w], w))
+        while future and future[0][0] <= now:
+            w = heappop(future)[1]
+            heappush(queues[place[w]], w)
+        for d, q in enumerate(queues):
+            while q and free[d]:
+                v = heappop(q)
+                free[d] -= 1
+                f = now + time[v][d]
+                heappush(running, (f, v))
+                if record is not None:
+                    record.append((v, now, f))
+    return end
+
+
+def check_placement(pb: Problem, placement: dict[str, str], *, pins: bool = False) -> list[int]:
+    """Encode a stage -> device mapping, raising :class:`InfeasibleError` naming the stage."""
+    table = pb.table
+    for name in pb.names:
+        dev = placement.get(name)
+        if dev is None:
+            raise InfeasibleError(
+                f"stage {name!r} has no device in the placement; add it", stage=name
+            )
+        if dev not in pb.dev_index and dev not in ("gpu", "gpu:0"):
+            raise InfeasibleError(
+                f"stage {name!r} is placed on unknown device {dev!r}; use one of "
+                f"{', '.join(pb.devices)}",
+                stage=name,
+            )
+    place = pb.encode(placement)
+    for v, d in enumerate(place):
+        allowed = table.allowed(pb.names[v], pins=pins)
+        if pb.devices[d] not in allowed:
+            why = table.blocked(pb.names[v]).get(pb.devices[d], "it is pinned elsewhere")
+            raise InfeasibleError(
+                f"stage {pb.names[v]!r} cannot run on {pb.devices[d]}: {why}; place it on "
+                f"{' or '.join(allowed)}",
+                stage=pb.names[v],
+            )
+    return place
+
+
+def schedule(pb: Problem, place: list[int]) -> Schedule:
+    """The full simulated schedule (stage runs and copies) of an encoded placement."""
+    runs: list = []
+    span = makespan(pb, place, runs)
+    end = {v: f for v, _, f in runs}
+    locname = {pb.loc[d]: ("host" if pb.loc[d] == 0 else pb.devices[d]) for d in range(len(pb.devices))}
+    stages = [
+        StageEvent(name=pb.names[v], device=pb.devices[place[v]], start_s=s, end_s=f)
+        for v, s, f in sorted(runs, key=lambda r: (r[1], r[0]))
+    ]
+    transfers = []
+    for v in range(pb.n):
+        lv = pb.loc[place[v]]
+        if pb.ext[v] > 0 and lv:
+            sec = pb.ext_h2d[v]
+            transfers.append(TransferEvent(data=pb.names[v], src="host", dst=locname[lv],
+                                           bytes=pb.ext[v], start_s=0.0, end_s=sec,
+                                           seconds=sec, external=True))
+        dests = sorted({pb.loc[place[w]] for w in pb.succs[v]} | ({0} if not pb.succs[v] else set()))
+        for lw in dests:
+            if lw == lv:
+                continue
+            sec = pb.tr(v, lv, lw)
+            transfers.append(TransferEvent(data=pb.names[v], src=locname[lv], dst=locname[lw],
+                                           bytes=pb.out[v], start_s=end[v], end_s=end[v] + sec,
+                                           seconds=sec))
+    transfers.sort(key=lambda t: (t.start_s, t.data, t.dst))
+    return Schedule(makespan_s=span, stages=stages, transfers=transfers)
+
+
+def simulate(costs: CostTable, placement: dict[str, str]) -> Schedule:
+    """Simulate a placement (stage -> device name) of a cost table.
+
+    Pins are not enforced here (so that baselines can be simulated); implementations
+    and memory are.
+
+    Raises
+    ------
+    InfeasibleError
+        A stage is missing from the placement, or placed where it cannot run.
+    """
+    pb = Problem(costs, pins=False)
+    return schedule(pb, check_placement(pb, placement))

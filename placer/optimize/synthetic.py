@@ -1,0 +1,70 @@
+"""Random cost tables, for tests and benchmarks of the optimizer.
+
+May import: placer.optimize.costs. Never torch, dask or numba.
+
+Examples
+--------
+>>> import random
+>>> t = random_table(random.Random(0), 6)
+>>> len(t.stages), t.cpu
+(6, 'cpu')
+"""
+
+from __future__ import annotations
+
+import random
+
+from placer.optimize.costs import CostTable
+
+KINDS = ("cleaning", "preprocessing", "training", "inference", "other")
+
+
+def random_table(
+    rng: random.Random,
+    n: int,
+    *,
+    accelerators: int = 1,
+    chain: bool = False,
+    max_inputs: int = 3,
+    workers: int | None = None,
+) -> CostTable:
+    """A random pipeline of ``n`` stages with random costs, sizes and link speeds.
+
+    Stage times span four orders of magnitude; the accelerator is anywhere from
+    30x faster to 10x slower; some stages run on one device only; bytes span
+    kilobytes to gigabytes; link bandwidth is 1-50 GB/s with 1-50 us latency.
+    """
+    devices: dict = {"cpu": {"kind": "cpu", "workers": workers or rng.choice([1, 2, 4]),
+                             "price_per_hour": rng.uniform(0.05, 1.0)}}
+    names = ["cpu"] + [f"gpu:{k}" for k in range(accelerators)]
+    for name in names[1:]:
+        devices[name] = {"kind": "gpu", "price_per_hour": rng.uniform(1.0, 4.0)}
+    link = {
+        d: {"latency_s": 10 ** rng.uniform(-6, -4.3), "bandwidth_Bps": 10 ** rng.uniform(9, 10.7)}
+        for d in ("h2d", "d2h")
+    }
+    stages = []
+    for i in range(n):
+        if chain:
+            inputs = [f"s{i - 1}"] if i else []
+        else:
+            k = rng.randint(0 if i else 0, min(i, max_inputs))
+            inputs = [f"s{j}" for j in sorted(rng.sample(range(i), k))]
+        cpu_s = 10 ** rng.uniform(-4, 0)
+        seconds = {"cpu": cpu_s}
+        for name in names[1:]:
+            seconds[name] = cpu_s / 10 ** rng.uniform(-1, 1.5)
+        roll = rng.random()
+        if roll < 0.1 and accelerators:
+            del seconds["cpu"]
+        elif roll < 0.2:
+            seconds = {"cpu": cpu_s}
+        stages.append({
+            "name": f"s{i}",
+            "kind": rng.choice(KINDS),
+            "inputs": inputs,
+            "input_bytes": 10 ** rng.uniform(3, 9.3) if not inputs or rng.random() < 0.2 else 0.0,
+            "output_bytes": 10 ** rng.uniform(3, 9.3),
+            "seconds": seconds,
+        })
+    return CostTable.model_validate({"devices": devices, "link": link, "stages": stages})

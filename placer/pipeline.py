@@ -58,7 +58,8 @@ class Impl(BaseModel):
 
     fn: Callable[..., Any]
     api: API = "torch"
-    #: whether ``fn`` takes a ``device`` keyword (filled in from its signature)
+    #: whether ``fn`` names a ``device`` parameter (filled in from its signature);
+    #: only then is ``device=`` passed
     takes_device: bool = False
 
     @model_validator(mode="after")
@@ -67,10 +68,7 @@ class Impl(BaseModel):
             params = inspect.signature(self.fn).parameters
         except (TypeError, ValueError):  # builtins without a signature
             return self
-        takes = "device" in params or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
-        )
-        object.__setattr__(self, "takes_device", takes)
+        object.__setattr__(self, "takes_device", "device" in params)
         return self
 
 

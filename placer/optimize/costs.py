@@ -185,7 +185,7 @@ class CostTable(BaseModel):
         out = {}
         for dev, spec in self.devices.items():
             if self.seconds(st, dev) is None:
-                out[dev] = f"has no implementation or time for {dev}"
+                out[dev] = f"no implementation or time for {dev}"
                 continue
             need = self.memory_need(st, dev)
             if spec.memory_bytes is not None and need > spec.memory_bytes:
@@ -304,7 +304,7 @@ def _check_stage(t: CostTable, st: StageCost) -> None:
         return
     blocked = t.blocked(st)
     absent = [d for d, s in st.seconds.items() if s is not None and d not in t.devices]
-    detail = "; ".join(f"it {why}" for why in blocked.values())
+    detail = "; ".join(blocked.values())
     fix = (
         f"add {', '.join(absent)} to devices or give a time for {t.cpu}"
         if absent

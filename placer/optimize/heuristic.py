@@ -33,7 +33,7 @@ PATIENCE = 25
 
 def default_budget(n: int) -> float:
     """Seconds of local search for ``n`` stages (the seeds are extra)."""
-    return min(4.0, 0.05 + 0.0003 * n)
+    return min(2.5, 0.05 + 0.00025 * n)
 
 
 def score(pb: Problem, place: list[int], objective: str, deadline_s: float | None) -> tuple:

@@ -11,11 +11,12 @@ has location ``k`` (its own memory).
 
 from __future__ import annotations
 
+import copy
 import math
 
 import networkx as nx
 
-from placer.optimize.costs import CostTable
+from placer.optimize.costs import CostTable, resolve_pin
 
 INF = math.inf
 
@@ -33,6 +34,10 @@ class Problem:
         ``time[v][d]`` seconds of stage ``v`` on device ``d`` (``inf``: cannot run).
     allowed : list of list of int
         Devices stage ``v`` may use (implementation, memory, pin).
+    blocked : list of dict
+        For each stage, device name -> why it cannot run there.
+    pins : list of str or None
+        The device each stage is pinned to.
     preds, succs : list of list of int
         Producers and consumers of each stage.
     h2d, d2h : list of float
@@ -82,11 +87,10 @@ class Problem:
         for st in stages:
             row = [table.seconds(st, d) for d in self.devices]
             self.time.append([INF if s is None else float(s) for s in row])
-        self.allowed = [[self.dev_index[d] for d in table.allowed(st, pins=pins)] for st in stages]
-        for v, al in enumerate(self.allowed):
-            for d in range(len(self.devices)):
-                if d not in al:
-                    self.time[v][d] = INF
+        self.blocked = [table.blocked(st) for st in stages]
+        self.pins = [None if st.pin is None else resolve_pin(table, st) for st in stages]
+        self.raw_time = [row[:] for row in self.time]
+        self._restrict(pins)
         if link is None:
             self.h2d = self.d2h = self.ext_h2d = [0.0] * self.n
         else:
@@ -94,6 +98,24 @@ class Problem:
             self.d2h = [link.d2h.seconds(b) for b in self.out]
             self.ext_h2d = [link.h2d.seconds(b) if b > 0 else 0.0 for b in self.ext]
         self.kind = [st.kind for st in stages]
+
+    def _restrict(self, pins: bool) -> None:
+        """Set ``allowed`` and blank the times of devices a stage may not use."""
+        self.allowed = []
+        for v in range(self.n):
+            if pins and self.pins[v] is not None:
+                al = [self.dev_index[self.pins[v]]]
+            else:
+                al = [i for i, d in enumerate(self.devices) if d not in self.blocked[v]]
+            self.allowed.append(al)
+            self.time[v] = [t if d in al else INF for d, t in enumerate(self.raw_time[v])]
+
+    def without_pins(self) -> Problem:
+        """The same problem with every stage free to use any device that can run it."""
+        other = copy.copy(self)
+        other.time = [row[:] for row in self.raw_time]
+        other._restrict(False)
+        return other
 
     def tr(self, v: int, a: int, b: int) -> float:
         """Seconds to copy stage ``v``'s output from location ``a`` to location ``b``."""

@@ -129,9 +129,8 @@ def makespan(pb: Problem, place: list[int], record: list | None = None) -> float
     return end
 
 
-def check_placement(pb: Problem, placement: dict[str, str], *, pins: bool = False) -> list[int]:
+def check_placement(pb: Problem, placement: dict[str, str]) -> list[int]:
     """Encode a stage -> device mapping, raising :class:`InfeasibleError` naming the stage."""
-    table = pb.table
     for name in pb.names:
         dev = placement.get(name)
         if dev is None:
@@ -146,9 +145,9 @@ def check_placement(pb: Problem, placement: dict[str, str], *, pins: bool = Fals
             )
     place = pb.encode(placement)
     for v, d in enumerate(place):
-        allowed = table.allowed(pb.names[v], pins=pins)
+        allowed = [pb.devices[e] for e in pb.allowed[v]]
         if pb.devices[d] not in allowed:
-            why = table.blocked(pb.names[v]).get(pb.devices[d], "it is pinned elsewhere")
+            why = pb.blocked[v].get(pb.devices[d], f"it is pinned to {' or '.join(allowed)}")
             raise InfeasibleError(
                 f"stage {pb.names[v]!r} cannot run on {pb.devices[d]}: {why}; place it on "
                 f"{' or '.join(allowed)}",

@@ -1,0 +1,124 @@
+"""``placer plan``: the best placement of a pipeline, with the reason for every choice.
+
+May import: typer, rich, placer.cli.app; the library lazily, inside the command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from placer.cli.app import app, fail
+
+
+def _cost_model_class():
+    """The cost model class, or None when ``placer.costmodel`` does not provide one."""
+    try:
+        import placer.costmodel as cm
+    except ImportError:
+        return None
+    cls = getattr(cm, "CostModel", None)
+    if cls is None:
+        try:
+            from placer.costmodel.model import CostModel as cls
+        except ImportError:
+            return None
+    return cls if hasattr(cls, "table") else None
+
+
+def _from_model(pipeline: str | None, profile_file: Path | None, size: int | None):
+    """``(table, cost_at, size)`` from a saved profile, or by profiling the pipeline now."""
+    cls = _cost_model_class()
+    if cls is None:
+        fail("planning from a pipeline or profile needs placer.costmodel's CostModel, which is "
+             "not available; give a cost table with --costs FILE")
+    if profile_file is not None:
+        from placer.profile import Profile
+
+        prof = Profile.load(profile_file)
+    else:
+        from placer.profile import profile
+
+        prof = profile(pipeline, size=size)
+    model = cls(prof)
+    if size is None:
+        size = prof.target_size or max(prof.measured_sizes or prof.sizes or [0]) or None
+    if size is None:
+        fail(f"the profile of {prof.pipeline!r} has no sizes; give --size N")
+    return model.table(size), model.table, size
+
+
+@app.command("plan")
+def plan_command(
+    pipeline: str = typer.Argument(None, help="A .py file exposing build(size=None, **params), or module:function."),
+    size: int = typer.Option(None, "--size", help="Size to plan for (rows, batch, ...); for serving, the request's batch."),
+    profile_file: Path = typer.Option(None, "--profile", help="Plan from this saved profile."),
+    costs: Path = typer.Option(None, "--costs", help="Plan from this cost table (JSON, see docs/costs.md)."),
+    objective: str = typer.Option("makespan", "--objective", help="makespan, throughput or cost."),
+    method: str = typer.Option("auto", "--method", help="auto, exact or heuristic."),
+    deadline_s: float = typer.Option(None, "--deadline-s", help="With --objective cost: the makespan to meet."),
+    output: Path = typer.Option(None, "-o", "--output", help="Also save the plan as JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON document."),
+) -> None:
+    """Choose a device for every stage of PIPELINE, and say why."""
+    from placer.errors import PlacerError
+    from placer.optimize import CostTable, plan
+
+    if objective not in ("makespan", "throughput", "cost"):
+        fail(f"unknown --objective {objective!r}; use makespan, throughput or cost")
+    if method not in ("auto", "exact", "heuristic"):
+        fail(f"unknown --method {method!r}; use auto, exact or heuristic")
+    if costs is not None and profile_file is not None:
+        fail("give either --costs or --profile, not both")
+    if costs is None and profile_file is None and pipeline is None:
+        fail("give a PIPELINE, --profile FILE or --costs FILE")
+    try:
+        if costs is not None:
+            table, cost_at = CostTable.load(costs), None
+            if size is not None and table.size is not None and size != table.size:
+                fail(f"{costs} holds costs at size {table.size:g}, not {size}; drop --size "
+                     "or plan from a profile, which predicts any size")
+        else:
+            table, cost_at, size = _from_model(pipeline, profile_file, size)
+        result = plan(table, objective=objective, method=method, deadline_s=deadline_s,
+                      cost_at=cost_at, size=size)
+    except PlacerError as exc:
+        fail(str(exc).splitlines()[0])
+    except (KeyError, ValueError) as exc:
+        fail(str(exc).strip("'\""))
+    if output is not None:
+        result.save(output)
+    if as_json:
+        print(result.to_json())
+        return
+    _print(result)
+
+
+def _print(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from placer.optimize.explain import fmt_s
+
+    c = Console()
+    devs = list(result.devices)
+    title = (f"{result.objective} plan ({result.method}: {result.algorithm}); "
+             f"predicted makespan {fmt_s(result.predicted_makespan_s)}")
+    t = Table(title=title)
+    for col in ["stage", "device", *[f"{d} s" for d in devs], "copies", "why"]:
+        t.add_column(col, overflow="fold")
+    for s in result.stages:
+        times = [f"{s.predicted_s[d]:.4g}" if d in s.predicted_s else "-" for d in devs]
+        t.add_row(s.name, s.device, *times, fmt_s(s.copy_s), s.reason)
+    c.print(t)
+    for name, secs in result.baselines.items():
+        label = name.replace("_", " ")
+        c.print(f"  {label}: " + ("impossible" if secs is None else fmt_s(secs)))
+    if result.objective == "throughput":
+        c.print(f"  time per batch (busiest resource): {fmt_s(result.predicted_period_s)}")
+    if result.objective == "cost":
+        c.print(f"  cost per run: ${result.predicted_cost:.4g}")
+    for w in result.warnings:
+        c.print(f"  warning: {w}")
+    c.print(f"  planned in {fmt_s(result.planning_s)}")

@@ -1,0 +1,234 @@
+"""Why each stage runs where it does: reasons, copy accounting, baselines, crossover sizes.
+
+May import: placer.optimize.{costs,problem,simulate,objectives}. Never torch, dask or numba.
+
+A reason compares the chosen device with the best other device the stage could
+use, holding every other stage where the plan put it. Text never calls the
+simulated test device (kind ``sim``) a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from placer.optimize.problem import INF, Problem
+from placer.optimize.simulate import makespan
+
+#: flip every stage and re-score the plan for explanations up to this many stages
+FLIP_LIMIT = 100
+#: the crossover search spans this factor around the requested size (1,000x in all)
+SPAN = 10**1.5
+WHAT = {"makespan": "run", "throughput": "time per batch", "cost": "cost per run"}
+
+
+def device_word(pb: Problem, d: int) -> str:
+    """``CPU``, ``GPU`` (``GPU gpu:1`` when there are several) or ``simulated test device``."""
+    kind = pb.kinds[d]
+    if kind == "cpu":
+        return "CPU"
+    if kind == "sim":
+        return "simulated test device"
+    gpus = [i for i, k in enumerate(pb.kinds) if k == "gpu"]
+    return "GPU" if len(gpus) == 1 else f"GPU {pb.devices[d]}"
+
+
+def fmt_s(s: float) -> str:
+    """Seconds as ``12 us``, ``0.4 ms``, ``1.2 s`` or ``3.5 min``."""
+    if s == 0:
+        return "0 s"
+    if s < 1e-3:
+        return f"{s * 1e6:.3g} µs"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120:
+        return f"{s:.3g} s"
+    return f"{s / 60:.3g} min"
+
+
+def fmt_ratio(r: float) -> str:
+    """``31×``, ``1.4×``."""
+    return f"{r:.0f}×" if r >= 10 else f"{r:.2g}×"
+
+
+def fmt_money(x: float) -> str:
+    return f"${x:.3g}"
+
+
+def copies_in(pb: Problem, place: list[int], v: int) -> float:
+    """Seconds of copies that bring ``v``'s inputs (and external input) to its device."""
+    lv = pb.loc[place[v]]
+    s = pb.ext_h2d[v] if lv else 0.0
+    return s + sum(pb.tr(u, pb.loc[place[u]], lv) for u in pb.preds[v])
+
+
+def copies_out(pb: Problem, place: list[int], v: int) -> float:
+    """Seconds of the copies of ``v``'s output (once per destination location)."""
+    lv = pb.loc[place[v]]
+    dests = {pb.loc[place[w]] for w in pb.succs[v]} | ({0} if not pb.succs[v] else set())
+    return sum(pb.tr(v, lv, lw) for lw in dests if lw != lv)
+
+
+def copies_around(pb: Problem, place: list[int], v: int, d: int) -> float:
+    """Total copy seconds of ``v``'s data and its producers' data with ``v`` on ``d``."""
+    old, place[v] = place[v], d
+    lv = pb.loc[d]
+    total = (pb.ext_h2d[v] if lv else 0.0) + copies_out(pb, place, v)
+    total += sum(copies_out(pb, place, u) for u in pb.preds[v])
+    place[v] = old
+    return total
+
+
+def flip_values(pb: Problem, place: list[int], score: Callable) -> list[dict[int, float]]:
+    """For each stage, the objective with it alone moved to each other allowed device."""
+    out = []
+    for v in range(pb.n):
+        row = {}
+        for d in pb.allowed[v]:
+            if d != place[v]:
+                old, place[v] = place[v], d
+                row[d] = score(place)
+                place[v] = old
+        out.append(row)
+    return out
+
+
+def reason(
+    pb: Problem,
+    place: list[int],
+    v: int,
+    *,
+    objective: str,
+    value: float,
+    flips: dict[int, float] | None,
+    at: str,
+    loop_carried: bool,
+    pinned: bool,
+    blocked: dict[str, str],
+) -> str:
+    """One plain sentence: why stage ``v`` runs on ``place[v]``."""
+    d = place[v]
+    here, tc = device_word(pb, d), pb.time[v][d]
+    others = [e for e in range(len(pb.devices)) if e != d and pb.devices[e] not in blocked]
+    if not others:
+        if pinned:
+            return f"pinned to {here}"
+        return f"only the {here} can run it: {'; '.join(blocked.values())}"
+    alt = min(others, key=lambda e: pb.time[v][e])
+    there, ta = device_word(pb, alt), pb.time[v][alt]
+    if pinned:
+        return f"pinned to {here} ({there} would take {fmt_s(ta)} instead of {fmt_s(tc)})"
+    saved = copies_around(pb, place, v, alt) - copies_around(pb, place, v, d)
+    if objective == "cost" and pb.price_s[d] != pb.price_s[alt]:
+        return _cost_reason(pb, v, d, alt, here, there, flips, value)
+    if tc < ta:
+        ratio = fmt_ratio(ta / tc) if tc > 0 else "much"
+        head = (f"loop-carried stage: {ratio} slower on {there}" if loop_carried
+                else f"{here} is {ratio} faster than {there}{at}")
+        cin = copies_in(pb, place, v)
+        if cin > 0:
+            return f"{head}; the copy in costs {fmt_s(cin)}"
+        if saved > 0:
+            return f"{head}, and staying here avoids {fmt_s(saved)} of copies"
+        return head
+    if tc == ta:
+        tail = f"; staying here avoids {fmt_s(saved)} of copies" if saved > 0 else ""
+        return f"as fast on {here} as on {there}{at}{tail}"
+    ratio = fmt_ratio(tc / ta) if ta > 0 else "much"
+    gain = tc - ta
+    if saved >= gain:
+        return (f"{there} is {ratio} faster{at}, but the copies it needs would cost "
+                f"{fmt_s(saved)}, more than the {fmt_s(gain)} it saves")
+    flip = None if flips is None else flips.get(alt)
+    if flip is not None and flip > value:
+        return (f"{there} is {ratio} faster{at} but busy with other stages; moving this "
+                f"stage there would make the {WHAT[objective]} {fmt_s(flip - value)} longer")
+    if flip is not None:
+        return (f"{there} is {ratio} faster{at}, but moving only this stage there would "
+                f"not improve the {WHAT[objective]}")
+    return (f"{there} is {ratio} faster{at}, but keeping it here lets it overlap with "
+            "the stages placed there")
+
+
+def _cost_reason(pb, v, d, alt, here, there, flips, value) -> str:
+    c_here = pb.time[v][d] * pb.price_s[d] / pb.slots[d]
+    c_there = pb.time[v][alt] * pb.price_s[alt] / pb.slots[alt]
+    if c_here <= c_there:
+        return f"cheaper on {here}: {fmt_money(c_here)} per run against {fmt_money(c_there)} on {there}"
+    flip = None if flips is None else flips.get(alt)
+    tail = "" if flip is None or flip < INF else " (that would miss the deadline)"
+    return (f"{there} would be cheaper ({fmt_money(c_there)} against {fmt_money(c_here)}) "
+            f"but this plan needs the {here} to meet the deadline{tail}")
+
+
+def baselines(pb: Problem) -> dict[str, list[int] | None]:
+    """All-CPU, all on the first accelerator, and the rule of thumb (None when impossible).
+
+    ``pb`` must be compiled without pins. The rule of thumb puts cleaning,
+    preprocessing and other stages on the CPU and training and inference on the first
+    accelerator; a stage that cannot run on its rule's device goes to the other.
+    """
+    acc = next((d for d in range(len(pb.devices)) if pb.loc[d]), None)
+    out: dict[str, list[int] | None] = {}
+    out["all_cpu"] = [pb.cpu] * pb.n if all(pb.cpu in al for al in pb.allowed) else None
+    if acc is None or not all(acc in al for al in pb.allowed):
+        out["all_gpu"] = None
+    else:
+        out["all_gpu"] = [acc] * pb.n
+    rule = []
+    for v, al in enumerate(pb.allowed):
+        want = acc if (acc is not None and pb.kind[v] in ("training", "inference")) else pb.cpu
+        other = acc if want == pb.cpu else pb.cpu
+        rule.append(want if want in al else other if other in al else None)
+    out["rule_of_thumb"] = None if None in rule else rule
+    return out
+
+
+def baseline_makespans(pb: Problem) -> dict[str, float | None]:
+    """Predicted makespan of each baseline (None when it cannot run)."""
+    return {k: (None if p is None else makespan(pb, p)) for k, p in baselines(pb).items()}
+
+
+def crossovers(
+    devices_at: Callable[[float], dict[str, str]],
+    size: float,
+    chosen: dict[str, str],
+    *,
+    steps: int = 4,
+) -> dict[str, float | None]:
+    """The size nearest ``size`` (within ``SPAN`` either way) where each stage's device changes.
+
+    ``devices_at(s)`` returns the whole plan's placement at size ``s``. The grid has
+    four points per decade; each change found is refined by ``steps`` bisections in
+    log size. Stages whose device never changes in the range get None.
+    """
+    cache: dict[float, dict[str, str]] = {}
+
+    def at(s: float) -> dict[str, str]:
+        if s not in cache:
+            cache[s] = devices_at(s)
+        return cache[s]
+
+    grid = [size * 10 ** (k / 4) for k in range(1, 7)]
+    out: dict[str, float | None] = {}
+    for name, dev in chosen.items():
+        found = []
+        for direction in (grid, [size * size / g for g in grid]):
+            prev = size
+            for s in direction:
+                if at(s)[name] != dev:
+                    found.append(_refine(at, name, dev, prev, s, steps))
+                    break
+                prev = s
+        out[name] = min(found, key=lambda s: abs(math.log(s / size))) if found else None
+    return out
+
+
+def _refine(at, name, dev, same: float, other: float, steps: int) -> float:
+    for _ in range(steps):
+        mid = math.sqrt(same * other)
+        if at(mid)[name] == dev:
+            same = mid
+        else:
+            other = mid
+    return math.sqrt(same * other)

@@ -1,0 +1,259 @@
+"""The plan: the best placement for an objective, its predicted schedule, and why.
+
+May import: pydantic, placer.optimize.*. Never torch, dask or numba.
+
+:func:`plan` chooses the search by size: a dynamic program for a chain (makespan),
+branch and bound when at most :data:`EXACT_LIMIT` stages have a choice, and the
+heuristic beyond. ``method="exact"`` or ``"heuristic"`` forces one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from placer.optimize.costs import CostTable, write_atomic
+from placer.optimize.errors import InfeasibleError
+from placer.optimize.exact import branch_and_bound, chain_dp
+from placer.optimize.explain import (
+    FLIP_LIMIT,
+    baseline_makespans,
+    copies_around,
+    copies_in,
+    copies_out,
+    crossovers,
+    device_word,
+    flip_values,
+    reason,
+)
+from placer.optimize.heuristic import heuristic
+from placer.optimize.objectives import OBJECTIVES, evaluate, loads, money
+from placer.optimize.problem import INF, Problem
+from placer.optimize.simulate import Schedule, schedule
+
+#: branch and bound when at most this many stages have more than one allowed device
+EXACT_LIMIT = 16
+Objective = Literal["makespan", "throughput", "cost"]
+Method = Literal["auto", "exact", "heuristic"]
+
+
+class StageChoice(BaseModel):
+    """One stage's device and the reason for it."""
+
+    name: str
+    kind: str
+    device: str
+    #: predicted seconds on every device that has a time for the stage
+    predicted_s: dict[str, float]
+    #: copy seconds this choice adds (negative: saves) against the best other device
+    transfer_s: float
+    #: copy seconds of this stage's inputs in and output out, under the plan
+    copy_s: float
+    reason: str
+    #: the size nearest the requested one where the plan moves this stage (None: none within 1,000x)
+    crossover_size: float | None = None
+    pinned: bool = False
+
+
+class Plan(BaseModel):
+    """A placement (stage -> device), its predicted schedule, and the reason for every choice.
+
+    Anyone may build one by hand; only ``placement`` is needed to run it.
+    """
+
+    placement: dict[str, str]
+    objective: Objective = "makespan"
+    method: Literal["exact", "heuristic", "given"] = "given"
+    algorithm: str = ""
+    predicted_makespan_s: float
+    #: the objective's value: seconds (makespan), seconds per batch (throughput), money (cost)
+    objective_value: float
+    predicted_period_s: float | None = None
+    predicted_cost: float | None = None
+    deadline_s: float | None = None
+    schedule: Schedule
+    stages: list[StageChoice] = Field(default_factory=list)
+    baselines: dict[str, float | None] = Field(default_factory=dict)
+    planning_s: float = 0.0
+    size: float | None = None
+    size_unit: str = "rows"
+    #: device name -> kind (``cpu``, ``gpu`` or ``sim``)
+    devices: dict[str, str] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """JSON text; ``Plan.model_validate_json`` reads it back."""
+        return self.model_dump_json(indent=indent)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the plan as JSON, atomically."""
+        write_atomic(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Plan:
+        with open(path) as f:
+            return cls.model_validate_json(f.read())
+
+
+def search(
+    pb: Problem, objective: str, method: str, deadline_s: float | None
+) -> tuple[str, str, float, list[int]]:
+    """``(method, algorithm, value, device index per stage)`` of the best placement found."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
+    if method not in ("auto", "exact", "heuristic"):
+        raise ValueError(f"unknown method {method!r}; use auto, exact or heuristic")
+    free = sum(1 for al in pb.allowed if len(al) > 1)
+    if method == "auto":
+        chain_ok = objective == "makespan" and pb.is_chain()
+        method = "exact" if (chain_ok or free <= EXACT_LIMIT) else "heuristic"
+    if method == "exact" and objective == "makespan" and pb.is_chain():
+        value, place = chain_dp(pb)
+        return "exact", "dynamic programming over the chain", value, place
+    (excess, h_value), h_place = heuristic(pb, objective, deadline_s=deadline_s)
+    if method == "heuristic":
+        value = h_value if excess == 0 else INF
+        return "heuristic", "HEFT list scheduling + local search", value, h_place
+    incumbent = (h_value, h_place) if excess == 0 else (INF, None)
+    value, place = branch_and_bound(pb, objective, deadline_s=deadline_s, incumbent=incumbent)
+    return "exact", "branch and bound", value, place if place is not None else h_place
+
+
+def plan(
+    costs: CostTable,
+    *,
+    objective: Objective = "makespan",
+    method: Method = "auto",
+    deadline_s: float | None = None,
+    cost_at: Callable[[float], CostTable] | None = None,
+    size: float | None = None,
+) -> Plan:
+    """The best placement of a cost table for an objective, with reasons and baselines.
+
+    Parameters
+    ----------
+    costs : CostTable
+        Costs at the size to plan for.
+    objective : {"makespan", "throughput", "cost"}
+        Minimise one run's time, the busiest resource's time per batch of a stream,
+        or money per run (under ``deadline_s`` when given).
+    method : {"auto", "exact", "heuristic"}
+        ``auto``: exact for chains and for up to ``EXACT_LIMIT`` free stages.
+        ``exact`` on a large non-chain pipeline may take very long.
+    deadline_s : float, optional
+        For ``cost``: the makespan every candidate must meet. For the other
+        objectives: only checked, with a warning when the plan misses it.
+    cost_at : callable, optional
+        ``size -> CostTable``; with it, each stage gets the size (within 1,000x
+        around ``size``) where the plan would move it.
+    size : float, optional
+        The size ``costs`` is for (default ``costs.size``).
+
+    Raises
+    ------
+    InfeasibleError
+        When no placement meets the deadline (``cost``).
+    """
+    t0 = time.perf_counter()
+    size = costs.size if size is None else size
+    pb = Problem(costs)
+    used, algorithm, value, place = search(pb, objective, method, deadline_s)
+    if value == INF:
+        fastest = search(pb, "makespan", "auto", None)[2]
+        raise InfeasibleError(
+            f"no placement meets the deadline of {deadline_s:g} s; the fastest takes "
+            f"{fastest:.4g} s: raise --deadline-s or drop it"
+        )
+    sched = schedule(pb, place)
+    warnings = []
+    if deadline_s is not None and sched.makespan_s > deadline_s * (1 + 1e-9):
+        warnings.append(
+            f"the plan's predicted makespan {sched.makespan_s:.4g} s misses the deadline of "
+            f"{deadline_s:g} s"
+        )
+    choices = explain_stages(pb, place, objective, evaluate(pb, place, objective, deadline_s),
+                             deadline_s, size, costs.size_unit)
+    if cost_at is not None and size:
+        _add_crossovers(choices, cost_at, size, objective, method, deadline_s, costs.size_unit, pb)
+    return Plan(
+        placement=pb.placement(place),
+        objective=objective,
+        method=used,
+        algorithm=algorithm,
+        predicted_makespan_s=sched.makespan_s,
+        objective_value=value,
+        predicted_period_s=max(loads(pb, place)),
+        predicted_cost=money(pb, place),
+        deadline_s=deadline_s,
+        schedule=sched,
+        stages=choices,
+        baselines=baseline_makespans(pb.without_pins()),
+        planning_s=time.perf_counter() - t0,
+        size=size,
+        size_unit=costs.size_unit,
+        devices={n: d.kind for n, d in costs.devices.items()},
+        warnings=warnings,
+    )
+
+
+def explain_stages(
+    pb: Problem,
+    place: list[int],
+    objective: str,
+    value: float,
+    deadline_s: float | None,
+    size: float | None,
+    unit: str,
+) -> list[StageChoice]:
+    """A :class:`StageChoice` per stage, in table order."""
+    table = pb.table
+    flips = None
+    if pb.n <= FLIP_LIMIT:
+        flips = flip_values(pb, place, lambda p: evaluate(pb, p, objective, deadline_s))
+    at = f" at {size:,.0f} {unit}" if size else ""
+    out = {}
+    for v, name in enumerate(pb.names):
+        st = table.stage(name)
+        d = place[v]
+        blocked = pb.blocked[v]
+        others = [e for e in range(len(pb.devices))
+                  if e != d and pb.devices[e] not in blocked]
+        alt = min(others, key=lambda e: pb.time[v][e], default=None)
+        delta = 0.0 if alt is None else (
+            copies_around(pb, place, v, d) - copies_around(pb, place, v, alt))
+        text = reason(pb, place, v, objective=objective, value=value,
+                      flips=None if flips is None else flips[v], at=at,
+                      loop_carried=st.loop_carried, pinned=st.pin is not None, blocked=blocked)
+        out[name] = StageChoice(
+            name=name,
+            kind=st.kind,
+            device=pb.devices[d],
+            predicted_s={dev: s for dev in pb.devices
+                         if (s := table.seconds(st, dev)) is not None},
+            transfer_s=delta,
+            copy_s=copies_in(pb, place, v) + copies_out(pb, place, v),
+            reason=text,
+            pinned=st.pin is not None,
+        )
+    return [out[st.name] for st in table.stages]
+
+
+def _add_crossovers(choices, cost_at, size, objective, method, deadline_s, unit, pb) -> None:
+    def devices_at(s: float) -> dict[str, str]:
+        other = Problem(cost_at(s))
+        return other.placement(search(other, objective, method, deadline_s)[3])
+
+    chosen = {c.name: c.device for c in choices}
+    found = crossovers(devices_at, size, chosen)
+    words = {dev: device_word(pb, i) for i, dev in enumerate(pb.devices)}
+    for c in choices:
+        cs = found.get(c.name)
+        if cs is None:
+            continue
+        c.crossover_size = float(round(cs))
+        side = "above" if cs > size else "below"
+        c.reason += f"; {side} about {cs:,.0f} {unit} it moves off the {words[c.device]}"

@@ -8,6 +8,7 @@ from placer.cli.app import app
 from placer.cli import devices as _devices  # noqa: E402,F401
 from placer.cli import run as _run  # noqa: E402,F401
 from placer.cli import plan as _plan  # noqa: E402,F401
+from placer.cli import profile as _profile  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,124 @@
+"""``placer profile``: measure a pipeline's stages and transfers, fit and show the cost model."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+from placer.cli.app import app, fail
+
+
+def profile_document(prof, model, size) -> dict:
+    """The JSON document of ``placer profile --json``."""
+    return {
+        "pipeline": prof.pipeline,
+        "size": size,
+        "size_unit": prof.size_unit,
+        "fingerprint": prof.fingerprint,
+        "machine": prof.machine,
+        "devices": model.devices,
+        "budget_s": prof.budget_s,
+        "elapsed_s": prof.elapsed_s,
+        "sizes": prof.sizes,
+        "measured_sizes": prof.measured_sizes,
+        "labels": {
+            "measured": "a measurement on this machine at this size",
+            "predicted": "a fit to measurements on this machine, at a size not measured",
+            "roofline": "a roofline prediction for a device this machine lacks (not a measurement)",
+        },
+        "stages": model.summary(size),
+        "transfer": {d: tm.model_dump(mode="json") for d, tm in prof.transfer.items()},
+        "described_transfer": {
+            d: desc.transfer.model_dump(mode="json", exclude={"links": {"__all__": {"__all__": {"points"}}}})
+            for d, desc in model.described.items() if desc.transfer is not None
+        },
+        "notes": prof.notes,
+    }
+
+
+@app.command("profile")
+def profile_cmd(
+    pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
+    size: int = typer.Option(None, "--size", help="The size to predict at; profiling goes up to a tenth of it."),
+    budget_s: float = typer.Option(60.0, "--budget-s", help="Time budget for the whole profile, in seconds."),
+    output: Path = typer.Option(None, "-o", "--output", help="Save the profile (JSON) here, for `placer plan --profile`."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    max_size: int = typer.Option(None, "--max-size", help="Largest size to profile (default: size / 10)."),
+    devices: str = typer.Option(None, "--devices", help="Comma-separated devices to profile (default: all)."),
+    describe: str = typer.Option(None, "--describe", help="Predict a device this machine lacks from its description "
+                                 "(e.g. h200, or a JSON file); default: h200 when no GPU is profiled. 'none' to skip."),
+    threads: int = typer.Option(None, "--threads", help="Intra-op threads while profiling (default: as a run uses)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Ignore cached measurements."),
+) -> None:
+    """Measure every stage of PIPELINE on every device at several sizes; fit and show the cost model."""
+    t_start = time.perf_counter()
+    from placer.costmodel.model import CostModel
+    from placer.errors import PlacerError
+    from placer.profile import Profile, ProfileCache, profile
+
+    if budget_s <= 0:
+        fail(f"--budget-s must be positive, got {budget_s}")
+    try:
+        left = budget_s - (time.perf_counter() - t_start) - 1.0  # keep a second for fitting and printing
+        prof = profile(pipeline, size=size, max_size=max_size, budget_s=max(left, 0.5),
+                       devices=devices.split(",") if devices else None,
+                       cache=None if not fresh else _fresh_cache(ProfileCache()), threads=threads)
+        want = [] if (describe or "").lower() == "none" else [describe] if describe else (
+            ["h200"] if not any(d.get("kind") == "gpu" for d in prof.devices.values()) else [])
+        model = CostModel(prof, describe=want)
+    except PlacerError as exc:
+        fail(str(exc).splitlines()[0])
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        fail(f"{pipeline}: {exc}")
+    at = size or (max(prof.measured_sizes) if prof.measured_sizes else None)
+    if output is not None:
+        prof.save(output)
+    doc = profile_document(prof, model, at)
+    if as_json:
+        print(json.dumps(doc, indent=1, default=str))
+        return
+    _print(prof, model, at, output, isinstance(prof, Profile))
+
+
+def _fresh_cache(cache):
+    """A cache that reads nothing but still saves the new profile."""
+    cache.load = lambda *a, **k: None
+    cache.load_transfer = lambda *a, **k: None
+    return cache
+
+
+def _print(prof, model, at, output, _ok) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    sizes = ", ".join(str(s) for s in prof.measured_sizes)
+    t = Table(title=f"{prof.pipeline}: profiled at {sizes} {prof.size_unit} in {prof.elapsed_s:.1f} s; "
+                    f"predictions at {at}")
+    for col in ("stage", "device", "model", "LOO error", f"at {at}", "label", "first call"):
+        t.add_column(col)
+    for name in model.stages:
+        for dev in model.devices:
+            if (name, dev) not in model._fits:
+                continue
+            fit = model.fit(name, dev)
+            p = model.predict(name, dev, at)
+            fc = model.first_call_s(name, dev)
+            flag = " (far outside measured sizes)" if p.far_outside else ""
+            t.add_row(name, dev, fit.describe(), f"{fit.loo_error:.0%}", f"{p.value:.4g} s ±{p.rel_error:.0%}{flag}",
+                      p.label, "" if fc is None else f"+{fc:.3g} s")
+    c.print(t)
+    for d, tm in prof.transfer.items():
+        link = tm.table_link()
+        c.print(f"transfer {d} (measured): h2d {link['h2d']['latency_s'] * 1e6:.1f} us + "
+                f"{link['h2d']['bandwidth_Bps'] / 1e9:.2f} GB/s; d2h {link['d2h']['latency_s'] * 1e6:.1f} us + "
+                f"{link['d2h']['bandwidth_Bps'] / 1e9:.2f} GB/s")
+    for d, desc in model.described.items():
+        c.print(f"{d}: {desc.name} is described, not measured: its times are roofline predictions")
+    for note in prof.notes:
+        c.print(f"note: {note}")
+    if output is not None:
+        c.print(f"profile saved to {output}")

@@ -1,0 +1,270 @@
+"""The cost model: predicted stage and transfer costs at any size, from a profile.
+
+May import: numpy, pydantic, placer.costmodel.*, placer.profile's models (which
+import no device library at module level), and placer.optimize's ``CostTable``
+lazily. Never torch.
+
+For each (stage, device) a :class:`~placer.costmodel.fit.SizeFit` is fitted to the
+measured medians; at a measured size the measurement itself is returned (labelled
+``measured``), elsewhere the fit (``predicted``). For a device this machine lacks,
+a :class:`~placer.costmodel.roofline.DeviceDescription` turns the stage's counted
+work at each profiled size into roofline times, and a fit over those extends them
+to the requested size (``roofline``). Transfers come from the separate
+:class:`~placer.costmodel.bus.TransferModel`.
+
+Examples
+--------
+>>> from placer.profile import Profile, StageProfile, DeviceProfile, Point
+>>> pts = [Point(size=n, median_s=1e-4 + 1e-7 * n, iqr_s=0.0, reps=5, raw_times=[1e-4 + 1e-7 * n])
+...        for n in (100, 200, 400, 800)]
+>>> prof = Profile(pipeline="demo", fingerprint="x", stages={"s": StageProfile(
+...     name="s", key="k", devices={"cpu": DeviceProfile(device="cpu", kind="cpu", points=pts)})})
+>>> cm = CostModel(prof)
+>>> p = cm.predict("s", "cpu", 8000)
+>>> round(p.value, 6), p.label
+(0.0009, 'predicted')
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from placer.costmodel.bus import TransferModel
+from placer.costmodel.counts import Work
+from placer.costmodel.fit import Prediction, SizeFit, fit_size_model
+from placer.costmodel.roofline import DeviceDescription, load_description
+
+if TYPE_CHECKING:  # pragma: no cover
+    from placer.profile import DeviceProfile, Profile, StageProfile
+
+
+class CostModelError(KeyError):
+    """A prediction was asked for a stage or device the model knows nothing about."""
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0])
+
+
+class CostModel:
+    """Predictions for every (stage, device) of a profiled pipeline.
+
+    Parameters
+    ----------
+    profile : Profile
+    describe : list of DeviceDescription or str, optional
+        Devices to predict by roofline (e.g. ``["h200"]``), each added under the
+        name ``as_name`` (default ``gpu:0``, or ``gpu:1``... when taken).
+    """
+
+    def __init__(self, profile: Profile, describe: list[DeviceDescription | str] | None = None):
+        self.profile = profile
+        self._fits: dict[tuple[str, str], SizeFit] = {}
+        self._out: dict[str, SizeFit] = {}
+        self._peak: dict[tuple[str, str], SizeFit] = {}
+        self.described: dict[str, DeviceDescription] = {}
+        for desc in describe or []:
+            d = load_description(desc) if isinstance(desc, str) else desc
+            name = next(f"gpu:{i}" for i in range(64) if f"gpu:{i}" not in self.devices)
+            self.described[name] = d
+        for n, sp in profile.stages.items():
+            self._fit_stage(n, sp)
+
+    # -- fitting -------------------------------------------------------------------------
+    def _fit_stage(self, name: str, sp: StageProfile) -> None:
+        outs = []
+        for dev, dp in sp.devices.items():
+            pts = [p for p in dp.points if p.median_s > 0]
+            if not pts:
+                continue
+            self._fits[(name, dev)] = fit_size_model([p.size for p in pts], [p.median_s for p in pts])
+            peak = [(p.size, p.peak_device_bytes if dp.kind == "gpu" else p.peak_host_bytes) for p in pts]
+            peak = [(s, b) for s, b in peak if b is not None and b > 0]
+            if peak:
+                self._peak[(name, dev)] = fit_size_model(*zip(*peak), forms=("linear", "power"))
+            outs += [(p.size, p.output_bytes) for p in pts if p.output_bytes > 0]
+        if outs:
+            self._out[name] = fit_size_model(*zip(*outs), forms=("linear", "power"))
+        cpu = self._fits.get((name, "cpu"))
+        host_s = min(cpu.c, cpu(max(cpu.n_min, 1.0))) if cpu is not None else 0.0
+        for dev, desc in self.described.items():
+            if not sp.work:
+                continue
+            pts = [(w.size, desc.predict(w.work.model_copy(update={"host_s": host_s}))) for w in sp.work]
+            self._fits[(name, dev)] = fit_size_model(*zip(*pts))
+
+    # -- views ---------------------------------------------------------------------------
+    @property
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """Device name → description (measured ones from the profile, then described ones)."""
+        out = {n: dict(d) for n, d in self.profile.devices.items()}
+        for n, d in getattr(self, "described", {}).items():
+            out[n] = d.device_entry()
+        return out
+
+    @property
+    def stages(self) -> list[str]:
+        return list(self.profile.stages)
+
+    def label(self, stage: str, device: str) -> str:
+        """``measured`` (fit to this machine's measurements) or ``roofline`` (described device)."""
+        return "roofline" if device in self.described else "measured"
+
+    def fit(self, stage: str, device: str) -> SizeFit:
+        """The fitted size model of ``stage`` on ``device``."""
+        try:
+            return self._fits[(stage, device)]
+        except KeyError:
+            have = sorted(d for s, d in self._fits if s == stage)
+            if stage not in self.profile.stages:
+                raise CostModelError(f"no stage {stage!r} in the profile of {self.profile.pipeline!r}; "
+                                     f"stages: {', '.join(self.profile.stages)}") from None
+            raise CostModelError(
+                f"stage {stage!r} has no measurements or description for device {device!r} "
+                f"(it has: {', '.join(have) or 'none'}); profile on that device or describe it"
+            ) from None
+
+    # -- predicting ----------------------------------------------------------------------
+    def predict(self, stage: str, device: str, size: float) -> Prediction:
+        """Seconds of ``stage`` on ``device`` at ``size``, with its error and label."""
+        fit = self.fit(stage, device)
+        if device in self.described:
+            return fit.predict(size, label="roofline").model_copy(
+                update={"rel_error": max(self.described[device].rel_error, fit.loo_error)})
+        dp: DeviceProfile = self.profile.stages[stage].devices[device]
+        at = [p for p in dp.points if p.size == size]
+        if at:
+            med = sum(p.median_s for p in at) / len(at)
+            iqr = max(p.iqr_s for p in at)
+            return Prediction(value=med, rel_error=iqr / med if med else 0.0, label="measured")
+        return fit.predict(size)
+
+    def output_bytes(self, stage: str, size: float) -> float:
+        fit = self._out.get(stage)
+        return float(max(fit(size), 0.0)) if fit is not None else 0.0
+
+    def peak_bytes(self, stage: str, device: str, size: float) -> float | None:
+        fit = self._peak.get((stage, device))
+        return float(max(fit(size), 0.0)) if fit is not None else None
+
+    def first_call_s(self, stage: str, device: str) -> float | None:
+        """One-time cost of the stage's first call on ``device`` (first call minus steady state)."""
+        sp = self.profile.stages[stage]
+        dp = sp.devices.get(device)
+        if dp is None or not dp.points:
+            return self.described[device].first_call_s if device in self.described else None
+        p = min(dp.points, key=lambda p: p.size)
+        return None if p.first_call_s is None else max(p.first_call_s - p.median_s, 0.0)
+
+    def transfer_model(self, device: str | None = None) -> TransferModel | None:
+        """The link model for ``device`` (default: the first real GPU, else a described
+        one, else any measured device)."""
+        tms = dict(self.profile.transfer)
+        for n, d in self.described.items():
+            if d.transfer is not None:
+                tms.setdefault(n, d.transfer)
+        if device is not None:
+            return tms.get(device)
+        kinds = self.devices
+        for want in ("gpu", "described", "sim"):
+            for n, tm in tms.items():
+                kind = kinds.get(n, {}).get("kind")
+                if (want == "described" and n in self.described) or (want != "described" and kind == want):
+                    return tm
+        return None
+
+    def transfer(self, nbytes: float, direction: str = "h2d", device: str | None = None) -> Prediction:
+        """Seconds to copy ``nbytes`` between the host and ``device``, as the executor does."""
+        tm = self.transfer_model(device)
+        if tm is None:
+            raise CostModelError(f"no transfer model for {device or 'any accelerator'}; "
+                                 "profile with an accelerator or describe one")
+        return tm.predict(nbytes, direction)
+
+    def predictions(self, size: float, devices: list[str] | None = None) -> dict[str, dict[str, Prediction]]:
+        """Every (stage, device) prediction at ``size``: ``{stage: {device: Prediction}}``."""
+        devs = devices or list(self.devices)
+        out: dict[str, dict[str, Prediction]] = {}
+        for s in self.stages:
+            out[s] = {d: self.predict(s, d, size) for d in devs if (s, d) in self._fits}
+        return out
+
+    def table(self, size: float, devices: list[str] | None = None):
+        """The optimizer's :class:`~placer.optimize.costs.CostTable` at ``size``.
+
+        Parameters
+        ----------
+        size : float
+            The pipeline's scale parameter.
+        devices : list of str, optional
+            Devices to include (default: every measured and described one). The CPU
+            is always included.
+        """
+        devs = list(devices or self.devices)
+        if "cpu" not in devs and "cpu" in self.devices:
+            devs.insert(0, "cpu")
+        unknown = [d for d in devs if d not in self.devices]
+        if unknown:
+            raise CostModelError(f"devices {unknown} are neither profiled nor described; "
+                                 f"known: {', '.join(self.devices)}")
+        spec = {}
+        for d in devs:
+            e = self.devices[d]
+            spec[d] = {k: v for k, v in {"kind": e.get("kind"), "workers": e.get("workers") if e.get("kind") == "cpu" else None,
+                                         "memory_bytes": e.get("memory_bytes"), "label": e.get("label", "")}.items()
+                       if v is not None}
+        stages = []
+        for name, sp in self.profile.stages.items():
+            secs = {d: self.predict(name, d, size).value for d in devs if (name, d) in self._fits}
+            peak = {d: b for d in secs if (b := self.peak_bytes(name, d, size)) is not None}
+            stages.append({"name": name, "kind": sp.kind, "inputs": sp.inputs, "input_bytes": 0.0,
+                           "output_bytes": self.output_bytes(name, size), "seconds": secs, "peak_bytes": peak})
+        tm = self.transfer_model()
+        doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit}
+        if tm is not None and any(self.devices[d].get("kind") != "cpu" for d in devs):
+            doc["link"] = tm.table_link()
+        return _cost_table(doc)
+
+    def summary(self, size: float | None = None) -> dict[str, Any]:
+        """A JSON-ready account: per stage and device the measured points, first call,
+        memory, output bytes, fit and its error, and the prediction at ``size``."""
+        out: dict[str, Any] = {}
+        for name, sp in self.profile.stages.items():
+            entry: dict[str, Any] = {}
+            for dev in self.devices:
+                if (name, dev) not in self._fits:
+                    continue
+                fit = self._fits[(name, dev)]
+                dp = sp.devices.get(dev)
+                e: dict[str, Any] = {"label": self.label(name, dev)}
+                if dp is not None:
+                    e["points"] = [{"size": p.size, "median_s": p.median_s, "iqr_s": p.iqr_s, "reps": p.reps,
+                                    "noisy": p.noisy} for p in dp.points]
+                    e["first_call_s"] = dp.points[0].first_call_s if dp.points else None
+                    e["first_call_overhead_s"] = self.first_call_s(name, dev)
+                    e["peak_host_bytes"] = max((p.peak_host_bytes for p in dp.points), default=0.0)
+                    pd = [p.peak_device_bytes for p in dp.points if p.peak_device_bytes is not None]
+                    e["peak_device_bytes"] = max(pd) if pd else None
+                    e["output_bytes"] = {str(p.size): p.output_bytes for p in dp.points}
+                    if dp.error:
+                        e["error"] = dp.error
+                else:
+                    e["work"] = [{"size": w.size, **w.work.model_dump()} for w in sp.work]
+                e["model"] = {**fit.model_dump(), "formula": fit.describe()}
+                if size is not None:
+                    e["prediction"] = self.predict(name, dev, size).model_dump()
+                entry[dev] = e
+            out[name] = entry
+        return out
+
+
+def _cost_table(doc: dict):
+    try:
+        from placer.optimize.costs import CostTable
+    except ImportError:  # the optimizer is optional for profiling
+        return doc
+    return CostTable.model_validate(doc)
+
+
+def work_seconds(desc: DeviceDescription, work: Work, host_s: float = 0.0) -> float:
+    """Roofline seconds of ``work`` on a described device (see :meth:`DeviceDescription.predict`)."""
+    return desc.predict(work.model_copy(update={"host_s": host_s}))

@@ -1,0 +1,666 @@
+"""Profiling a pipeline: measured stage costs at several sizes, and transfer costs.
+
+May import: numpy, pydantic, placer.{pipeline,devices,timing,errors,loader},
+placer.costmodel, placer.executor (to run stages and move data exactly as a run
+does). With execution, this is one of the modules that touch devices.
+
+:func:`profile` builds the pipeline at geometric sizes, runs it once on the CPU at
+each size (so every stage gets real inputs of that size), then times every stage
+on every device on those inputs with :func:`placer.timing.measure`: a cold first
+call kept apart, warm-up, device synchronisation inside the timed region, repeats
+until the median is stable. It records peak host and device memory and the bytes
+of every output, and (when no real GPU is profiled) counts each stage's work for
+predicting absent devices. Sizes grow until the next one would not fit in the time
+budget. The result is a :class:`Profile`, a pydantic model saved as JSON.
+
+Profiles are cached in ``$PLACER_CACHE_DIR`` (default ``~/.cache/placer``), one
+file per pipeline and machine (:meth:`placer.devices.Inventory.fingerprint`);
+inside it each stage's entry is keyed by its code hash at the profiled sizes and
+the sizes themselves, so a changed stage re-measures that stage only and another
+machine never reads this one's numbers. A corrupt or foreign file is ignored
+with a :class:`ProfileCacheWarning` and re-measured. Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from placer.costmodel.bus import TransferModel, fit_link
+from placer.costmodel.counts import Work, count_work, tensor_bytes_work
+from placer.devices import Device, Inventory, discover
+from placer.errors import PlacerError
+from placer.pipeline import Pipeline, Stage, as_pipeline
+from placer.timing import measure
+
+SCHEMA = "placer.profile/1"
+TRANSFER_SCHEMA = "placer.transfer/1"
+#: geometric step between profiled sizes, and how many sizes at most
+GROWTH = 2
+MAX_POINTS = 6
+#: transfer sizes measured (bytes), KB to hundreds of MB
+TRANSFER_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 128 << 20)
+
+
+class ProfileCacheWarning(UserWarning):
+    """A cached profile was unreadable or foreign; it is ignored and re-measured."""
+
+
+class Point(BaseModel):
+    """One (stage, device, size) measurement.
+
+    ``median_s``/``iqr_s`` summarise ``raw_times`` (seconds per call, steady state);
+    ``first_call_s`` is the first call at this size on this device in this process.
+    """
+
+    size: int
+    median_s: float
+    iqr_s: float
+    reps: int
+    number_per_run: int = 1
+    raw_times: list[float]
+    first_call_s: float | None = None
+    noisy: bool = False
+    peak_host_bytes: float = 0.0
+    peak_device_bytes: float | None = None
+    input_bytes: float = 0.0
+    output_bytes: float = 0.0
+
+
+class DeviceProfile(BaseModel):
+    """A stage's measurements on one device (``kind="sim"``: the simulated test device)."""
+
+    device: str
+    kind: Literal["cpu", "gpu", "sim"]
+    points: list[Point] = Field(default_factory=list)
+    error: str | None = None
+
+
+class WorkPoint(BaseModel):
+    """A stage's counted work at one size (for predicting absent devices)."""
+
+    size: int
+    work: Work
+
+
+class StageProfile(BaseModel):
+    """Everything measured about one stage."""
+
+    name: str
+    kind: str = "other"
+    inputs: list[str] = Field(default_factory=list)
+    key: str
+    measured_at: str = ""
+    devices: dict[str, DeviceProfile] = Field(default_factory=dict)
+    work: list[WorkPoint] = Field(default_factory=list)
+    #: CPU seconds of each size's reference run (its first call at that size)
+    reference_s: dict[int, float] = Field(default_factory=dict)
+
+
+class Profile(BaseModel):
+    """A pipeline's profile on one machine.
+
+    Attributes
+    ----------
+    fingerprint : str
+        The machine (:meth:`placer.devices.Inventory.fingerprint`).
+    sizes : list of int
+        Sizes planned; ``measured_sizes`` those that fitted in the budget.
+    target_size : int or None
+        The size predictions are wanted at (``--size``).
+    transfer : dict
+        Device name → :class:`~placer.costmodel.bus.TransferModel`, measured here.
+    notes : list of str
+        What was skipped and why (budget, failures, noisy measurements).
+    """
+
+    schema_: Literal["placer.profile/1"] = Field(SCHEMA, alias="schema")
+    pipeline: str
+    fingerprint: str
+    machine: dict[str, Any] = Field(default_factory=dict)
+    devices: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    sizes: list[int] = Field(default_factory=list)
+    measured_sizes: list[int] = Field(default_factory=list)
+    target_size: int | None = None
+    size_unit: str = "rows"
+    budget_s: float | None = None
+    elapsed_s: float = 0.0
+    created_at: str = ""
+    stages: dict[str, StageProfile] = Field(default_factory=dict)
+    transfer: dict[str, TransferModel] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+    model_config = {"populate_by_name": True}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write this profile as JSON, atomically."""
+        return write_atomic(path, self.model_dump_json(by_alias=True, indent=1))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Profile:
+        """Read a profile file; raise :class:`~placer.errors.PlacerError` naming the problem."""
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise PlacerError(f"cannot read profile {str(p)!r}: {exc}; run `placer profile` again") from None
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise PlacerError(f"{str(p)!r} is not a placer profile (expected schema {SCHEMA!r})")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise PlacerError(f"profile {str(p)!r}: field {where}: {first['msg']}") from None
+
+
+# -- files -----------------------------------------------------------------------------------
+def write_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` so that a reader never sees half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return p
+
+
+def cache_dir() -> Path:
+    """Where profiles are cached: ``$PLACER_CACHE_DIR`` or ``~/.cache/placer``."""
+    return Path(os.environ.get("PLACER_CACHE_DIR") or Path.home() / ".cache" / "placer")
+
+
+class ProfileCache:
+    """Cached profiles, one file per (pipeline, machine) under ``root``."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root is not None else cache_dir()
+
+    def path(self, pipeline: str, fingerprint: str) -> Path:
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in pipeline)
+        return self.root / "profiles" / f"{safe}-{fingerprint}.json"
+
+    def transfer_path(self, device: str, fingerprint: str) -> Path:
+        return self.root / "transfer" / f"{device.replace(':', '_')}-{fingerprint}.json"
+
+    def load(self, pipeline: str, fingerprint: str) -> Profile | None:
+        """The cached profile, or None (with a warning when the file is unusable)."""
+        p = self.path(pipeline, fingerprint)
+        if not p.exists():
+            return None
+        try:
+            prof = Profile.load(p)
+        except PlacerError as exc:
+            warnings.warn(f"ignoring cached profile: {exc}; re-measuring", ProfileCacheWarning, stacklevel=2)
+            return None
+        if prof.fingerprint != fingerprint or prof.pipeline != pipeline:
+            warnings.warn(
+                f"ignoring cached profile {str(p)!r}: it is for pipeline {prof.pipeline!r} on machine "
+                f"{prof.fingerprint}, not {pipeline!r} on {fingerprint}; re-measuring",
+                ProfileCacheWarning,
+                stacklevel=2,
+            )
+            return None
+        return prof
+
+    def save(self, prof: Profile) -> Path:
+        return prof.save(self.path(prof.pipeline, prof.fingerprint))
+
+    def load_transfer(self, device: str, fingerprint: str) -> TransferModel | None:
+        p = self.transfer_path(device, fingerprint)
+        if not p.exists():
+            return None
+        try:
+            data = json.loads(p.read_text())
+            if data.get("schema") != TRANSFER_SCHEMA:
+                raise ValueError(f"schema is {data.get('schema')!r}, expected {TRANSFER_SCHEMA!r}")
+            tm = TransferModel.model_validate(data["model"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, ValidationError) as exc:
+            warnings.warn(f"ignoring cached transfer model {str(p)!r}: {exc}; re-measuring",
+                          ProfileCacheWarning, stacklevel=2)
+            return None
+        return tm if tm.fingerprint == fingerprint else None
+
+    def save_transfer(self, tm: TransferModel) -> Path:
+        doc = {"schema": TRANSFER_SCHEMA, "model": tm.model_dump(mode="json")}
+        return write_atomic(self.transfer_path(tm.device, tm.fingerprint), json.dumps(doc, indent=1))
+
+
+# -- sizes and keys --------------------------------------------------------------------------
+def plan_sizes(max_size: int, *, points: int = MAX_POINTS, growth: float = GROWTH, min_size: int = 1) -> list[int]:
+    """Geometric sizes ending at ``max_size``: ``max_size / growth**k``, ascending.
+
+    >>> plan_sizes(2000)
+    [62, 125, 250, 500, 1000, 2000]
+    """
+    if max_size < 1:
+        raise ValueError(f"the largest profiled size must be at least 1, got {max_size}")
+    out = sorted({max(min_size, int(max_size / growth**k)) for k in range(points)})
+    return [s for s in out if s >= min_size]
+
+
+def stage_key(versions: Iterable[str], sizes: Iterable[int]) -> str:
+    """A cache key from a stage's code hashes at the planned sizes and the sizes."""
+    h = hashlib.sha256()
+    for v in sorted(set(versions)):
+        h.update(v.encode())
+    h.update(repr(sorted(sizes)).encode())
+    return h.hexdigest()[:16]
+
+
+# -- memory ----------------------------------------------------------------------------------
+class _PeakMemory:
+    """Peak host memory during a block (RSS sampled every ms, and tracemalloc) and CUDA peak."""
+
+    def __init__(self, device: Device):
+        self.device = device
+        self.host = 0.0
+        self.dev: float | None = None
+
+    def __enter__(self):
+        import psutil
+
+        self._proc = psutil.Process()
+        self._base = self._proc.memory_info().rss
+        self._peak = self._base
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._sample, daemon=True)
+        self._t.start()
+        self._tm = not tracemalloc.is_tracing()
+        if self._tm:
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        if self.device.kind == "gpu":
+            import torch
+
+            torch.cuda.synchronize(self.device.index)
+            torch.cuda.reset_peak_memory_stats(self.device.index)
+            self._dev_base = torch.cuda.memory_allocated(self.device.index)
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.001):
+            self._peak = max(self._peak, self._proc.memory_info().rss)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self._peak = max(self._peak, self._proc.memory_info().rss)
+        traced = tracemalloc.get_traced_memory()[1]
+        if self._tm:
+            tracemalloc.stop()
+        self.host = float(max(self._peak - self._base, traced))
+        if self.device.kind == "gpu":
+            import torch
+
+            self.dev = float(torch.cuda.max_memory_allocated(self.device.index) - self._dev_base)
+        return False
+
+
+# -- transfers -------------------------------------------------------------------------------
+def measure_transfers(device: Device, *, budget_s: float = 10.0, sizes: Iterable[int] = TRANSFER_SIZES,
+                      fingerprint: str = "") -> TransferModel:
+    """Measure host↔``device`` copies: latency and bandwidth, each way of copying.
+
+    On a GPU: ``pinned``, ``pageable``, ``fresh`` (allocating) and ``staged`` (the
+    executor's pinned staging, via :func:`placer.executor.transfer.to_location`)
+    host→device; ``pinned``, ``pageable`` and ``fresh`` device→host. On the
+    simulated device, the executor's copies only (host memory both sides).
+    """
+    import numpy as np
+    import torch
+
+    from placer.executor.transfer import PIN_THRESHOLD, to_location
+
+    cpu = Device(name="cpu", kind="cpu", label="host")
+    t_end = time.perf_counter() + budget_s
+    pts: dict[str, dict[str, list]] = {"h2d": {}, "d2h": {}}
+
+    def add(direction, mode, nb, m):
+        pts[direction].setdefault(mode, []).append((nb, m.median_s))
+
+    def per_call() -> float:
+        return max(0.02, (t_end - time.perf_counter()) / 40)
+
+    gpu = device.kind == "gpu"
+    sync = (lambda: torch.cuda.synchronize(device.index)) if gpu else None
+    for nb in sorted(sizes):
+        if time.perf_counter() > t_end:
+            break
+        host = np.ones(nb // 4, dtype=np.float32)
+        kw = dict(sync=sync, min_reps=3, max_reps=20, min_time_s=0.01, max_time_s=per_call(), warn=False)
+        staged_or_fresh = "staged" if nb >= PIN_THRESHOLD else "fresh"
+        add("h2d", staged_or_fresh, nb, measure(lambda: to_location(host, device), **kw))
+        on_dev = to_location(host, device)[0]
+        add("d2h", "fresh", nb, measure(lambda: to_location(on_dev, cpu), **kw))
+        if gpu:
+            src = torch.from_numpy(host)
+            pinned = src.pin_memory()
+            dst = torch.empty_like(on_dev)
+            add("h2d", "pinned", nb, measure(lambda: dst.copy_(pinned, non_blocking=True), **kw))
+            add("h2d", "pageable", nb, measure(lambda: dst.copy_(src), **kw))
+            if nb < PIN_THRESHOLD:
+                add("h2d", "fresh", nb, measure(lambda: src.to(device.torch_device()), **kw))
+            add("d2h", "pinned", nb, measure(lambda: pinned.copy_(on_dev, non_blocking=True), **kw))
+            add("d2h", "pageable", nb, measure(lambda: src.copy_(on_dev), **kw))
+    links = {d: {m: fit_link(*zip(*sorted(p))) for m, p in modes.items() if len(p) >= 2} for d, modes in pts.items()}
+    if gpu and "staged" not in links["h2d"] and "pinned" in links["h2d"]:
+        links["h2d"]["staged"] = links["h2d"]["pinned"]
+    if not gpu:
+        links["h2d"].setdefault("staged", links["h2d"].get("fresh"))
+        links["h2d"] = {k: v for k, v in links["h2d"].items() if v is not None}
+    return TransferModel(device=device.name, label="measured", links=links, fingerprint=fingerprint,
+                         pin_threshold=PIN_THRESHOLD)
+
+
+# -- the profiler ----------------------------------------------------------------------------
+class _Budget:
+    def __init__(self, seconds: float | None):
+        self.t0 = time.perf_counter()
+        self.seconds = seconds
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    @property
+    def left(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - self.elapsed
+
+
+def _builder(pipeline: Any) -> tuple[Callable[[int], Pipeline], str]:
+    if isinstance(pipeline, str):
+        from placer.loader import load_pipeline
+
+        name = Path(pipeline).stem if pipeline.endswith(".py") else pipeline
+        return (lambda n: load_pipeline(pipeline, n)), name
+    if callable(pipeline) and not isinstance(pipeline, Pipeline):
+        probe = as_pipeline(pipeline(None))
+        return (lambda n: as_pipeline(pipeline(n))), probe.name
+    p = as_pipeline(pipeline)
+    return (lambda n: p), p.name
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _progress(show: bool | None, total: int):
+    if show is None:
+        show = sys.stderr.isatty()
+    if not show:
+        return contextlib.nullcontext(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True)
+
+
+def profile(
+    pipeline: Any,
+    *,
+    size: int | None = None,
+    max_size: int | None = None,
+    sizes: list[int] | None = None,
+    budget_s: float | None = 60.0,
+    devices: list[str] | None = None,
+    inventory: Inventory | None = None,
+    cache: ProfileCache | None | Literal[False] = None,
+    count_work_for_absent: bool | None = None,
+    progress: bool | None = None,
+    threads: int | None = None,
+) -> Profile:
+    """Measure every stage of ``pipeline`` on every device at several sizes.
+
+    Parameters
+    ----------
+    pipeline : str, callable or Pipeline
+        A pipeline file or ``module:function`` (see :mod:`placer.loader`), a
+        ``build(size)`` function, or a built pipeline (profiled at its one size).
+    size : int, optional
+        The size predictions are wanted at. By default profiling goes up to a
+        tenth of it.
+    max_size : int, optional
+        The largest size to profile (default ``size // 10``, or the pipeline's
+        own size when ``size`` is not given).
+    sizes : list of int, optional
+        Exact sizes to profile (overrides ``max_size``).
+    budget_s : float or None
+        Time budget for the whole profile; sizes stop growing once the next would
+        not fit. None: no limit.
+    devices : list of str, optional
+        Devices to profile (default: every device of the inventory).
+    cache : ProfileCache, None or False
+        Where cached entries are read and the result written (None: the default
+        cache; False: no cache).
+    count_work_for_absent : bool, optional
+        Count FLOPs and bytes for absent-device predictions (default: when no real
+        GPU is profiled).
+    progress : bool, optional
+        Show a progress bar (default: when stderr is a terminal).
+    threads : int, optional
+        Intra-op threads for torch and numba while profiling (default: leave them as
+        the executor finds them, so timings match a run in this process). The count
+        used is recorded in ``machine["threads"]``.
+
+    Returns
+    -------
+    Profile
+    """
+    with _threads(threads) as used:
+        prof = _profile(pipeline, size=size, max_size=max_size, sizes=sizes, budget_s=budget_s, devices=devices,
+                        inventory=inventory, cache=cache, count_work_for_absent=count_work_for_absent,
+                        progress=progress, threads=used)
+    return prof
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    """Set torch's and numba's intra-op threads to ``n`` for the block; yield the count in use."""
+    import torch
+
+    old = torch.get_num_threads()
+    if n is None:
+        yield old
+        return
+    if n < 1:
+        raise ValueError(f"threads must be at least 1, got {n}")
+    nb_old = None
+    try:
+        import numba
+
+        nb_old = numba.get_num_threads()
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except Exception:  # noqa: BLE001 - numba is optional for profiling
+        nb_old = None
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(old)
+        if nb_old is not None:
+            import numba
+
+            numba.set_num_threads(nb_old)
+
+
+def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, cache, count_work_for_absent,
+             progress, threads) -> Profile:
+    budget = _Budget(budget_s)
+    build, name = _builder(pipeline)
+    inv = inventory or discover()
+    fp = inv.fingerprint()
+    devs = [inv.resolve(d) for d in devices] if devices else list(inv.devices)
+    if count_work_for_absent is None:
+        count_work_for_absent = not any(d.kind == "gpu" for d in devs)
+    probe = build(size)
+    unit = getattr(probe, "size_unit", None) or "rows"
+    if sizes is None:
+        top = max_size or (max(1, size // 10) if size else (probe.size or 1))
+        sizes = plan_sizes(top) if probe.size is not None or size is not None else [probe.size or 1]
+    sizes = sorted(set(int(s) for s in sizes))
+    store = None if cache is False else (cache or ProfileCache())
+    cached = store.load(name, fp) if store else None
+    versions = {n: set() for n in probe.stages}
+    builds: dict[int, Pipeline] = {}
+    notes: list[str] = []
+    for s in sizes:
+        try:
+            builds[s] = build(s)
+        except (ValueError, PlacerError) as exc:
+            notes.append(f"size {s} skipped: build failed: {exc}")
+            continue
+        for n, st in builds[s].stages.items():
+            versions.setdefault(n, set()).add(st.code_hash())
+    keys = {n: stage_key(v, builds) for n, v in versions.items()}
+    prof = Profile(pipeline=name, fingerprint=fp, machine={**inv.host, "threads": threads}, sizes=list(builds),
+                   devices={d.name: d.model_dump(include={"kind", "label", "workers", "memory_bytes"}) for d in devs},
+                   target_size=size, size_unit=unit, budget_s=budget_s, created_at=_now(), notes=notes)
+    reuse = {}
+    for n, st in probe.stages.items():
+        old = cached.stages.get(n) if cached else None
+        same_threads = cached is not None and cached.machine.get("threads") == threads
+        if old is not None and same_threads and old.key == keys[n] and all(d.name in old.devices for d in devs if _can_run(st, d)):
+            reuse[n] = old
+    todo = [n for n in probe.order() if n not in reuse]
+    for d in devs:
+        if d.kind == "cpu":
+            continue
+        tm = store.load_transfer(d.name, fp) if store else None
+        if tm is None and budget.left > 1.0:
+            tm = measure_transfers(d, budget_s=min(10.0, 0.15 * budget.left), fingerprint=fp)
+            if store:
+                store.save_transfer(tm)
+        if tm is not None:
+            prof.transfer[d.name] = tm
+    for n in probe.order():
+        st = probe.stages[n]
+        prof.stages[n] = reuse.get(n) or StageProfile(
+            name=n, kind=st.kind, inputs=list(dict.fromkeys(st.inputs.values())), key=keys[n], measured_at=_now())
+    measured: list[int] = []
+    if todo:
+        with _progress(progress, len(builds)) as bar:
+            task = bar.add_task(f"profiling {name}", total=len(builds) * len(todo)) if bar else None
+            last = None  # (size, seconds) of the previous size's pass
+            for s, p in builds.items():
+                if last is not None and budget_s is not None:
+                    guess = last[1] * (s / last[0]) ** 1.2 * 1.3
+                    if guess > budget.left:
+                        notes.append(f"stopped before size {s}: it would take about {guess:.1f} s, "
+                                     f"{max(budget.left, 0):.1f} s of the budget left")
+                        break
+                t0 = time.perf_counter()
+                _profile_size(p, s, todo, devs, prof, budget, count_work_for_absent, notes,
+                              lambda: bar.advance(task) if bar else None)
+                measured.append(s)
+                last = (s, time.perf_counter() - t0)
+    prof.measured_sizes = measured or sorted({pt.size for sp in reuse.values()
+                                              for dp in sp.devices.values() for pt in dp.points})
+    prof.elapsed_s = budget.elapsed
+    if store:
+        store.save(prof)
+    return prof
+
+
+def _can_run(stage: Stage, device: Device) -> bool:
+    return stage.impl_for("cpu" if device.kind == "cpu" else "gpu") is not None
+
+
+def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], prof: Profile,
+                  budget: _Budget, count: bool, notes: list[str], tick: Callable[[], Any]) -> None:
+    """Run ``p`` once on the CPU, then measure each stage in ``todo`` on each device."""
+    from placer.executor import call_stage, execute
+    from placer.executor.transfer import nbytes, to_location
+
+    cpu_dev = next((d for d in devs if d.kind == "cpu"), None) or discover().get("cpu")
+    run = execute(p, "all=cpu", executor="inline")
+    outputs = run.outputs
+    first = {r.name: r.seconds for r in run.stages}
+    stages_left = len(todo) * max(1, len(devs))
+    for n in todo:
+        st = p.stages[n]
+        sp = prof.stages[n]
+        host_inputs = {a: outputs[src] for a, src in st.inputs.items()}
+        in_bytes = float(sum(nbytes(v) for v in host_inputs.values()))
+        out_bytes = float(nbytes(outputs[n]))
+        sp.reference_s[size] = first[n]
+        for d in devs:
+            if not _can_run(st, d):
+                continue
+            dp = sp.devices.setdefault(d.name, DeviceProfile(device=d.name, kind=d.kind))
+            share = max(0.0, budget.left) / max(stages_left, 1) if budget.seconds is not None else 2.0
+            stages_left -= 1
+            try:
+                inputs = host_inputs if d.kind == "cpu" else {a: to_location(v, d)[0] for a, v in host_inputs.items()}
+                workers = cpu_dev.workers if d.kind == "cpu" else 1
+                call = lambda: call_stage(st, d, inputs, workers=workers)  # noqa: E731
+                cold = None
+                if d.kind == "cpu":
+                    cold = first[n]  # the reference run was this size's first call
+                else:
+                    t0 = time.perf_counter()
+                    call()
+                    cold = time.perf_counter() - t0
+                with _PeakMemory(d) as mem:
+                    call()  # warm-up, instrumented for memory
+                m = measure(call, cold=False, warmup=0, min_reps=3, max_reps=30,
+                            min_time_s=min(0.05, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),
+                            label=f"stage {n!r} on {d.name} at size {size}", warn=False)
+            except Exception as exc:  # noqa: BLE001 - recorded; other stages still profiled
+                dp.error = f"{type(exc).__name__}: {exc}"
+                notes.append(f"stage {n!r} on {d.name} at size {size} failed: {dp.error}")
+                continue
+            if m.noisy:
+                notes.append(f"stage {n!r} on {d.name} at size {size}: noisy (IQR/median "
+                             f"{m.iqr_s / m.median_s:.0%} over {m.reps} repeats)")
+            dp.points.append(Point(size=size, median_s=m.median_s, iqr_s=m.iqr_s, reps=m.reps,
+                                   number_per_run=m.number_per_run, raw_times=m.raw_times,
+                                   first_call_s=cold, noisy=m.noisy, peak_host_bytes=mem.host,
+                                   peak_device_bytes=mem.dev, input_bytes=in_bytes, output_bytes=out_bytes))
+        if count:
+            sp.work.append(WorkPoint(size=size, work=_count(st, host_inputs, in_bytes, out_bytes)))
+        tick()
+
+
+_SIM = Device(name="gpu-sim", kind="sim", label="work counter (runs the GPU implementation on the CPU)")
+
+
+def _count(st: Stage, inputs: dict[str, Any], in_bytes: float, out_bytes: float) -> Work:
+    """The stage's work: declared counts, else torch's counters on its GPU implementation."""
+    if st.flops is not None or st.bytes_moved is not None:
+        return Work(flops=float(st.flops or 0.0), bytes=float(st.bytes_moved or in_bytes + out_bytes),
+                    ops=1, source="declared")
+    impl = st.impl_for("gpu")
+    if impl is None or impl.api != "torch":
+        return tensor_bytes_work(in_bytes, out_bytes)
+    from placer.executor import call_stage
+    from placer.executor.transfer import to_location
+
+    try:
+        moved = {a: to_location(v, _SIM)[0] for a, v in inputs.items()}
+        return count_work(lambda: call_stage(st, _SIM, moved))[1]
+    except Exception:  # noqa: BLE001 - counting is best effort; sizes still known
+        return tensor_bytes_work(in_bytes, out_bytes)

@@ -47,17 +47,27 @@ def class_patterns(side: int, channels: int, seed: int) -> np.ndarray:
     return out
 
 
-def synthetic_images(n: int, channels: int, side: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` seeded uint8 images ``(n, channels, side, side)`` and their int64 labels."""
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, CLASSES, n).astype(np.int64)
+def synthetic_labels(n: int, seed: int) -> np.ndarray:
+    """``n`` seeded int64 class labels."""
+    return np.random.default_rng(seed).integers(0, CLASSES, n).astype(np.int64)
+
+
+def render(labels: np.ndarray, channels: int, side: int, seed: int) -> np.ndarray:
+    """Seeded uint8 images ``(n, channels, side, side)`` of the given classes."""
+    n = labels.shape[0]
+    rng = np.random.default_rng(seed + 1)
     patterns = class_patterns(side, channels, seed)
     gain = rng.uniform(150.0, 255.0, (n, 1, 1, 1)).astype(np.float32)
     noise = rng.standard_normal((n, channels, side, side), dtype=np.float32)
     noise *= 30.0
     noise += patterns.astype(np.float32)[labels] * gain
-    images = np.clip(noise, 0, 255).astype(np.uint8)
-    return images, labels
+    return np.clip(noise, 0, 255).astype(np.uint8)
+
+
+def synthetic_images(n: int, channels: int, side: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` seeded uint8 images ``(n, channels, side, side)`` and their int64 labels."""
+    labels = synthetic_labels(n, seed)
+    return render(labels, channels, side, seed), labels
 
 
 def _load(size: int, seed: int):

@@ -1,0 +1,584 @@
+"""Running a pipeline on an existing dask.distributed cluster.
+
+May import: placer.pipeline, placer.devices, placer.placement, placer.errors,
+placer.executor.*, placer.costmodel.bus, numpy, pydantic; distributed and cloudpickle
+inside functions, so that importing this module stays cheap.
+
+The same :class:`~placer.executor.engine.Engine` drives the cluster: only the lanes
+differ. :class:`DaskLanes` gives the engine its usual lanes (a pool of waiting
+threads per lane, as :class:`~placer.executor.engine.ThreadLanes`), but a stage's
+task submits it to the cluster with ``client.submit`` and waits for it, and the
+engine's values are :class:`distributed.Future` objects: data stays on the workers
+between stages, and only the final outputs are gathered to the client.
+
+Routing follows the convention of dask-cuda's ``LocalCUDACluster``: a worker that
+has a GPU declares the resource ``GPU`` (``dask worker ADDRESS --resources GPU=1``).
+
+* a stage on the CPU may run on any worker;
+* a stage on a GPU device (``gpu``, ``gpu:N``, ``gpu-sim``) is submitted with
+  ``resources={"GPU": 1}``, so only a GPU worker runs it, one at a time per GPU,
+  on that worker's own first GPU (dask-cuda gives each worker one GPU) or, for
+  ``gpu-sim``, that worker's simulated test device;
+* a copy to a GPU device is submitted with ``resources={"GPU": 0}``: it runs on a
+  GPU worker without taking the GPU's slot (the engine's links never occupy a
+  device), and a copy to the host runs where the data is.
+
+Resources are requested per task at submission, not as graph annotations, which
+graph optimisation may drop.
+
+Faults. When a worker dies, the scheduler reschedules the tasks it was running on
+another suitable worker and recomputes the results it held that are still needed
+(the engine holds a future for every stage's output until the run ends); a task
+that kills ``distributed.scheduler.allowed-failures`` workers (default 3) fails
+with ``KilledWorker``. ``retries`` re-runs a stage that *raised*; it is 0 by
+default because a deterministic stage that raises once raises again.
+
+Stage functions travel with each task, pickled by cloudpickle; functions from
+modules that are not installed packages (a pipeline ``.py`` file, a test module,
+``__main__``) are pickled by value, so workers need placer and the libraries the
+stages import (torch, numpy, ...), not the pipeline's file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import sysconfig
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from placer.devices import SIM, Device, Inventory, test_devices_enabled
+from placer.errors import DeviceError, DeviceUnavailableError
+from placer.executor.engine import ThreadLanes
+from placer.pipeline import Pipeline
+
+#: the worker resource that marks a GPU worker (dask-cuda's convention)
+GPU_RESOURCE = "GPU"
+#: seconds to wait for the scheduler when connecting by address
+CONNECT_TIMEOUT_S = 10.0
+
+
+class ClusterError(DeviceError):
+    """The cluster cannot run the pipeline (unreachable, or lacks a device a stage needs)."""
+
+
+class SchedulerUnreachableError(ClusterError):
+    """No dask scheduler answered at the address within the timeout."""
+
+
+# -- connecting -----------------------------------------------------------------------
+@contextlib.contextmanager
+def connect(scheduler: Any, *, timeout: float = CONNECT_TIMEOUT_S) -> Iterator[Any]:
+    """A :class:`distributed.Client` for ``scheduler`` (an address or a Client).
+
+    A Client passed in is used as it is and left open; one made here from an
+    address is closed on exit.
+
+    Raises
+    ------
+    SchedulerUnreachableError
+        When no scheduler answers at the address within ``timeout`` seconds.
+    """
+    from distributed import Client
+
+    if isinstance(scheduler, Client):
+        yield scheduler
+        return
+    if not isinstance(scheduler, str) or not scheduler.strip():
+        raise ClusterError(
+            f"scheduler must be an address like tcp://HOST:8786 or a distributed.Client, "
+            f"got {scheduler!r}"
+        )
+    address = scheduler.strip()
+    try:
+        client = Client(address, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise SchedulerUnreachableError(
+            f"cannot reach the dask scheduler at {address} within {timeout:g} s "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no answer'}); "
+            "start one with `dask scheduler` and check the address and port"
+        ) from None
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+# -- what the cluster has --------------------------------------------------------------
+class WorkerInfo(BaseModel):
+    """One worker of the cluster, as placer sees it."""
+
+    address: str
+    name: str
+    nthreads: int
+    memory_limit: int | None = None
+    resources: dict[str, float] = Field(default_factory=dict)
+    #: labels and memory of the CUDA GPUs torch sees on the worker
+    gpus: list[tuple[str, int]] = Field(default_factory=list)
+    #: why the worker cannot use a GPU, when it has none
+    gpu_unavailable: str | None = None
+    test_devices: bool = False
+    host: dict[str, str | int | float | None] = Field(default_factory=dict)
+
+    @property
+    def is_gpu_worker(self) -> bool:
+        """Whether the worker declares the ``GPU`` resource."""
+        return self.resources.get(GPU_RESOURCE, 0) >= 1
+
+
+def _probe() -> dict[str, Any]:
+    """Run on a worker: what its devices are (see :class:`WorkerInfo`)."""
+    from placer.devices import discover
+
+    inv = discover()
+    return {
+        "gpus": [(d.label, int(d.memory_bytes or 0)) for d in inv.gpus],
+        "gpu_unavailable": inv.unavailable.get("torch.cuda"),
+        "test_devices": test_devices_enabled(),
+        "host": dict(inv.host),
+    }
+
+
+def cluster_workers(client: Any) -> list[WorkerInfo]:
+    """Every worker of the cluster, with its threads, resources and devices, by address."""
+    info = client.scheduler_info(n_workers=-1)
+    probes = client.run(_probe) if info.get("workers") else {}
+    out = []
+    for addr, w in sorted(info.get("workers", {}).items()):
+        pr = probes.get(addr, {})
+        out.append(WorkerInfo(
+            address=addr,
+            name=str(w.get("name", addr)),
+            nthreads=int(w.get("nthreads", 1)),
+            memory_limit=int(w["memory_limit"]) if w.get("memory_limit") else None,
+            resources={k: float(v) for k, v in (w.get("resources") or {}).items()},
+            gpus=[tuple(g) for g in pr.get("gpus", [])],
+            gpu_unavailable=pr.get("gpu_unavailable"),
+            test_devices=bool(pr.get("test_devices")),
+            host=pr.get("host", {}),
+        ))
+    return out
+
+
+def cluster_devices(client: Any, workers: list[WorkerInfo] | None = None) -> Inventory:
+    """The cluster's devices, as an :class:`~placer.devices.Inventory`.
+
+    ``cpu`` stands for every worker thread (any worker runs CPU stages); ``gpu:N``
+    for the N-th GPU worker (by address) whose torch sees a CUDA GPU; ``gpu-sim``
+    is listed when a GPU worker has the simulated test device enabled (and this
+    process too), and it is never a GPU. ``unavailable["torch.cuda"]`` says why the
+    cluster has no GPU, when it has none.
+    """
+    ws = workers if workers is not None else cluster_workers(client)
+    address = client.scheduler.address
+    if not ws:
+        raise ClusterError(
+            f"the dask cluster at {address} has no workers; start some with `dask worker {address}`"
+        )
+    threads = sum(w.nthreads for w in ws)
+    mem = [w.memory_limit for w in ws if w.memory_limit]
+    first = ws[0].host
+    devices = [Device(
+        name="cpu", kind="cpu", workers=threads, memory_bytes=sum(mem) if mem else None,
+        label=f"CPU: {len(ws)} dask worker{'s' if len(ws) != 1 else ''}, {threads} thread"
+              f"{'s' if threads != 1 else ''} ({address}; {first.get('cpu_model', '?')})",
+        backends=["numpy", "torch", "numba", "dask"],
+    )]
+    gpu_workers = [w for w in ws if w.is_gpu_worker]
+    real = [w for w in gpu_workers if w.gpus]
+    for i, w in enumerate(real):
+        label, memory = w.gpus[0]
+        devices.append(Device(name=f"gpu:{i}", kind="gpu", index=i, label=f"{label} on {w.address}",
+                              memory_bytes=memory or None, backends=["torch"]))
+    sims = [w for w in gpu_workers if w.test_devices]
+    if sims and test_devices_enabled():
+        devices.append(Device(
+            name=SIM, kind="sim", memory_bytes=None, backends=["torch", "numba.cuda (simulator)"],
+            label=f"simulated test device on {len(sims)} GPU worker{'s' if len(sims) != 1 else ''} "
+                  "(runs GPU implementations on the CPU; not a GPU)",
+        ))
+    unavailable = {}
+    if not real:
+        unavailable["torch.cuda"] = _no_gpu_reason(address, gpu_workers)
+    host = {
+        "scheduler": address,
+        "workers": len(ws),
+        "cores": threads,
+        **{k: first.get(k) for k in ("machine", "cpu_model", "python", "torch", "numba")},
+    }
+    return Inventory(devices=devices, unavailable=unavailable, host=host)
+
+
+def _no_gpu_reason(address: str, gpu_workers: list[WorkerInfo]) -> str:
+    if not gpu_workers:
+        return (f"no worker of the dask cluster at {address} declares a {GPU_RESOURCE} resource; "
+                f"start one with `dask worker {address} --resources {GPU_RESOURCE}=1`")
+    whys = "; ".join(f"{w.address}: {w.gpu_unavailable or 'no CUDA GPU'}" for w in gpu_workers)
+    return f"the workers that declare {GPU_RESOURCE} have no CUDA GPU that torch can use ({whys})"
+
+
+def cost_devices(inventory: Inventory) -> dict[str, dict[str, Any]]:
+    """The cluster's devices in the form of the cost table's ``devices`` map."""
+    out = {}
+    for d in inventory.devices:
+        spec: dict[str, Any] = {"kind": d.kind, "workers": d.workers if d.kind == "cpu" else 1,
+                                "label": d.label}
+        if d.memory_bytes:
+            spec["memory_bytes"] = float(d.memory_bytes)
+        out[d.name] = spec
+    return out
+
+
+def resolve_on_cluster(pipeline: Pipeline, placement: Any, inventory: Inventory) -> dict[str, Device]:
+    """Resolve a placement against the cluster's devices, before anything runs.
+
+    Raises
+    ------
+    ClusterError
+        Naming the stage, when it is placed on a device the cluster lacks.
+    """
+    from placer.placement import resolve
+
+    try:
+        return resolve(pipeline, placement, inventory)
+    except DeviceUnavailableError as exc:
+        if exc.stage is None:
+            raise
+        dev = _placed_device(pipeline, placement, exc.stage)
+        why = inventory.unavailable.get("torch.cuda")
+        if dev == SIM:
+            why = (f"no {GPU_RESOURCE} worker of the dask cluster at {inventory.host.get('scheduler')} "
+                   "has the simulated test device enabled (PLACER_TEST_DEVICES=1 in the worker's "
+                   f"environment)" if "declares" not in (why or "") else why)
+        raise ClusterError(
+            f"stage {exc.stage!r} is placed on {dev}, but {why}; place it on cpu or add a GPU worker",
+            stage=exc.stage,
+        ) from None
+
+
+def _placed_device(pipeline: Pipeline, placement: Any, stage: str) -> str:
+    from placer.placement import parse_spec
+
+    if isinstance(placement, str):
+        raw = parse_spec(placement, pipeline.order())
+    elif hasattr(placement, "placement"):
+        raw = dict(placement.placement)
+    else:
+        raw = dict(placement or {})
+    dev = str(raw.get(stage) or pipeline.stages[stage].pin or "cpu").strip().lower()
+    return dev
+
+
+# -- shipping stages -------------------------------------------------------------------
+def _installed(module_name: str) -> bool:
+    """Whether a module comes with Python or an installed distribution (pickled by name)."""
+    top = module_name.split(".")[0]
+    if top in ("placer", "builtins") or top in sys.builtin_module_names:
+        return True
+    mod = sys.modules.get(module_name)
+    file = getattr(mod, "__file__", None)
+    if not file:
+        return True  # namespace or built-in: nothing to ship
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    path = Path(file).resolve()
+    return any(path.is_relative_to(Path(r).resolve()) for r in roots)
+
+
+def stage_payloads(pipeline: Pipeline) -> dict[str, bytes]:
+    """Each stage, pickled for the workers (its module by value when not installed)."""
+    import cloudpickle
+
+    registered = set(cloudpickle.list_registry_pickle_by_value())
+    for st in pipeline.stages.values():
+        for impl in (st.fn, st.cpu, st.gpu):
+            name = getattr(impl.fn, "__module__", None) if impl is not None else None
+            if name and name != "__main__" and name not in registered and not _installed(name):
+                cloudpickle.register_pickle_by_value(sys.modules[name])
+                registered.add(name)
+    return {n: cloudpickle.dumps(st) for n, st in pipeline.stages.items()}
+
+
+# -- what runs on the workers ------------------------------------------------------------
+def worker_device(name: str) -> Device:
+    """The device of this worker that a placement's device name means."""
+    from distributed import get_worker
+
+    from placer.devices import discover
+
+    inv = discover()
+    if name == "cpu":
+        return inv.get("cpu")
+    if name == SIM:
+        return inv.resolve(SIM)
+    if not inv.gpus:
+        raise DeviceUnavailableError(
+            f"worker {get_worker().address} declares the {GPU_RESOURCE} resource but has no CUDA GPU "
+            f"({inv.unavailable.get('torch.cuda', 'torch found none')}); fix the worker or place the "
+            "stage on cpu"
+        )
+    return inv.gpus[0]
+
+
+def _remote_stage(payload: bytes, device: str, inputs: dict[str, tuple[Any, dict]]) -> tuple[Any, dict]:
+    """Run one stage on this worker; return its output and what the record needs."""
+    import cloudpickle
+    from distributed import get_worker
+
+    from placer.executor.stagecall import call_stage
+    from placer.executor.transfer import nbytes
+
+    w = get_worker()
+    stage = cloudpickle.loads(payload)
+    dev = worker_device(device)
+    args = {a: v[0] for a, v in inputs.items()}
+    t0 = time.time()
+    out = call_stage(stage, dev, args, workers=w.state.nthreads)
+    t1 = time.time()
+    lane = "cpu" if dev.kind == "cpu" else device
+    return out, {"worker": w.address, "lane": f"{lane}@{w.address}", "wall_start": t0, "wall_end": t1,
+                 "output_bytes": nbytes(out)}
+
+
+def _remote_move(value: tuple[Any, dict], device: str) -> tuple[Any, dict]:
+    """Copy a stage's output into this worker's ``device``."""
+    from distributed import get_worker
+
+    from placer.executor.transfer import to_location
+
+    t0 = time.time()
+    moved, nb, pinned = to_location(value[0], worker_device(device))
+    t1 = time.time()
+    return moved, {"worker": get_worker().address, "wall_start": t0, "wall_end": t1,
+                   "bytes": nb, "pinned": pinned}
+
+
+def _meta(value: tuple[Any, dict]) -> dict:
+    return value[1]
+
+
+# -- the lanes -----------------------------------------------------------------------------
+class DaskLanes(ThreadLanes):
+    """Lanes whose stages and copies run as tasks on a dask cluster.
+
+    The engine's slots are kept as usual (``workers`` CPU stages at once, one stage
+    per accelerator); each slot's thread submits its task to the cluster and waits.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    workers : int
+        CPU stages that may run at once (the cluster's threads).
+    accelerators : list of str
+        The device names of accelerator lanes.
+    payloads : dict
+        Each stage pickled (:func:`stage_payloads`).
+    retries : int
+        Re-runs of a stage that raises (worker deaths are handled by the scheduler).
+    gpu_wait_s : float
+        How long a GPU task may wait while no GPU worker is in the cluster before the
+        run fails (a restarted worker comes back within it).
+    """
+
+    name = "distributed"
+
+    def __init__(self, client: Any, workers: int, accelerators: list[str], payloads: dict[str, bytes],
+                 *, retries: int = 0, gpu_wait_s: float = 60.0):
+        super().__init__(workers, accelerators)
+        self.client = client
+        self.payloads = payloads
+        self.retries = retries
+        self.gpu_wait_s = gpu_wait_s
+        self.run_id = uuid.uuid4().hex[:8]
+        self._futures: list[Any] = []
+        self._lock = threading.Lock()
+
+    def lane_name(self, lane: str) -> str:
+        return lane
+
+    def _submit(self, fn, *args, key: str, resources: dict | None = None, retries: int = 0):
+        fut = self.client.submit(fn, *args, key=key, resources=resources, retries=retries, pure=False)
+        with self._lock:
+            self._futures.append(fut)
+        return fut
+
+    def _wait_meta(self, fut: Any, key: str, needs_gpu: bool) -> dict:
+        meta = self.client.submit(_meta, fut, key=f"{key}-meta", pure=False)
+        try:
+            return self._result(meta, needs_gpu)
+        finally:
+            meta.release()
+
+    def _result(self, fut: Any, needs_gpu: bool) -> Any:
+        from distributed import wait
+
+        no_gpu_since = None
+        while True:
+            try:
+                wait(fut, timeout=1.0)
+                return fut.result()
+            except TimeoutError:
+                if not needs_gpu:
+                    continue
+            if _has_gpu_worker(self.client):
+                no_gpu_since = None
+            elif no_gpu_since is None:
+                no_gpu_since = time.monotonic()
+            elif time.monotonic() - no_gpu_since > self.gpu_wait_s:
+                fut.cancel()
+                raise ClusterError(
+                    f"no worker with the {GPU_RESOURCE} resource has been in the cluster for "
+                    f"{self.gpu_wait_s:g} s; a GPU task cannot run. Start one with "
+                    f"`dask worker {self.client.scheduler.address} --resources {GPU_RESOURCE}=1`"
+                )
+
+    def run_stage(self, stage, device: Device, args: dict[str, Any], **_) -> tuple[Any, dict]:
+        """Submit ``stage`` to a suitable worker; its output stays there (a Future)."""
+        gpu = device.kind != "cpu"
+        key = f"placer-{self.run_id}-{stage.name}"
+        fut = self._submit(_remote_stage, self.payloads[stage.name], device.name, args, key=key,
+                           resources={GPU_RESOURCE: 1} if gpu else None, retries=self.retries)
+        return fut, self._wait_meta(fut, key, gpu)
+
+    def transfer(self, value: Any, target: Device, **_) -> tuple[Any, int, bool, dict]:
+        """Copy a stage's output into ``target`` on a worker that has it."""
+        gpu = target.kind != "cpu"
+        key = f"placer-{self.run_id}-move-{value.key}-{target.name}"
+        fut = self._submit(_remote_move, value, target.name, key=key,
+                           resources={GPU_RESOURCE: 0} if gpu else None)
+        info = self._wait_meta(fut, key, gpu)
+        return fut, int(info.pop("bytes")), bool(info.pop("pinned")), info
+
+    def collect(self, outputs: dict[str, Any], final: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Gather the final outputs (and nothing else) to the client."""
+        names = [n for n in final if final[n] is not None]
+        values = self.client.gather([final[n] for n in names])
+        got = {n: v[0] for n, v in zip(names, values)}
+        return dict(got), got
+
+    def close(self) -> None:
+        super().close()
+        with self._lock:
+            futs, self._futures = self._futures, []
+        if futs:
+            with contextlib.suppress(Exception):
+                self.client.cancel(futs)
+
+
+def _has_gpu_worker(client: Any) -> bool:
+    info = client.scheduler_info(n_workers=-1)
+    return any((w.get("resources") or {}).get(GPU_RESOURCE, 0) >= 1 for w in info.get("workers", {}).values())
+
+
+# -- measuring the network between workers -------------------------------------------------
+class WorkerLink(BaseModel):
+    """Measured copies of arrays between two workers, and the fitted link."""
+
+    src: str
+    dst: str
+    sizes: list[int]
+    #: per size, the measured seconds of each repeat (from the receiving worker's log)
+    raw_seconds: list[list[float]]
+    latency_s: float
+    bandwidth_Bps: float
+    rel_error: float = 0.0
+
+    def seconds(self, nbytes: float) -> float:
+        """Predicted seconds to move ``nbytes`` between the two workers."""
+        return 0.0 if nbytes <= 0 else self.latency_s + nbytes / self.bandwidth_Bps
+
+    def table_link(self) -> dict[str, float]:
+        """The one-line form ``{"latency_s", "bandwidth_Bps"}`` of the cost table's links."""
+        return {"latency_s": self.latency_s, "bandwidth_Bps": self.bandwidth_Bps}
+
+
+def _payload(nbytes: int, salt: int):
+    import numpy as np
+
+    a = np.empty(max(1, nbytes // 8), dtype=np.float64)
+    a.fill(salt)
+    return a
+
+
+def _size_of(a) -> int:
+    return int(a.nbytes)
+
+
+def _incoming(keys: list[str], dask_worker=None) -> dict[str, float]:
+    out = {}
+    for entry in list(dask_worker.transfer_incoming_log):
+        for k in entry.get("keys", {}):
+            if k in keys:
+                out[k] = float(entry["duration"])
+    return out
+
+
+def measure_worker_link(
+    client: Any,
+    *,
+    src: str | None = None,
+    dst: str | None = None,
+    sizes: Sequence[int] = (1 << 12, 1 << 18, 1 << 22),
+    repeats: int = 3,
+) -> WorkerLink:
+    """Measure moving arrays of ``sizes`` bytes from worker ``src`` to worker ``dst``.
+
+    The times are those the receiving worker logs for fetching the data (its
+    ``transfer_incoming_log``), so they hold the network and (de)serialisation but
+    not scheduling. Default workers: the first two by address.
+    """
+    from placer.costmodel.bus import fit_link
+
+    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    if len(addrs) < 2:
+        raise ClusterError("measuring the link between workers needs at least two workers")
+    src = src or addrs[0]
+    dst = dst or next(a for a in addrs if a != src)
+    raw: list[list[float]] = []
+    for size in sizes:
+        keys, futs = [], []
+        for r in range(repeats):
+            key = f"placer-link-{uuid.uuid4().hex[:8]}"
+            a = client.submit(_payload, int(size), r, key=key, workers=[src], allow_other_workers=False)
+            b = client.submit(_size_of, a, workers=[dst], allow_other_workers=False, pure=False)
+            b.result()
+            keys.append(key)
+            futs += [a, b]
+        got = client.run(_incoming, keys, workers=[dst])[dst]
+        client.cancel(futs)
+        missing = [k for k in keys if k not in got]
+        if missing:
+            raise ClusterError(f"worker {dst} logged no transfer for {len(missing)} of {len(keys)} copies")
+        raw.append([got[k] for k in keys])
+    med = [sorted(r)[len(r) // 2] for r in raw]
+    link = fit_link([float(s) for s in sizes], [max(t, 1e-9) for t in med])
+    return WorkerLink(src=src, dst=dst, sizes=[int(s) for s in sizes], raw_seconds=raw,
+                      latency_s=link.latency_s, bandwidth_Bps=link.bandwidth_Bps, rel_error=link.rel_error)
+
+
+def is_client(obj: Any) -> bool:
+    """Whether ``obj`` is a :class:`distributed.Client` (without importing distributed needlessly)."""
+    mod = sys.modules.get("distributed")
+    return mod is not None and isinstance(obj, mod.Client)
+
+
+__all__ = [
+    "ClusterError",
+    "DaskLanes",
+    "SchedulerUnreachableError",
+    "WorkerInfo",
+    "WorkerLink",
+    "cluster_devices",
+    "cluster_workers",
+    "connect",
+    "cost_devices",
+    "measure_worker_link",
+    "resolve_on_cluster",
+    "stage_payloads",
+    "worker_device",
+]

@@ -1,1 +1,96 @@
-"""Reports: facts about a profile, a plan and a run, as HTML, Markdown or JSON."""
+"""Reports: facts about a plan and its run, as HTML, Markdown or JSON.
+
+May import: placer.report.* only; matplotlib inside the plotting functions. Never
+torch, dask or numba: a report can be made anywhere from saved JSON.
+
+The flow is ``collect`` (inputs → :class:`ReportFacts`) then ``write_report``
+(facts → file). :func:`report` does both.
+
+Examples
+--------
+>>> facts = collect(run={"pipeline": "demo", "placement": {"a": "cpu"}, "executor": "inline",
+...                      "workers": 1, "makespan_s": 0.5,
+...                      "stages": [{"name": "a", "device": "cpu", "lane": "cpu/0",
+...                                  "start_s": 0.0, "end_s": 0.5, "seconds": 0.5}]})
+>>> facts.stages[0].measured_s
+{'cpu': 0.5}
+>>> facts.bottleneck.name, round(facts.bottleneck.share, 2)
+('a', 1.0)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from placer.report.collect import collect
+from placer.report.facts import ReportFacts
+from placer.report.inputs import ReportInputError
+from placer.report.render import infer_format, render_html, render_json, render_markdown, write_report
+
+__all__ = [
+    "ReportFacts",
+    "ReportInputError",
+    "collect",
+    "infer_format",
+    "load_facts",
+    "render_html",
+    "render_json",
+    "render_markdown",
+    "report",
+    "write_report",
+]
+
+
+def report(
+    path: str | os.PathLike,
+    *,
+    plan: Any = None,
+    run: Any = None,
+    baselines: Mapping[str, Any] | None = None,
+    pipeline: Any = None,
+    costs: Any = None,
+    inventory: Any = None,
+    predictions: Mapping[str, Any] | None = None,
+    target: Any = None,
+    format: str | None = None,
+    pictures: bool = False,
+) -> ReportFacts:
+    """Write a report of a plan and its run to ``path``; return its facts.
+
+    Every input may be a live object, a mapping, or the path of its saved JSON, so a
+    report can be made later without running anything again.
+
+    Parameters
+    ----------
+    path : path
+        Where to write; the format is ``format`` or the suffix (``.html``, ``.md``,
+        ``.json``).
+    plan, run, baselines, pipeline, costs, inventory, predictions, target
+        See :func:`placer.report.collect.collect`.
+    format : {"html", "md", "json"}, optional
+    pictures : bool
+        Markdown only: write the pictures as SVG files next to the report and link them.
+
+    Examples
+    --------
+    ``report("report.html", plan="plan.json", run="run.json", baselines={"all_cpu": "cpu.json"})``
+    """
+    fmt = infer_format(path, format)
+    facts = collect(plan=plan, run=run, baselines=baselines, pipeline=pipeline, costs=costs,
+                    inventory=inventory, predictions=predictions, target=target)
+    write_report(facts, path, fmt, pictures_dir=pictures)
+    return facts
+
+
+def load_facts(path: str | os.PathLike) -> ReportFacts:
+    """Read a report saved as JSON (to render it again in another format)."""
+    p = Path(path)
+    try:
+        return ReportFacts.model_validate_json(p.read_text())
+    except OSError as exc:
+        raise ReportInputError(f"cannot read report {str(p)!r}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ReportInputError(f"{str(p)!r} is not a placer report JSON: {str(exc).splitlines()[0]}") from None

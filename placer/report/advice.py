@@ -1,0 +1,208 @@
+"""Concrete advice drawn from a report's facts: what to move, pin, batch or keep.
+
+May import: placer.report.facts. Each rule is a small function of the facts that
+returns zero or more :class:`Advice`; :func:`advise` runs them all in order.
+Every sentence names the stage or edge and the number it rests on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from placer.report.facts import Advice, ReportFacts, StageRow
+
+#: copies at least this large are worth pinning (the executor pins above 1 MiB)
+PIN_BYTES = 1 << 20
+#: a prediction off by more than this (relative) deserves a longer profile
+BAD_ERROR = 0.5
+#: a copy with at least this share of the critical path is called out
+COPY_SHARE = 0.15
+#: reference bandwidths of the H200 machine (GB/s), see the reference measurements
+PINNED_GBPS, PAGEABLE_GBPS = 55, "7–12"
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``1.3 MB`` style (decimal units)."""
+    if n is None:
+        return "?"
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_size(n: float | None, unit: str = "rows") -> str:
+    """``20,000 rows``."""
+    return "?" if n is None else f"{int(round(n)):,} {unit}"
+
+
+def _is_gpu_like(facts: ReportFacts, device: str) -> bool:
+    d = facts.device(device)
+    return d is not None and d.kind != "cpu"
+
+
+def move_rules(facts: ReportFacts) -> list[Advice]:
+    """Stages whose crossover size says where they belong as the input grows or shrinks."""
+    out = []
+    size, unit = facts.meta.size, facts.meta.size_unit
+    for r in facts.stages:
+        x = r.crossover_size
+        if x is None or r.loop_carried:
+            continue
+        on_gpu = _is_gpu_like(facts, r.device)
+        if not on_gpu and (size is None or size < x):
+            if r.kind == "inference":
+                continue  # said as batching advice
+            out.append(Advice(topic="move", subject=r.name, text=(
+                f"Move stage {r.name!r} to the GPU above {fmt_size(x, unit)} "
+                f"(it has {fmt_size(size, unit)} now); below that, launch and copy costs make the CPU faster.")))
+        elif on_gpu and size is not None and size >= x:
+            out.append(Advice(topic="move", subject=r.name, text=(
+                f"Keep stage {r.name!r} on the GPU for {fmt_size(x, unit)} and more; "
+                f"below {fmt_size(x, unit)} run it on the CPU.")))
+    return out
+
+
+def batch_rules(facts: ReportFacts) -> list[Advice]:
+    """Inference on the CPU at a size below its crossover: batch to make the GPU pay."""
+    out = []
+    size, unit = facts.meta.size, facts.meta.size_unit
+    for r in facts.stages:
+        if r.kind != "inference" or r.crossover_size is None or _is_gpu_like(facts, r.device):
+            continue
+        if size is None or size < r.crossover_size:
+            out.append(Advice(topic="batch", subject=r.name, text=(
+                f"Batch requests to at least {fmt_size(r.crossover_size, unit)} to make the GPU pay for "
+                f"stage {r.name!r}; at {fmt_size(size, unit)} it is faster on the CPU.")))
+    return out
+
+
+def loop_rules(facts: ReportFacts) -> list[Advice]:
+    """Loop-carried stages belong on the CPU at any size."""
+    out = []
+    for r in facts.stages:
+        if not r.loop_carried:
+            continue
+        if _is_gpu_like(facts, r.device):
+            text = (f"Stage {r.name!r} is loop-carried (each step needs the previous one) but runs on "
+                    f"{r.device}; move it to the CPU, where sequential work is fastest at any size.")
+        else:
+            text = (f"Stage {r.name!r} is loop-carried (each step needs the previous one); "
+                    "keep it on the CPU at any size: a GPU runs it on one thread.")
+        out.append(Advice(topic="loop", subject=r.name, text=text))
+    return out
+
+
+def pin_rules(facts: ReportFacts) -> list[Advice]:
+    """Large host-to-GPU copies from pageable memory, measured or planned."""
+    out, said = [], set()
+    for b in facts.timeline.measured:
+        d = facts.device(b.device)
+        if b.kind != "transfer" or b.pinned or (b.bytes or 0) < PIN_BYTES or d is None or d.kind != "gpu":
+            continue
+        if b.src != "host" or b.label in said:
+            continue
+        said.add(b.label)
+        gbps = (b.bytes or 0) / max(b.end_s - b.start_s, 1e-12) / 1e9
+        out.append(Advice(topic="pin", subject=b.label, text=(
+            f"Pin host memory for the output of {b.label!r} ({fmt_bytes(b.bytes)} copied from pageable "
+            f"memory at {gbps:.1f} GB/s); pinned copies reached ~{PINNED_GBPS} GB/s on an H200 machine "
+            f"against {PAGEABLE_GBPS} GB/s pageable.")))
+    if facts.target is not None:
+        out += _target_pin(facts, said)
+    return out
+
+
+def _target_pin(facts: ReportFacts, said: set[str]) -> list[Advice]:
+    t = facts.target
+    out = []
+    for e in facts.dag.edges:
+        a, b = t.placement.get(e.src, "cpu"), t.placement.get(e.dst, "cpu")
+        if (a == "cpu") == (b == "cpu") or (e.bytes or 0) < PIN_BYTES or e.src in said:
+            continue
+        said.add(e.src)
+        out.append(Advice(topic="pin", subject=f"{e.src}->{e.dst}", text=(
+            f"On {t.label}, edge {e.src!r} → {e.dst!r} would carry {fmt_bytes(e.bytes)} across the link: "
+            f"pin host memory for it (~{PINNED_GBPS} GB/s pinned against {PAGEABLE_GBPS} GB/s pageable).")))
+    return out
+
+
+def bottleneck_rules(facts: ReportFacts) -> list[Advice]:
+    """Name the bottleneck; for a copy, say how to avoid it."""
+    bn = facts.bottleneck
+    if bn is None:
+        return []
+    if bn.kind == "transfer" and bn.share >= COPY_SHARE:
+        data = bn.name.split(" (", 1)[0]
+        return [Advice(topic="bottleneck", subject=data, text=(
+            f"The copy of {data!r}'s output is the bottleneck ({bn.share:.0%} of the {bn.source} makespan): "
+            f"place {data!r} and its consumers on the same device, or pin and overlap the copy."))]
+    row = next((r for r in facts.stages if r.name == bn.name), None)
+    text = f"Stage {bn.name!r} is the bottleneck: {bn.share:.0%} of the {bn.source} makespan on {bn.device}."
+    if row is not None and _faster_elsewhere(facts, row):
+        dev, secs = _faster_elsewhere(facts, row)
+        text += f" It is predicted at {secs:.3g} s on {dev}; that device would pay if it were available."
+    return [Advice(topic="bottleneck", subject=bn.name, text=text)]
+
+
+def _faster_elsewhere(facts: ReportFacts, row: StageRow) -> tuple[str, float] | None:
+    here = row.measured_s.get(row.device) or row.predicted_s.get(row.device)
+    best = None
+    for dev, secs in row.predicted_s.items():
+        d = facts.device(dev)
+        if dev == row.device or secs is None or here is None or d is None or d.present or secs >= here / 2:
+            continue
+        if best is None or secs < best[1]:
+            best = (d.title, secs)
+    return best
+
+
+def target_rules(facts: ReportFacts) -> list[Advice]:
+    """What a plan for an absent GPU would do."""
+    t = facts.target
+    if t is None:
+        return []
+    on = [n for n, d in t.placement.items() if d != "cpu"]
+    if not on:
+        return [Advice(topic="target", subject=t.device, text=(
+            f"On {t.label} the plan would still keep every stage on the CPU (predicted {t.predicted_s:.3g} s): "
+            "at this size the GPU does not pay."))]
+    gain = f", {t.speedup:.1f}× faster than all-CPU" if t.speedup else ""
+    return [Advice(topic="target", subject=t.device, text=(
+        f"On {t.label} (not on this machine) the plan would run {', '.join(repr(n) for n in on)} on the GPU: "
+        f"predicted {t.predicted_s:.3g} s{gain}."))]
+
+
+def accuracy_rules(facts: ReportFacts) -> list[Advice]:
+    """Predictions far from their measurement."""
+    bad = [e for e in facts.errors if e.rel_error is not None and abs(e.rel_error) > BAD_ERROR]
+    if not bad:
+        return []
+    worst = max(bad, key=lambda e: abs(e.rel_error))
+    names = ", ".join(sorted({f"{e.stage!r} on {e.device}" for e in bad}))
+    return [Advice(topic="accuracy", subject=worst.stage, text=(
+        f"Predictions were off by more than {BAD_ERROR:.0%} for {names} (worst {worst.rel_error:+.0%}); "
+        "profile longer (a larger --budget-s) or at sizes nearer this one before trusting the plan.")) ]
+
+
+RULES: tuple[Callable[[ReportFacts], list[Advice]], ...] = (
+    bottleneck_rules, move_rules, batch_rules, loop_rules, pin_rules, target_rules, accuracy_rules,
+)
+
+
+def advise(facts: ReportFacts, rules=RULES) -> list[Advice]:
+    """Run every rule; when none applies, say that the plan needs no change."""
+    out = [a for rule in rules for a in rule(facts)]
+    if not any(a.topic not in ("bottleneck",) for a in out):
+        plan = facts.summary.options[0] if facts.summary.options else None
+        best = min((o for o in facts.summary.options if o.measured_s is not None),
+                   key=lambda o: o.measured_s, default=None)
+        if plan is not None and best is not None and best.key == "plan":
+            out.append(Advice(topic="keep", subject="plan", text=(
+                "Nothing to change: the plan was the fastest of the options measured here.")))
+        elif best is not None and best.key != "plan":
+            out.append(Advice(topic="keep", subject=best.key, text=(
+                f"The {best.title} option measured faster than the plan ({best.measured_s:.3g} s against "
+                f"{plan.measured_s:.3g} s); the cost model may be off: profile longer, or use "
+                f"--placement to run that option.")))
+    return out

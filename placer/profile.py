@@ -539,6 +539,7 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
     prof = Profile(pipeline=name, fingerprint=fp, machine={**inv.host, "threads": threads}, sizes=list(builds),
                    devices={d.name: d.model_dump(include={"kind", "label", "workers", "memory_bytes"}) for d in devs},
                    target_size=size, size_unit=unit, budget_s=budget_s, created_at=_now(), notes=notes)
+    notes = prof.notes  # pydantic copied the list
     reuse = {}
     for n, st in probe.stages.items():
         old = cached.stages.get(n) if cached else None
@@ -565,7 +566,10 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
         with _progress(progress, len(builds)) as bar:
             task = bar.add_task(f"profiling {name}", total=len(builds) * len(todo)) if bar else None
             last = None  # (size, seconds) of the previous size's pass
-            for s, p in builds.items():
+            order = list(builds)
+            for i, (s, p) in enumerate(builds.items()):
+                # later sizes cost more: give this one its share in proportion to its size
+                size_budget = budget.left * s / sum(order[i:]) if budget_s is not None else None
                 if last is not None and budget_s is not None:
                     guess = last[1] * (s / last[0]) ** 1.2 * 1.3
                     if guess > budget.left:
@@ -573,7 +577,7 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
                                      f"{max(budget.left, 0):.1f} s of the budget left")
                         break
                 t0 = time.perf_counter()
-                _profile_size(p, s, todo, devs, prof, budget, count_work_for_absent, notes,
+                _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
                               lambda: bar.advance(task) if bar else None)
                 measured.append(s)
                 last = (s, time.perf_counter() - t0)
@@ -590,12 +594,14 @@ def _can_run(stage: Stage, device: Device) -> bool:
 
 
 def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], prof: Profile,
-                  budget: _Budget, count: bool, notes: list[str], tick: Callable[[], Any]) -> None:
-    """Run ``p`` once on the CPU, then measure each stage in ``todo`` on each device."""
+                  size_budget: float | None, count: bool, notes: list[str], tick: Callable[[], Any]) -> None:
+    """Run ``p`` once on the CPU, then measure each stage in ``todo`` on each device,
+    sharing ``size_budget`` seconds (None: no limit) between them."""
     from placer.executor import call_stage, execute
     from placer.executor.transfer import nbytes, to_location
 
     cpu_dev = next((d for d in devs if d.kind == "cpu"), None) or discover().get("cpu")
+    budget = _Budget(size_budget)
     run = execute(p, "all=cpu", executor="inline")
     outputs = run.outputs
     first = {r.name: r.seconds for r in run.stages}

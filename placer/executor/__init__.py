@@ -38,12 +38,14 @@ from placer.pipeline import Pipeline, as_pipeline
 from placer.placement import resolve
 
 __all__ = [
+    "Prepared",
     "Run",
     "StageRecord",
     "TransferRecord",
     "call_stage",
     "choose_lanes",
     "execute",
+    "prepare",
     "to_location",
 ]
 
@@ -66,6 +68,80 @@ def choose_lanes(pipeline: Pipeline, devices: dict[str, Device], executor: str, 
         acc = sorted({d.name for d in devices.values() if d.kind != "cpu"})
         return ThreadLanes(workers, acc)
     raise ValueError(f"unknown executor {executor!r}; use auto, inline or threads")
+
+
+class Prepared:
+    """A pipeline validated and placed once, ready to run many times.
+
+    For request-by-request serving, prepare once and call :meth:`run` per request:
+    validation, device resolution and the engine's bookkeeping are not repeated, so
+    the executor adds only microseconds per stage (``benchmarks/overhead.py``).
+    Use as a context manager, or call :meth:`close`, to stop its worker threads.
+    """
+
+    def __init__(self, pipeline: Any, placement: Any = None, *, executor: str = "auto",
+                 workers: int | None = None, inventory: Inventory | None = None, size: int | None = None):
+        p = as_pipeline(pipeline)
+        p.validate()
+        self.pipeline = p
+        self.inventory = inv = inventory or discover()
+        self.devices = resolve(p, placement, inv)
+        cpu = inv.get("cpu")
+        self.workers = int(workers or (cpu.workers if cpu else 1))
+        self.lanes = choose_lanes(p, self.devices, executor, self.workers)
+        self.engine = Engine(p, self.devices, self.lanes)
+        self.size = size if size is not None else p.size
+        self._placement = {n: d.name for n, d in self.devices.items()}
+        self._labels = {d.name: d.label for d in self.devices.values()}
+        self._versions = {k: str(v) if v is not None else None for k, v in inv.host.items()
+                          if k in ("python", "torch", "numba")}
+
+    def run(self, *, digest: bool = True) -> Run:
+        """Run once; see :func:`execute` for what is returned and raised."""
+        started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        outputs, final, stage_recs, transfer_recs, failure, makespan = self.engine.run()
+        stage_recs.sort(key=_start)
+        transfer_recs.sort(key=_start)
+        run = Run.model_construct(
+            pipeline=self.pipeline.name, size=self.size, placement=dict(self._placement),
+            executor=self.lanes.name, workers=self.workers, makespan_s=makespan,
+            stages=stage_recs, transfers=transfer_recs, outputs_digest=None,
+            devices=dict(self._labels), started_at=started, versions=dict(self._versions),
+            error=None, failed_stage=None,
+        )
+        run._outputs = outputs
+        if failure is not None:
+            name, exc = failure
+            run.error = f"{type(exc).__name__}: {exc}"
+            run.failed_stage = name
+            raise StageFailedError(
+                f"stage {name!r} failed on {self.devices[name].name}: {type(exc).__name__}: {exc}",
+                stage=name,
+                outputs=dict(outputs),
+                run=run,
+            ) from exc
+        run._final = final
+        if digest:
+            run.outputs_digest = outputs_digest(final)
+        return run
+
+    def close(self) -> None:
+        self.lanes.close()
+
+    def __enter__(self) -> Prepared:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _start(rec) -> float:
+    return rec.start_s
+
+
+def prepare(pipeline: Any, placement: Any = None, **kwargs: Any) -> Prepared:
+    """Validate and place ``pipeline`` once; see :class:`Prepared` and :func:`execute`."""
+    return Prepared(pipeline, placement, **kwargs)
 
 
 def execute(
@@ -103,43 +179,6 @@ def execute(
         When a stage raises; ``.outputs`` keeps what finished before, ``.run`` the
         partial timeline.
     """
-    p = as_pipeline(pipeline)
-    p.validate()
-    inv = inventory or discover()
-    devices = resolve(p, placement, inv)
-    cpu = inv.get("cpu")
-    w = int(workers or (cpu.workers if cpu else 1))
-    lanes = choose_lanes(p, devices, executor, w)
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    try:
-        outputs, final, stage_recs, transfer_recs, failure, makespan = Engine(p, devices, lanes).run()
-    finally:
-        lanes.close()
-    run = Run(
-        pipeline=p.name,
-        size=size if size is not None else p.size,
-        placement={n: d.name for n, d in devices.items()},
-        executor=lanes.name,
-        workers=w,
-        makespan_s=makespan,
-        stages=sorted(stage_recs, key=lambda r: r.start_s),
-        transfers=sorted(transfer_recs, key=lambda r: r.start_s),
-        devices={d.name: d.label for d in {d.name: d for d in devices.values()}.values()},
-        started_at=started,
-        versions={k: str(v) if v is not None else None for k, v in inv.host.items()
-                  if k in ("python", "torch", "numba")},
-    )
-    run._outputs.update(outputs)
-    if failure is not None:
-        name, exc, _tb = failure
-        run.error = f"{type(exc).__name__}: {exc}"
-        run.failed_stage = name
-        raise StageFailedError(
-            f"stage {name!r} failed on {devices[name].name}: {type(exc).__name__}: {exc}",
-            stage=name,
-            outputs=dict(outputs),
-            run=run,
-        ) from exc
-    run._final.update(final)
-    run.outputs_digest = outputs_digest(final)
-    return run
+    with Prepared(pipeline, placement, executor=executor, workers=workers,
+                  inventory=inventory, size=size) as prepared:
+        return prepared.run()

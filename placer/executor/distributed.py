@@ -74,11 +74,11 @@ class SchedulerUnreachableError(ClusterError):
 
 # -- connecting -----------------------------------------------------------------------
 @contextlib.contextmanager
-def connect(scheduler: Any, *, timeout: float = CONNECT_TIMEOUT_S) -> Iterator[Any]:
+def connect(scheduler: Any, *, timeout: float | None = None) -> Iterator[Any]:
     """A :class:`distributed.Client` for ``scheduler`` (an address or a Client).
 
     A Client passed in is used as it is and left open; one made here from an
-    address is closed on exit.
+    address is closed on exit. ``timeout`` defaults to :data:`CONNECT_TIMEOUT_S`.
 
     Raises
     ------
@@ -96,6 +96,7 @@ def connect(scheduler: Any, *, timeout: float = CONNECT_TIMEOUT_S) -> Iterator[A
             f"got {scheduler!r}"
         )
     address = scheduler.strip()
+    timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
     try:
         client = Client(address, timeout=timeout, set_as_default=False)
     except (OSError, TimeoutError) as exc:
@@ -475,6 +476,37 @@ def _has_gpu_worker(client: Any) -> bool:
     return any((w.get("resources") or {}).get(GPU_RESOURCE, 0) >= 1 for w in info.get("workers", {}).values())
 
 
+# -- running ------------------------------------------------------------------------------
+def run_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, workers: int | None = None,
+                   size: int | None = None, retries: int = 0):
+    """Run ``pipeline`` on the dask cluster at ``scheduler`` (an address or a Client).
+
+    What :func:`placer.executor.execute` does with ``scheduler=``: the devices are
+    read from the cluster, the placement is checked against them before anything
+    runs, and the one engine runs the pipeline on :class:`DaskLanes`.
+
+    Returns
+    -------
+    Run
+        As :func:`~placer.executor.execute`; each stage record names its ``worker``,
+        and ``run.outputs`` holds only the final outputs.
+    """
+    from placer.executor import Prepared
+    from placer.pipeline import as_pipeline
+
+    p = as_pipeline(pipeline)
+    p.validate()
+    with connect(scheduler) as client:
+        inv = cluster_devices(client)
+        devices = resolve_on_cluster(p, placement, inv)
+        w = int(workers or inv.get("cpu").workers)
+        acc = sorted({d.name for d in devices.values() if d.kind != "cpu"})
+        lanes = DaskLanes(client, w, acc, stage_payloads(p), retries=retries)
+        placed = {n: d.name for n, d in devices.items()}
+        with Prepared(p, placed, inventory=inv, workers=w, size=size, lanes=lanes) as prepared:
+            return prepared.run()
+
+
 # -- measuring the network between workers -------------------------------------------------
 class WorkerLink(BaseModel):
     """Measured copies of arrays between two workers, and the fitted link."""
@@ -579,6 +611,7 @@ __all__ = [
     "cost_devices",
     "measure_worker_link",
     "resolve_on_cluster",
+    "run_on_cluster",
     "stage_payloads",
     "worker_device",
 ]

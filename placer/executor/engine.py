@@ -28,7 +28,6 @@ import heapq
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -73,7 +72,7 @@ class ThreadLanes:
         self._pools["link"] = ThreadPoolExecutor(max(2, 2 * len(accelerators)), thread_name_prefix="placer-link")
 
     def submit(self, lane: str, task: Callable[[], None]) -> None:
-        self._pools["link" if lane.startswith("link") else lane].submit(task)
+        self._pools[lane].submit(task)
 
     def lane_name(self, lane: str) -> str:
         if lane == "cpu":
@@ -87,7 +86,12 @@ class ThreadLanes:
 
 
 class Engine:
-    """Runs a pipeline under a resolved placement on the given lanes."""
+    """Runs a pipeline under a resolved placement on the given lanes.
+
+    Everything that does not change between runs (the graph's shape, each stage's
+    implementation, lanes and transfer targets) is worked out once here, so that
+    :meth:`run` does little more than call the stages.
+    """
 
     def __init__(self, pipeline: Pipeline, devices: dict[str, Device], lanes):
         self.p = pipeline
@@ -96,56 +100,68 @@ class Engine:
         self.order = pipeline.order()
         self.prio = {n: i for i, n in enumerate(self.order)}
         self.stages = pipeline.stages
-        self.loc = {n: d.location for n, d in devices.items()}
+        loc = self.loc = {n: d.location for n, d in devices.items()}
         self.loc_device: dict[str, Device] = {HOST: Device(name="cpu", kind="cpu", label="host")}
         for d in devices.values():
             self.loc_device.setdefault(d.location, d)
             if d.kind == "cpu":
                 self.loc_device[HOST] = d
         self.sinks = set(pipeline.sinks())
+        self.lane_of = {n: ("cpu" if d.kind == "cpu" else d.name) for n, d in devices.items()}
+        self.slots0: dict[str, int] = {}
+        for lane in self.lane_of.values():
+            self.slots0.setdefault(lane, lanes.workers if lane == "cpu" else 1)
+        self.missing0: dict[str, int] = {}
+        self.waiting: dict[tuple[str, str], list[str]] = {}
+        for n in self.order:
+            keys = {(src, loc[n]) for src in self.stages[n].inputs.values()}
+            self.missing0[n] = len(keys)
+            for k in keys:
+                self.waiting.setdefault(k, []).append(n)
+        self.sources = [n for n in self.order if self.missing0[n] == 0]
+        self.targets: dict[str, list[str]] = {}
+        for n in self.order:
+            t = sorted({loc[c] for c in pipeline.consumers(n)} - {loc[n]})
+            if n in self.sinks and loc[n] != HOST and HOST not in t:
+                t.append(HOST)
+            self.targets[n] = t
+        self.arg_keys = {
+            n: [(a, (src, loc[n])) for a, src in self.stages[n].inputs.items()] for n in self.order
+        }
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> tuple[dict[str, Any], dict[str, Any], list[StageRecord], list[TransferRecord], tuple | None, float]:
-        p, loc = self.p, self.loc
+        loc, lane_of, prio, waiting = self.loc, self.lane_of, self.prio, self.waiting
+        lanes, devices, stages = self.lanes, self.devices, self.stages
         events: queue.SimpleQueue = queue.SimpleQueue()
         avail: dict[tuple[str, str], Any] = {}
-        waiting: dict[tuple[str, str], list[str]] = {}
-        missing: dict[str, int] = {}
-        for n in self.order:
-            keys = {(src, loc[n]) for src in self.stages[n].inputs.values()}
-            missing[n] = len(keys)
-            for k in keys:
-                waiting.setdefault(k, []).append(n)
-        ready: dict[str, list[tuple[int, str]]] = {}
-        slots: dict[str, int] = {}
-        for n, d in self.devices.items():
-            lane = "cpu" if d.kind == "cpu" else d.name
-            slots.setdefault(lane, self.lanes.workers if lane == "cpu" else 1)
-        lane_of = {n: ("cpu" if d.kind == "cpu" else d.name) for n, d in self.devices.items()}
-        for n in self.order:
-            if missing[n] == 0:
-                heapq.heappush(ready.setdefault(lane_of[n], []), (self.prio[n], n))
+        missing = dict(self.missing0)
+        slots = dict(self.slots0)
+        ready: dict[str, list[tuple[int, str]]] = {lane: [] for lane in slots}
+        for n in self.sources:
+            heapq.heappush(ready[lane_of[n]], (prio[n], n))
         stage_recs: list[StageRecord] = []
         transfer_recs: list[TransferRecord] = []
         outputs: dict[str, Any] = {}
         final: dict[str, Any] = {}
-        sinks_left = set(self.sinks)
         inflight = 0
         failure: tuple | None = None
-        t_start = time.perf_counter()
-        clock = lambda: time.perf_counter() - t_start  # noqa: E731
+        perf = time.perf_counter
+        t_start = perf()
+        workers = lanes.workers
 
         def make_stage_task(n: str, args: dict[str, Any]):
-            dev = self.devices[n]
-            st = self.stages[n]
+            dev = devices[n]
+            st = stages[n]
+            lane = lane_of[n]
 
             def task():
-                t0 = clock()
+                t0 = perf() - t_start
                 try:
-                    out = call_stage(st, dev, args, workers=self.lanes.workers)
-                    events.put(("stage", n, out, t0, clock(), self.lanes.lane_name(lane_of[n]), None))
-                except BaseException as exc:  # noqa: BLE001 - reported, then re-raised by run
-                    events.put(("stage", n, None, t0, clock(), self.lanes.lane_name(lane_of[n]), exc))
+                    out = call_stage(st, dev, args, workers=workers)
+                    events.put(("stage", n, out, t0, perf() - t_start, lanes.lane_name(lane), None))
+                except BaseException as exc:  # noqa: BLE001 - reported, then re-raised by execute
+                    events.put(("stage", n, None, t0, perf() - t_start, lanes.lane_name(lane), exc))
 
             return task
 
@@ -153,12 +169,12 @@ class Engine:
             target = self.loc_device[to]
 
             def task():
-                t0 = clock()
+                t0 = perf() - t_start
                 try:
                     moved, nb, pinned = to_location(value, target)
-                    events.put(("transfer", (src, frm, to), moved, t0, clock(), (nb, pinned), None))
+                    events.put(("transfer", (src, frm, to), moved, t0, perf() - t_start, (nb, pinned), None))
                 except BaseException as exc:  # noqa: BLE001
-                    events.put(("transfer", (src, frm, to), None, t0, clock(), (0, False), exc))
+                    events.put(("transfer", (src, frm, to), None, t0, perf() - t_start, (0, False), exc))
 
             return task
 
@@ -167,7 +183,7 @@ class Engine:
             for c in waiting.get(key, ()):
                 missing[c] -= 1
                 if missing[c] == 0:
-                    heapq.heappush(ready.setdefault(lane_of[c], []), (self.prio[c], c))
+                    heapq.heappush(ready[lane_of[c]], (prio[c], c))
 
         while True:
             if failure is None:
@@ -176,53 +192,48 @@ class Engine:
                         _, n = heapq.heappop(heap)
                         slots[lane] -= 1
                         inflight += 1
-                        args = {a: avail[(src, loc[n])] for a, src in self.stages[n].inputs.items()}
-                        self.lanes.submit(lane, make_stage_task(n, args))
+                        args = {a: avail[k] for a, k in self.arg_keys[n]}
+                        lanes.submit(lane, make_stage_task(n, args))
             if inflight == 0:
                 break
             kind, key, value, t0, t1, extra, exc = events.get()
             inflight -= 1
             if kind == "stage":
                 n = key
-                dev = self.devices[n]
                 slots[lane_of[n]] += 1
                 if exc is not None:
-                    stage_recs.append(StageRecord(name=n, device=dev.name, lane=extra, start_s=t0, end_s=t1,
-                                                  seconds=t1 - t0, status="failed", error=_describe(exc)))
+                    stage_recs.append(StageRecord.model_construct(
+                        name=n, device=devices[n].name, lane=extra, start_s=t0, end_s=t1, seconds=t1 - t0,
+                        output_bytes=0, worker=None, status="failed", error=_describe(exc)))
                     if failure is None:
-                        failure = (n, exc, traceback.format_exception(exc))
+                        failure = (n, exc)
                     continue
-                stage_recs.append(StageRecord(name=n, device=dev.name, lane=extra, start_s=t0, end_s=t1,
-                                              seconds=t1 - t0, output_bytes=nbytes(value)))
+                stage_recs.append(StageRecord.model_construct(
+                    name=n, device=devices[n].name, lane=extra, start_s=t0, end_s=t1, seconds=t1 - t0,
+                    output_bytes=nbytes(value), worker=None, status="ok", error=None))
                 outputs[n] = value
                 here = loc[n]
-                targets = sorted({loc[c] for c in p.consumers(n)} - {here})
-                if n in self.sinks:
-                    if here == HOST:
-                        final[n] = value
-                        sinks_left.discard(n)
-                    elif HOST not in targets:
-                        targets.append(HOST)
+                if n in self.sinks and here == HOST:
+                    final[n] = value
                 if failure is None:
-                    for to in targets:
+                    for to in self.targets[n]:
                         inflight += 1
-                        self.lanes.submit(f"link:{here}->{to}", make_transfer_task(n, value, here, to))
+                        lanes.submit("link", make_transfer_task(n, value, here, to))
                 arrive((n, here), value)
             else:
                 src, frm, to = key
                 nb, pinned = extra
                 if exc is not None:
                     if failure is None:
-                        failure = (src, exc, traceback.format_exception(exc))
+                        failure = (src, exc)
                     continue
-                transfer_recs.append(TransferRecord(
+                transfer_recs.append(TransferRecord.model_construct(
                     data=src, src=frm, dst=to, direction=_direction(frm, to), bytes=nb,
                     start_s=t0, end_s=t1, seconds=t1 - t0, pinned=pinned))
                 if to == HOST and src in self.sinks:
                     final[src] = value
-                    sinks_left.discard(src)
                 arrive((src, to), value)
-        makespan = clock()
+        makespan = perf() - t_start
         return outputs, final, stage_recs, transfer_recs, failure, makespan
 
 

@@ -61,15 +61,22 @@ class Run(BaseModel):
     error: str | None = None
     failed_stage: str | None = None
 
-    _outputs: dict[str, Any] = PrivateAttr(default_factory=dict)
-    _final: dict[str, Any] = PrivateAttr(default_factory=dict)
+    # plain defaults (no factories): constructing a Run stays cheap on the hot path
+    _outputs: dict[str, Any] | None = PrivateAttr(default=None)
+    _final: dict[str, Any] | None = PrivateAttr(default=None)
 
     @property
     def outputs(self) -> dict[str, Any]:
+        """Every finished stage's output, where it was produced."""
+        if self._outputs is None:
+            self._outputs = {}
         return self._outputs
 
     @property
     def final_outputs(self) -> dict[str, Any]:
+        """The sinks' outputs, on the host."""
+        if self._final is None:
+            self._final = {}
         return self._final
 
     def stage(self, name: str) -> StageRecord:

@@ -50,10 +50,15 @@ def _is_cuda_array(v: Any) -> bool:
     return hasattr(v, "copy_to_host") and hasattr(v, "shape") and not isinstance(v, np.ndarray)
 
 
+_SCALARS = (int, float, bool, str, bytes, type(None))
+
+
 def nbytes(value: Any) -> int:
     """Bytes of array data in a value (tensors, arrays, modules, containers)."""
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
+    if isinstance(value, _SCALARS):
+        return 0
     if _is_tensor(value):
         return int(value.nelement() * value.element_size())
     if _is_module(value):
@@ -167,6 +172,8 @@ class _null:
 # -- adapting ---------------------------------------------------------------------------
 def adapt(value: Any, api: str, device: Device) -> Any:
     """Convert a value at ``device``'s location to the format ``api`` takes (no transfer)."""
+    if isinstance(value, _SCALARS) or (api == "numpy" and isinstance(value, np.ndarray)):
+        return value
     if api == "numpy":
         return _map(value, _as_numpy)
     if api == "torch":

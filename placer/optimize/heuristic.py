@@ -28,12 +28,14 @@ from placer.optimize.problem import INF, Problem
 from placer.optimize.simulate import makespan
 
 #: stop iterated local search after this many kicks without improvement
-PATIENCE = 25
+PATIENCE = 40
+#: also try moving every pair of stages at once up to this many stages
+PAIR_LIMIT = 24
 
 
 def default_budget(n: int) -> float:
     """Seconds of local search for ``n`` stages (the seeds are extra)."""
-    return min(2.5, 0.05 + 0.00025 * n)
+    return min(2.5, 0.2 + 0.00025 * n)
 
 
 def score(pb: Problem, place: list[int], objective: str, deadline_s: float | None) -> tuple:
@@ -160,7 +162,7 @@ def critical_path(pb: Problem, place: list[int]) -> list[int]:
 
 
 def _moves(pb: Problem, place: list[int], objective: str, rng: random.Random):
-    """Candidate moves ``(stages, device)``: critical stages first for makespan."""
+    """Candidate moves ``(stages, device or devices)``: critical stages first for makespan."""
     order = list(range(pb.n))
     rng.shuffle(order)
     if objective != "throughput" and pb.n > 1:
@@ -171,6 +173,13 @@ def _moves(pb: Problem, place: list[int], objective: str, rng: random.Random):
         for d in pb.allowed[v]:
             if d != place[v]:
                 yield (v,), d
+    if pb.n <= PAIR_LIMIT:
+        for i, v in enumerate(order):
+            for w in order[i + 1:]:
+                for d in pb.allowed[v]:
+                    for e in pb.allowed[w]:
+                        if d != place[v] and e != place[w]:
+                            yield (v, w), (d, e)
     for v in order:
         for d in pb.allowed[v]:
             group = tuple(
@@ -187,8 +196,8 @@ def local_search(pb, place, best, objective, deadline_s, deadline, rng) -> tuple
         improved = False
         for group, d in _moves(pb, place, objective, rng):
             old = [place[v] for v in group]
-            for v in group:
-                place[v] = d
+            for v, e in zip(group, d if isinstance(d, tuple) else [d] * len(group)):
+                place[v] = e
             s = score(pb, place, objective, deadline_s)
             if _better(s, best):
                 best, improved = s, True
@@ -223,7 +232,7 @@ def heuristic(
     idle = 0
     while idle < PATIENCE and time.perf_counter() < stop:
         trial = place[:]
-        for v in rng.sample(range(pb.n), k=min(pb.n, rng.randint(1, 3))):
+        for v in rng.sample(range(pb.n), k=min(pb.n, rng.randint(2, max(3, pb.n // 3)))):
             trial[v] = rng.choice(pb.allowed[v])
         s = score(pb, trial, objective, deadline_s)
         trial, s = local_search(pb, trial, s, objective, deadline_s, stop, rng)
@@ -232,3 +241,26 @@ def heuristic(
         else:
             idle += 1
     return best, place
+
+
+def polish(pb: Problem, place: list[int], objective: str, deadline_s: float | None) -> list[int]:
+    """Among placements as good as ``place``, prefer less work: move a stage where it
+    takes less compute plus copy time whenever the objective does not get worse."""
+    from placer.optimize.explain import copies_around
+
+    place = place[:]
+    value = score(pb, place, objective, deadline_s)
+    for v in range(pb.n):
+        d = place[v]
+        here = pb.time[v][d] + copies_around(pb, place, v, d)
+        for e in sorted(pb.allowed[v], key=lambda e: pb.time[v][e]):
+            if e == d or pb.time[v][e] + copies_around(pb, place, v, e) >= here:
+                continue
+            place[v] = e
+            s = score(pb, place, objective, deadline_s)
+            if not _better(value, s):
+                value, d = s, e
+                here = pb.time[v][e] + copies_around(pb, place, v, e)
+            else:
+                place[v] = d
+    return place

@@ -30,13 +30,15 @@ from placer.optimize.explain import (
     flip_values,
     reason,
 )
-from placer.optimize.heuristic import heuristic
+from placer.optimize.heuristic import heuristic, polish
 from placer.optimize.objectives import OBJECTIVES, evaluate, loads, money
 from placer.optimize.problem import INF, Problem
 from placer.optimize.simulate import Schedule, schedule
 
 #: branch and bound when at most this many stages have more than one allowed device
 EXACT_LIMIT = 16
+#: among equally good placements, prefer the least work, up to this many stages
+POLISH_LIMIT = 200
 Objective = Literal["makespan", "throughput", "cost"]
 Method = Literal["auto", "exact", "heuristic"]
 
@@ -102,7 +104,18 @@ class Plan(BaseModel):
 def search(
     pb: Problem, objective: str, method: str, deadline_s: float | None
 ) -> tuple[str, str, float, list[int]]:
-    """``(method, algorithm, value, device index per stage)`` of the best placement found."""
+    """``(method, algorithm, value, device index per stage)`` of the best placement found.
+
+    Among equally good placements of up to ``POLISH_LIMIT`` stages, the one with
+    less compute and copy time is preferred (see :func:`heuristic.polish`).
+    """
+    used, algorithm, value, place = _search(pb, objective, method, deadline_s)
+    if value < INF and pb.n <= POLISH_LIMIT:
+        place = polish(pb, place, objective, deadline_s)
+    return used, algorithm, value, place
+
+
+def _search(pb: Problem, objective: str, method: str, deadline_s: float | None):
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
     if method not in ("auto", "exact", "heuristic"):

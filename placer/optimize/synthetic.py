@@ -68,3 +68,36 @@ def random_table(
             "seconds": seconds,
         })
     return CostTable.model_validate({"devices": devices, "link": link, "stages": stages})
+
+
+def random_model(rng: random.Random, n: int, *, accelerators: int = 1, max_inputs: int = 3):
+    """A random pipeline whose costs scale with size: ``size -> CostTable``.
+
+    Each (stage, device) takes ``overhead + per_row * size`` seconds (accelerators
+    have larger overheads, and per-row speeds from 10x slower to 100x faster; a
+    tenth of the stages are loop-carried, slower on accelerators); each stage
+    outputs ``bytes_per_row * size`` bytes.
+    """
+    base = random_table(rng, n, accelerators=accelerators, max_inputs=max_inputs)
+    laws = []
+    for st in base.stages:
+        per_row = 10 ** rng.uniform(-8, -5)
+        loop = rng.random() < 0.1
+        law = {"cpu": (10 ** rng.uniform(-5, -3), per_row)}
+        for name in base.accelerators:
+            speed = 10 ** rng.uniform(-1.5, -0.5) if loop else 10 ** rng.uniform(-1, 2)
+            law[name] = (10 ** rng.uniform(-4.5, -2.5), per_row / speed)
+        laws.append((st, {d: law[d] for d in law if d in st.seconds}, loop,
+                     10 ** rng.uniform(0, 3), 10 ** rng.uniform(0, 3) if st.input_bytes else 0.0))
+
+    def at(size: float) -> CostTable:
+        doc = base.model_dump()
+        doc["size"] = size
+        for entry, (st, law, loop, out_row, in_row) in zip(doc["stages"], laws):
+            entry["seconds"] = {d: a + b * size for d, (a, b) in law.items()}
+            entry["output_bytes"] = out_row * size
+            entry["input_bytes"] = in_row * size
+            entry["loop_carried"] = loop
+        return CostTable.model_validate(doc)
+
+    return at

@@ -1,0 +1,151 @@
+"""Benchmark of the placement optimizer: quality against exhaustive search, and speed.
+
+(a) Quality: random pipelines of 4-14 stages with random costs, sizes and link
+    speeds. Every placement is enumerated and simulated under the same schedule
+    model; the gap of a plan is ``value / optimum - 1``. Printed per objective for
+    ``method="exact"`` and ``method="heuristic"``.
+(b) Speed: ``placer.optimize.plan`` (the library call, explanations and baselines
+    included) on random pipelines of 1,000 and 10,000 stages, and exact search on
+    16 free stages.
+
+Usage: ``python benchmarks/optimizer.py [--cases N] [--out benchmarks/results/optimizer.txt]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from placer.optimize import plan  # noqa: E402
+from placer.optimize.costs import write_atomic  # noqa: E402
+from placer.optimize.exact import exhaustive  # noqa: E402
+from placer.optimize.objectives import evaluate  # noqa: E402
+from placer.optimize.problem import Problem  # noqa: E402
+from placer.optimize.synthetic import random_model, random_table  # noqa: E402
+
+TARGETS = {"exact_worst": 0.0, "heuristic_worst": 0.05, "heuristic_mean": 0.01,
+           1000: 1.0, 10000: 10.0}
+
+
+def machine() -> list[str]:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        model = next(line.split(":", 1)[1].strip() for line in out.splitlines()
+                     if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        model = platform.processor() or platform.machine()
+    return [f"machine: {model}, {os.cpu_count()} cores, Python {platform.python_version()}",
+            f"date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}"]
+
+
+def random_case(rng: random.Random):
+    """A random table: sizes from 100 to 10 million rows, 1 or 2 accelerators."""
+    acc = 1 if rng.random() < 0.75 else 2
+    n = rng.randint(4, 14 if acc == 1 else 9)  # 3**9 placements is the exhaustive limit here
+    model = random_model(rng, n, accelerators=acc)
+    return model(10 ** rng.uniform(2, 7)), acc
+
+
+def quality(cases: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    objectives = ("makespan", "throughput", "cost")
+    gaps = {(o, m): [] for o in objectives for m in ("exact", "heuristic")}
+    sizes = []
+    t0 = time.perf_counter()
+    for i in range(cases):
+        table, acc = random_case(rng)
+        objective = objectives[i % 3] if i % 2 else "makespan"  # half the cases: makespan
+        pb = Problem(table)
+        deadline = None
+        if objective == "cost":
+            deadline = exhaustive(pb, "makespan")[0] * rng.uniform(1.0, 2.0)
+        best, _ = exhaustive(pb, objective, deadline_s=deadline)
+        sizes.append((pb.n, acc))
+        for method in ("exact", "heuristic"):
+            p = plan(table, objective=objective, method=method, deadline_s=deadline)
+            value = evaluate(pb, pb.encode(p.placement), objective, deadline)
+            gaps[(objective, method)].append(value / best - 1 if best > 0 else 0.0)
+    elapsed = time.perf_counter() - t0
+    lines = [f"(a) quality: {cases} random pipelines, {min(s for s, _ in sizes)}-"
+             f"{max(s for s, _ in sizes)} stages ({sum(1 for _, a in sizes if a == 2)} with 2 GPUs), "
+             f"every placement enumerated ({elapsed:.0f} s)",
+             f"{'objective':<11} {'method':<10} {'cases':>5} {'mean gap':>10} {'worst gap':>10} "
+             f"{'optimal':>8}"]
+    for (objective, method), g in gaps.items():
+        if g:
+            opt = sum(1 for x in g if x <= 1e-9)
+            lines.append(f"{objective:<11} {method:<10} {len(g):>5} {statistics.mean(g):>10.3%} "
+                         f"{max(g):>10.3%} {opt:>8}")
+    allg = {m: [x for (o, mm), g in gaps.items() if mm == m for x in g] for m in ("exact", "heuristic")}
+    lines.append(
+        f"all objectives: exact worst gap {max(allg['exact']):.3%} (target 0); heuristic mean "
+        f"{statistics.mean(allg['heuristic']):.3%} (target <= 1%), worst "
+        f"{max(allg['heuristic']):.3%} (target <= 5%)")
+    return lines
+
+
+def speed(seed: int, repeats: int) -> list[str]:
+    lines = ["(b) speed: plan(table) library call, explanations and baselines included "
+             f"(median of {repeats})",
+             f"{'stages':>7} {'method':<10} {'planning s':>10} {'max s':>7} {'target':>7} "
+             f"{'makespan':>9} {'rule of thumb':>14} {'best baseline':>14}"]
+    for n in (1000, 10000):
+        times, p = [], None
+        for r in range(repeats):
+            table = random_table(random.Random(seed + r), n, max_inputs=2)
+            t0 = time.perf_counter()
+            p = plan(table)
+            times.append(time.perf_counter() - t0)
+        known = [v for v in p.baselines.values() if v is not None]
+        rule = p.baselines["rule_of_thumb"]
+        lines.append(f"{n:>7} {p.method:<10} {statistics.median(times):>10.2f} {max(times):>7.2f} "
+                     f"{'< ' + str(TARGETS[n]):>7} {p.predicted_makespan_s:>9.2f} "
+                     f"{rule if rule is None else round(rule, 2)!s:>14} "
+                     f"{min(known) if known else float('nan'):>14.2f}")
+    times = []
+    rng = random.Random(seed)
+    for _ in range(10):
+        table = random_table(rng, 16, max_inputs=2)
+        while sum(1 for al in Problem(table).allowed if len(al) > 1) < 16:
+            table = random_table(rng, 16, max_inputs=2)
+            for st in table.stages:
+                st.seconds.setdefault("cpu", 0.1)
+                st.seconds.setdefault("gpu:0", 0.1)
+            table = type(table).model_validate(table.model_dump())
+        t0 = time.perf_counter()
+        plan(table, method="exact")
+        times.append(time.perf_counter() - t0)
+    lines.append(f"exact search, 16 free stages, 10 pipelines: median {statistics.median(times):.3f} s, "
+                 f"max {max(times):.3f} s")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=2024)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    lines = ["placer optimizer benchmark", *machine(), ""]
+    print("\n".join(lines), flush=True)
+    for part in (quality(args.cases, args.seed), [""], speed(args.seed, args.repeats)):
+        print("\n".join(part), flush=True)
+        lines += part
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.out, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -41,25 +41,34 @@ def _is_gpu_like(facts: ReportFacts, device: str) -> bool:
     return d is not None and d.kind != "cpu"
 
 
+def _placements(facts: ReportFacts):
+    """``(where, placement, crossovers, gpu-like test)`` for this machine's plan and the target's."""
+    here = {r.name: r.device for r in facts.stages}
+    yield "", here, {r.name: r.crossover_size for r in facts.stages}, lambda d: _is_gpu_like(facts, d)
+    t = facts.target
+    if t is not None:
+        yield f"On {t.label}: ", t.placement, t.crossover_size, lambda d: d != "cpu"
+
+
 def move_rules(facts: ReportFacts) -> list[Advice]:
     """Stages whose crossover size says where they belong as the input grows or shrinks."""
     out = []
     size, unit = facts.meta.size, facts.meta.size_unit
-    for r in facts.stages:
-        x = r.crossover_size
-        if x is None or r.loop_carried:
-            continue
-        on_gpu = _is_gpu_like(facts, r.device)
-        if not on_gpu and (size is None or size < x):
-            if r.kind == "inference":
-                continue  # said as batching advice
-            out.append(Advice(topic="move", subject=r.name, text=(
-                f"Move stage {r.name!r} to the GPU above {fmt_size(x, unit)} "
-                f"(it has {fmt_size(size, unit)} now); below that, launch and copy costs make the CPU faster.")))
-        elif on_gpu and size is not None and size >= x:
-            out.append(Advice(topic="move", subject=r.name, text=(
-                f"Keep stage {r.name!r} on the GPU for {fmt_size(x, unit)} and more; "
-                f"below {fmt_size(x, unit)} run it on the CPU.")))
+    rows = {r.name: r for r in facts.stages}
+    for where, placement, crossings, gpu_like in _placements(facts):
+        for name, x in crossings.items():
+            r = rows.get(name)
+            if x is None or r is None or r.loop_carried:
+                continue
+            on_gpu = gpu_like(placement.get(name, "cpu"))
+            if not on_gpu and (size is None or size < x) and r.kind != "inference":
+                out.append(Advice(topic="move", subject=name, text=(
+                    f"{where}Move stage {name!r} to the GPU above {fmt_size(x, unit)} "
+                    f"(it has {fmt_size(size, unit)} now); below that, launch and copy costs make the CPU faster.")))
+            elif on_gpu and size is not None and size >= x:
+                out.append(Advice(topic="move", subject=name, text=(
+                    f"{where}Keep stage {name!r} on the GPU for {fmt_size(x, unit)} and more; "
+                    f"below {fmt_size(x, unit)} run it on the CPU.")))
     return out
 
 
@@ -67,13 +76,16 @@ def batch_rules(facts: ReportFacts) -> list[Advice]:
     """Inference on the CPU at a size below its crossover: batch to make the GPU pay."""
     out = []
     size, unit = facts.meta.size, facts.meta.size_unit
-    for r in facts.stages:
-        if r.kind != "inference" or r.crossover_size is None or _is_gpu_like(facts, r.device):
-            continue
-        if size is None or size < r.crossover_size:
-            out.append(Advice(topic="batch", subject=r.name, text=(
-                f"Batch requests to at least {fmt_size(r.crossover_size, unit)} to make the GPU pay for "
-                f"stage {r.name!r}; at {fmt_size(size, unit)} it is faster on the CPU.")))
+    rows = {r.name: r for r in facts.stages}
+    for where, placement, crossings, gpu_like in _placements(facts):
+        for name, x in crossings.items():
+            r = rows.get(name)
+            if r is None or r.kind != "inference" or x is None or gpu_like(placement.get(name, "cpu")):
+                continue
+            if size is None or size < x:
+                out.append(Advice(topic="batch", subject=name, text=(
+                    f"{where}Batch requests to at least {fmt_size(x, unit)} to make the GPU pay for "
+                    f"stage {name!r}; at {fmt_size(size, unit)} it is faster on the CPU.")))
     return out
 
 

@@ -313,8 +313,12 @@ class _Context:
                           predicted_s=plan_pred, measured_s=plan_meas,
                           outputs_digest=(self.R or {}).get("outputs_digest"))]
         planned = (self.P or {}).get("baselines") or {}
+        kinds = (self.P or {}).get("devices") or {}
+        cpu_only = bool(kinds) and all(k == "cpu" for k in kinds.values())
         for key in ("all_cpu", "all_gpu", "rule_of_thumb"):
             pred, placement = option_seconds(planned.get(key))
+            if cpu_only and key != "all_cpu":
+                pred = None  # planned without an accelerator: the baseline is all-CPU again
             run = self.B.get(key)
             if pred is None and run is None and key not in planned:
                 continue
@@ -419,7 +423,7 @@ def not_run_note(key: str, placement: Mapping[str, str], devices: list[DeviceInf
     present = {d.name for d in devices if d.present}
     missing = sorted({d for d in placement.values() if d not in present and d != "gpu"})
     if key in ("all_gpu", "rule_of_thumb") and not any(d.kind != "cpu" and d.present for d in devices):
-        return "not run: this machine has no GPU (predicted only)"
+        return "not run: this machine has no GPU"
     if missing:
         return f"not run: {', '.join(missing)} absent here (predicted only)"
     return "not run"

@@ -202,6 +202,8 @@ class TargetPlan(BaseModel):
     predicted_s: float
     all_cpu_predicted_s: float | None = None
     speedup: float | None = None
+    #: per stage: the size nearest this one where the target's plan moves it
+    crossover_size: dict[str, float | None] = Field(default_factory=dict)
 
 
 class ReportFacts(BaseModel):

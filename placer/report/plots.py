@@ -219,16 +219,19 @@ def timeline_svg(facts: ReportFacts) -> str:
     if not panels:
         panels = [("no timeline recorded", [])]
     lanes = [lane_order(b.lane for b in bars) or ["(none)"] for _, bars in panels]
-    span = max([b.end_s for _, bars in panels for b in bars] + [1e-9])
+    spans = [max([b.end_s for b in bars] + [1e-9]) for _, bars in panels]
+    shared = max(spans) <= 2 * min(spans)  # one scale unless it would squash a panel
     heights = [max(1.4, 0.42 * len(ls) + 0.8) for ls in lanes]
-    fig = _figure(10.0, sum(heights) + 0.9)
-    axes = fig.subplots(len(panels), 1, sharex=True, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
+    fig = _figure(10.0, sum(heights) + 0.9 + (0 if shared else 0.4 * (len(panels) - 1)))
+    axes = fig.subplots(len(panels), 1, sharex=shared, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
     colours = device_colours(facts)
-    for ax, (title, bars), ls in zip(axes, panels, lanes):
+    for ax, (title, bars), ls, span in zip(axes, panels, lanes, spans):
+        span = max(spans) if shared else span
         _draw_lanes(ax, bars, ls, colours, span, facts)
-        ax.set_title(title, fontsize=10, loc="left")
-    axes[-1].set_xlabel("seconds since the run started")
-    axes[-1].set_xlim(0, span * 1.02)
+        ax.set_title(title + ("" if shared else " (own time scale)"), fontsize=10, loc="left")
+        ax.set_xlim(0, span * 1.02)
+        if not shared or ax is axes[-1]:
+            ax.set_xlabel("seconds since the run started", fontsize=9)
     used = list(dict.fromkeys(b.device for _, bars in panels for b in bars if b.kind == "stage"))
     handles = [Patch(fc=colours.get(d, "#999"), ec="#222", label=device_legend_title(facts, d)) for d in used]
     if any(b.kind == "transfer" for _, bars in panels for b in bars):

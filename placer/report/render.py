@@ -39,7 +39,9 @@ def fmt_seconds(s: float | None) -> str:
 
 
 def fmt_speedup(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}×"
+    if x is None:
+        return "–"
+    return f"{x:,.0f}×" if x >= 100 else f"{x:.2f}×"
 
 
 def fmt_pct(x: float | None) -> str:

@@ -1,0 +1,120 @@
+"""``placer advise``: profile, plan, run and report in one command, with a progress display.
+
+May import: typer, rich, placer.cli.app; the library lazily, inside the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from placer.cli.app import app, fail
+
+
+def progress_steps(show: bool):
+    """``step(name)`` context managers that show a rich progress line per step (terminal only)."""
+    if not show:
+        return (lambda _name: contextlib.nullcontext()), contextlib.nullcontext()
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    bar = Progress(SpinnerColumn(finished_text="[green]✓"), TextColumn("{task.description}"),
+                   TimeElapsedColumn(), console=Console(stderr=True))
+    labels = {"profile": "profiling stages on each device", "plan": "planning", "target": "planning for the target GPU",
+              "run plan": "running the plan", "facts": "gathering the report's facts"}
+
+    @contextlib.contextmanager
+    def step(name: str):
+        task = bar.add_task(labels.get(name, name.replace("run ", "running baseline ")), total=1)
+        try:
+            yield
+        finally:
+            bar.update(task, completed=1)
+
+    return step, bar
+
+
+def summary_document(advised, path: Path | None) -> dict:
+    """The JSON summary ``placer advise --json`` prints."""
+    f = advised.facts
+    return {
+        "pipeline": f.meta.pipeline,
+        "size": f.meta.size,
+        "placement": advised.plan.placement,
+        "headline": f.summary.headline,
+        "options": [o.model_dump(include={"key", "predicted_s", "measured_s", "plan_speedup_predicted",
+                                          "plan_speedup_measured", "note"}) for o in f.summary.options],
+        "bottleneck": f.bottleneck.model_dump(exclude={"path"}) if f.bottleneck else None,
+        "advice": [a.text for a in f.advice],
+        "target": f.target.model_dump() if f.target else None,
+        "report": str(path) if path else None,
+        "timings_s": advised.timings,
+    }
+
+
+@app.command("advise")
+def advise_command(
+    pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
+    size: int = typer.Option(None, "--size", help="Size to plan and run at (rows, batch, ...)."),
+    output: Path = typer.Option(Path("placer-report.html"), "-o", "--output",
+                                help="Report file (.html, .md or .json)."),
+    fmt: str = typer.Option(None, "--format", help="html, md or json (default: from the file's suffix)."),
+    budget_s: float = typer.Option(30.0, "--budget-s", help="Profiling time budget in seconds (cached profiles are reused)."),
+    target: str = typer.Option("auto", "--target",
+                               help="Also plan for a GPU this machine lacks: h200, none, or auto (h200 when no GPU)."),
+    objective: str = typer.Option("makespan", "--objective", help="makespan, throughput or cost."),
+    executor: str = typer.Option("auto", "--executor", help="auto, inline or threads."),
+    baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Also run all-CPU, all-GPU, rule of thumb."),
+    pictures: bool = typer.Option(False, "--pictures", help="Markdown: also write the pictures as SVG files next to it."),
+    save: Path = typer.Option(None, "--save", help="Save profile, plan, runs and facts as JSON in this folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
+) -> None:
+    """Profile PIPELINE, plan it, run the plan and its alternatives, and write a report."""
+    from placer.advisor import advise
+    from placer.errors import PlacerError
+    from placer.report import infer_format, write_report
+
+    try:
+        kind = infer_format(output, fmt)
+    except ValueError as exc:
+        fail(str(exc))
+    step, display = progress_steps(sys.stderr.isatty() and not as_json)
+    try:
+        with display:
+            advised = advise(pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
+                             executor=executor, baselines=baselines, step=step)
+            with step(f"writing the report to {output}"):
+                write_report(advised.facts, output, kind, pictures_dir=pictures)
+    except PlacerError as exc:
+        fail(str(exc).splitlines()[0])
+    except (ValueError, KeyError) as exc:
+        fail(f"{pipeline}: {str(exc).strip(chr(39))}")
+    if save is not None:
+        advised.save(save)
+    if as_json:
+        print(json.dumps(summary_document(advised, output), indent=2))
+        return
+    _print(advised, output, save)
+
+
+def _print(advised, output: Path, save: Path | None) -> None:
+    from rich.console import Console
+
+    from placer.report.render import fmt_seconds, fmt_speedup
+
+    f = advised.facts
+    c = Console()
+    c.print(f"[bold]{f.summary.headline}[/]", highlight=False)
+    for o in f.summary.options:
+        extra = "" if o.key == "plan" else f"  plan is {fmt_speedup(o.plan_speedup_measured)} measured"
+        c.print(f"  {o.title:<15} predicted {fmt_seconds(o.predicted_s):>9}  measured {fmt_seconds(o.measured_s):>9}"
+                f"{extra}  {o.note}", highlight=False, markup=False)
+    if f.bottleneck:
+        c.print(f.bottleneck.sentence, highlight=False, markup=False)
+    for a in f.advice:
+        c.print(f"  - {a.text}", highlight=False, markup=False)
+    c.print(f"report written to {output}" + (f"; JSON saved in {save}" if save else ""), highlight=False)

@@ -113,6 +113,8 @@ def reason(
     if not others:
         if pinned:
             return f"pinned to {here}"
+        if not blocked:
+            return f"the {here} is the only device"
         return f"only the {here} can run it: {'; '.join(blocked.values())}"
     alt = min(others, key=lambda e: pb.time[v][e])
     there, ta = device_word(pb, alt), pb.time[v][alt]

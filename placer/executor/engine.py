@@ -20,6 +20,15 @@ everything in the calling thread (the low-overhead path, exact for chains);
 :class:`ThreadLanes` gives the CPU a pool of ``workers`` threads, each accelerator a
 thread of its own, and links their own threads, so a CPU stage and a GPU stage run
 at the same time.
+
+Lanes whose work runs elsewhere (:class:`~placer.executor.distributed.DaskLanes` runs
+it on dask workers) also say how a stage is called and how a value is moved:
+``run_stage(stage, device, args, *, workers) -> (output, info)`` and
+``transfer(value, target) -> (moved, nbytes, pinned, info)``, where ``info`` gives
+the record's ``lane``, ``worker`` and (for stages) ``output_bytes``, and
+``wall_start``/``wall_end`` (``time.time()`` where the work ran), which narrow the
+recorded span. Other lanes call :func:`~placer.executor.stagecall.call_stage` and
+:func:`~placer.executor.transfer.to_location` in the lane's own thread.
 """
 
 from __future__ import annotations
@@ -149,11 +158,16 @@ class Engine:
         perf = time.perf_counter
         t_start = perf()
         workers = lanes.workers
+        run_stage = getattr(lanes, "run_stage", None)
+        move = getattr(lanes, "transfer", None)
+        wall0 = time.time() - (perf() - t_start)
 
         def make_stage_task(n: str, args: dict[str, Any]):
             dev = devices[n]
             st = stages[n]
             lane = lane_of[n]
+            if run_stage is not None:
+                return _remote_stage_task(run_stage, events, n, st, dev, args, workers, perf, t_start, wall0)
 
             def task():
                 t0 = perf() - t_start
@@ -167,6 +181,8 @@ class Engine:
 
         def make_transfer_task(src: str, value: Any, frm: str, to: str):
             target = self.loc_device[to]
+            if move is not None:
+                return _remote_transfer_task(move, events, (src, frm, to), value, target, perf, t_start, wall0)
 
             def task():
                 t0 = perf() - t_start
@@ -201,16 +217,21 @@ class Engine:
             if kind == "stage":
                 n = key
                 slots[lane_of[n]] += 1
+                worker = None
+                if type(extra) is dict:  # from lanes that run work elsewhere
+                    worker, extra = extra.get("worker"), extra
                 if exc is not None:
                     stage_recs.append(StageRecord.model_construct(
-                        name=n, device=devices[n].name, lane=extra, start_s=t0, end_s=t1, seconds=t1 - t0,
-                        output_bytes=0, worker=None, status="failed", error=_describe(exc)))
+                        name=n, device=devices[n].name, lane=_lane(extra), start_s=t0, end_s=t1,
+                        seconds=t1 - t0, output_bytes=0, worker=worker, status="failed",
+                        error=_describe(exc)))
                     if failure is None:
                         failure = (n, exc)
                     continue
                 stage_recs.append(StageRecord.model_construct(
-                    name=n, device=devices[n].name, lane=extra, start_s=t0, end_s=t1, seconds=t1 - t0,
-                    output_bytes=nbytes(value), worker=None, status="ok", error=None))
+                    name=n, device=devices[n].name, lane=_lane(extra), start_s=t0, end_s=t1,
+                    seconds=t1 - t0, status="ok", error=None, worker=worker,
+                    output_bytes=extra["output_bytes"] if worker is not None else nbytes(value)))
                 outputs[n] = value
                 here = loc[n]
                 if n in self.sinks and here == HOST:
@@ -235,6 +256,50 @@ class Engine:
                 arrive((src, to), value)
         makespan = perf() - t_start
         return outputs, final, stage_recs, transfer_recs, failure, makespan
+
+
+def _lane(extra: Any) -> str:
+    return extra.get("lane", "?") if type(extra) is dict else extra
+
+
+def _span(t0: float, t1: float, info: dict, wall0: float) -> tuple[float, float]:
+    """The span the work itself took (``info``'s wall-clock times), kept inside ``[t0, t1]``."""
+    if "wall_start" not in info or "wall_end" not in info:
+        return t0, t1
+    a = min(max(info["wall_start"] - wall0, t0), t1)
+    return a, min(max(info["wall_end"] - wall0, a), t1)
+
+
+def _remote_stage_task(run_stage, events, n, st, dev, args, workers, perf, t_start, wall0):
+    """A stage task for lanes with ``run_stage`` (see the module's docstring)."""
+
+    def task():
+        t0 = perf() - t_start
+        try:
+            out, info = run_stage(st, dev, args, workers=workers)
+            a, b = _span(t0, perf() - t_start, info, wall0)
+            events.put(("stage", n, out, a, b, info, None))
+        except BaseException as exc:  # noqa: BLE001 - reported, then re-raised by execute
+            info = dict(getattr(exc, "placer_info", None) or {})
+            info.setdefault("lane", dev.name if dev.kind != "cpu" else "cpu")
+            events.put(("stage", n, None, t0, perf() - t_start, info, exc))
+
+    return task
+
+
+def _remote_transfer_task(move, events, key, value, target, perf, t_start, wall0):
+    """A copy task for lanes with ``transfer`` (see the module's docstring)."""
+
+    def task():
+        t0 = perf() - t_start
+        try:
+            moved, nb, pinned, info = move(value, target)
+            a, b = _span(t0, perf() - t_start, info, wall0)
+            events.put(("transfer", key, moved, a, b, (nb, pinned), None))
+        except BaseException as exc:  # noqa: BLE001
+            events.put(("transfer", key, None, t0, perf() - t_start, (0, False), exc))
+
+    return task
 
 
 def _direction(frm: str, to: str) -> str:

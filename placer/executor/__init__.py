@@ -80,7 +80,8 @@ class Prepared:
     """
 
     def __init__(self, pipeline: Any, placement: Any = None, *, executor: str = "auto",
-                 workers: int | None = None, inventory: Inventory | None = None, size: int | None = None):
+                 workers: int | None = None, inventory: Inventory | None = None, size: int | None = None,
+                 lanes: Any = None):
         p = as_pipeline(pipeline)
         p.validate()
         self.pipeline = p
@@ -88,7 +89,7 @@ class Prepared:
         self.devices = resolve(p, placement, inv)
         cpu = inv.get("cpu")
         self.workers = int(workers or (cpu.workers if cpu else 1))
-        self.lanes = choose_lanes(p, self.devices, executor, self.workers)
+        self.lanes = lanes if lanes is not None else choose_lanes(p, self.devices, executor, self.workers)
         self.engine = Engine(p, self.devices, self.lanes)
         self.size = size if size is not None else p.size
         self._placement = {n: d.name for n, d in self.devices.items()}
@@ -100,6 +101,9 @@ class Prepared:
         """Run once; see :func:`execute` for what is returned and raised."""
         started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         outputs, final, stage_recs, transfer_recs, failure, makespan = self.engine.run()
+        collect = getattr(self.lanes, "collect", None)
+        if collect is not None:  # lanes whose outputs live elsewhere bring the final ones here
+            outputs, final = collect(outputs, final)
         stage_recs.sort(key=_start)
         transfer_recs.sort(key=_start)
         run = Run.model_construct(
@@ -152,6 +156,7 @@ def execute(
     workers: int | None = None,
     inventory: Inventory | None = None,
     size: int | None = None,
+    scheduler: Any = None,
 ) -> Run:
     """Run ``pipeline`` with every stage on the device the placement gives it.
 
@@ -166,6 +171,11 @@ def execute(
         How lanes run work (see :func:`choose_lanes`).
     workers : int, optional
         CPU stages that may run at once; default: the CPU device's workers.
+    scheduler : str or distributed.Client, optional
+        Run on this dask.distributed cluster instead (an address such as
+        ``tcp://10.0.0.5:8786``, or a Client); see
+        :mod:`placer.executor.distributed`. ``run.outputs`` then holds only the
+        final outputs: the others stay on the workers and are released.
 
     Returns
     -------
@@ -179,6 +189,10 @@ def execute(
         When a stage raises; ``.outputs`` keeps what finished before, ``.run`` the
         partial timeline.
     """
+    if scheduler is not None:
+        from placer.executor.distributed import run_on_cluster
+
+        return run_on_cluster(pipeline, placement, scheduler, workers=workers, size=size)
     with Prepared(pipeline, placement, executor=executor, workers=workers,
                   inventory=inventory, size=size) as prepared:
         return prepared.run()

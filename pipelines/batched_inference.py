@@ -53,7 +53,7 @@ def _postprocess(infer, device):
 
 def build(size: int | None = None, *, batch: int = 8192, seed: int = 7) -> Pipeline:
     """``size`` requests (default 100,000) scored in micro-batches of ``batch`` rows."""
-    n = int(size or DEFAULT_SIZE)
+    n = DEFAULT_SIZE if size is None else int(size)
     if n < 1:
         raise ValueError(f"batched_inference pipeline: size (requests) must be at least 1, got {n}")
     if batch < 1:

@@ -64,11 +64,24 @@ def session_scan(x, alpha, out):
         out[i, 1] = peak - acc
 
 
+def disk_cache_safe() -> bool:
+    """Whether compiled code may be cached on disk: only under the module's own name.
+
+    numba's cache is keyed by file and function, and a cached function re-imports
+    its module by name when loaded; a copy of this file loaded under another name
+    (``placer run path/to/branches.py``) would write entries that the package
+    cannot load, so such copies compile in memory.
+    """
+    return __name__ == "pipelines.branches"
+
+
 @functools.lru_cache(maxsize=None)
 def scan_cpu_kernel():
     """``session_scan`` compiled by ``numba.njit`` (cached on disk when possible)."""
     import numba
 
+    if not disk_cache_safe():
+        return numba.njit(session_scan)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -139,7 +152,7 @@ def _score(sessions, embed, device, seed: int):
 
 def build(size: int | None = None, *, alpha: float = 0.05, seed: int = 0) -> Pipeline:
     """The branching pipeline over ``size`` event rows (default 20,000)."""
-    n = int(size or DEFAULT_SIZE)
+    n = DEFAULT_SIZE if size is None else int(size)
     if n < 1:
         raise ValueError(f"branches pipeline: size (rows) must be at least 1, got {n}")
     if not 0.0 < alpha <= 1.0:

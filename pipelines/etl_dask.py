@@ -221,7 +221,7 @@ def _evaluate(features, train, device):
 def build(size: int | None = None, *, clip: float = 5000.0, epochs: int = 100, lr: float = 0.1,
           seed: int = 0) -> Pipeline:
     """The ETL pipeline over ``size`` transactions (default 400,000)."""
-    n = int(size or DEFAULT_SIZE)
+    n = DEFAULT_SIZE if size is None else int(size)
     if n < 100:
         raise ValueError(f"etl_dask pipeline: size (transactions) must be at least 100, got {n}")
     p = Pipeline("etl_dask", size=n)

@@ -166,7 +166,7 @@ def _evaluate(normalise, train, device):
 def build(size: int | None = None, *, epochs: int = 1, batch: int = 128, lr: float = 0.01,
           seed: int = 0) -> Pipeline:
     """The MNIST MLP pipeline on ``size`` images (default 8,192)."""
-    n = int(size or DEFAULT_SIZE)
+    n = DEFAULT_SIZE if size is None else int(size)
     if n < 10:
         raise ValueError(f"mnist_mlp pipeline: size (images) must be at least 10, got {n}")
     p = Pipeline("mnist_mlp", size=n)

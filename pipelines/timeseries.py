@@ -61,11 +61,24 @@ def ema_loop(x, alpha, out):
         out[i] = acc
 
 
+def disk_cache_safe() -> bool:
+    """Whether compiled code may be cached on disk: only under the module's own name.
+
+    numba's cache is keyed by file and function, and a cached function re-imports
+    its module by name when loaded; a copy of this file loaded under another name
+    (``placer run path/to/timeseries.py``) would write entries that the package
+    cannot load, so such copies compile in memory.
+    """
+    return __name__ == "pipelines.timeseries"
+
+
 @functools.lru_cache(maxsize=None)
 def ema_cpu_kernel():
     """``ema_loop`` compiled by ``numba.njit`` (cached on disk when possible)."""
     import numba
 
+    if not disk_cache_safe():
+        return numba.njit(ema_loop)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -124,7 +137,7 @@ def _reduce(features, device):
 
 def build(size: int | None = None, *, alpha: float = 0.01, seed: int = 0) -> Pipeline:
     """The time-series pipeline over ``size`` samples (default 500,000)."""
-    n = int(size or DEFAULT_SIZE)
+    n = DEFAULT_SIZE if size is None else int(size)
     if n < WINDOW:
         raise ValueError(f"timeseries pipeline: size (samples) must be at least {WINDOW}, got {n}")
     if not 0.0 < alpha <= 1.0:

@@ -1,0 +1,237 @@
+"""The pipeline gallery: every pipeline gives the same answer on every placement.
+
+Each pipeline runs at a small size with tiny models on ``all=cpu``, ``all=gpu-sim``
+(the simulated device: GPU implementations, numba.cuda in its simulator), a mixed
+placement, and every placement of its placeable stages; all digests must match
+and all outputs must be close to the all-CPU run's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from placer.digest import assert_outputs_close
+from placer.executor import execute
+
+#: (module, small size, params): small enough that the whole file stays quick
+GALLERY = {
+    "mnist_mlp": (64, {"batch": 16}),
+    "mnist_cnn": (40, {"batch": 16}),
+    "cifar_augment": (40, {"batch": 16}),
+    "batched_inference": (300, {"batch": 128}),
+    "timeseries": (400, {}),
+    "branches": (60, {}),
+    "etl_dask": (1500, {"epochs": 20}),
+}
+
+
+def build(name: str, size: int | None = None, **params):
+    small, defaults = GALLERY[name]
+    mod = importlib.import_module(f"pipelines.{name}")
+    return mod.build(size or small, **{**defaults, **params})
+
+
+def placeable(p) -> list[str]:
+    """Stages the planner may move: not pinned, with both a CPU and a GPU implementation."""
+    return [n for n, s in p.stages.items() if s.pin is None and len(s.device_classes()) == 2]
+
+
+def all_placements(p) -> list[dict[str, str]]:
+    names = placeable(p)
+    return [dict(zip(names, devs)) for devs in itertools.product(["cpu", "gpu-sim"], repeat=len(names))]
+
+
+@pytest.mark.parametrize("name", sorted(GALLERY))
+def test_every_placement_gives_the_same_outputs(name):
+    p = build(name)
+    names = placeable(p)
+    assert 2 <= len(names) <= 6, f"{name}: expected a small set of placeable stages, got {names}"
+    reference = execute(p, "all=cpu")
+    assert all(s.device == "cpu" for s in reference.stages)
+    mixed = {n: ("gpu-sim" if i % 2 == 0 else "cpu") for i, n in enumerate(names)}
+    placements = [{n: "gpu-sim" for n in names}, mixed, *all_placements(p)]
+    for placement in placements:
+        run = execute(p, placement)
+        for n, dev in placement.items():
+            assert run.stage(n).device == dev, f"{name}: {n} ran on {run.stage(n).device}, not {dev}"
+        assert run.outputs_digest == reference.outputs_digest, f"{name}: digest differs under {placement}"
+        assert_outputs_close(reference.final_outputs, run.final_outputs)
+
+
+@pytest.mark.parametrize("name", sorted(GALLERY))
+def test_all_gpu_moves_data_and_keeps_the_source_on_the_host(name):
+    p = build(name)
+    run = execute(p, "all=gpu-sim")
+    for n, s in p.stages.items():
+        expected = "cpu" if s.pin == "cpu" else "gpu-sim"
+        assert run.stage(n).device == expected, f"{name}: {n}"
+    assert any(t.direction == "h2d" for t in run.transfers), f"{name}: no host-to-device copy recorded"
+    assert any(t.direction == "d2h" for t in run.transfers), f"{name}: results never came back to the host"
+
+
+@pytest.mark.parametrize("name", sorted(GALLERY))
+def test_outputs_depend_on_the_seed_and_are_finite(name):
+    a = execute(build(name), "all=cpu")
+    b = execute(build(name, seed=3), "all=cpu")
+    assert a.outputs_digest != b.outputs_digest, f"{name}: the seed does not reach the outputs"
+    again = execute(build(name), "all=cpu")
+    assert again.outputs_digest == a.outputs_digest, f"{name}: not deterministic"
+    from placer.digest import to_numpy
+
+    def leaves(v):
+        if isinstance(v, dict):
+            for x in v.values():
+                yield from leaves(x)
+        else:
+            yield np.asarray(to_numpy(v))
+
+    for out in a.final_outputs.values():
+        for arr in leaves(out):
+            assert np.isfinite(arr).all(), f"{name}: non-finite output"
+
+
+@pytest.mark.parametrize("name", sorted(GALLERY))
+def test_too_small_a_size_is_refused_naming_the_pipeline(name):
+    mod = importlib.import_module(f"pipelines.{name}")
+    with pytest.raises(ValueError, match=name):
+        mod.build(0)
+
+
+def test_training_learns_something():
+    """The synthetic digits are learnable: more epochs give a lower held-out loss."""
+    short = execute(build("mnist_mlp", 400, epochs=1, batch=32), "all=cpu").final_outputs["evaluate"]
+    longer = execute(build("mnist_mlp", 400, epochs=4, batch=32), "all=cpu").final_outputs["evaluate"]
+    assert float(longer["test_loss"]) < float(short["test_loss"])
+    assert float(longer["p_true"].mean()) > 0.5
+
+
+def test_cifar_augmentation_paths_agree_bit_for_bit_and_match_a_reference_loop():
+    import torch
+
+    from pipelines import cifar_augment as c
+
+    labels = c._labels(50, 1)
+    images, jitter = c._images(labels, 1), c._jitter(50, 1)
+    assert set(np.unique(jitter[:, 2])) == {0, 1}
+    cpu = c._augment_cpu(images, jitter)
+    gpu = c._augment_gpu(torch.from_numpy(images), torch.from_numpy(jitter), torch.device("cpu")).numpy()
+    np.testing.assert_array_equal(cpu, gpu)
+    mean, std = np.array(c.CIFAR_MEAN)[:, None, None], np.array(c.CIFAR_STD)[:, None, None]
+    for k in range(len(images)):
+        dy, dx, flip = jitter[k]
+        crop = np.pad(images[k], ((0, 0), (4, 4), (4, 4)))[:, dy : dy + 32, dx : dx + 32]
+        if flip:
+            crop = crop[:, :, ::-1]
+        np.testing.assert_allclose(cpu[k], (crop / 255.0 - mean) / std, rtol=1e-5, atol=1e-5)
+
+
+def test_ema_kernels_compute_the_recurrence():
+    from pipelines import timeseries as t
+
+    x = np.random.default_rng(0).standard_normal(300).astype(np.float32)
+    want, acc = np.empty(300), float(x[0])
+    for i, v in enumerate(x):
+        acc = 0.1 * float(v) + 0.9 * acc
+        want[i] = acc
+    cpu = t._ema_cpu(x, 0.1)
+    np.testing.assert_allclose(cpu, want, rtol=1e-6, atol=1e-7)
+    from numba import cuda
+
+    gpu = t._ema_gpu(cuda.to_device(x), 0.1).copy_to_host()
+    np.testing.assert_array_equal(gpu, cpu)
+
+
+def test_numba_cache_failure_falls_back_to_compiling_in_memory(monkeypatch):
+    import numba
+
+    from pipelines import timeseries as t
+
+    real = numba.njit
+
+    def njit(*args, **kwargs):
+        if kwargs.get("cache"):
+            raise RuntimeError("cannot cache function: no locator available")
+        return real(*args, **kwargs)
+
+    t.ema_cpu_kernel.cache_clear()
+    monkeypatch.setattr(numba, "njit", njit)
+    try:
+        kernel = t.ema_cpu_kernel()
+        out = np.empty(5, dtype=np.float32)
+        kernel(np.ones(5, dtype=np.float32), 0.5, out)
+        np.testing.assert_allclose(out, 1.0)
+    finally:
+        t.ema_cpu_kernel.cache_clear()
+
+
+def test_etl_cpu_group_by_runs_on_dask_partitions(monkeypatch):
+    from pipelines import etl_dask as e
+
+    calls = []
+    real = e._partial_sums
+
+    def counting(part, users):
+        calls.append(part.shape[0])
+        return real(part, users)
+
+    p = build("etl_dask", 3000)
+    reference = execute(p, "all=cpu")
+    monkeypatch.setattr(e, "PARTITION_ROWS", 700)
+    monkeypatch.setattr(e, "_partial_sums", counting)
+    run = execute(p, "all=cpu")
+    assert calls and sum(calls) == 3000 and len(calls) == 5
+    assert run.outputs_digest == reference.outputs_digest
+
+
+def test_etl_cpu_cleaning_uses_the_executors_data_parallel_path():
+    from placer.executor.stagecall import MIN_ROWS_PER_PARTITION
+
+    p = build("etl_dask", 2 * MIN_ROWS_PER_PARTITION)
+    assert p.stages["clean"].data_parallel
+    one = execute(p, "all=cpu", workers=1)
+    two = execute(p, "all=cpu", workers=2)
+    assert one.outputs_digest == two.outputs_digest
+    np.testing.assert_array_equal(one.outputs["clean"], two.outputs["clean"])
+
+
+def test_batched_inference_uses_the_requests_model():
+    """One row scored by the batched pipeline equals the requests pipeline's scoring of it."""
+    import torch
+
+    from pipelines import batched_inference as b
+    from pipelines import requests as r
+
+    raw = torch.from_numpy(b._requests(5, 7))
+    cpu = torch.device("cpu")
+    want = torch.softmax(r._infer(r._preprocess(raw, cpu), cpu), 1)
+    got = b._postprocess(b._infer(b._preprocess(raw, cpu), cpu, batch=2), cpu)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name,placement", [("timeseries", "all=gpu-sim"), ("cifar_augment", "all=cpu,train=gpu-sim")])
+def test_placer_run_cli_gives_the_in_process_digest(name, placement, sim_env):
+    small, _ = GALLERY[name]
+    mod = importlib.import_module(f"pipelines.{name}")
+    expected = execute(mod.build(small), "all=cpu").outputs_digest
+    proc = subprocess.run(
+        [sys.executable, "-c", "from placer.cli import main; main()", "run", f"pipelines.{name}:build",
+         "--size", str(small), "--placement", placement, "--json"],
+        capture_output=True, text=True, env=sim_env, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["outputs_digest"] == expected
+    devices = {s["name"]: s["device"] for s in doc["stages"]}
+    for item in placement.split(","):
+        stage, dev = item.split("=")
+        if stage != "all":
+            assert devices[stage] == dev
+    if placement == "all=gpu-sim":
+        assert all(devices[n] == "gpu-sim" for n in placeable(mod.build(small)))

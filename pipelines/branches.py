@@ -48,12 +48,12 @@ def _events(size: int, seed: int):
 
 def session_scan(x, alpha, out):
     """Per row: a branchy activity sum; across rows: its EMA and drawdown from the peak."""
-    acc = 0.0
-    peak = 0.0
+    acc = np.float64(0.0)
+    peak = np.float64(0.0)
     for i in range(x.shape[0]):
-        s = 0.0
+        s = np.float64(0.0)
         for j in range(x.shape[1]):
-            v = x[i, j]
+            v = np.float64(x[i, j])  # float64 explicitly, also in the CUDA simulator
             if v > 0:
                 s += v
             else:

@@ -57,7 +57,8 @@ def ema_loop(x, alpha, out):
         return
     acc = np.float64(x[0])
     for i in range(x.shape[0]):
-        acc = alpha * x[i] + (1.0 - alpha) * acc
+        # float64 explicitly: numba promotes anyway, the CUDA simulator's numpy would not
+        acc = alpha * np.float64(x[i]) + (1.0 - alpha) * acc
         out[i] = acc
 
 

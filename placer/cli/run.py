@@ -27,6 +27,11 @@ def run(
     executor: str = typer.Option("auto", "--executor", help="auto, inline or threads."),
     output: Path = typer.Option(None, "-o", "--output", help="Also save the run record as JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    scheduler: str = typer.Option(
+        None, "--scheduler",
+        help="Run on the dask.distributed cluster at this address (tcp://HOST:PORT); GPU stages "
+             "go to workers started with --resources GPU=1.",
+    ),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.errors import PlacerError
@@ -40,7 +45,7 @@ def run(
         spec = placement
         if spec is None:
             spec, why = default_placement(p, p.size)
-        result = execute(p, spec, executor=executor, size=p.size)
+        result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler)
     except PlacerError as exc:
         fail(str(exc).splitlines()[0])
     except (ValueError, TypeError) as exc:
@@ -58,10 +63,12 @@ def run(
     if why:
         c.print(f"placement: {why}")
     t = Table(title=f"{result.pipeline}: makespan {result.makespan_s:.4f} s ({result.executor})")
-    for col in ("stage", "device", "lane", "start s", "seconds"):
+    cols = ["stage", "device", "lane", "start s", "seconds"] + (["worker"] if scheduler else [])
+    for col in cols:
         t.add_column(col)
     for s in result.stages:
-        t.add_row(s.name, s.device, s.lane, f"{s.start_s:.4f}", f"{s.seconds:.4f}")
+        t.add_row(s.name, s.device, s.lane, f"{s.start_s:.4f}", f"{s.seconds:.4f}",
+                  *([s.worker or "?"] if scheduler else []))
     c.print(t)
     for tr in result.transfers:
         c.print(f"transfer {tr.data}: {tr.src} -> {tr.dst} {tr.bytes:,} B in {tr.seconds * 1e3:.2f} ms"

@@ -416,13 +416,10 @@ class DaskLanes(ThreadLanes):
             meta.release()
 
     def _result(self, fut: Any, needs_gpu: bool) -> Any:
-        from distributed import wait
-
         no_gpu_since = None
         while True:
             try:
-                wait(fut, timeout=1.0)
-                return fut.result()
+                return fut.result(timeout=1.0)
             except TimeoutError:
                 if not needs_gpu:
                     continue

@@ -1,0 +1,265 @@
+"""Running on a real dask.distributed cluster on 127.0.0.1.
+
+The clusters are a scheduler and worker processes (nannies) started here, one
+thread each; one worker declares ``GPU=1`` and, since the worker processes inherit
+this process's ``PLACER_TEST_DEVICES=1`` and ``NUMBA_ENABLE_CUDASIM=1`` (set by
+conftest), runs ``gpu-sim`` stages. The pipeline below is a diamond::
+
+    load ──▶ left ──▶ join
+      └────▶ right ───┘
+
+``left`` has separate numpy (CPU) and torch (GPU) implementations; the others are
+device-agnostic torch functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from placer import Pipeline
+from placer.digest import assert_outputs_close
+from placer.errors import StageFailedError
+from placer.executor import execute
+
+distributed = pytest.importorskip("distributed")
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_STAGES = "all=cpu,left=gpu-sim,join=gpu-sim"
+
+
+# -- the pipeline -------------------------------------------------------------------------
+def _load(device, n: int):
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(n, 8, generator=g).to(device)
+
+
+def _left_cpu(load):
+    return np.tanh(load) * 2.0
+
+
+def _left_gpu(load):
+    import torch
+
+    return torch.tanh(load) * 2.0
+
+
+def _right(load, device, marker: str | None = None, sleep_s: float = 0.0):
+    if marker:
+        with open(marker, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(sleep_s)
+    return (load**2).sum(1, keepdim=True)
+
+
+def _join(left, right, device):
+    import torch
+
+    left = torch.as_tensor(left, device=device)
+    return {"mixed": left * right, "total": (left.sum() + right.sum()).reshape(1)}
+
+
+def build(n: int = 2000, marker: str | None = None, sleep_s: float = 0.0) -> Pipeline:
+    p = Pipeline("diamond", size=n)
+    p.add(name="load", fn=_load, params={"n": n})
+    p.add(name="left", cpu=_left_cpu, gpu=_left_gpu, inputs=["load"])
+    p.add(name="right", fn=_right, inputs=["load"], params={"marker": marker, "sleep_s": sleep_s})
+    p.add(name="join", fn=_join, inputs=["left", "right"])
+    return p
+
+
+# -- clusters ----------------------------------------------------------------------------------
+def start_cluster(cpu_workers: int = 1, gpu_workers: int = 1):
+    """A scheduler and worker processes on 127.0.0.1 (``gpu*`` workers declare GPU=1)."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    opts = {"nthreads": 1, "memory_limit": "2GiB", "host": "127.0.0.1"}
+    workers = {f"cpu{i}": {"cls": Nanny, "options": dict(opts)} for i in range(cpu_workers)}
+    workers |= {f"gpu{i}": {"cls": Nanny, "options": {**opts, "resources": {"GPU": 1}}}
+                for i in range(gpu_workers)}
+    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0, "dashboard": False,
+                                               "dashboard_address": "127.0.0.1:0"}}
+    return SpecCluster(workers=workers, scheduler=scheduler, asynchronous=False)
+
+
+def addresses(client) -> dict[str, str]:
+    """Worker name -> address."""
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    return {str(w["name"]): a for a, w in info.items()}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with start_cluster() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    from distributed import Client
+
+    with Client(cluster, set_as_default=False) as c:
+        c.wait_for_workers(2, timeout=60)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def local():
+    return execute(build(), "all=cpu")
+
+
+# -- routing and results ---------------------------------------------------------------------
+def test_gpu_stages_run_only_on_the_gpu_worker_and_data_moves_as_planned(client, local):
+    names = addresses(client)
+    run = execute(build(), GPU_STAGES, scheduler=client)
+    assert run.executor == "distributed"
+    by = {s.name: s for s in run.stages}
+    assert by["left"].worker == names["gpu0"]
+    assert by["join"].worker == names["gpu0"]
+    assert {s.worker for s in run.stages} <= set(names.values())
+    assert by["left"].lane.startswith("gpu-sim@") and by["load"].lane.startswith("cpu@")
+    moves = {(t.data, t.direction) for t in run.transfers}
+    # load goes to the device for left; right goes to the device for join; join comes home
+    assert moves == {("load", "h2d"), ("right", "h2d"), ("join", "d2h")}
+    assert all(t.bytes > 0 for t in run.transfers)
+    assert by["load"].output_bytes == 2000 * 8 * 4
+    # the timeline is ordered by the dependencies
+    assert by["load"].end_s <= by["left"].start_s and by["left"].end_s <= by["join"].start_s
+    assert_outputs_close(run.final_outputs, local.final_outputs)
+    assert run.outputs_digest == local.outputs_digest
+
+
+@pytest.mark.parametrize("placement", ["all=cpu", "all=gpu-sim", "all=cpu,right=gpu-sim"])
+def test_same_digest_as_a_local_run(client, local, placement):
+    run = execute(build(), placement, scheduler=client)
+    assert run.outputs_digest == local.outputs_digest
+    assert all(s.worker for s in run.stages)
+    # only the final outputs come back to the client
+    assert set(run.outputs) == {"join"}
+
+
+def test_cluster_lists_gpu_sim_as_a_simulated_device_never_a_gpu(client):
+    from placer.executor.distributed import cluster_devices, cost_devices
+
+    inv = cluster_devices(client)
+    assert inv.get("cpu").workers == 2
+    sim = inv.get("gpu-sim")
+    assert sim is not None and sim.kind == "sim" and not sim.is_gpu
+    assert inv.gpus == [] and "GPU" in inv.unavailable["torch.cuda"]
+    assert "gpu" not in {d["kind"] for d in cost_devices(inv).values()}
+
+
+def test_worker_to_worker_link_is_measured(client):
+    from placer.executor.distributed import measure_worker_link
+
+    sizes = [1 << 12, 1 << 20, 1 << 22]
+    link = measure_worker_link(client, sizes=sizes, repeats=3)
+    assert link.src != link.dst and {link.src, link.dst} <= set(addresses(client).values())
+    assert [len(r) for r in link.raw_seconds] == [3, 3, 3]
+    assert all(t > 0 for r in link.raw_seconds for t in r)
+    big = sorted(link.raw_seconds[-1])[1]
+    assert 0.2 < link.seconds(sizes[-1]) / big < 5.0
+
+
+def test_a_client_passed_in_stays_open_and_failures_name_the_stage(client):
+    p = build()
+
+    def broken(load, device):
+        raise ValueError("bad rows")
+
+    p.add(name="check", fn=broken, inputs=["load"])
+    with pytest.raises(StageFailedError, match="'check'.*bad rows") as err:
+        execute(p, "all=cpu", scheduler=client)
+    assert err.value.stage == "check"
+    assert client.submit(sum, [1, 2], pure=False).result() == 3
+
+
+def test_placer_run_cli_on_the_cluster(cluster, client, sim_env):
+    from placer.loader import load_pipeline
+
+    expected = execute(load_pipeline(str(ROOT / "pipelines" / "tabular.py"), 2000), "all=cpu")
+    out = subprocess.run(
+        [sys.executable, "-c", "from placer.cli import main; main()", "run", "pipelines/tabular.py", "--size", "2000",
+         "--scheduler", cluster.scheduler_address, "--placement", "all=cpu", "--json"],
+        cwd=ROOT, env=sim_env, capture_output=True, text=True, timeout=180,
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["outputs_digest"] == expected.outputs_digest
+    assert doc["executor"] == "distributed"
+    workers = set(addresses(client).values())
+    assert [s["name"] for s in doc["stages"]] == ["load", "clean", "features", "train", "predict"]
+    assert all(s["worker"] in workers for s in doc["stages"])
+
+
+# -- faults --------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_scheduler_is_a_clear_error_within_the_timeout(monkeypatch):
+    from placer.executor import distributed as dist
+
+    monkeypatch.setattr(dist, "CONNECT_TIMEOUT_S", 1.0)
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(dist.SchedulerUnreachableError, match=f"{address}.*dask scheduler"):
+        execute(build(), "all=cpu", scheduler=address)
+    assert time.monotonic() - t0 < 10
+
+
+def test_gpu_stage_without_a_gpu_worker_fails_before_anything_runs(tmp_path):
+    from distributed import Client
+
+    from placer.executor.distributed import ClusterError
+
+    marker = tmp_path / "ran"
+    with start_cluster(cpu_workers=1, gpu_workers=0) as cl, Client(cl, set_as_default=False) as c:
+        with pytest.raises(ClusterError, match="stage 'left'.*gpu-sim.*--resources GPU=1") as err:
+            execute(build(marker=str(marker)), "all=cpu,left=gpu-sim", scheduler=c)
+    assert err.value.stage == "left"
+    assert not marker.exists()
+
+
+def test_killed_worker_stage_reruns_elsewhere_with_the_same_outputs(tmp_path, local):
+    """``right`` sleeps on a CPU worker; that worker's process is killed mid-stage."""
+    from distributed import Client
+
+    marker = tmp_path / "pids"
+    with start_cluster(cpu_workers=2, gpu_workers=1) as cl, Client(cl, set_as_default=False) as c:
+        c.wait_for_workers(3, timeout=60)
+        pid_of = c.run(os.getpid)
+        killed: list[str] = []
+
+        def kill_first_runner():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if marker.exists() and marker.read_text().strip():
+                    pid = int(marker.read_text().split()[0])
+                    killed.extend(a for a, p in pid_of.items() if p == pid)
+                    os.kill(pid, signal.SIGKILL)
+                    return
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_first_runner)
+        killer.start()
+        run = execute(build(marker=str(marker), sleep_s=2.0), GPU_STAGES, scheduler=c)
+        killer.join()
+    assert len(killed) == 1, "the stage never started on a worker"
+    assert len(marker.read_text().split()) == 2  # it ran twice: killed, then rerun
+    assert run.stage("right").worker != killed[0]
+    assert run.outputs_digest == local.outputs_digest

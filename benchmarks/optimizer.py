@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from placer.optimize import plan  # noqa: E402
+from placer.optimize import CostTable, plan  # noqa: E402
 from placer.optimize.costs import write_atomic  # noqa: E402
 from placer.optimize.exact import exhaustive  # noqa: E402
 from placer.optimize.objectives import evaluate  # noqa: E402
@@ -45,7 +45,9 @@ def machine() -> list[str]:
     except (OSError, subprocess.CalledProcessError, StopIteration):
         model = platform.processor() or platform.machine()
     return [f"machine: {model}, {os.cpu_count()} cores, Python {platform.python_version()}",
-            f"date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}"]
+            f"date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
+            "load average at start (the cores are shared): "
+            + " ".join(f"{x:.1f}" for x in os.getloadavg())]
 
 
 def random_case(rng: random.Random):
@@ -54,6 +56,16 @@ def random_case(rng: random.Random):
     n = rng.randint(4, 14 if acc == 1 else 9)  # 3**9 placements is the exhaustive limit here
     model = random_model(rng, n, accelerators=acc)
     return model(10 ** rng.uniform(2, 7)), acc
+
+
+def free_table(rng: random.Random, n: int):
+    """A random table in which every stage can run on both devices."""
+    doc = random_table(rng, n, max_inputs=2).model_dump()
+    for st in doc["stages"]:
+        t = st["seconds"].get("cpu") or st["seconds"]["gpu:0"]
+        st["seconds"].setdefault("cpu", t)
+        st["seconds"].setdefault("gpu:0", t / 10 ** rng.uniform(-1, 1.5))
+    return CostTable.model_validate(doc)
 
 
 def quality(cases: int, seed: int) -> list[str]:
@@ -115,13 +127,7 @@ def speed(seed: int, repeats: int) -> list[str]:
     times = []
     rng = random.Random(seed)
     for _ in range(10):
-        table = random_table(rng, 16, max_inputs=2)
-        while sum(1 for al in Problem(table).allowed if len(al) > 1) < 16:
-            table = random_table(rng, 16, max_inputs=2)
-            for st in table.stages:
-                st.seconds.setdefault("cpu", 0.1)
-                st.seconds.setdefault("gpu:0", 0.1)
-            table = type(table).model_validate(table.model_dump())
+        table = free_table(rng, 16)
         t0 = time.perf_counter()
         plan(table, method="exact")
         times.append(time.perf_counter() - t0)

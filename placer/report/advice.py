@@ -42,12 +42,21 @@ def _is_gpu_like(facts: ReportFacts, device: str) -> bool:
 
 
 def _placements(facts: ReportFacts):
-    """``(where, placement, crossovers, gpu-like test)`` for this machine's plan and the target's."""
+    """``(where, placement, crossovers, accelerator test, accelerator word)`` for the plan here and the target's."""
     here = {r.name: r.device for r in facts.stages}
-    yield "", here, {r.name: r.crossover_size for r in facts.stages}, lambda d: _is_gpu_like(facts, d)
+    yield ("", here, {r.name: r.crossover_size for r in facts.stages}, lambda d: _is_gpu_like(facts, d),
+           accelerator_word(facts))
     t = facts.target
     if t is not None:
-        yield f"On {t.label}: ", t.placement, t.crossover_size, lambda d: d != "cpu"
+        yield f"On {t.label}: ", t.placement, t.crossover_size, lambda d: d != "cpu", "the GPU"
+
+
+def accelerator_word(facts: ReportFacts) -> str:
+    """How advice names this machine's accelerator (the simulated device never as a GPU)."""
+    acc = next((d for d in facts.meta.devices if d.kind != "cpu" and d.present), None)
+    if acc is None:
+        return "the GPU"
+    return acc.title if acc.kind == "sim" else f"the GPU ({acc.name})"
 
 
 def move_rules(facts: ReportFacts) -> list[Advice]:
@@ -55,7 +64,7 @@ def move_rules(facts: ReportFacts) -> list[Advice]:
     out = []
     size, unit = facts.meta.size, facts.meta.size_unit
     rows = {r.name: r for r in facts.stages}
-    for where, placement, crossings, gpu_like in _placements(facts):
+    for where, placement, crossings, gpu_like, acc in _placements(facts):
         for name, x in crossings.items():
             r = rows.get(name)
             if x is None or r is None or r.loop_carried:
@@ -63,11 +72,11 @@ def move_rules(facts: ReportFacts) -> list[Advice]:
             on_gpu = gpu_like(placement.get(name, "cpu"))
             if not on_gpu and (size is None or size < x) and r.kind != "inference":
                 out.append(Advice(topic="move", subject=name, text=(
-                    f"{where}Move stage {name!r} to the GPU above {fmt_size(x, unit)} "
+                    f"{where}Move stage {name!r} to {acc} above {fmt_size(x, unit)} "
                     f"(it has {fmt_size(size, unit)} now); below that, launch and copy costs make the CPU faster.")))
             elif on_gpu and size is not None and size >= x:
                 out.append(Advice(topic="move", subject=name, text=(
-                    f"{where}Keep stage {name!r} on the GPU for {fmt_size(x, unit)} and more; "
+                    f"{where}Keep stage {name!r} on {acc} for {fmt_size(x, unit)} and more; "
                     f"below {fmt_size(x, unit)} run it on the CPU.")))
     return out
 
@@ -77,14 +86,14 @@ def batch_rules(facts: ReportFacts) -> list[Advice]:
     out = []
     size, unit = facts.meta.size, facts.meta.size_unit
     rows = {r.name: r for r in facts.stages}
-    for where, placement, crossings, gpu_like in _placements(facts):
+    for where, placement, crossings, gpu_like, acc in _placements(facts):
         for name, x in crossings.items():
             r = rows.get(name)
             if r is None or r.kind != "inference" or x is None or gpu_like(placement.get(name, "cpu")):
                 continue
             if size is None or size < x:
                 out.append(Advice(topic="batch", subject=name, text=(
-                    f"{where}Batch requests to at least {fmt_size(x, unit)} to make the GPU pay for "
+                    f"{where}Batch requests to at least {fmt_size(x, unit)} to make {acc} pay for "
                     f"stage {name!r}; at {fmt_size(size, unit)} it is faster on the CPU.")))
     return out
 

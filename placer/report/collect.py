@@ -174,6 +174,8 @@ class _Context:
         named = set(self.placement.values()) | set(specs)
         for row in self.plan_stages.values():
             named.update((row.get("predicted_s") or {}).keys())
+        for row in self.predictions.values():
+            named.update(row.keys())
         for name in sorted(named - set(out) - ({"gpu"} if "gpu:0" in out else set())):
             spec = specs.get(name, {})
             out[name] = DeviceInfo(name=name, kind=spec.get("kind", kind_of(name)),
@@ -325,7 +327,7 @@ class _Context:
             meas = _float_or_none((run or {}).get("makespan_s"))
             placement = placement or dict((run or {}).get("placement") or {})
             options.append(Option(
-                key=key, title=OPTION_TITLES[key], placement=placement, predicted_s=pred, measured_s=meas,
+                key=key, title=option_title(key, placement, self.devices()), placement=placement, predicted_s=pred, measured_s=meas,
                 plan_speedup_predicted=_ratio(pred, plan_pred), plan_speedup_measured=_ratio(meas, plan_meas),
                 outputs_digest=(run or {}).get("outputs_digest"),
                 note="" if run is not None else not_run_note(key, placement, self.devices()),
@@ -416,6 +418,16 @@ def predicted_bars(schedule: Mapping[str, Any], cpu_workers: int) -> list[Bar]:
                         start_s=tr["start_s"], end_s=tr["end_s"], bytes=tr.get("bytes"),
                         src=tr["src"], dst=tr["dst"]))
     return bars
+
+
+def option_title(key: str, placement: Mapping[str, str], devices: list[DeviceInfo]) -> str:
+    """The option's name; an option on the simulated device says so and is not called GPU."""
+    sim = sorted({d.name for d in devices if d.kind == "sim"} & set(placement.values()))
+    if key == "all_gpu" and sim:
+        return f"all on {sim[0]} (simulated test device)"
+    if key == "rule_of_thumb" and sim:
+        return f"rule of thumb (accelerator: {sim[0]}, simulated)"
+    return OPTION_TITLES[key]
 
 
 def not_run_note(key: str, placement: Mapping[str, str], devices: list[DeviceInfo]) -> str:

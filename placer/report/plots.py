@@ -273,6 +273,11 @@ def errors_svg(facts: ReportFacts) -> str:
         top = max(e.predicted_s, e.measured_s or 0)
         ax.text(top * 1.15, y, note, va="center", fontsize=8, color="#333")
         labels.append(tex_safe(f"{e.stage} · {e.device}", 34))
+    if not rows:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no predictions: report made from a run alone", ha="center", va="center",
+                transform=ax.transAxes, color="#555")
+        return to_svg(fig, "errors")
     ax.set_yticks(range(len(rows)), labels, fontsize=8.5)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     positive = [v for e in rows for v in (e.predicted_s, e.measured_s) if v]

@@ -27,6 +27,7 @@ import argparse
 import datetime as dt
 import io
 import math
+import os
 import platform
 import sys
 import time
@@ -44,8 +45,13 @@ from placer.profile import _threads, profile  # noqa: E402
 from placer.timing import measure  # noqa: E402
 
 
+def ref(path: Path) -> str:
+    """``pipelines.NAME:build``: imported as a module, so compiled functions cache under a stable name."""
+    return f"pipelines.{path.stem}:build"
+
+
 def default_size(path: Path) -> int:
-    return int(load_pipeline(str(path)).size)
+    return int(load_pipeline(ref(path)).size)
 
 
 def measure_at(path: Path, size: int, devices) -> tuple[float, dict[tuple[str, str], float]]:
@@ -53,7 +59,7 @@ def measure_at(path: Path, size: int, devices) -> tuple[float, dict[tuple[str, s
     from placer.executor import call_stage, execute
     from placer.executor.transfer import to_location
 
-    p = load_pipeline(str(path), size)
+    p = load_pipeline(ref(path), size)
     run = execute(p, "all=cpu", executor="inline")
     out: dict[tuple[str, str], float] = {}
     for name in p.order():
@@ -65,7 +71,7 @@ def measure_at(path: Path, size: int, devices) -> tuple[float, dict[tuple[str, s
             ins = host_in if d.kind == "cpu" else {a: to_location(v, d)[0] for a, v in host_in.items()}
             call = lambda: call_stage(st, d, ins, workers=d.workers if d.kind == "cpu" else 1)  # noqa: E731
             cold = d.kind != "cpu"  # the run above was the CPU's first call
-            m = measure(call, cold=cold, warmup=1, min_reps=3, max_reps=15, max_time_s=2.0, warn=False)
+            m = measure(call, cold=cold, warmup=1, min_reps=5, max_reps=15, max_time_s=2.0, warn=False)
             out[(name, d.name)] = m.median_s
     return run.makespan_s, out
 
@@ -76,7 +82,7 @@ def bench(path: Path, budget_s: float, log) -> dict:
     n = default_size(path)
     top = max(1, n // 10)
     t0 = time.perf_counter()
-    prof = profile(str(path), size=n, max_size=top, budget_s=budget_s, devices=[d.name for d in devices],
+    prof = profile(ref(path), size=n, max_size=top, budget_s=budget_s, devices=[d.name for d in devices],
                    cache=False, progress=False, count_work_for_absent=True)
     prof_s = time.perf_counter() - t0
     model = CostModel(prof, describe=["h200"])
@@ -129,6 +135,7 @@ def main(argv=None) -> int:
         log(f"machine: {platform.node()} {inv.host.get('cpu_model')}, {inv.host.get('cores')} cores, "
             f"devices: {', '.join(d.name + ' (' + d.label + ')' for d in inv.devices)}; torch {torch.__version__}, "
             f"intra-op threads {used}; python {platform.python_version()}")
+        log(f"load average at start (other work on this shared machine): {os.getloadavg()[0]:.1f}")
         log("protocol: profile sizes up to N/10 (geometric, x2), predict at N, measure at N; "
             f"profiling budget {args.budget_s:.0f} s per pipeline")
         results = []
@@ -138,6 +145,7 @@ def main(argv=None) -> int:
             except Exception as exc:  # noqa: BLE001 - one broken pipeline must not hide the rest
                 log(f"\n## {p.stem}: failed: {type(exc).__name__}: {exc}")
     log("\n# summary")
+    log(f"load average at end: {os.getloadavg()[0]:.1f}")
     for kind in ("cpu", "gpu"):
         allerr = [e for r in results for e in r["errs"].get(kind, [])]
         if allerr:

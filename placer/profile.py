@@ -577,10 +577,11 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
                                      f"{max(budget.left, 0):.1f} s of the budget left")
                         break
                 t0 = time.perf_counter()
-                _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
-                              lambda: bar.advance(task) if bar else None)
+                cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
+                                     lambda: bar.advance(task) if bar else None)
                 measured.append(s)
-                last = (s, time.perf_counter() - t0)
+                # one-time costs (compilation, first imports) will not recur at the next size
+                last = (s, max(time.perf_counter() - t0 - cold, 1e-3))
     prof.measured_sizes = measured or sorted({pt.size for sp in reuse.values()
                                               for dp in sp.devices.values() for pt in dp.points})
     prof.elapsed_s = budget.elapsed
@@ -594,9 +595,11 @@ def _can_run(stage: Stage, device: Device) -> bool:
 
 
 def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], prof: Profile,
-                  size_budget: float | None, count: bool, notes: list[str], tick: Callable[[], Any]) -> None:
+                  size_budget: float | None, count: bool, notes: list[str], tick: Callable[[], Any]) -> float:
     """Run ``p`` once on the CPU, then measure each stage in ``todo`` on each device,
-    sharing ``size_budget`` seconds (None: no limit) between them."""
+    sharing ``size_budget`` seconds (None: no limit) between them.
+
+    Returns the seconds spent on one-time costs (first calls beyond steady state)."""
     from placer.executor import call_stage, execute
     from placer.executor.transfer import nbytes, to_location
 
@@ -606,6 +609,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
     outputs = run.outputs
     first = {r.name: r.seconds for r in run.stages}
     stages_left = len(todo) * max(1, len(devs))
+    cold_extra = 0.0
     for n in todo:
         st = p.stages[n]
         sp = prof.stages[n]
@@ -639,6 +643,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                 dp.error = f"{type(exc).__name__}: {exc}"
                 notes.append(f"stage {n!r} on {d.name} at size {size} failed: {dp.error}")
                 continue
+            cold_extra += max((cold or 0.0) - m.median_s, 0.0)
             if m.noisy:
                 notes.append(f"stage {n!r} on {d.name} at size {size}: noisy (IQR/median "
                              f"{m.iqr_s / m.median_s:.0%} over {m.reps} repeats)")
@@ -649,6 +654,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
         if count:
             sp.work.append(WorkPoint(size=size, work=_count(st, host_inputs, in_bytes, out_bytes)))
         tick()
+    return cold_extra
 
 
 _SIM = Device(name="gpu-sim", kind="sim", label="work counter (runs the GPU implementation on the CPU)")

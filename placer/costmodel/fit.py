@@ -35,8 +35,10 @@ Form = Literal["constant", "linear", "nlogn", "power", "power+c"]
 #: parameters of each form, used to require enough points
 N_PARAMS = {"constant": 1, "linear": 2, "nlogn": 2, "power": 2, "power+c": 3}
 FORMS: tuple[Form, ...] = ("linear", "nlogn", "power", "power+c")
-#: exponents tried for the power forms before refinement
-_B_GRID = np.linspace(0.0, 3.0, 61)
+#: exponents tried for the power forms before refinement; above 2 a noisy point at the
+#: top of the range extrapolates wildly, and pipeline stages are rarely worse than n**2
+B_MAX = 2.0
+_B_GRID = np.linspace(0.0, B_MAX, 41)
 #: relative error assumed when too few points exist to estimate one
 UNKNOWN_ERROR = 0.5
 #: a prediction beyond this factor outside the measured range is flagged
@@ -193,7 +195,7 @@ def _fit_form(form: str, n: np.ndarray, y: np.ndarray) -> tuple[float, float, fl
     g = ones if form == "power+c" else None
     if form == "power":  # exact in log space, then the same relative criterion
         lb = np.polyfit(np.log(n), np.log(y), 1) if len(n) > 1 else (1.0, np.log(y[0] / n[0]))
-        grid = np.unique(np.clip(np.concatenate([_B_GRID, [lb[0]]]), 0.0, 3.0))
+        grid = np.unique(np.clip(np.concatenate([_B_GRID, [lb[0]]]), 0.0, B_MAX))
     else:
         grid = _B_GRID
 
@@ -202,7 +204,7 @@ def _fit_form(form: str, n: np.ndarray, y: np.ndarray) -> tuple[float, float, fl
 
     results = [(b, *score(b)) for b in grid]
     b0 = min(results, key=lambda r: r[3])[0]
-    lo, hi = max(0.0, b0 - 0.05), min(3.0, b0 + 0.05)
+    lo, hi = max(0.0, b0 - 0.05), min(B_MAX, b0 + 0.05)
     for _ in range(30):  # golden-section refinement of b
         m1, m2 = lo + 0.382 * (hi - lo), lo + 0.618 * (hi - lo)
         if score(m1)[2] < score(m2)[2]:

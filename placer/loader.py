@@ -5,6 +5,7 @@ May import: importlib, placer.pipeline, placer.errors.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -22,7 +23,14 @@ def load_builder(ref: str):
     if ref.endswith(".py") or path.is_file():
         if not path.is_file():
             raise PlacerError(f"pipeline file {ref!r} does not exist")
-        modname = f"placer_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+        # a name stable across processes (numba's on-disk cache looks functions up by module)
+        digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
+        modname = f"placer_user_{path.stem}_{digest}"
+        if modname in sys.modules:
+            module = sys.modules[modname]
+            fn = getattr(module, "build", None)
+            if fn is not None:
+                return fn
         spec = importlib.util.spec_from_file_location(modname, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[modname] = module

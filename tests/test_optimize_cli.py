@@ -88,3 +88,14 @@ def test_plan_errors_are_one_clear_line(tmp_path, edit, args, expected):
 def test_plan_needs_something_to_plan():
     r = placer("plan")
     assert r.returncode == 1 and "give a PIPELINE, --profile FILE or --costs FILE" in r.stderr
+
+
+def test_planning_imports_no_device_library(table_file):
+    code = (
+        "import sys; from placer.optimize import CostTable, plan; "
+        f"plan(CostTable.load({str(table_file)!r}), objective='throughput'); "
+        "print([m for m in ('torch', 'dask', 'numba') if m in sys.modules])"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

@@ -65,7 +65,10 @@ def chain_dp(pb: Problem) -> tuple[float, list[int]]:
 
 
 def tails(pb: Problem) -> list[list[float]]:
-    """``tails[v][d]``: least time from ``v`` starting on ``d`` until all its descendants' outputs are home."""
+    """``tails[v][d]``: least time from ``v`` starting on ``d`` to its descendants' outputs at home.
+
+    Contention is ignored, so this is a lower bound for any completion.
+    """
     nd = len(pb.devices)
     bl = [[INF] * nd for _ in range(pb.n)]
     for v in range(pb.n - 1, -1, -1):

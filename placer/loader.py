@@ -26,11 +26,6 @@ def load_builder(ref: str):
         # a name stable across processes (numba's on-disk cache looks functions up by module)
         digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
         modname = f"placer_user_{path.stem}_{digest}"
-        if modname in sys.modules:
-            module = sys.modules[modname]
-            fn = getattr(module, "build", None)
-            if fn is not None:
-                return fn
         spec = importlib.util.spec_from_file_location(modname, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[modname] = module

@@ -235,6 +235,25 @@ def test_gpu_stage_without_a_gpu_worker_fails_before_anything_runs(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("gpu_workers, gpus, placement, says", [
+    (0, 0, "all=cpu,left=gpu-sim", "no worker of the dask cluster at tcp://h:1 declares a GPU resource"),
+    (1, 0, "all=cpu,left=gpu-sim", "has the simulated test device enabled"),
+    (1, 0, "all=cpu,left=gpu", "torch 9 was built without CUDA"),
+    (2, 2, "all=cpu,left=gpu:2", "the cluster's GPUs are gpu:0, gpu:1"),
+])
+def test_placements_the_cluster_cannot_run_name_the_stage_and_the_reason(gpu_workers, gpus, placement, says):
+    from placer.devices import Device, Inventory
+    from placer.executor.distributed import ClusterError, resolve_on_cluster
+
+    devices = [Device(name="cpu", kind="cpu", label="CPU", workers=2)]
+    devices += [Device(name=f"gpu:{i}", kind="gpu", index=i, label="G") for i in range(gpus)]
+    inv = Inventory(devices=devices, host={"scheduler": "tcp://h:1", "gpu_workers": gpu_workers},
+                    unavailable={} if gpus else {"torch.cuda": "torch 9 was built without CUDA"})
+    with pytest.raises(ClusterError, match="stage 'left' is placed on gpu") as err:
+        resolve_on_cluster(build(), placement, inv)
+    assert says in str(err.value) and err.value.stage == "left"
+
+
 def test_killed_worker_stage_reruns_elsewhere_with_the_same_outputs(tmp_path, local):
     """``right`` sleeps on a CPU worker; that worker's process is killed mid-stage."""
     from distributed import Client

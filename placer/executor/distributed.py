@@ -210,6 +210,7 @@ def cluster_devices(client: Any, workers: list[WorkerInfo] | None = None) -> Inv
     host = {
         "scheduler": address,
         "workers": len(ws),
+        "gpu_workers": len(gpu_workers),
         "cores": threads,
         **{k: first.get(k) for k in ("machine", "cpu_model", "python", "torch", "numba")},
     }
@@ -252,11 +253,17 @@ def resolve_on_cluster(pipeline: Pipeline, placement: Any, inventory: Inventory)
         if exc.stage is None:
             raise
         dev = _placed_device(pipeline, placement, exc.stage)
-        why = inventory.unavailable.get("torch.cuda")
-        if dev == SIM:
-            why = (f"no {GPU_RESOURCE} worker of the dask cluster at {inventory.host.get('scheduler')} "
-                   "has the simulated test device enabled (PLACER_TEST_DEVICES=1 in the worker's "
-                   f"environment)" if "declares" not in (why or "") else why)
+        if dev == SIM and not test_devices_enabled():
+            raise
+        address = inventory.host.get("scheduler")
+        if not inventory.host.get("gpu_workers"):
+            why = _no_gpu_reason(str(address), [])
+        elif dev == SIM:
+            why = (f"no {GPU_RESOURCE} worker of the dask cluster at {address} has the simulated "
+                   "test device enabled (PLACER_TEST_DEVICES=1 in the worker's environment)")
+        else:
+            have = ", ".join(d.name for d in inventory.gpus)
+            why = inventory.unavailable.get("torch.cuda") or f"the cluster's GPUs are {have}"
         raise ClusterError(
             f"stage {exc.stage!r} is placed on {dev}, but {why}; place it on cpu or add a GPU worker",
             stage=exc.stage,
@@ -421,6 +428,8 @@ class DaskLanes(ThreadLanes):
             try:
                 return fut.result(timeout=1.0)
             except TimeoutError:
+                if fut.done():  # the task itself raised TimeoutError
+                    return fut.result()
                 if not needs_gpu:
                     continue
             if _has_gpu_worker(self.client):

@@ -1,6 +1,6 @@
 """Heuristic placement for large pipelines: list-scheduling seeds, then local search.
 
-May import: placer.optimize.{problem,simulate,objectives,exact}. Never torch, dask or numba.
+May import: placer.optimize.{problem,simulate,objectives,exact,explain}. Never torch, dask or numba.
 
 1. Seeds. Earliest-finish-time list scheduling (HEFT) in upward-rank order and in
    dispatch order, the per-stage best device on its best producer-to-sink path,
@@ -23,6 +23,7 @@ import random
 import time
 
 from placer.optimize.exact import tails
+from placer.optimize.explain import copies_around
 from placer.optimize.objectives import loads, money
 from placer.optimize.problem import INF, Problem
 from placer.optimize.simulate import makespan
@@ -251,8 +252,6 @@ def heuristic(
 def polish(pb: Problem, place: list[int], objective: str, deadline_s: float | None) -> list[int]:
     """Among placements as good as ``place``, prefer less work: move a stage where it
     takes less compute plus copy time whenever the objective does not get worse."""
-    from placer.optimize.explain import copies_around
-
     place = place[:]
     value = score(pb, place, objective, deadline_s)
     for v in range(pb.n):

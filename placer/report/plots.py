@@ -138,7 +138,7 @@ def dag_svg(facts: ReportFacts) -> str:
     pos = dag_layout(names, [(e.src, e.dst) for e in facts.dag.edges])
     layers = max(x for x, _ in pos.values()) + 1
     height = max(abs(y) for _, y in pos.values()) * 2 + 1
-    fig = _figure(max(6.0, 2.3 * layers), max(2.2, 1.1 * height + 1.0))
+    fig = _figure(max(10.0, 2.3 * layers), max(2.2, 0.95 * height + 1.0))
     ax = fig.add_axes((0, 0.14, 1, 0.86))
     ax.set_axis_off()
     colours = device_colours(facts)
@@ -254,7 +254,7 @@ def errors_svg(facts: ReportFacts) -> str:
 
     rows = [e for e in facts.errors if e.predicted_s is not None]
     colours = device_colours(facts)
-    fig = _figure(10.0, max(1.8, 0.42 * len(rows) + 1.1))
+    fig = _figure(10.0, max(1.8, 0.42 * len(rows) + 1.4))
     ax = fig.add_subplot(1, 1, 1)
     labels = []
     for i, e in enumerate(rows):
@@ -289,6 +289,6 @@ def errors_svg(facts: ReportFacts) -> str:
     ax.set_axisbelow(True)
     handles = [Patch(fc="white", ec="#333", label="predicted"), Patch(fc="#777", ec="#222", label="measured"),
                Patch(fc="white", ec="#333", hatch="//", label="predicted for an absent device")]
-    ax.legend(handles=handles, loc="lower right", fontsize=8, frameon=True)
-    fig.tight_layout()
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8.5, frameon=False)
+    fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))
     return to_svg(fig, "errors")

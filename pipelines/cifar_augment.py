@@ -106,8 +106,8 @@ def build(size: int | None = None, *, epochs: int = 1, batch: int = 64, lr: floa
           seed: int = 0) -> Pipeline:
     """The CIFAR augmentation + CNN pipeline on ``size`` images (default 1,024)."""
     n = DEFAULT_SIZE if size is None else int(size)
-    if n < 10:
-        raise ValueError(f"cifar_augment pipeline: size (images) must be at least 10, got {n}")
+    if n < 2:
+        raise ValueError(f"cifar_augment pipeline: size (images) must be at least 2 (one to train on, one to evaluate), got {n}")
     p = Pipeline("cifar_augment", size=n)
     p.add(name="labels", kind="other", cpu=_labels, pin="cpu", params={"size": n, "seed": seed},
           doc="Seeded class labels.")

@@ -222,8 +222,8 @@ def build(size: int | None = None, *, clip: float = 5000.0, epochs: int = 100, l
           seed: int = 0) -> Pipeline:
     """The ETL pipeline over ``size`` transactions (default 400,000)."""
     n = DEFAULT_SIZE if size is None else int(size)
-    if n < 100:
-        raise ValueError(f"etl_dask pipeline: size (transactions) must be at least 100, got {n}")
+    if n < 1:
+        raise ValueError(f"etl_dask pipeline: size (transactions) must be at least 1, got {n}")
     p = Pipeline("etl_dask", size=n)
     p.add(name="transactions", kind="other", cpu=_transactions, pin="cpu", params={"size": n, "seed": seed},
           doc="Card transactions (user, amount, hour, category) with gaps and outliers, on the host.")

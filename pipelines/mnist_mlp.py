@@ -167,8 +167,8 @@ def build(size: int | None = None, *, epochs: int = 1, batch: int = 128, lr: flo
           seed: int = 0) -> Pipeline:
     """The MNIST MLP pipeline on ``size`` images (default 8,192)."""
     n = DEFAULT_SIZE if size is None else int(size)
-    if n < 10:
-        raise ValueError(f"mnist_mlp pipeline: size (images) must be at least 10, got {n}")
+    if n < 2:
+        raise ValueError(f"mnist_mlp pipeline: size (images) must be at least 2 (one to train on, one to evaluate), got {n}")
     p = Pipeline("mnist_mlp", size=n)
     p.add(name="load", kind="other", cpu=_load, pin="cpu", params={"size": n, "seed": seed},
           doc="Synthetic 28×28 uint8 digits and labels, on the host.")

@@ -139,8 +139,8 @@ def _reduce(features, device):
 def build(size: int | None = None, *, alpha: float = 0.01, seed: int = 0) -> Pipeline:
     """The time-series pipeline over ``size`` samples (default 500,000)."""
     n = DEFAULT_SIZE if size is None else int(size)
-    if n < WINDOW:
-        raise ValueError(f"timeseries pipeline: size (samples) must be at least {WINDOW}, got {n}")
+    if n < 1:
+        raise ValueError(f"timeseries pipeline: size (samples) must be at least 1, got {n}")
     if not 0.0 < alpha <= 1.0:
         raise ValueError(f"timeseries pipeline: alpha must be in (0, 1], got {alpha}")
     p = Pipeline("timeseries", size=n)

@@ -235,3 +235,40 @@ def test_placer_run_cli_gives_the_in_process_digest(name, placement, sim_env):
             assert devices[stage] == dev
     if placement == "all=gpu-sim":
         assert all(devices[n] == "gpu-sim" for n in placeable(mod.build(small)))
+
+
+#: sizes for the advise flow: large enough that the profiler's smaller sizes build
+ADVISE_SIZES = {"mnist_mlp": 200, "mnist_cnn": 100, "cifar_augment": 100, "batched_inference": 500,
+                "timeseries": 1000, "branches": 100, "etl_dask": 2000}
+
+
+@pytest.mark.parametrize("name", sorted(GALLERY))
+def test_advise_plans_and_runs_every_pipeline(name, tmp_path, monkeypatch):
+    from placer.advisor import advise
+
+    monkeypatch.setenv("PLACER_CACHE_DIR", str(tmp_path))
+    size = ADVISE_SIZES[name]
+    advice = advise(f"pipelines.{name}:build", size=size, budget_s=1.5, target="none")
+    p = advice.pipeline
+    assert set(advice.plan.placement) == set(p.stages)
+    for n, s in p.stages.items():
+        if s.pin == "cpu":
+            assert advice.run.stage(n).device == "cpu", f"{name}: pinned stage {n} left the CPU"
+    mod = importlib.import_module(f"pipelines.{name}")
+    assert advice.run.outputs_digest == execute(mod.build(size), "all=cpu").outputs_digest
+    assert advice.facts.summary.digests_agree is not False
+
+
+def test_placer_advise_cli_writes_a_report(tmp_path, sim_env):
+    env = {**sim_env, "PLACER_CACHE_DIR": str(tmp_path / "cache")}
+    out = tmp_path / "report.md"
+    proc = subprocess.run(
+        [sys.executable, "-c", "from placer.cli import main; main()", "advise", "pipelines.branches:build",
+         "--size", "100", "--budget-s", "1.5", "--target", "none", "-o", str(out), "--json"],
+        capture_output=True, text=True, env=env, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert set(doc["placement"]) == {"events", "sessions", "embed", "score"}
+    assert doc["placement"]["events"] == "cpu"
+    assert "branches" in out.read_text()

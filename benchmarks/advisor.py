@@ -196,6 +196,12 @@ def profile_pipeline(name: str, size: int, budget_s: float, inv):
     return prof, time.perf_counter() - t0
 
 
+def load_gallery(name: str, size: int):
+    from placer.loader import load_pipeline
+
+    return load_pipeline(f"pipelines.{name}:build", size)
+
+
 def plan_at(prof, size: int, devices: list[str]):
     from placer.advisor import model_step, plan_step
 
@@ -204,25 +210,31 @@ def plan_at(prof, size: int, devices: list[str]):
     return chosen, time.perf_counter() - t0
 
 
-def h200_prediction(prof, size: int) -> dict | None:
-    """What placer plans for the described H200 (predictions only; machines without a GPU)."""
+def h200_prediction(prof, size: int, p) -> dict | None:
+    """What placer plans for the described H200 (predictions only; machines without a GPU).
+
+    Stages the plan puts off the CPU although they are pinned to it, or have no GPU
+    implementation, are listed: such a placement could not run.
+    """
     from placer.advisor import model_step, target_step
 
     try:
         t = target_step(model_step(prof, "h200"), size, "h200")
     except Exception as exc:  # the description may not cover a stage
         return {"error": f"{type(exc).__name__}: {exc}"}
+    impossible = sorted(n for n, d in t["placement"].items() if d != "cpu" and n in p.stages
+                        and (p.stages[n].pin == "cpu" or p.stages[n].impl_for("gpu") is None))
     return {"placement": t["placement"], "predicted_s": t["predicted_s"],
-            "all_cpu_predicted_s": t["all_cpu_predicted_s"], "speedup": t["speedup"]}
+            "all_cpu_predicted_s": t["all_cpu_predicted_s"], "speedup": t["speedup"],
+            "impossible": impossible}
 
 
 # -- one case ---------------------------------------------------------------------------------
 def bench_case(name: str, size: int, prof, profile_s: float, devices: list[str], inv, clock: Clock,
                reps: int, oracle: bool) -> dict:
     from placer.advisor import baseline_placements
-    from placer.loader import load_pipeline
 
-    p = load_pipeline(f"pipelines.{name}:build", size)
+    p = load_gallery(name, size)
     acc = next((d for d in devices if d != "cpu"), None)
     case = Case(name, size, p, inv, clock, reps)
     chosen, plan_s = plan_at(prof, size, devices)
@@ -346,8 +358,10 @@ def footnotes(rows: list[dict], meta: dict) -> list[str]:
             if "error" in h:
                 notes.append(f"  {r['pipeline']}@{r['size']:,}: {h['error']}")
                 continue
+            bad = (f"; puts {', '.join(h['impossible'])} on the GPU although pinned to the CPU or "
+                   "without a GPU implementation" if h.get("impossible") else "")
             notes.append(f"  {r['pipeline']}@{r['size']:,}: GPU stages {on_accelerator(h['placement'])}, "
-                         f"predicted {fmt(h['predicted_s'])} vs all-CPU {fmt(h['all_cpu_predicted_s'])}")
+                         f"predicted {fmt(h['predicted_s'])} vs all-CPU {fmt(h['all_cpu_predicted_s'])}{bad}")
     if meta.get("skipped"):
         notes.append("not run (time limit): " + ", ".join(meta["skipped"]))
     notes.append(summary(rows))
@@ -423,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             row = bench_case(name, size, prof, profile_s, devices, inv, clock, args.reps, not args.no_oracle)
             if not inv.gpus and not args.simulated:
-                row["h200"] = h200_prediction(prof, size)
+                row["h200"] = h200_prediction(prof, size, load_gallery(name, size))
             rows.append(row)
             print(f"{name}@{size:,}: plan {fmt(row['plan_measured_s'])}, oracle {fmt(row['oracle_s'])}, "
                   f"{clock.left():.0f} s left", file=sys.stderr, flush=True)

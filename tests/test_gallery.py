@@ -272,3 +272,21 @@ def test_placer_advise_cli_writes_a_report(tmp_path, sim_env):
     assert set(doc["placement"]) == {"events", "sessions", "embed", "score"}
     assert doc["placement"]["events"] == "cpu"
     assert "branches" in out.read_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(GALLERY))
+def test_real_gpu_placements_give_the_same_outputs(name):
+    import os
+
+    p = build(name)
+    uses_numba_cuda = any(s.gpu is not None and s.gpu.api == "numba.cuda" for s in p.stages.values())
+    if uses_numba_cuda and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        pytest.skip("numba.cuda runs in its simulator here; set PLACER_REAL_GPU=1 to run the kernels on the GPU")
+    reference = execute(p, "all=cpu")
+    names = placeable(p)
+    mixed = {n: ("gpu:0" if i % 2 == 0 else "cpu") for i, n in enumerate(names)}
+    for placement in ({n: "gpu:0" for n in names}, mixed):
+        run = execute(p, placement)
+        assert_outputs_close(reference.final_outputs, run.final_outputs, rtol=1e-3, atol=1e-4)
+        assert run.outputs_digest == reference.outputs_digest, f"{name}: digest differs under {placement}"

@@ -203,11 +203,23 @@ def load_gallery(name: str, size: int):
 
 
 def plan_at(prof, size: int, devices: list[str]):
+    """The plan as ``placer advise`` makes it, its planning seconds, and a note when it fell back.
+
+    When the advise flow's planning fails (for instance while it looks for crossover
+    sizes), the placement is planned from the same cost table without them: the
+    placement is the same search, only the explanations lack crossover sizes.
+    """
     from placer.advisor import model_step, plan_step
+    from placer.optimize import plan
 
     t0 = time.perf_counter()
-    chosen = plan_step(model_step(prof, None), size, devices)
-    return chosen, time.perf_counter() - t0
+    model = model_step(prof, None)
+    try:
+        return plan_step(model, size, devices), time.perf_counter() - t0, None
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        note = f"advise's planning failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+    chosen = plan(model.table(size, devices=devices))
+    return chosen, time.perf_counter() - t0, note + "; planned without crossover sizes"
 
 
 def h200_prediction(prof, size: int, p) -> dict | None:
@@ -237,10 +249,11 @@ def bench_case(name: str, size: int, prof, profile_s: float, devices: list[str],
     p = load_gallery(name, size)
     acc = next((d for d in devices if d != "cpu"), None)
     case = Case(name, size, p, inv, clock, reps)
-    chosen, plan_s = plan_at(prof, size, devices)
+    chosen, plan_s, note = plan_at(prof, size, devices)
     plan_pl = complete(p, dict(chosen.placement), acc)
     row = {"pipeline": name, "size": size, "placeable": len(placeable(p)), "profile_s": profile_s,
-           "plan_s": plan_s, "plan_placement": plan_pl, "predicted_s": chosen.predicted_makespan_s}
+           "plan_s": plan_s, "plan_placement": plan_pl, "predicted_s": chosen.predicted_makespan_s,
+           "plan_note": note}
     rec_plan = case.get(plan_pl)
     baselines = {k: complete(p, v, acc) for k, v in baseline_placements(p, acc).items()}
     for k, pl in baselines.items():
@@ -346,6 +359,9 @@ def footnotes(rows: list[dict], meta: dict) -> list[str]:
         "*: oracle incomplete (time limit, or k too large): the best placement measured.",
         "digests: whether every placement measured gave the same outputs digest (placer.digest).",
     ]
+    for r in rows:
+        if r.get("plan_note"):
+            notes.append(f"{r['pipeline']}@{r['size']:,}: {r['plan_note']}")
     failed = [f"{r['pipeline']}@{r['size']}: {m['error']} ({on_accelerator(m['placement'])})"
               for r in rows for m in r["measurements"] if m["error"]]
     if failed:
@@ -362,6 +378,8 @@ def footnotes(rows: list[dict], meta: dict) -> list[str]:
                    "without a GPU implementation" if h.get("impossible") else "")
             notes.append(f"  {r['pipeline']}@{r['size']:,}: GPU stages {on_accelerator(h['placement'])}, "
                          f"predicted {fmt(h['predicted_s'])} vs all-CPU {fmt(h['all_cpu_predicted_s'])}{bad}")
+    if meta.get("failed"):
+        notes.append("pipelines that failed: " + "; ".join(meta["failed"]))
     if meta.get("skipped"):
         notes.append("not run (time limit): " + ", ".join(meta["skipped"]))
     notes.append(summary(rows))
@@ -422,27 +440,41 @@ def main(argv: list[str] | None = None) -> int:
     inv = discover()
     devices = ["cpu", *accelerators(inv)[:1]]
     meta = {"machine": machine(), "devices": devices, "budget_s": args.budget_s, "reps": args.reps,
-            "simulated": args.simulated, "skipped": []}
+            "simulated": args.simulated, "skipped": [], "failed": []}
+    names = [s.strip() for s in args.pipelines.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SIZES]
+    if unknown:
+        print(f"advisor benchmark: unknown pipeline(s) {', '.join(unknown)}; choose from {', '.join(SIZES)}",
+              file=sys.stderr)
+        return 2
     clock = Clock(args.time_limit_s)
     rows = []
-    for name in [s.strip() for s in args.pipelines.split(",") if s.strip()]:
-        if name not in SIZES:
-            print(f"advisor benchmark: unknown pipeline {name!r}; choose from {', '.join(SIZES)}", file=sys.stderr)
-            return 2
-        sizes = sizes_for(name, args.sizes.split(","), bool(inv.gpus), args.simulated)
+    for name in names:
         if clock.left() < 20:
             meta["skipped"].append(name)
             continue
-        prof, profile_s = profile_pipeline(name, max(sizes), args.budget_s, inv)
-        for size in sizes:
-            row = bench_case(name, size, prof, profile_s, devices, inv, clock, args.reps, not args.no_oracle)
-            if not inv.gpus and not args.simulated:
-                row["h200"] = h200_prediction(prof, size, load_gallery(name, size))
-            rows.append(row)
-            print(f"{name}@{size:,}: plan {fmt(row['plan_measured_s'])}, oracle {fmt(row['oracle_s'])}, "
-                  f"{clock.left():.0f} s left", file=sys.stderr, flush=True)
+        sizes = sizes_for(name, args.sizes.split(","), bool(inv.gpus), args.simulated)
+        try:
+            rows += bench_pipeline(name, sizes, devices, inv, clock, args)
+        except Exception as exc:  # noqa: BLE001 - one pipeline's failure is reported, the rest still run
+            meta["failed"].append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            print(f"{name}: failed: {meta['failed'][-1]}", file=sys.stderr, flush=True)
     write(rows, meta, args.out)
     return 0
+
+
+def bench_pipeline(name: str, sizes: list[int], devices: list[str], inv, clock: Clock, args) -> list[dict]:
+    """Profile a pipeline once, then measure every size."""
+    prof, profile_s = profile_pipeline(name, max(sizes), args.budget_s, inv)
+    rows = []
+    for size in sizes:
+        row = bench_case(name, size, prof, profile_s, devices, inv, clock, args.reps, not args.no_oracle)
+        if not inv.gpus and not args.simulated:
+            row["h200"] = h200_prediction(prof, size, load_gallery(name, size))
+        rows.append(row)
+        print(f"{name}@{size:,}: plan {fmt(row['plan_measured_s'])}, oracle {fmt(row['oracle_s'])}, "
+              f"{clock.left():.0f} s left", file=sys.stderr, flush=True)
+    return rows
 
 
 def write(rows: list[dict], meta: dict, out: Path | None) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
-from pipelines.mnist_mlp import CLASSES, SIDE, _load, evaluate_model, fit, split
+from pipelines.mnist_mlp import CLASSES, MEAN, SIDE, STD, _load, evaluate_model, fit, split
 from placer import Pipeline
 
 DEFAULT_SIZE = 1024
@@ -55,8 +55,6 @@ def exact_fp32(device):
 
 def _normalise(load, device):
     import torch
-
-    from pipelines.mnist_mlp import MEAN, STD
 
     x = load["images"].to(torch.float32) / 255.0
     x = (x - MEAN) / STD

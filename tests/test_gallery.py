@@ -13,12 +13,15 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from placer.digest import assert_outputs_close
 from placer.executor import execute
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: (module, small size, params): small enough that the whole file stays quick
 GALLERY = {
@@ -290,3 +293,39 @@ def test_real_gpu_placements_give_the_same_outputs(name):
         run = execute(p, placement)
         assert_outputs_close(reference.final_outputs, run.final_outputs, rtol=1e-3, atol=1e-4)
         assert run.outputs_digest == reference.outputs_digest, f"{name}: digest differs under {placement}"
+
+
+def _benchmark(tmp_path, env, *args):
+    out = tmp_path / "advisor.txt"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/advisor.py", "--pipelines", "requests", "--sizes", "small", "--budget-s", "4",
+         "--reps", "1", "--out", str(out), *args],
+        capture_output=True, text=True, env=env, timeout=240, cwd=str(ROOT),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out.read_text(), json.loads(out.with_suffix(".json").read_text())
+
+
+
+def test_advisor_benchmark_records_the_machine_and_never_calls_the_simulator_a_gpu(tmp_path):
+    import os
+
+    import torch
+
+    env = {k: v for k, v in os.environ.items() if k != "PLACER_TEST_DEVICES"}
+    env["PLACER_CACHE_DIR"] = str(tmp_path / "cache")
+    text, doc = _benchmark(tmp_path, env)
+    assert f"{os.cpu_count()} cores" in text and "torch " + torch.__version__ in text
+    assert "gpu-sim" not in doc["meta"]["devices"]
+    (row,) = doc["rows"]
+    assert row["pipeline"] == "requests" and row["plan_measured_s"] > 0
+    if not torch.cuda.is_available():
+        assert "GPU placements were not measurable here" in text
+        assert row["placements_measured"] == 1 and row["baselines_s"].keys() == {"all_cpu"}
+
+    text, doc = _benchmark(tmp_path, env, "--simulated")
+    assert "SIMULATED" in text and "It is not a GPU" in text
+    (row,) = doc["rows"]
+    assert row["oracle_complete"] and row["placements_measured"] == 2 ** row["placeable"]
+    assert row["digests_agree"]
+    assert row["plan_over_oracle"] >= 1.0 or row["plan_placement"] == row["oracle_placement"]

@@ -329,3 +329,16 @@ def test_advisor_benchmark_records_the_machine_and_never_calls_the_simulator_a_g
     assert row["oracle_complete"] and row["placements_measured"] == 2 ** row["placeable"]
     assert row["digests_agree"]
     assert row["plan_over_oracle"] >= 1.0 or row["plan_placement"] == row["oracle_placement"]
+
+
+def test_cnn_turns_off_tf32_on_cuda_only_inside_its_stages():
+    import torch
+
+    from pipelines.mnist_cnn import exact_fp32
+
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic)
+    with exact_fp32(torch.device("cuda", 0)):
+        assert torch.backends.cudnn.allow_tf32 is False and torch.backends.cudnn.deterministic is True
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic) == before
+    with exact_fp32(torch.device("cpu")):
+        assert torch.backends.cudnn.allow_tf32 == before[0]

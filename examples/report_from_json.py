@@ -1,7 +1,7 @@
 """Produce a report from saved JSON, without running anything again.
 
 Step 1 saves the results of an advise run (profile, plan, the plan's run, the
-baselines' runs and the cost table) as JSON files in a folder; the command line
+baselines' runs, the cost table and the machine's devices) as JSON files in a folder; the command line
 does the same with ``placer advise PIPELINE --save FOLDER``. Step 2 reads only
 those files and writes an HTML and a Markdown report: it needs neither the
 pipeline's code nor a device, so it can run on another machine, later.
@@ -29,7 +29,8 @@ def make_reports(folder: Path) -> None:
     baselines = {p.stem[len("run-"):]: p for p in sorted(folder.glob("run-*.json"))}
     for name in ("report.html", "report.md"):
         facts = report(folder / name, plan=folder / "plan.json", run=folder / "run.json",
-                       baselines=baselines, costs=folder / "costs.json")
+                       baselines=baselines, costs=folder / "costs.json",
+                       inventory=folder / "inventory.json")
         print(f"wrote {folder / name}")
     print(facts.summary.headline)
 

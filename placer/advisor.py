@@ -48,6 +48,7 @@ class Advised:
     target: dict[str, Any] | None = None
     facts: Any = None
     timings: dict[str, float] = field(default_factory=dict)
+    inventory: Any = None
 
     def save(self, folder: str | Path) -> dict[str, Path]:
         """Write profile, plan, runs and facts as JSON files in ``folder``; return their paths."""
@@ -55,6 +56,7 @@ class Advised:
 
         folder = Path(folder)
         docs = {"profile": self.profile, "plan": self.plan, "run": self.run, "costs": self.costs,
+                "inventory": self.inventory,
                 **{f"run-{k}": v for k, v in self.baselines.items()}}
         out = {}
         for name, obj in docs.items():
@@ -226,7 +228,7 @@ def advise(
     facts = timed("facts", lambda: collect(plan=chosen, run=run, baselines=runs, pipeline=p, costs=costs,
                                            inventory=inv, predictions=predictions, target=tgt))
     return Advised(pipeline=p, size=size, profile=prof, plan=chosen, run=run, baselines=runs, costs=costs,
-                   predictions=predictions, target=tgt, facts=facts, timings=timings)
+                   predictions=predictions, target=tgt, facts=facts, timings=timings, inventory=inv)
 
 
 def best_placement(pipeline: Pipeline, size: int | None = None) -> tuple[dict[str, str] | str, str]:

@@ -109,6 +109,9 @@ class StageProfile(BaseModel):
     work: list[WorkPoint] = Field(default_factory=list)
     #: CPU seconds of each size's reference run (its first call at that size)
     reference_s: dict[int, float] = Field(default_factory=dict)
+    #: device classes the stage has implementations for, and its pin (from the pipeline)
+    device_classes: list[str] = Field(default_factory=lambda: ["cpu", "gpu"])
+    pin: str | None = None
 
 
 class Profile(BaseModel):
@@ -535,6 +538,20 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
             continue
         for n, st in builds[s].stages.items():
             versions.setdefault(n, set()).add(st.code_hash())
+    if not builds and size and size not in sizes:
+        # every smaller size failed to build: measure at the requested size itself
+        try:
+            builds[size] = build(size)
+            for n, st in builds[size].stages.items():
+                versions.setdefault(n, set()).add(st.code_hash())
+            notes.append(f"no size below {size} could be built; profiled at {size} itself")
+        except (ValueError, PlacerError) as exc:
+            notes.append(f"size {size} skipped: build failed: {exc}")
+    if not builds:
+        raise PlacerError(
+            f"pipeline {name!r}: no profiling size could be built ({'; '.join(notes)}); "
+            "profile at a larger --size or let build() accept smaller sizes"
+        )
     keys = {n: stage_key(v, builds) for n, v in versions.items()}
     prof = Profile(pipeline=name, fingerprint=fp, machine={**inv.host, "threads": threads}, sizes=list(builds),
                    devices={d.name: d.model_dump(include={"kind", "label", "workers", "memory_bytes"}) for d in devs},
@@ -551,8 +568,8 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
         if d.kind == "cpu":
             continue
         tm = store.load_transfer(d.name, fp) if store else None
-        if tm is None and budget.left > 1.0:
-            tm = measure_transfers(d, budget_s=min(10.0, 0.15 * budget.left), fingerprint=fp)
+        if tm is None:  # planning across devices needs a link model, so never skip it
+            tm = measure_transfers(d, budget_s=min(10.0, max(1.0, 0.15 * budget.left)), fingerprint=fp)
             if store:
                 store.save_transfer(tm)
         if tm is not None:
@@ -561,6 +578,10 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
         st = probe.stages[n]
         prof.stages[n] = reuse.get(n) or StageProfile(
             name=n, kind=st.kind, inputs=list(dict.fromkeys(st.inputs.values())), key=keys[n], measured_at=_now())
+        # declarations, not measurements: always taken from the pipeline as it is now
+        prof.stages[n].kind = st.kind
+        prof.stages[n].pin = st.pin
+        prof.stages[n].device_classes = st.device_classes()
     measured: list[int] = []
     if todo:
         with _progress(progress, len(builds)) as bar:
@@ -652,7 +673,15 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                                    first_call_s=cold, noisy=m.noisy, peak_host_bytes=mem.host,
                                    peak_device_bytes=mem.dev, input_bytes=in_bytes, output_bytes=out_bytes))
         if count:
-            sp.work.append(WorkPoint(size=size, work=_count(st, host_inputs, in_bytes, out_bytes)))
+            work = _count(st, host_inputs, in_bytes, out_bytes)
+            if work is not None:
+                sp.work.append(WorkPoint(size=size, work=work))
+            else:
+                msg = (f"stage {n!r}: its GPU implementation is {st.impl_for('gpu').api} code, whose work "
+                       "cannot be counted without a GPU, so an absent GPU gets no prediction for it; "
+                       "declare flops= and bytes_moved= on the stage, or profile on a GPU")
+                if msg not in notes:
+                    notes.append(msg)
         tick()
     return cold_extra
 
@@ -660,14 +689,19 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
 _SIM = Device(name="gpu-sim", kind="sim", label="work counter (runs the GPU implementation on the CPU)")
 
 
-def _count(st: Stage, inputs: dict[str, Any], in_bytes: float, out_bytes: float) -> Work:
-    """The stage's work: declared counts, else torch's counters on its GPU implementation."""
+def _count(st: Stage, inputs: dict[str, Any], in_bytes: float, out_bytes: float) -> Work | None:
+    """The stage's work: declared counts, else torch's counters on its GPU implementation
+    (None for GPU code that cannot be counted: numba.cuda kernels)."""
     if st.flops is not None or st.bytes_moved is not None:
         return Work(flops=float(st.flops or 0.0), bytes=float(st.bytes_moved or in_bytes + out_bytes),
                     ops=1, source="declared")
     impl = st.impl_for("gpu")
-    if impl is None or impl.api != "torch":
+    if impl is None:
         return tensor_bytes_work(in_bytes, out_bytes)
+    if impl.api != "torch":
+        # numba.cuda code: its work (and whether it is parallel at all) cannot be
+        # counted without a GPU, so no roofline prediction is made for it
+        return None
     from placer.executor import call_stage
     from placer.executor.transfer import to_location
 

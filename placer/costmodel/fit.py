@@ -8,8 +8,10 @@ The family follows StarPU's regression models: ``a*n**b`` (``power``) and
 ``a*n*log2(n) + c`` (``nlogn``). The constant ``c`` represents fixed costs
 (dispatch, kernel launch, Python overhead) so that small inputs come out right.
 All forms are fitted to minimise squared *relative* error, with ``a, c >= 0``.
-Among the forms with enough points, the one with the smallest leave-one-out
-relative error wins (fewer parameters break near-ties).
+Among the forms with enough points, the one with the smallest validation error
+wins (fewer parameters break near-ties), among the forms that also predict the two
+largest measured sizes from the smaller ones about as well as they interpolate: a
+form that blows up within the measured range is not trusted beyond it.
 
 Examples
 --------
@@ -41,6 +43,9 @@ B_MAX = 2.0
 _B_GRID = np.linspace(0.0, B_MAX, 41)
 #: relative error assumed when too few points exist to estimate one
 UNKNOWN_ERROR = 0.5
+#: a form whose forward (extrapolation) error exceeds both twice its leave-one-out
+#: error and this is dropped
+FORWARD_SLACK = 0.3
 #: a prediction beyond this factor outside the measured range is flagged
 FAR_FACTOR = 10.0
 Label = Literal["measured", "predicted", "roofline"]
@@ -229,6 +234,25 @@ def _loo_error(form: str, n: np.ndarray, y: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(errs))))
 
 
+def _forward_error(form: str, n: np.ndarray, y: np.ndarray) -> float | None:
+    """RMS relative error predicting each of the two largest sizes from the smaller ones.
+
+    Leave-one-out rewards interpolation; a cost model is used to extrapolate, so
+    each candidate must also predict the top of the range from below it.
+    """
+    sizes = np.unique(n)
+    errs = []
+    for top in sizes[-2:]:
+        below = n < top
+        if below.sum() < N_PARAMS[form] + 1 or len(np.unique(n[below])) < N_PARAMS[form]:
+            continue
+        a, b, c = _fit_form(form, n[below], y[below])
+        at = n == top
+        pred = _eval(form, a, b, c, n[at])
+        errs.extend(((pred - y[at]) / y[at]).tolist())
+    return float(np.sqrt(np.mean(np.square(errs)))) if errs else None
+
+
 def fit_size_model(
     sizes: Sequence[float],
     values: Sequence[float],
@@ -247,7 +271,9 @@ def fit_size_model(
     Returns
     -------
     SizeFit
-        The form with the least leave-one-out relative error. With one point the
+        The form with the least leave-one-out relative error among those whose
+        forward error (predicting the two largest sizes from the smaller ones)
+        stays within twice that error or :data:`FORWARD_SLACK`. With one point the
         model is proportional to ``n`` through that point; with two, ``power`` is
         exact; both are marked ``valid=False`` with error :data:`UNKNOWN_ERROR`.
 
@@ -273,6 +299,10 @@ def fit_size_model(
         a, b, c = _fit_form("power", n, y)
         return SizeFit(form="power", a=a, b=b, c=c, valid=False, **rng)
     cands = {f: _loo_error(f, n, y) for f in usable}
+    fwd = {f: _forward_error(f, n, y) for f in usable}
+    # a form that fails to extrapolate within its own range is not trusted beyond it
+    sane = [f for f in usable if fwd[f] is None or fwd[f] <= max(2.0 * cands[f], FORWARD_SLACK)]
+    usable = sane or usable
     # prefer fewer parameters unless the richer form is clearly (5%) better
     order = sorted(usable, key=lambda f: (N_PARAMS[f], forms.index(f)))
     best = order[0]

@@ -29,13 +29,38 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from placer.costmodel.bus import TransferModel
 from placer.costmodel.counts import Work
 from placer.costmodel.fit import Prediction, SizeFit, fit_size_model
 from placer.costmodel.roofline import DeviceDescription, load_description
 
 if TYPE_CHECKING:  # pragma: no cover
-    from placer.profile import DeviceProfile, Profile, StageProfile
+    from placer.profile import DeviceProfile, Point, Profile, StageProfile
+
+
+def _pin(pin: str | None, devices: list[str]) -> str | None:
+    """A stage's pin in the table's device names (``gpu`` → the first GPU in the table)."""
+    if pin is None:
+        return None
+    p = pin.strip().lower()
+    if p == "gpu":
+        return next((d for d in devices if d.startswith("gpu:")), "gpu:0")
+    return p
+
+
+def fit_value(p: Point) -> float:
+    """The per-point time a fit uses: the lower quartile of the repeats.
+
+    Noise from other work on the machine only ever adds time, so the lower quartile
+    estimates the stage's own cost better than the median when the machine is busy,
+    and equals it when it is quiet.
+    """
+    raw = [t for t in p.raw_times if t > 0]
+    if len(raw) >= 3:
+        return float(min(np.percentile(raw, 25), p.median_s))
+    return p.median_s
 
 
 class CostModelError(KeyError):
@@ -76,7 +101,7 @@ class CostModel:
             pts = [p for p in dp.points if p.median_s > 0]
             if not pts:
                 continue
-            self._fits[(name, dev)] = fit_size_model([p.size for p in pts], [p.median_s for p in pts])
+            self._fits[(name, dev)] = fit_size_model([p.size for p in pts], [fit_value(p) for p in pts])
             peak = [(p.size, p.peak_device_bytes if dp.kind == "gpu" else p.peak_host_bytes) for p in pts]
             peak = [(s, b) for s, b in peak if b is not None and b > 0]
             if peak:
@@ -87,10 +112,29 @@ class CostModel:
         cpu = self._fits.get((name, "cpu"))
         host_s = min(cpu.c, cpu(max(cpu.n_min, 1.0))) if cpu is not None else 0.0
         for dev, desc in self.described.items():
-            if not sp.work:
+            if not sp.work or "gpu" not in sp.device_classes:
                 continue
             pts = [(w.size, desc.predict(w.work.model_copy(update={"host_s": host_s}))) for w in sp.work]
             self._fits[(name, dev)] = fit_size_model(*zip(*pts))
+
+    def loop_carried(self, stage: str) -> bool:
+        """Whether measurements show sequential (loop-carried) work: an accelerator that
+        was measured (not described) is slower than the CPU at every measured size, and
+        its disadvantage does not shrink as the size grows (parallel work would catch up).
+        """
+        sp = self.profile.stages[stage]
+        cpu = sp.devices.get("cpu")
+        if cpu is None or not cpu.points:
+            return False
+        cpu_at = {p.size: fit_value(p) for p in cpu.points}
+        for dev, dp in sp.devices.items():
+            if dp.kind == "cpu" or len(dp.points) < 3:
+                continue
+            ratios = [fit_value(p) / cpu_at[p.size] for p in sorted(dp.points, key=lambda p: p.size)
+                      if p.size in cpu_at and cpu_at[p.size] > 0]
+            if len(ratios) >= 3 and min(ratios) > 1.0 and ratios[-1] >= 0.8 * ratios[0]:
+                return True
+        return False
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -217,7 +261,8 @@ class CostModel:
             secs = {d: self.predict(name, d, size).value for d in devs if (name, d) in self._fits}
             peak = {d: b for d in secs if (b := self.peak_bytes(name, d, size)) is not None}
             stages.append({"name": name, "kind": sp.kind, "inputs": sp.inputs, "input_bytes": 0.0,
-                           "output_bytes": self.output_bytes(name, size), "seconds": secs, "peak_bytes": peak})
+                           "output_bytes": self.output_bytes(name, size), "seconds": secs, "peak_bytes": peak,
+                           "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs)})
         tm = self.transfer_model()
         doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit}
         if tm is not None and any(self.devices[d].get("kind") != "cpu" for d in devs):

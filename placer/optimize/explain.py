@@ -200,13 +200,14 @@ def crossovers(
 ) -> dict[str, float | None]:
     """The size nearest ``size`` (within ``SPAN`` either way) where each stage's device changes.
 
-    ``devices_at(s)`` returns the whole plan's placement at size ``s``. The grid has
+    ``devices_at(s)`` returns the whole plan's placement at size ``s``, or None where
+    no plan is feasible (the search in that direction stops there). The grid has
     four points per decade; each change found is refined by ``steps`` bisections in
     log size. Stages whose device never changes in the range get None.
     """
-    cache: dict[float, dict[str, str]] = {}
+    cache: dict[float, dict[str, str] | None] = {}
 
-    def at(s: float) -> dict[str, str]:
+    def at(s: float) -> dict[str, str] | None:
         if s not in cache:
             cache[s] = devices_at(s)
         return cache[s]
@@ -218,7 +219,10 @@ def crossovers(
         for direction in (grid, [size * size / g for g in grid]):
             prev = size
             for s in direction:
-                if at(s)[name] != dev:
+                here = at(s)
+                if here is None:
+                    break
+                if here[name] != dev:
                     found.append(_refine(at, name, dev, prev, s, steps))
                     break
                 prev = s
@@ -229,7 +233,8 @@ def crossovers(
 def _refine(at, name, dev, same: float, other: float, steps: int) -> float:
     for _ in range(steps):
         mid = math.sqrt(same * other)
-        if at(mid)[name] == dev:
+        here = at(mid)
+        if here is not None and here[name] == dev:
             same = mid
         else:
             other = mid

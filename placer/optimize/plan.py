@@ -1,6 +1,6 @@
 """The plan: the best placement for an objective, its predicted schedule, and why.
 
-May import: pydantic, placer.optimize.*. Never torch, dask or numba.
+May import: pydantic, placer.errors, placer.optimize.*. Never torch, dask or numba.
 
 :func:`plan` chooses the search by size: a dynamic program for a chain (makespan),
 branch and bound when at most :data:`EXACT_LIMIT` stages have a choice, and the
@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from placer.errors import PlacerError
 from placer.optimize.costs import CostTable, write_atomic
 from placer.optimize.errors import InfeasibleError
 from placer.optimize.exact import branch_and_bound, chain_dp
@@ -256,9 +257,12 @@ def explain_stages(
 
 
 def _add_crossovers(choices, cost_at, size, objective, method, deadline_s, unit, pb) -> None:
-    def devices_at(s: float) -> dict[str, str]:
-        other = Problem(cost_at(s))
-        return other.placement(search(other, objective, method, deadline_s)[3])
+    def devices_at(s: float) -> dict[str, str] | None:
+        try:
+            other = Problem(cost_at(s))
+            return other.placement(search(other, objective, method, deadline_s)[3])
+        except (ValueError, PlacerError):
+            return None  # no feasible plan at that size (e.g. out of memory): stop there
 
     chosen = {c.name: c.device for c in choices}
     found = crossovers(devices_at, size, chosen)

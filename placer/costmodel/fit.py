@@ -9,7 +9,8 @@ The family follows StarPU's regression models: ``a*n**b`` (``power``) and
 (dispatch, kernel launch, Python overhead) so that small inputs come out right.
 All forms are fitted to minimise squared *relative* error, with ``a, c >= 0``.
 Among the forms with enough points, the one with the smallest validation error
-wins (fewer parameters break near-ties), among the forms that also predict the two
+wins (fewer parameters break near-ties, and a curve must be over three times better
+than ``a*n + c`` to replace it), among the forms that also predict the two
 largest measured sizes from the smaller ones about as well as they interpolate: a
 form that blows up within the measured range is not trusted beyond it.
 
@@ -43,6 +44,10 @@ B_MAX = 2.0
 _B_GRID = np.linspace(0.0, B_MAX, 41)
 #: relative error assumed when too few points exist to estimate one
 UNKNOWN_ERROR = 0.5
+#: a curved form replaces ``a*n + c`` only when its leave-one-out error is below this
+#: fraction of the line's: on measurements from a busy machine, curvature fitted to
+#: noise extrapolates far worse than a line (benchmarks/costmodel.py)
+LINEAR_MARGIN = 0.3
 #: a form whose forward (extrapolation) error exceeds both twice its leave-one-out
 #: error and this is dropped
 FORWARD_SLACK = 0.3
@@ -303,11 +308,13 @@ def fit_size_model(
     # a form that fails to extrapolate within its own range is not trusted beyond it
     sane = [f for f in usable if fwd[f] is None or fwd[f] <= max(2.0 * cands[f], FORWARD_SLACK)]
     usable = sane or usable
-    # prefer fewer parameters unless the richer form is clearly (5%) better
+    # prefer fewer parameters unless the richer form is clearly (5%) better; a curve
+    # must beat the straight line by far (LINEAR_MARGIN) to be used for extrapolation
     order = sorted(usable, key=lambda f: (N_PARAMS[f], forms.index(f)))
     best = order[0]
     for f in order[1:]:
-        if cands[f] < cands[best] * 0.95:
+        margin = LINEAR_MARGIN if best == "linear" else 0.95
+        if cands[f] < cands[best] * margin:
             best = f
     a, b, c = _fit_form(best, n, y)
     return SizeFit(form=best, a=a, b=b, c=c, loo_error=cands[best], candidates=cands, **rng)

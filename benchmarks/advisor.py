@@ -486,7 +486,7 @@ def bench_pipeline(name: str, sizes: list[int], devices: list[str], inv, clock: 
 def rerender(saved: Path, out: Path | None) -> int:
     """Write the table of a saved run again (after a change to the table's layout)."""
     sys.path.insert(0, str(ROOT))
-    from placer.report.files import write_text_atomic
+    from placer.files import write_text_atomic
 
     doc = json.loads(saved.read_text())
     text = render(doc["rows"], doc["meta"])
@@ -496,7 +496,7 @@ def rerender(saved: Path, out: Path | None) -> int:
 
 
 def write(rows: list[dict], meta: dict, out: Path | None) -> None:
-    from placer.report.files import write_text_atomic
+    from placer.files import write_text_atomic
 
     suffix = "-simulated" if meta["simulated"] else ""
     out = out or ROOT / "benchmarks" / "results" / f"advisor-{meta['machine']['host']}{suffix}.txt"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import warnings
 
 import numpy as np
 
@@ -64,30 +63,12 @@ def session_scan(x, alpha, out):
         out[i, 1] = peak - acc
 
 
-def disk_cache_safe() -> bool:
-    """Whether compiled code may be cached on disk: only under the module's own name.
-
-    numba's cache is keyed by file and function, and a cached function re-imports
-    its module by name when loaded; a copy of this file loaded under another name
-    (``placer run path/to/branches.py``) would write entries that the package
-    cannot load, so such copies compile in memory.
-    """
-    return __name__ == "pipelines.branches"
-
-
 @functools.lru_cache(maxsize=None)
 def scan_cpu_kernel():
-    """``session_scan`` compiled by ``numba.njit`` (cached on disk when possible)."""
-    import numba
+    """``session_scan`` compiled by ``numba.njit`` (cached on disk when its module is importable)."""
+    from placer.jit import njit
 
-    if not disk_cache_safe():
-        return numba.njit(session_scan)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return numba.njit(cache=True)(session_scan)
-    except Exception:  # no writable cache location (read-only install)
-        return numba.njit(session_scan)
+    return njit(session_scan)
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,6 @@ May import: numpy, placer; torch and numba inside functions.
 from __future__ import annotations
 
 import functools
-import warnings
 
 import numpy as np
 
@@ -62,30 +61,12 @@ def ema_loop(x, alpha, out):
         out[i] = acc
 
 
-def disk_cache_safe() -> bool:
-    """Whether compiled code may be cached on disk: only under the module's own name.
-
-    numba's cache is keyed by file and function, and a cached function re-imports
-    its module by name when loaded; a copy of this file loaded under another name
-    (``placer run path/to/timeseries.py``) would write entries that the package
-    cannot load, so such copies compile in memory.
-    """
-    return __name__ == "pipelines.timeseries"
-
-
 @functools.lru_cache(maxsize=None)
 def ema_cpu_kernel():
-    """``ema_loop`` compiled by ``numba.njit`` (cached on disk when possible)."""
-    import numba
+    """``ema_loop`` compiled by ``numba.njit`` (cached on disk when its module is importable)."""
+    from placer.jit import njit
 
-    if not disk_cache_safe():
-        return numba.njit(ema_loop)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return numba.njit(cache=True)(ema_loop)
-    except Exception:  # no writable cache location (read-only install)
-        return numba.njit(ema_loop)
+    return njit(ema_loop)
 
 
 @functools.lru_cache(maxsize=None)

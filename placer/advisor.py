@@ -52,7 +52,7 @@ class Advised:
 
     def save(self, folder: str | Path) -> dict[str, Path]:
         """Write profile, plan, runs and facts as JSON files in ``folder``; return their paths."""
-        from placer.report.files import write_text_atomic
+        from placer.files import write_text_atomic
 
         folder = Path(folder)
         docs = {"profile": self.profile, "plan": self.plan, "run": self.run, "costs": self.costs,

@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 import tracemalloc
@@ -44,6 +43,7 @@ from placer.costmodel.bus import TransferModel, fit_link
 from placer.costmodel.counts import Work, count_work, tensor_bytes_work
 from placer.devices import Device, Inventory, discover
 from placer.errors import PlacerError
+from placer.files import write_text_atomic
 from placer.pipeline import Pipeline, Stage, as_pipeline
 from placer.timing import measure
 
@@ -151,7 +151,7 @@ class Profile(BaseModel):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write this profile as JSON, atomically."""
-        return write_atomic(path, self.model_dump_json(by_alias=True, indent=1))
+        return write_text_atomic(path, self.model_dump_json(by_alias=True, indent=1))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Profile:
@@ -172,24 +172,6 @@ class Profile(BaseModel):
 
 
 # -- files -----------------------------------------------------------------------------------
-def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` so that a reader never sees half a file."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return p
-
-
 def cache_dir() -> Path:
     """Where profiles are cached: ``$PLACER_CACHE_DIR`` or ``~/.cache/placer``."""
     return Path(os.environ.get("PLACER_CACHE_DIR") or Path.home() / ".cache" / "placer")
@@ -248,7 +230,7 @@ class ProfileCache:
 
     def save_transfer(self, tm: TransferModel) -> Path:
         doc = {"schema": TRANSFER_SCHEMA, "model": tm.model_dump(mode="json")}
-        return write_atomic(self.transfer_path(tm.device, tm.fingerprint), json.dumps(doc, indent=1))
+        return write_text_atomic(self.transfer_path(tm.device, tm.fingerprint), json.dumps(doc, indent=1))
 
 
 # -- sizes and keys --------------------------------------------------------------------------

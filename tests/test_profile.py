@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from placer import Pipeline
-from placer.profile import Profile, ProfileCache, ProfileCacheWarning, plan_sizes, profile, write_atomic
+from placer.profile import Profile, ProfileCache, ProfileCacheWarning, plan_sizes, profile
 
 SIZES = [200, 400, 800, 1600]
 
@@ -153,14 +153,6 @@ def test_corrupt_transfer_cache_is_remeasured(cache):
     with pytest.warns(ProfileCacheWarning, match="transfer model"):
         again = _run(cache=cache, devices=["cpu", "gpu-sim"])
     assert again.transfer["gpu-sim"].links["h2d"]
-
-
-def test_write_atomic_leaves_no_temporary_files(tmp_path):
-    target = tmp_path / "d" / "f.json"
-    write_atomic(target, "{}")
-    write_atomic(target, '{"a": 1}')
-    assert json.loads(target.read_text()) == {"a": 1}
-    assert [p.name for p in target.parent.iterdir()] == ["f.json"]
 
 
 def test_loading_a_non_profile_names_the_problem(tmp_path):

@@ -37,7 +37,7 @@ def run(
     from placer.errors import PlacerError
     from placer.executor import execute
     from placer.loader import load_pipeline
-    from placer.report.files import write_text_atomic
+    from placer.files import write_text_atomic
 
     try:
         p = load_pipeline(pipeline, size)

@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from placer.report.advice import fmt_bytes, fmt_size
 from placer.report.facts import ReportFacts
-from placer.report.files import write_text_atomic
+from placer.files import write_text_atomic
 
 TEMPLATES = Path(__file__).parent / "templates"
 FORMATS = ("html", "md", "json")

@@ -3,7 +3,8 @@
 May import: networkx, pydantic, placer.errors, placer.optimize.errors. Never torch,
 dask or numba.
 
-A cost table lists the devices, the host<->device link, and for every stage its
+A cost table lists the devices, the host<->device link, optionally the network
+between the machines (workers) the devices are on, and for every stage its
 producers, its bytes, and its predicted seconds on each device that can run it.
 It is what a cost model produces for one input size, and what a person writes by
 hand to plan a pipeline for a machine they do not have (see ``docs/costs.md``).
@@ -61,7 +62,7 @@ class DeviceSpec(BaseModel):
 
 
 class Direction(BaseModel):
-    """One direction of the host<->device link: ``latency_s + bytes / bandwidth_Bps``."""
+    """One direction of a link (host<->device, or the network): ``latency_s + bytes / bandwidth_Bps``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -100,12 +101,20 @@ class StageCost(BaseModel):
 
 
 class CostTable(BaseModel):
-    """Devices, link and per-stage costs at one input size (``size``, in ``size_unit``)."""
+    """Devices, link and per-stage costs at one input size (``size``, in ``size_unit``).
+
+    ``network``, when given, says that every device is on its own machine (a dask
+    worker): a copy of a stage's output between two different devices also crosses
+    the network, once per (data, destination device), at ``latency_s + bytes /
+    bandwidth_Bps`` on top of the host<->device copies (``docs/schedule.md``).
+    Without it, all devices share one host, as on a single machine.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     devices: dict[str, DeviceSpec]
     link: Link | None = None
+    network: Direction | None = None
     stages: list[StageCost]
     size: float | None = None
     size_unit: str = "rows"

@@ -7,7 +7,10 @@ May import: placer.optimize.{problem,simulate}. Never torch, dask or numba.
   resource's seconds per batch (the *period*). Resources are the CPU (its stage
   seconds divided by its workers), each accelerator, and each accelerator's link
   in each direction (an accelerator-to-accelerator copy loads the source's d2h
-  and the destination's h2d).
+  and the destination's h2d). With a ``network`` in the table, each accelerator
+  stands for its worker: a copy's network time loads the link of every
+  accelerator at either end of it (both ends of an accelerator-to-accelerator
+  copy, since the sending and the receiving worker are both busy with it).
 - ``cost``: money per run, ``sum(seconds * price_per_hour / 3600 / slots)`` over
   stages: a stage pays for the slot it occupies (a CPU stage one worker's share of
   the CPU's price). Copies are free. With a deadline, a placement whose makespan

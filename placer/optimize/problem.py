@@ -41,7 +41,12 @@ class Problem:
     preds, succs : list of list of int
         Producers and consumers of each stage.
     h2d, d2h : list of float
-        Seconds to copy each stage's output to an accelerator, or back to the host.
+        Seconds to copy each stage's output to an accelerator, or back to the host;
+        with a ``network`` in the table, each includes the network move (``net``).
+    net : list of float
+        Seconds each stage's output takes to cross the network (0 without one).
+        Every copy between two locations crosses it once: an accelerator-to-
+        accelerator copy is ``d2h + h2d - net`` (see :meth:`tr`).
     ext_h2d : list of float
         Seconds to copy each stage's external input to an accelerator (0 if none).
     """
@@ -97,6 +102,12 @@ class Problem:
             self.h2d = [link.h2d.seconds(b) for b in self.out]
             self.d2h = [link.d2h.seconds(b) for b in self.out]
             self.ext_h2d = [link.h2d.seconds(b) if b > 0 else 0.0 for b in self.ext]
+        self.net = [0.0] * self.n
+        if table.network is not None and table.accelerators:
+            # devices on different workers: every copy of an output crosses the network
+            self.net = [table.network.seconds(b) for b in self.out]
+            self.h2d = [t + c for t, c in zip(self.h2d, self.net)]
+            self.d2h = [t + c for t, c in zip(self.d2h, self.net)]
         self.kind = [st.kind for st in stages]
 
     def _restrict(self, pins: bool) -> None:
@@ -118,14 +129,17 @@ class Problem:
         return other
 
     def tr(self, v: int, a: int, b: int) -> float:
-        """Seconds to copy stage ``v``'s output from location ``a`` to location ``b``."""
+        """Seconds to copy stage ``v``'s output from location ``a`` to location ``b``.
+
+        Accelerator to accelerator is ``d2h`` then ``h2d``, crossing the network once.
+        """
         if a == b:
             return 0.0
         if a == 0:
             return self.h2d[v]
         if b == 0:
             return self.d2h[v]
-        return self.d2h[v] + self.h2d[v]
+        return self.d2h[v] + self.h2d[v] - self.net[v]
 
     def is_chain(self) -> bool:
         """True when the stages form one path (each has at most one producer and consumer)."""

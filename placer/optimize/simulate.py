@@ -15,6 +15,9 @@ The model (``docs/schedule.md`` is the full contract shared with the executor):
   location among its consumers' devices (and to the host if it is a sink on an
   accelerator). Copies take ``latency_s + bytes / bandwidth_Bps`` and do not
   contend with each other or with compute (an optimistic simplification).
+- With a ``network`` in the table (each device on its own worker of a cluster),
+  every copy between two locations, a sink's copy home included, also takes the
+  network's ``latency_s + bytes / bandwidth_Bps``, once.
 - The makespan is the time every sink's output is on the host.
 
 Examples
@@ -78,7 +81,7 @@ def makespan(pb: Problem, place: list[int], record: list | None = None) -> float
     With ``record`` (a list), appends ``(v, start, end)`` for every stage run.
     """
     loc = [pb.loc[d] for d in place]
-    time, succs, h2d, d2h = pb.time, pb.succs, pb.h2d, pb.d2h
+    time, succs, h2d, d2h, net = pb.time, pb.succs, pb.h2d, pb.d2h, pb.net
     rem = pb.indeg[:]
     ready = [pb.ext_h2d[v] if loc[v] else 0.0 for v in range(pb.n)]
     future = [(ready[v], v) for v in range(pb.n) if not rem[v]]
@@ -109,7 +112,7 @@ def makespan(pb: Problem, place: list[int], record: list | None = None) -> float
                 elif lw == 0:
                     arr = now + d2h[v]
                 else:
-                    arr = now + d2h[v] + h2d[v]
+                    arr = now + d2h[v] + h2d[v] - net[v]
                 if arr > ready[w]:
                     ready[w] = arr
                 rem[w] -= 1

@@ -52,6 +52,9 @@ TRANSFER_SCHEMA = "placer.transfer/1"
 #: geometric step between profiled sizes, and how many sizes at most
 GROWTH = 2
 MAX_POINTS = 6
+#: timed work gathered per (stage, device, size) point before stopping (with at least
+#: three repeats): enough for a stable lower quartile, small next to a full run
+MIN_TIMED_S = 0.05
 #: transfer sizes measured (bytes), KB to hundreds of MB
 TRANSFER_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 128 << 20)
 
@@ -640,7 +643,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                 with _PeakMemory(d) as mem:
                     call()  # warm-up, instrumented for memory
                 m = measure(call, cold=False, warmup=0, min_reps=3, max_reps=30,
-                            min_time_s=min(0.05, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),
+                            min_time_s=min(MIN_TIMED_S, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),
                             label=f"stage {n!r} on {d.name} at size {size}", warn=False)
             except Exception as exc:  # noqa: BLE001 - recorded; other stages still profiled
                 dp.error = f"{type(exc).__name__}: {exc}"

@@ -27,7 +27,8 @@ def _cost_model_class():
     return cls if hasattr(cls, "table") else None
 
 
-def _from_model(pipeline: str | None, profile_file: Path | None, size: int | None):
+def _from_model(pipeline: str | None, profile_file: Path | None, size: int | None,
+                budget_s: float | None = None):
     """``(table, cost_at, size)`` from a saved profile, or by profiling the pipeline now."""
     cls = _cost_model_class()
     if cls is None:
@@ -40,7 +41,7 @@ def _from_model(pipeline: str | None, profile_file: Path | None, size: int | Non
     else:
         from placer.profile import profile
 
-        prof = profile(pipeline, size=size)
+        prof = profile(pipeline, size=size, **({} if budget_s is None else {"budget_s": budget_s}))
     model = cls(prof)
     if size is None:
         size = prof.target_size or max(prof.measured_sizes or prof.sizes or [0]) or None
@@ -60,6 +61,15 @@ def plan_command(
     deadline_s: float = typer.Option(None, "--deadline-s", help="With --objective cost: the makespan to meet."),
     output: Path = typer.Option(None, "-o", "--output", help="Also save the plan as JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON document."),
+    scheduler: str = typer.Option(
+        None, "--scheduler",
+        help="Plan for the dask.distributed cluster at this address (tcp://HOST:PORT): profile on its "
+             "workers, measure the network between them, plan over its devices.",
+    ),
+    budget_s: float = typer.Option(None, "--budget-s", help="Profiling time budget in seconds (with PIPELINE; "
+                                   "with --scheduler, on each worker). Default 60, or 30 on a cluster."),
+    save_costs: Path = typer.Option(None, "--save-costs", help="Also save the cost table planned from (JSON; "
+                                    "plan from it again with --costs)."),
 ) -> None:
     """Choose a device for every stage of PIPELINE, and say why."""
     from placer.errors import PlacerError
@@ -73,35 +83,58 @@ def plan_command(
         fail("give either --costs or --profile, not both")
     if costs is None and profile_file is None and pipeline is None:
         fail("give a PIPELINE, --profile FILE or --costs FILE")
+    if scheduler is not None and (costs is not None or profile_file is not None or pipeline is None):
+        fail("--scheduler profiles PIPELINE on the cluster; give a PIPELINE and drop --costs and --profile")
+    if budget_s is not None and budget_s <= 0:
+        fail(f"--budget-s must be positive, got {budget_s:g}")
+    notes: list[str] = []
     try:
-        if costs is not None:
+        if scheduler is not None:
+            result, table, notes = _for_cluster(pipeline, scheduler, size, budget_s, objective, method,
+                                                deadline_s)
+        elif costs is not None:
             table, cost_at = CostTable.load(costs), None
             if size is not None and table.size is not None and size != table.size:
                 fail(f"{costs} holds costs at size {table.size:g}, not {size}; drop --size "
                      "or plan from a profile, which predicts any size")
         else:
-            table, cost_at, size = _from_model(pipeline, profile_file, size)
-        result = plan(table, objective=objective, method=method, deadline_s=deadline_s,
-                      cost_at=cost_at, size=size)
+            table, cost_at, size = _from_model(pipeline, profile_file, size, budget_s)
+        if scheduler is None:
+            result = plan(table, objective=objective, method=method, deadline_s=deadline_s,
+                          cost_at=cost_at, size=size)
     except PlacerError as exc:
         fail(str(exc).splitlines()[0])
     except (KeyError, ValueError) as exc:
         fail(str(exc).strip("'\""))
     if output is not None:
         result.save(output)
+    if save_costs is not None:
+        table.save(save_costs)
     if as_json:
         print(result.to_json())
         return
-    _print(result)
+    _print(result, notes)
 
 
-def _print(result) -> None:
+def _for_cluster(pipeline, scheduler, size, budget_s, objective, method, deadline_s):
+    """``(plan, table, notes)`` for the cluster at ``scheduler``."""
+    from placer.executor.distributed import cluster_costs, plan_from_costs
+
+    costs = cluster_costs(pipeline, scheduler, size=size, budget_s=30.0 if budget_s is None else budget_s)
+    result = plan_from_costs(costs, objective=objective, method=method, deadline_s=deadline_s)
+    failed = [n for n in costs.profile.notes if " failed: " in n and n not in costs.notes]
+    return result, costs.table(), costs.notes + failed
+
+
+def _print(result, notes: list[str] = ()) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from placer.optimize.explain import fmt_s
 
     c = Console()
+    for note in notes:
+        c.print(f"  {note}")
     devs = list(result.devices)
     title = (f"{result.objective} plan ({result.method}: {result.algorithm}); "
              f"predicted makespan {fmt_s(result.predicted_makespan_s)}")

@@ -221,14 +221,14 @@ class Engine:
                 if type(extra) is dict:  # from lanes that run work elsewhere
                     worker, extra = extra.get("worker"), extra
                 if exc is not None:
-                    stage_recs.append(StageRecord.model_construct(
+                    stage_recs.append(StageRecord(
                         name=n, device=devices[n].name, lane=_lane(extra), start_s=t0, end_s=t1,
                         seconds=t1 - t0, output_bytes=0, worker=worker, status="failed",
                         error=_describe(exc)))
                     if failure is None:
                         failure = (n, exc)
                     continue
-                stage_recs.append(StageRecord.model_construct(
+                stage_recs.append(StageRecord(
                     name=n, device=devices[n].name, lane=_lane(extra), start_s=t0, end_s=t1,
                     seconds=t1 - t0, status="ok", error=None, worker=worker,
                     output_bytes=extra["output_bytes"] if worker is not None else nbytes(value)))
@@ -248,7 +248,7 @@ class Engine:
                     if failure is None:
                         failure = (src, exc)
                     continue
-                transfer_recs.append(TransferRecord.model_construct(
+                transfer_recs.append(TransferRecord(
                     data=src, src=frm, dst=to, direction=_direction(frm, to), bytes=nb,
                     start_s=t0, end_s=t1, seconds=t1 - t0, pinned=pinned))
                 if to == HOST and src in self.sinks:

@@ -5,12 +5,16 @@ May import: pydantic.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr
 
 
-class StageRecord(BaseModel):
+# Plain dataclasses, not models: one is made per stage on the executor's hot path, and
+# pydantic validates and serialises them as fields of Run all the same.
+@dataclass(slots=True)
+class StageRecord:
     """One stage's execution: where, on which lane, when."""
 
     name: str
@@ -25,7 +29,8 @@ class StageRecord(BaseModel):
     error: str | None = None
 
 
-class TransferRecord(BaseModel):
+@dataclass(slots=True)
+class TransferRecord:
     """One copy of a stage's output between locations (``host`` or a device name)."""
 
     data: str

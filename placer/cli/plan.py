@@ -122,7 +122,7 @@ def _for_cluster(pipeline, scheduler, size, budget_s, objective, method, deadlin
 
     costs = cluster_costs(pipeline, scheduler, size=size, budget_s=30.0 if budget_s is None else budget_s)
     result = plan_from_costs(costs, objective=objective, method=method, deadline_s=deadline_s)
-    failed = [n for n in costs.profile.notes if " failed: " in n and n not in costs.notes]
+    failed = [n for n in costs.profile.notes if ": stage " in n and " failed: " in n]
     return result, costs.table(), costs.notes + failed
 
 

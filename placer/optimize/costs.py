@@ -1,6 +1,6 @@
 """The cost table: what the optimizer knows about a pipeline, as plain data.
 
-May import: networkx, pydantic, placer.errors, placer.optimize.errors. Never torch,
+May import: networkx, pydantic, placer.errors, placer.files, placer.optimize.errors. Never torch,
 dask or numba.
 
 A cost table lists the devices, the host<->device link, optionally the network
@@ -31,13 +31,13 @@ import json
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from placer.files import write_text_atomic as write_atomic
 from placer.optimize.errors import CostTableError
 
 #: names a device may have in a ``seconds`` map even when the table lacks it
@@ -337,20 +337,6 @@ def describe(exc: ValidationError, data=None) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {msg}" if where else msg)
     return "; ".join(lines)
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=p.parent or ".", prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def fmt_bytes(n: float) -> str:

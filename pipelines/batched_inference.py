@@ -58,7 +58,7 @@ def build(size: int | None = None, *, batch: int = 8192, seed: int = 7) -> Pipel
         raise ValueError(f"batched_inference pipeline: size (requests) must be at least 1, got {n}")
     if batch < 1:
         raise ValueError(f"batched_inference pipeline: batch must be at least 1, got {batch}")
-    p = Pipeline("batched_inference", size=n)
+    p = Pipeline("batched_inference", size=n, size_unit="requests")
     p.add(name="requests", kind="other", cpu=_requests, pin="cpu", params={"size": n, "seed": seed},
           doc="Collected requests: 64 raw features each, on the host.")
     p.add(name="preprocess", kind="preprocessing", fn=_preprocess, inputs={"request": "requests"},

@@ -108,7 +108,7 @@ def build(size: int | None = None, *, epochs: int = 1, batch: int = 64, lr: floa
     n = DEFAULT_SIZE if size is None else int(size)
     if n < 2:
         raise ValueError(f"cifar_augment pipeline: size (images) must be at least 2 (one to train on, one to evaluate), got {n}")
-    p = Pipeline("cifar_augment", size=n)
+    p = Pipeline("cifar_augment", size=n, size_unit="images")
     p.add(name="labels", kind="other", cpu=_labels, pin="cpu", params={"size": n, "seed": seed},
           doc="Seeded class labels.")
     p.add(name="images", kind="other", cpu=_images, pin="cpu", inputs=["labels"],

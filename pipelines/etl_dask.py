@@ -224,7 +224,7 @@ def build(size: int | None = None, *, clip: float = 5000.0, epochs: int = 100, l
     n = DEFAULT_SIZE if size is None else int(size)
     if n < 1:
         raise ValueError(f"etl_dask pipeline: size (transactions) must be at least 1, got {n}")
-    p = Pipeline("etl_dask", size=n)
+    p = Pipeline("etl_dask", size=n, size_unit="transactions")
     p.add(name="transactions", kind="other", cpu=_transactions, pin="cpu", params={"size": n, "seed": seed},
           doc="Card transactions (user, amount, hour, category) with gaps and outliers, on the host.")
     p.add(name="users", kind="other", cpu=_users, pin="cpu", params={"size": n, "seed": seed},

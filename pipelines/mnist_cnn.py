@@ -84,7 +84,7 @@ def build(size: int | None = None, *, epochs: int = 1, batch: int = 64, lr: floa
     n = DEFAULT_SIZE if size is None else int(size)
     if n < 2:
         raise ValueError(f"mnist_cnn pipeline: size (images) must be at least 2 (one to train on, one to evaluate), got {n}")
-    p = Pipeline("mnist_cnn", size=n)
+    p = Pipeline("mnist_cnn", size=n, size_unit="images")
     p.add(name="load", kind="other", cpu=_load, pin="cpu", params={"size": n, "seed": seed},
           doc="Synthetic 28×28 uint8 digits and labels, on the host.")
     p.add(name="normalise", kind="preprocessing", fn=_normalise, inputs=["load"],

@@ -169,7 +169,7 @@ def build(size: int | None = None, *, epochs: int = 1, batch: int = 128, lr: flo
     n = DEFAULT_SIZE if size is None else int(size)
     if n < 2:
         raise ValueError(f"mnist_mlp pipeline: size (images) must be at least 2 (one to train on, one to evaluate), got {n}")
-    p = Pipeline("mnist_mlp", size=n)
+    p = Pipeline("mnist_mlp", size=n, size_unit="images")
     p.add(name="load", kind="other", cpu=_load, pin="cpu", params={"size": n, "seed": seed},
           doc="Synthetic 28×28 uint8 digits and labels, on the host.")
     p.add(name="normalise", kind="preprocessing", fn=_normalise, inputs=["load"],

@@ -124,7 +124,7 @@ def build(size: int | None = None, *, alpha: float = 0.01, seed: int = 0) -> Pip
         raise ValueError(f"timeseries pipeline: size (samples) must be at least 1, got {n}")
     if not 0.0 < alpha <= 1.0:
         raise ValueError(f"timeseries pipeline: alpha must be in (0, 1], got {alpha}")
-    p = Pipeline("timeseries", size=n)
+    p = Pipeline("timeseries", size=n, size_unit="samples")
     p.add(name="signal", kind="other", cpu=_signal, pin="cpu", params={"size": n, "seed": seed},
           doc="Noisy random walk with a daily cycle, on the host.")
     p.add(name="smooth", kind="preprocessing", fn=_smooth, inputs=["signal"],

@@ -196,11 +196,17 @@ class Pipeline:
         A hand-built graph; each node's ``"stage"`` attribute is a :class:`Stage`
         or a dict of its fields. Edges without a matching stage input become inputs
         named after the edge's ``"name"`` attribute (default: the producer's name).
+    size : int, optional
+        The scale the pipeline was built at (``build(size)``).
+    size_unit : str
+        What ``size`` counts (rows, images, samples, ...); reports and advice use it.
     """
 
-    def __init__(self, name: str = "pipeline", graph: nx.DiGraph | None = None, *, size: int | None = None):
+    def __init__(self, name: str = "pipeline", graph: nx.DiGraph | None = None, *,
+                 size: int | None = None, size_unit: str = "rows"):
         self.name = name
         self.size = size
+        self.size_unit = size_unit
         self.graph = nx.DiGraph(name=name)
         if graph is not None:
             self._adopt(graph)

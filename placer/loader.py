@@ -29,7 +29,11 @@ def load_builder(ref: str):
         spec = importlib.util.spec_from_file_location(modname, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[modname] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(modname, None)
+            raise PlacerError(f"pipeline file {ref!r} failed to import: {type(exc).__name__}: {exc}") from exc
         fn = getattr(module, "build", None)
         if fn is None:
             raise PlacerError(f"pipeline file {ref!r} has no build(size=None, **params) function")
@@ -37,8 +41,8 @@ def load_builder(ref: str):
     mod, _, attr = ref.partition(":")
     try:
         module = importlib.import_module(mod)
-    except ImportError as exc:
-        raise PlacerError(f"cannot import pipeline module {mod!r}: {exc}") from None
+    except Exception as exc:
+        raise PlacerError(f"cannot import pipeline module {mod!r}: {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, attr or "build", None)
     if fn is None:
         raise PlacerError(f"module {mod!r} has no function {attr or 'build'!r}")
@@ -51,7 +55,16 @@ def load_pipeline(ref: str, size: int | None = None, **params: Any) -> Pipeline:
     kwargs = dict(params)
     if "size" in inspect.signature(build).parameters:
         kwargs["size"] = size
-    p = as_pipeline(build(**kwargs), name=Path(ref).stem if ref.endswith(".py") else ref)
+    try:
+        built = build(**kwargs)
+    except PlacerError:
+        raise
+    except Exception as exc:
+        raise PlacerError(
+            f"{ref}: build({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    p = as_pipeline(built, name=Path(ref).stem if ref.endswith(".py") else ref)
     if p.size is None:
         p.size = size
     return p

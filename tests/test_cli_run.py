@@ -90,3 +90,16 @@ def test_devices_never_calls_the_simulated_device_a_gpu(sim_env):
     assert all(d["name"] != "gpu-sim" for d in doc["devices"])
     text = placer("devices", env={**sim_env, "COLUMNS": "200"}).stdout
     assert "simulated (not a GPU)" in text
+
+
+def test_broken_pipeline_files_fail_with_one_line(tmp_path):
+    bad = tmp_path / "syntax.py"
+    bad.write_text("def build(size=None):\n    return (\n")
+    r = placer("run", str(bad), "--placement", "all=cpu")
+    assert r.returncode != 0
+    assert r.stderr.count("\n") == 1 and "failed to import: SyntaxError" in r.stderr
+    boom = tmp_path / "boom.py"
+    boom.write_text("def build(size=None):\n    raise RuntimeError('no data at size %s' % size)\n")
+    r = placer("run", str(boom), "--size", "5", "--placement", "all=cpu")
+    assert r.returncode != 0
+    assert r.stderr.count("\n") == 1 and "build(size=5) failed: RuntimeError: no data at size 5" in r.stderr

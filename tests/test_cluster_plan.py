@@ -182,9 +182,8 @@ def _fake_profile(local: str, kind: str, scale: float):
 
 def test_two_gpu_workers_are_two_devices_profiled_once_and_both_used():
     from placer.costmodel.model import CostModel
-    from placer.executor.distributed import (
-        ClusterCosts, WorkerInfo, WorkerLink, _merge_profiles, _profile_jobs, cluster_devices, plan_from_costs,
-    )
+    from placer.cluster import ClusterCosts, WorkerLink, _merge_profiles, _profile_jobs, plan_from_costs
+    from placer.executor.distributed import WorkerInfo, cluster_devices
 
     h200 = [("NVIDIA H200", 141 << 30)]
     workers = [
@@ -264,7 +263,7 @@ def names(client) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def costs(client):
-    from placer.executor.distributed import cluster_costs
+    from placer.cluster import cluster_costs
 
     return cluster_costs(build, client, size=4000, budget_s=3.0, link_sizes=(1 << 12, 1 << 18, 1 << 21),
                          cache=False)
@@ -344,7 +343,7 @@ def test_run_without_a_placement_plans_for_the_cluster(cluster, client, monkeypa
 def test_a_cluster_without_a_gpu_worker_plans_everything_on_the_cpu_and_says_why(cache_dir):
     from distributed import Client
 
-    from placer.executor.distributed import plan_for_cluster
+    from placer.cluster import plan_for_cluster
 
     with start_cluster(gpu_workers=0, cpu_workers=1) as c, Client(c, set_as_default=False) as cl:
         cl.wait_for_workers(1, timeout=60)

@@ -162,7 +162,7 @@ def test_cluster_lists_gpu_sim_as_a_simulated_device_never_a_gpu(client):
 
 
 def test_worker_to_worker_link_is_measured(client):
-    from placer.executor.distributed import measure_worker_link
+    from placer.cluster import measure_worker_link
 
     sizes = [1 << 12, 1 << 20, 1 << 22]
     link = measure_worker_link(client, sizes=sizes, repeats=3)

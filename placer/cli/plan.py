@@ -118,7 +118,7 @@ def plan_command(
 
 def _for_cluster(pipeline, scheduler, size, budget_s, objective, method, deadline_s):
     """``(plan, table, notes)`` for the cluster at ``scheduler``."""
-    from placer.executor.distributed import cluster_costs, plan_from_costs
+    from placer.cluster import cluster_costs, plan_from_costs
 
     costs = cluster_costs(pipeline, scheduler, size=size, budget_s=30.0 if budget_s is None else budget_s)
     result = plan_from_costs(costs, objective=objective, method=method, deadline_s=deadline_s)

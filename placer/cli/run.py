@@ -27,7 +27,8 @@ def cluster_placement(pipeline: str, size, scheduler: str):
     """
     from placer.advisor import RUN_BUDGET_S
     from placer.errors import PlacerError
-    from placer.executor.distributed import ClusterError, ClusterProfileError, plan_for_cluster
+    from placer.cluster import plan_for_cluster
+    from placer.executor.distributed import ClusterError, ClusterProfileError
 
     try:
         chosen = plan_for_cluster(pipeline, scheduler, size=size, budget_s=RUN_BUDGET_S)

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from placer.optimize import CostTable, plan  # noqa: E402
-from placer.optimize.costs import write_atomic  # noqa: E402
+from placer.files import write_text_atomic  # noqa: E402
 from placer.optimize.exact import exhaustive  # noqa: E402
 from placer.optimize.objectives import evaluate  # noqa: E402
 from placer.optimize.problem import Problem  # noqa: E402
@@ -150,7 +150,7 @@ def main() -> None:
         lines += part
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(args.out, "\n".join(lines) + "\n")
+        write_text_atomic(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

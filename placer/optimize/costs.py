@@ -37,7 +37,7 @@ from typing import Literal
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from placer.files import write_text_atomic as write_atomic
+from placer.files import write_text_atomic
 from placer.optimize.errors import CostTableError
 
 #: names a device may have in a ``seconds`` map even when the table lacks it
@@ -155,7 +155,7 @@ class CostTable(BaseModel):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the table as JSON, atomically (a reader never sees half a file)."""
-        write_atomic(path, self.model_dump_json(indent=2, exclude_defaults=True))
+        write_text_atomic(path, self.model_dump_json(indent=2, exclude_defaults=True))
 
     # -- views ---------------------------------------------------------------------
     @property

@@ -1,6 +1,6 @@
 """The plan: the best placement for an objective, its predicted schedule, and why.
 
-May import: pydantic, placer.errors, placer.optimize.*. Never torch, dask or numba.
+May import: pydantic, placer.errors, placer.files, placer.optimize.*. Never torch, dask or numba.
 
 :func:`plan` chooses the search by size: a dynamic program for a chain (makespan),
 branch and bound when at most :data:`EXACT_LIMIT` stages have a choice, and the
@@ -17,7 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from placer.errors import PlacerError
-from placer.optimize.costs import CostTable, write_atomic
+from placer.files import write_text_atomic
+from placer.optimize.costs import CostTable
 from placer.optimize.errors import InfeasibleError
 from placer.optimize.exact import branch_and_bound, chain_dp
 from placer.optimize.explain import (
@@ -94,7 +95,7 @@ class Plan(BaseModel):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the plan as JSON, atomically."""
-        write_atomic(path, self.to_json())
+        write_text_atomic(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Plan:

@@ -1,20 +1,37 @@
-"""Test setup: the simulated test device and numba's CUDA simulator.
+"""Test setup: the simulated test device, numba's CUDA simulator, a private cache.
 
-Both must be set before numba or placer.devices are imported, so they are set here,
+These must be set before numba or placer.devices are imported, so they are set here,
 at collection time. ``gpu-sim`` is a test stand-in: it runs GPU implementations on
-the CPU, so routing, transfers and concurrency are exercised without a GPU.
+the CPU, so routing, transfers and concurrency are exercised without a GPU. Profiles
+are cached in a fresh folder per test session, so no test depends on what an earlier
+run (or a benchmark) left in ``~/.cache/placer``. Under ``CI`` hypothesis draws the
+same examples every run, so a red run can be reproduced.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("PLACER_TEST_DEVICES", "1")
 if os.environ.get("PLACER_REAL_GPU") != "1":
     # on the GPU machine, PLACER_REAL_GPU=1 keeps numba.cuda on the real device
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
+_CACHE = os.environ["PLACER_CACHE_DIR"] = tempfile.mkdtemp(prefix="placer-test-cache-")
+
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 def _has_cuda() -> bool:

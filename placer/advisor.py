@@ -23,7 +23,7 @@ from typing import Any
 
 from placer.devices import Inventory, discover
 from placer.errors import PlacerError
-from placer.pipeline import Pipeline
+from placer.pipeline import Pipeline, as_pipeline
 
 #: seconds of profiling allowed by default (`placer advise --budget-s`)
 DEFAULT_BUDGET_S = 30.0
@@ -172,6 +172,7 @@ def advise(
     inventory: Inventory | None = None,
     cache: Any = None,
     step: Callable[[str], Any] = _no_step,
+    scheduler: Any = None,
 ) -> Advised:
     """Profile, plan, run the plan and the baselines that can run here, and gather the facts.
 
@@ -189,11 +190,21 @@ def advise(
         (``auto``: the H200 when there is no GPU here). Predictions only.
     step : callable, optional
         ``step(name)`` returns a context manager around each step (for progress).
+    scheduler : str or distributed.Client, optional
+        Advise for a dask.distributed cluster instead of this machine: profile on
+        its workers, plan over its devices with the network between workers
+        charged (:mod:`placer.cluster`), and run the plan and the baselines there.
 
     Returns
     -------
     Advised
     """
+    if scheduler is not None:
+        from placer.executor.distributed import connect
+
+        with connect(scheduler) as client:
+            return _advise_cluster(pipeline, client, size=size, budget_s=budget_s, objective=objective,
+                                   baselines=baselines, warmup=warmup, step=step)
     from placer.loader import load_pipeline
     from placer.report import collect
 
@@ -229,6 +240,55 @@ def advise(
                                            inventory=inv, predictions=predictions, target=tgt))
     return Advised(pipeline=p, size=size, profile=prof, plan=chosen, run=run, baselines=runs, costs=costs,
                    predictions=predictions, target=tgt, facts=facts, timings=timings, inventory=inv)
+
+
+def _advise_cluster(pipeline: str | Pipeline, client: Any, *, size: int | None, budget_s: float,
+                    objective: str, baselines: bool, warmup: bool, step: Callable[[str], Any]) -> Advised:
+    """:func:`advise` on a cluster: the same steps, with the cluster's devices and network."""
+    from placer.cluster import cluster_costs, plan_from_costs
+    from placer.loader import load_pipeline
+    from placer.report import collect
+
+    timings: dict[str, float] = {}
+
+    def timed(name: str, fn: Callable[[], Any]):
+        t0 = time.perf_counter()
+        with step(name):
+            out = fn()
+        timings[name] = time.perf_counter() - t0
+        return out
+
+    if isinstance(pipeline, str):
+        p = load_pipeline(pipeline, size)
+    elif callable(pipeline) and not isinstance(pipeline, Pipeline):  # a build function
+        p = as_pipeline(pipeline(size))
+    else:
+        p = as_pipeline(pipeline)
+    size = p.size if size is None else size
+    cc = timed("profile on the cluster", lambda: cluster_costs(pipeline, client, size=size, budget_s=budget_s))
+    chosen = timed("plan", lambda: plan_from_costs(cc, objective=objective))
+
+    def run_here(placement):
+        from placer.executor import execute
+
+        if warmup:
+            execute(p, dict(placement), scheduler=client)
+        return execute(p, dict(placement), scheduler=client, size=p.size)
+
+    run = timed("run plan", lambda: run_here(chosen.placement))
+    runs: dict[str, Any] = {}
+    if baselines:
+        acc = next((d for d in cc.devices if d != "cpu"), None)
+        for key, placement in baseline_placements(p, acc).items():
+            same = next((r for r in [run, *runs.values()] if r.placement == placement), None)
+            runs[key] = same or timed(f"run {key.replace('_', '-')}", lambda pl=placement: run_here(pl))
+    costs = cc.table(size)
+    predictions = {s: {d: pr.model_dump() for d, pr in devs.items()}
+                   for s, devs in cc.model.predictions(size, cc.devices).items()}
+    facts = timed("facts", lambda: collect(plan=chosen, run=run, baselines=runs, pipeline=p, costs=costs,
+                                           inventory=cc.inventory, predictions=predictions, target=None))
+    return Advised(pipeline=p, size=size, profile=cc.profile, plan=chosen, run=run, baselines=runs, costs=costs,
+                   predictions=predictions, target=None, facts=facts, timings=timings, inventory=cc.inventory)
 
 
 def best_placement(pipeline: Pipeline, size: int | None = None) -> tuple[dict[str, str] | str, str]:

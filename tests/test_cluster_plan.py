@@ -340,6 +340,27 @@ def test_run_without_a_placement_plans_for_the_cluster(cluster, client, monkeypa
 
 
 @needs_dask
+def test_advise_on_the_cluster_runs_plan_and_baselines_there(cluster, client, tmp_path):
+    from placer.advisor import advise
+    from placer.executor import execute
+    from placer.report import write_report
+
+    advised = advise(build, size=2000, budget_s=2.0, scheduler=client)
+    workers = set(names(client).values())
+    for run in (advised.run, *advised.baselines.values()):
+        assert run.executor == "distributed"
+        assert {s.worker for s in run.stages} <= workers and all(s.worker for s in run.stages)
+    assert set(advised.baselines) >= {"all_cpu", "all_gpu"}
+    assert "gpu-sim" in advised.costs.devices and advised.costs.network is not None
+    local = execute(build(2000), "all=cpu").outputs_digest
+    assert advised.run.outputs_digest == local
+    assert all(r.outputs_digest == local for r in advised.baselines.values())
+    out = write_report(advised.facts, tmp_path / "cluster.md", "md")
+    text = out.read_text()
+    assert "gpu-sim" in text and "simulated" in text
+
+
+@needs_dask
 def test_a_cluster_without_a_gpu_worker_plans_everything_on_the_cpu_and_says_why(cache_dir):
     from distributed import Client
 

@@ -72,6 +72,8 @@ def advise_command(
     pictures: bool = typer.Option(False, "--pictures", help="Markdown: also write the pictures as SVG files next to it."),
     save: Path = typer.Option(None, "--save", help="Save profile, plan, runs and facts as JSON in this folder."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
+    scheduler: str = typer.Option(None, "--scheduler",
+                                  help="Advise for a dask.distributed cluster at this address (tcp://HOST:PORT)."),
 ) -> None:
     """Profile PIPELINE, plan it, run the plan and its alternatives, and write a report."""
     from placer.advisor import advise
@@ -86,7 +88,7 @@ def advise_command(
     try:
         with display:
             advised = advise(pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
-                             executor=executor, baselines=baselines, step=step)
+                             executor=executor, baselines=baselines, step=step, scheduler=scheduler)
             with step(f"writing the report to {output}"):
                 write_report(advised.facts, output, kind, pictures_dir=pictures)
     except PlacerError as exc:

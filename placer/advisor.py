@@ -159,6 +159,42 @@ def target_step(model, size: float, target: str, objective: str = "makespan") ->
             "crossover_size": {s.name: s.crossover_size for s in p.stages}}
 
 
+class _Timed:
+    """Runs each step inside ``step(name)`` and keeps its seconds in ``timings``."""
+
+    def __init__(self, step: Callable[[str], Any]):
+        self.step = step
+        self.timings: dict[str, float] = {}
+
+    def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        with self.step(name):
+            out = fn()
+        self.timings[name] = time.perf_counter() - t0
+        return out
+
+
+def _as_built(pipeline: Any, size: int | None) -> Pipeline:
+    """A built pipeline from a reference, a ``build`` function or a pipeline."""
+    from placer.loader import load_pipeline
+
+    if isinstance(pipeline, str):
+        return load_pipeline(pipeline, size)
+    if callable(pipeline) and not isinstance(pipeline, Pipeline):
+        return as_pipeline(pipeline(size))
+    return as_pipeline(pipeline)
+
+
+def _baseline_runs(p: Pipeline, plan_run: Any, accelerator: str | None, run: Callable[[dict], Any],
+                   timed: _Timed) -> dict[str, Any]:
+    """Measured runs of the baselines; a baseline equal to a placement already run reuses it."""
+    runs: dict[str, Any] = {}
+    for key, placement in baseline_placements(p, accelerator).items():
+        same = next((r for r in [plan_run, *runs.values()] if r.placement == placement), None)
+        runs[key] = same or timed(f"run {key.replace('_', '-')}", lambda pl=placement: run(pl))
+    return runs
+
+
 def advise(
     pipeline: str | Pipeline,
     *,
@@ -205,21 +241,12 @@ def advise(
         with connect(scheduler) as client:
             return _advise_cluster(pipeline, client, size=size, budget_s=budget_s, objective=objective,
                                    baselines=baselines, warmup=warmup, step=step)
-    from placer.loader import load_pipeline
     from placer.report import collect
 
     inv = inventory or discover()
     t = resolve_target(target, inv)
-    timings: dict[str, float] = {}
-
-    def timed(name: str, fn: Callable[[], Any]):
-        t0 = time.perf_counter()
-        with step(name):
-            out = fn()
-        timings[name] = time.perf_counter() - t0
-        return out
-
-    p = load_pipeline(pipeline, size) if isinstance(pipeline, str) else pipeline
+    timed = _Timed(step)
+    p = _as_built(pipeline, size)
     size = p.size if size is None else size
     prof = timed("profile", lambda: profile_step(pipeline, size, budget_s, inv, cache))
     model = model_step(prof, t)
@@ -227,68 +254,45 @@ def advise(
     chosen = timed("plan", lambda: plan_step(model, size, here, objective))
     tgt = timed("target", lambda: target_step(model, size, t, objective)) if t else None
     run = timed("run plan", lambda: run_step(p, chosen.placement, executor, warmup, inv))
-    runs: dict[str, Any] = {}
-    if baselines:
-        acc = next((d for d in here if d != "cpu"), None)
-        for key, placement in baseline_placements(p, acc).items():
-            same = next((r for r in [run, *runs.values()] if r.placement == placement), None)
-            runs[key] = same or timed(f"run {key.replace('_', '-')}",
-                                      lambda pl=placement: run_step(p, pl, executor, warmup, inv))
+    acc = next((d for d in here if d != "cpu"), None)
+    runs = _baseline_runs(p, run, acc, lambda pl: run_step(p, pl, executor, warmup, inv), timed) if baselines else {}
     costs = model.table(size)
     predictions = {s: {d: pr.model_dump() for d, pr in devs.items()} for s, devs in model.predictions(size).items()}
     facts = timed("facts", lambda: collect(plan=chosen, run=run, baselines=runs, pipeline=p, costs=costs,
                                            inventory=inv, predictions=predictions, target=tgt))
     return Advised(pipeline=p, size=size, profile=prof, plan=chosen, run=run, baselines=runs, costs=costs,
-                   predictions=predictions, target=tgt, facts=facts, timings=timings, inventory=inv)
+                   predictions=predictions, target=tgt, facts=facts, timings=timed.timings, inventory=inv)
 
 
 def _advise_cluster(pipeline: str | Pipeline, client: Any, *, size: int | None, budget_s: float,
                     objective: str, baselines: bool, warmup: bool, step: Callable[[str], Any]) -> Advised:
     """:func:`advise` on a cluster: the same steps, with the cluster's devices and network."""
     from placer.cluster import cluster_costs, plan_from_costs
-    from placer.loader import load_pipeline
+    from placer.executor import execute
     from placer.report import collect
 
-    timings: dict[str, float] = {}
-
-    def timed(name: str, fn: Callable[[], Any]):
-        t0 = time.perf_counter()
-        with step(name):
-            out = fn()
-        timings[name] = time.perf_counter() - t0
-        return out
-
-    if isinstance(pipeline, str):
-        p = load_pipeline(pipeline, size)
-    elif callable(pipeline) and not isinstance(pipeline, Pipeline):  # a build function
-        p = as_pipeline(pipeline(size))
-    else:
-        p = as_pipeline(pipeline)
+    timed = _Timed(step)
+    p = _as_built(pipeline, size)
     size = p.size if size is None else size
     cc = timed("profile on the cluster", lambda: cluster_costs(pipeline, client, size=size, budget_s=budget_s))
     chosen = timed("plan", lambda: plan_from_costs(cc, objective=objective))
 
-    def run_here(placement):
-        from placer.executor import execute
-
+    def run_there(placement: dict) -> Any:
         if warmup:
             execute(p, dict(placement), scheduler=client)
         return execute(p, dict(placement), scheduler=client, size=p.size)
 
-    run = timed("run plan", lambda: run_here(chosen.placement))
-    runs: dict[str, Any] = {}
-    if baselines:
-        acc = next((d for d in cc.devices if d != "cpu"), None)
-        for key, placement in baseline_placements(p, acc).items():
-            same = next((r for r in [run, *runs.values()] if r.placement == placement), None)
-            runs[key] = same or timed(f"run {key.replace('_', '-')}", lambda pl=placement: run_here(pl))
+    run = timed("run plan", lambda: run_there(chosen.placement))
+    acc = next((d for d in cc.devices if d != "cpu"), None)
+    runs = _baseline_runs(p, run, acc, run_there, timed) if baselines else {}
     costs = cc.table(size)
     predictions = {s: {d: pr.model_dump() for d, pr in devs.items()}
                    for s, devs in cc.model.predictions(size, cc.devices).items()}
     facts = timed("facts", lambda: collect(plan=chosen, run=run, baselines=runs, pipeline=p, costs=costs,
                                            inventory=cc.inventory, predictions=predictions, target=None))
     return Advised(pipeline=p, size=size, profile=cc.profile, plan=chosen, run=run, baselines=runs, costs=costs,
-                   predictions=predictions, target=None, facts=facts, timings=timings, inventory=cc.inventory)
+                   predictions=predictions, target=None, facts=facts, timings=timed.timings,
+                   inventory=cc.inventory)
 
 
 def best_placement(pipeline: Pipeline, size: int | None = None) -> tuple[dict[str, str] | str, str]:

@@ -214,9 +214,9 @@ class ClusterCosts:
         return [d.name for d in self.inventory.devices if d.name == "cpu" or d.name in self.profile.devices]
 
     def table(self, size: float | None = None):
-        """The :class:`~placer.optimize.costs.CostTable` at ``size`` (default: :attr:`size`),
+        """The :class:`~placer.data.costs.CostTable` at ``size`` (default: :attr:`size`),
         with the cluster's devices and, when measured, its ``network``."""
-        from placer.optimize.costs import CostTable
+        from placer.data.costs import CostTable
 
         doc = self.model.table(self.size if size is None else size, devices=self.devices).model_dump(
             exclude_defaults=True)

@@ -64,3 +64,18 @@ class StageFailedError(PlacerError):
         super().__init__(message, stage=stage)
         self.outputs = outputs if outputs is not None else {}
         self.run = run
+
+
+class CostTableError(PlacerError, ValueError):
+    """A cost table is malformed: the message names the stage or field and the fix."""
+
+
+class InfeasibleError(PlacerError, ValueError):
+    """No placement satisfies the constraints (devices, memory, pins, deadline)."""
+
+
+class CostModelError(PlacerError, KeyError):
+    """The cost model has no prediction for a stage on a device; the message says why."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; show it plainly
+        return str(self.args[0]) if self.args else ""

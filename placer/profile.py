@@ -37,17 +37,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from placer.costmodel.bus import TransferModel, fit_link
-from placer.costmodel.counts import Work, count_work, tensor_bytes_work
+from placer.costmodel.counts import count_work, tensor_bytes_work
+from placer.data.measures import Work
+from placer.data.profile import SCHEMA, DeviceProfile, Point, Profile, StageProfile, WorkPoint  # noqa: F401
 from placer.devices import Device, Inventory, discover
 from placer.errors import PlacerError
 from placer.files import write_text_atomic
 from placer.pipeline import Pipeline, Stage, as_pipeline
 from placer.timing import measure
 
-SCHEMA = "placer.profile/1"
 TRANSFER_SCHEMA = "placer.transfer/1"
 #: geometric step between profiled sizes, and how many sizes at most
 GROWTH = 2
@@ -61,117 +62,6 @@ TRANSFER_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 128 << 20)
 
 class ProfileCacheWarning(UserWarning):
     """A cached profile was unreadable or foreign; it is ignored and re-measured."""
-
-
-class Point(BaseModel):
-    """One (stage, device, size) measurement.
-
-    ``median_s``/``iqr_s`` summarise ``raw_times`` (seconds per call, steady state);
-    ``first_call_s`` is the first call at this size on this device in this process.
-    """
-
-    size: int
-    median_s: float
-    iqr_s: float
-    reps: int
-    number_per_run: int = 1
-    raw_times: list[float]
-    first_call_s: float | None = None
-    noisy: bool = False
-    peak_host_bytes: float = 0.0
-    peak_device_bytes: float | None = None
-    input_bytes: float = 0.0
-    output_bytes: float = 0.0
-
-
-class DeviceProfile(BaseModel):
-    """A stage's measurements on one device (``kind="sim"``: the simulated test device)."""
-
-    device: str
-    kind: Literal["cpu", "gpu", "sim"]
-    points: list[Point] = Field(default_factory=list)
-    error: str | None = None
-
-
-class WorkPoint(BaseModel):
-    """A stage's counted work at one size (for predicting absent devices)."""
-
-    size: int
-    work: Work
-
-
-class StageProfile(BaseModel):
-    """Everything measured about one stage."""
-
-    name: str
-    kind: str = "other"
-    inputs: list[str] = Field(default_factory=list)
-    key: str
-    measured_at: str = ""
-    devices: dict[str, DeviceProfile] = Field(default_factory=dict)
-    work: list[WorkPoint] = Field(default_factory=list)
-    #: CPU seconds of each size's reference run (its first call at that size)
-    reference_s: dict[int, float] = Field(default_factory=dict)
-    #: device classes the stage has implementations for, and its pin (from the pipeline)
-    device_classes: list[str] = Field(default_factory=lambda: ["cpu", "gpu"])
-    pin: str | None = None
-
-
-class Profile(BaseModel):
-    """A pipeline's profile on one machine.
-
-    Attributes
-    ----------
-    fingerprint : str
-        The machine (:meth:`placer.devices.Inventory.fingerprint`).
-    sizes : list of int
-        Sizes planned; ``measured_sizes`` those that fitted in the budget.
-    target_size : int or None
-        The size predictions are wanted at (``--size``).
-    transfer : dict
-        Device name → :class:`~placer.costmodel.bus.TransferModel`, measured here.
-    notes : list of str
-        What was skipped and why (budget, failures, noisy measurements).
-    """
-
-    schema_: Literal["placer.profile/1"] = Field(SCHEMA, alias="schema")
-    pipeline: str
-    fingerprint: str
-    machine: dict[str, Any] = Field(default_factory=dict)
-    devices: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    sizes: list[int] = Field(default_factory=list)
-    measured_sizes: list[int] = Field(default_factory=list)
-    target_size: int | None = None
-    size_unit: str = "rows"
-    budget_s: float | None = None
-    elapsed_s: float = 0.0
-    created_at: str = ""
-    stages: dict[str, StageProfile] = Field(default_factory=dict)
-    transfer: dict[str, TransferModel] = Field(default_factory=dict)
-    notes: list[str] = Field(default_factory=list)
-
-    model_config = {"populate_by_name": True}
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write this profile as JSON, atomically."""
-        return write_text_atomic(path, self.model_dump_json(by_alias=True, indent=1))
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> Profile:
-        """Read a profile file; raise :class:`~placer.errors.PlacerError` naming the problem."""
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise PlacerError(f"cannot read profile {str(p)!r}: {exc}; run `placer profile` again") from None
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise PlacerError(f"{str(p)!r} is not a placer profile (expected schema {SCHEMA!r})")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
-            raise PlacerError(f"profile {str(p)!r}: field {where}: {first['msg']}") from None
 
 
 # -- files -----------------------------------------------------------------------------------

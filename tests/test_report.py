@@ -12,7 +12,7 @@ import test_report_fixtures as fx
 from placer import Pipeline
 from placer.executor import execute
 from placer.report import ReportInputError, collect, load_facts, render_html, render_markdown, report, write_report
-from placer.report.facts import Bar
+from placer.data.report import Bar
 from placer.report.render import fmt_seconds, infer_format
 
 

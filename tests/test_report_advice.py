@@ -6,7 +6,7 @@ import pytest
 
 from placer.report.advice import advise
 from placer.report.critical import bottleneck, critical_path
-from placer.report.facts import (Bar, Dag, DagEdge, DagNode, DeviceInfo, Meta, Option, ReportFacts, StageRow,
+from placer.data.report import (Bar, Dag, DagEdge, DagNode, DeviceInfo, Meta, Option, ReportFacts, StageRow,
                                  Summary, TargetPlan, Timeline)
 
 DEVICES = [DeviceInfo(name="cpu", kind="cpu", label="CPU"), DeviceInfo(name="gpu:0", kind="gpu", label="GPU X")]

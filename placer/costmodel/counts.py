@@ -1,6 +1,6 @@
 """Counting a call's work: floating-point operations, bytes moved, operations issued.
 
-May import: pydantic; torch only inside :func:`count_work` (it runs code, so it is
+May import: placer.data.measures; torch only inside :func:`count_work` (it runs code, so it is
 used by the profiler and by the description script, never while planning).
 
 Floating-point operations come from ``torch.utils.flop_counter.FlopCounterMode``
@@ -17,39 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel
-
-
-class Work(BaseModel):
-    """The work of one call.
-
-    Attributes
-    ----------
-    flops : float
-        Floating-point operations.
-    bytes : float
-        Bytes read and written, summed over operations.
-    ops : int
-        Operations issued (≈ kernel launches on a GPU).
-    precision : str
-        The floating-point type that dominates (``fp32``, ``bf16``, ``fp16``, ``fp64``).
-    host_s : float
-        The stage's measured CPU time at a tiny input: an estimate of the host-side
-        (Python, dispatch) cost that a GPU run pays too.
-    source : str
-        ``counted`` (torch), ``declared`` (the stage's own counts) or ``tensor sizes``
-        (only the bytes of inputs and outputs were known).
-    """
-
-    flops: float = 0.0
-    bytes: float = 0.0
-    ops: int = 1
-    precision: str = "fp32"
-    source: str = "counted"
-    #: host-side time of the stage when it is dispatch-bound: its measured CPU time at
-    #: the smallest profiled size (0 when unknown)
-    host_s: float = 0.0
-
+from placer.data.measures import Work
 
 _PREC = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 

@@ -1,6 +1,6 @@
 """Fitting time (or bytes) against input size, chosen by leave-one-out error.
 
-May import: numpy, pydantic. Never torch: planning from a saved profile must stay
+May import: numpy, pydantic, placer.data.measures. Never torch: planning from a saved profile must stay
 fast.
 
 The family follows StarPU's regression models: ``a*n**b`` (``power``) and
@@ -34,6 +34,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from placer.data.measures import Label, Prediction  # noqa: F401
+
 Form = Literal["constant", "linear", "nlogn", "power", "power+c"]
 #: parameters of each form, used to require enough points
 N_PARAMS = {"constant": 1, "linear": 2, "nlogn": 2, "power": 2, "power+c": 3}
@@ -53,37 +55,6 @@ LINEAR_MARGIN = 0.3
 FORWARD_SLACK = 0.3
 #: a prediction beyond this factor outside the measured range is flagged
 FAR_FACTOR = 10.0
-Label = Literal["measured", "predicted", "roofline"]
-
-
-class Prediction(BaseModel):
-    """A predicted value with its error estimate and provenance.
-
-    Attributes
-    ----------
-    value : float
-        The predicted quantity (seconds or bytes).
-    rel_error : float
-        Estimated relative error (one standard deviation, roughly).
-    label : {"measured", "predicted", "roofline"}
-        ``measured``: at a measured size; ``predicted``: from a fit to measurements
-        of this device; ``roofline``: from work counts and a device description.
-    extrapolation : float
-        How far outside the measured sizes (1.0 inside; 10.0 means ten times
-        beyond the largest or below the smallest).
-    far_outside : bool
-        ``extrapolation`` exceeds :data:`FAR_FACTOR`.
-    """
-
-    value: float
-    rel_error: float
-    label: Label = "predicted"
-    extrapolation: float = 1.0
-    far_outside: bool = False
-
-    def __str__(self) -> str:
-        flag = " (far outside the measured sizes)" if self.far_outside else ""
-        return f"{self.value:.4g} ±{self.rel_error:.0%} [{self.label}]{flag}"
 
 
 class SizeFit(BaseModel):

@@ -1,8 +1,8 @@
 """The cost model: predicted stage and transfer costs at any size, from a profile.
 
-May import: numpy, pydantic, placer.costmodel.*, placer.profile's models (which
-import no device library at module level), and placer.optimize's ``CostTable``
-lazily. Never torch.
+May import: numpy, pydantic, placer.costmodel.*, placer.data (it reads a
+:class:`~placer.data.profile.Profile` and writes a :class:`~placer.data.costs.CostTable`),
+placer.errors. Never torch, the profiler or the optimizer.
 
 For each (stage, device) a :class:`~placer.costmodel.fit.SizeFit` is fitted to the
 measured medians; at a measured size the measurement itself is returned (labelled
@@ -14,7 +14,7 @@ to the requested size (``roofline``). Transfers come from the separate
 
 Examples
 --------
->>> from placer.profile import Profile, StageProfile, DeviceProfile, Point
+>>> from placer.data.profile import Profile, StageProfile, DeviceProfile, Point
 >>> pts = [Point(size=n, median_s=1e-4 + 1e-7 * n, iqr_s=0.0, reps=5, raw_times=[1e-4 + 1e-7 * n])
 ...        for n in (100, 200, 400, 800)]
 >>> prof = Profile(pipeline="demo", fingerprint="x", stages={"s": StageProfile(
@@ -27,17 +27,16 @@ Examples
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from placer.costmodel.bus import TransferModel
-from placer.costmodel.counts import Work
-from placer.costmodel.fit import Prediction, SizeFit, fit_size_model
+from placer.costmodel.fit import SizeFit, fit_size_model
 from placer.costmodel.roofline import DeviceDescription, load_description
-
-if TYPE_CHECKING:  # pragma: no cover
-    from placer.profile import DeviceProfile, Point, Profile, StageProfile
+from placer.data.costs import CostTable
+from placer.data.measures import Prediction, TransferModel, Work
+from placer.data.profile import DeviceProfile, Point, Profile, StageProfile
+from placer.errors import CostModelError
 
 
 def _pin(pin: str | None, devices: list[str]) -> str | None:
@@ -61,13 +60,6 @@ def fit_value(p: Point) -> float:
     if len(raw) >= 3:
         return float(min(np.percentile(raw, 25), p.median_s))
     return p.median_s
-
-
-class CostModelError(KeyError):
-    """A prediction was asked for a stage or device the model knows nothing about."""
-
-    def __str__(self) -> str:  # KeyError quotes its message otherwise
-        return str(self.args[0])
 
 
 class CostModel:
@@ -233,7 +225,7 @@ class CostModel:
         return out
 
     def table(self, size: float, devices: list[str] | None = None):
-        """The optimizer's :class:`~placer.optimize.costs.CostTable` at ``size``.
+        """The optimizer's :class:`~placer.data.costs.CostTable` at ``size``.
 
         Parameters
         ----------
@@ -302,11 +294,7 @@ class CostModel:
         return out
 
 
-def _cost_table(doc: dict):
-    try:
-        from placer.optimize.costs import CostTable
-    except ImportError:  # the optimizer is optional for profiling
-        return doc
+def _cost_table(doc: dict) -> CostTable:
     return CostTable.model_validate(doc)
 
 

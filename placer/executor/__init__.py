@@ -31,7 +31,7 @@ from placer.devices import Device, Inventory, discover
 from placer.digest import outputs_digest
 from placer.errors import StageFailedError
 from placer.executor.engine import Engine, InlineLanes, ThreadLanes
-from placer.executor.records import Run, StageRecord, TransferRecord
+from placer.data.run import Run, StageRecord, TransferRecord
 from placer.executor.stagecall import call_stage
 from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline, as_pipeline

@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from placer.devices import Device
-from placer.executor.records import StageRecord, TransferRecord
+from placer.data.run import StageRecord, TransferRecord
 from placer.executor.stagecall import call_stage
 from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import Pipeline

@@ -34,8 +34,8 @@ Examples
 
 from __future__ import annotations
 
-from placer.optimize.costs import CostTable, DeviceSpec, Direction, Link, StageCost
-from placer.optimize.errors import CostTableError, InfeasibleError
+from placer.data.costs import CostTable, DeviceSpec, Direction, Link, StageCost
+from placer.errors import CostTableError, InfeasibleError
 from placer.optimize.plan import Plan, StageChoice, plan
 from placer.optimize.simulate import Schedule, StageEvent, TransferEvent, simulate
 

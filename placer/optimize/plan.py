@@ -9,17 +9,14 @@ heuristic beyond. ``method="exact"`` or ``"heuristic"`` forces one.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, Field
 
 from placer.errors import PlacerError
-from placer.files import write_text_atomic
-from placer.optimize.costs import CostTable
-from placer.optimize.errors import InfeasibleError
+from placer.data.costs import CostTable
+from placer.errors import InfeasibleError
 from placer.optimize.exact import branch_and_bound, chain_dp
 from placer.optimize.explain import (
     FLIP_LIMIT,
@@ -35,7 +32,8 @@ from placer.optimize.explain import (
 from placer.optimize.heuristic import heuristic, polish
 from placer.optimize.objectives import OBJECTIVES, evaluate, loads, money
 from placer.optimize.problem import INF, Problem
-from placer.optimize.simulate import Schedule, schedule
+from placer.data.plan import Plan, Schedule, StageChoice  # noqa: F401
+from placer.optimize.simulate import schedule
 
 #: branch and bound when at most this many stages have more than one allowed device
 EXACT_LIMIT = 16
@@ -43,64 +41,6 @@ EXACT_LIMIT = 16
 POLISH_LIMIT = 200
 Objective = Literal["makespan", "throughput", "cost"]
 Method = Literal["auto", "exact", "heuristic"]
-
-
-class StageChoice(BaseModel):
-    """One stage's device and the reason for it."""
-
-    name: str
-    kind: str
-    device: str
-    #: predicted seconds on every device that has a time for the stage
-    predicted_s: dict[str, float]
-    #: copy seconds this choice adds (negative: saves) against the best other device
-    transfer_s: float
-    #: copy seconds of this stage's inputs in and output out, under the plan
-    copy_s: float
-    reason: str
-    #: the size nearest the requested one where the plan moves this stage (None: none within 1,000x)
-    crossover_size: float | None = None
-    pinned: bool = False
-
-
-class Plan(BaseModel):
-    """A placement (stage -> device), its predicted schedule, and the reason for every choice.
-
-    Anyone may build one by hand; only ``placement`` is needed to run it.
-    """
-
-    placement: dict[str, str]
-    objective: Objective = "makespan"
-    method: Literal["exact", "heuristic", "given"] = "given"
-    algorithm: str = ""
-    predicted_makespan_s: float
-    #: the objective's value: seconds (makespan), seconds per batch (throughput), money (cost)
-    objective_value: float
-    predicted_period_s: float | None = None
-    predicted_cost: float | None = None
-    deadline_s: float | None = None
-    schedule: Schedule
-    stages: list[StageChoice] = Field(default_factory=list)
-    baselines: dict[str, float | None] = Field(default_factory=dict)
-    planning_s: float = 0.0
-    size: float | None = None
-    size_unit: str = "rows"
-    #: device name -> kind (``cpu``, ``gpu`` or ``sim``)
-    devices: dict[str, str] = Field(default_factory=dict)
-    warnings: list[str] = Field(default_factory=list)
-
-    def to_json(self, indent: int | None = 2) -> str:
-        """JSON text; ``Plan.model_validate_json`` reads it back."""
-        return self.model_dump_json(indent=indent)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the plan as JSON, atomically."""
-        write_text_atomic(path, self.to_json())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> Plan:
-        with open(path) as f:
-            return cls.model_validate_json(f.read())
 
 
 def search(

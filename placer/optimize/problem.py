@@ -1,6 +1,6 @@
 """A cost table compiled to plain lists, indexed by dispatch priority, for fast search.
 
-May import: networkx, placer.optimize.costs. Never torch, dask or numba.
+May import: networkx, placer.data.costs. Never torch, dask or numba.
 
 Stage ``i`` of a :class:`Problem` is the ``i``-th stage in dispatch priority: the
 topological order with ties broken by the stage's position in the table
@@ -16,7 +16,7 @@ import math
 
 import networkx as nx
 
-from placer.optimize.costs import CostTable, resolve_pin
+from placer.data.costs import CostTable, resolve_pin
 
 INF = math.inf
 

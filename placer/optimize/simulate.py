@@ -22,7 +22,7 @@ The model (``docs/schedule.md`` is the full contract shared with the executor):
 
 Examples
 --------
->>> from placer.optimize.costs import CostTable
+>>> from placer.data.costs import CostTable
 >>> t = CostTable.model_validate({
 ...     "devices": {"cpu": {"kind": "cpu"}, "gpu": {"kind": "gpu"}},
 ...     "link": {"h2d": {"latency_s": 0.0, "bandwidth_Bps": 1e9},
@@ -38,41 +38,10 @@ from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
 
-from pydantic import BaseModel
-
-from placer.optimize.costs import CostTable
-from placer.optimize.errors import InfeasibleError
+from placer.data.costs import CostTable
+from placer.data.plan import Schedule, StageEvent, TransferEvent
+from placer.errors import InfeasibleError
 from placer.optimize.problem import Problem
-
-
-class StageEvent(BaseModel):
-    """A stage's run in the simulated schedule."""
-
-    name: str
-    device: str
-    start_s: float
-    end_s: float
-
-
-class TransferEvent(BaseModel):
-    """One copy of a stage's output (or of its external input, ``external=True``)."""
-
-    data: str
-    src: str
-    dst: str
-    bytes: float
-    start_s: float
-    end_s: float
-    seconds: float
-    external: bool = False
-
-
-class Schedule(BaseModel):
-    """The simulated schedule of one placement."""
-
-    makespan_s: float
-    stages: list[StageEvent]
-    transfers: list[TransferEvent]
 
 
 def makespan(pb: Problem, place: list[int], record: list | None = None) -> float:

@@ -1,6 +1,6 @@
 """Random cost tables, for tests and benchmarks of the optimizer.
 
-May import: placer.optimize.costs. Never torch, dask or numba.
+May import: placer.data.costs. Never torch, dask or numba.
 
 Examples
 --------
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from placer.optimize.costs import CostTable
+from placer.data.costs import CostTable
 
 KINDS = ("cleaning", "preprocessing", "training", "inference", "other")
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from placer.report.collect import collect
-from placer.report.facts import ReportFacts
+from placer.data.report import ReportFacts
 from placer.report.inputs import ReportInputError
 from placer.report.render import infer_format, render_html, render_json, render_markdown, write_report
 

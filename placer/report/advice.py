@@ -1,6 +1,6 @@
 """Concrete advice drawn from a report's facts: what to move, pin, batch or keep.
 
-May import: placer.report.facts. Each rule is a small function of the facts that
+May import: placer.data.report. Each rule is a small function of the facts that
 returns zero or more :class:`Advice`; :func:`advise` runs them all in order.
 Every sentence names the stage or edge and the number it rests on.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from placer.report.facts import Advice, ReportFacts, StageRow
+from placer.data.report import Advice, ReportFacts, StageRow
 
 #: copies at least this large are worth pinning (the executor pins above 1 MiB)
 PIN_BYTES = 1 << 20

@@ -16,7 +16,7 @@ from typing import Any
 
 from placer.report.advice import advise
 from placer.report.critical import bottleneck
-from placer.report.facts import (
+from placer.data.report import (
     Bar,
     Dag,
     DagEdge,
@@ -77,7 +77,7 @@ def collect(
     predictions : mapping, optional
         ``{stage: {device: {"value", "rel_error", "label"}}}`` from the cost model.
     target : mapping, optional
-        A :class:`~placer.report.facts.TargetPlan` for a device this machine lacks.
+        A :class:`~placer.data.report.TargetPlan` for a device this machine lacks.
 
     Returns
     -------

@@ -1,6 +1,6 @@
 """The critical path of a timeline and its bottleneck.
 
-May import: placer.report.facts. Pure functions over a :class:`ReportFacts`.
+May import: placer.data.report. Pure functions over a :class:`ReportFacts`.
 
 The critical path is found backwards from the event that ends last: a stage waited
 for the latest of its inputs to arrive (a copy, or its producer on the same
@@ -10,7 +10,7 @@ predecessor's end and the step's start is a ``wait`` (dispatch overhead).
 
 Examples
 --------
->>> from placer.report.facts import Bar
+>>> from placer.data.report import Bar
 >>> bars = [Bar(lane="cpu/0", label="a", kind="stage", device="cpu", start_s=0, end_s=1),
 ...         Bar(lane="cpu/0", label="b", kind="stage", device="cpu", start_s=1, end_s=4)]
 >>> [s.name for s in critical_path(bars, {"b": ["a"]}, {"cpu": "cpu"})]
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from placer.report.facts import Bar, Bottleneck, PathStep, ReportFacts
+from placer.data.report import Bar, Bottleneck, PathStep, ReportFacts
 
 #: gaps shorter than this (seconds) are not reported as waits
 WAIT_EPS = 1e-6

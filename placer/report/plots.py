@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import networkx as nx
 
 from placer.report.advice import fmt_bytes
-from placer.report.facts import Bar, ReportFacts
+from placer.data.report import Bar, ReportFacts
 
 #: colours by device kind; the simulated device is hatched so it never looks like a GPU
 KIND_COLOURS = {"cpu": "#4C78A8", "gpu": "#54A24B", "sim": "#F58518"}

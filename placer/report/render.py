@@ -18,7 +18,7 @@ import jinja2
 from markupsafe import Markup
 
 from placer.report.advice import fmt_bytes, fmt_size
-from placer.report.facts import ReportFacts
+from placer.data.report import ReportFacts
 from placer.files import write_text_atomic
 
 TEMPLATES = Path(__file__).parent / "templates"

@@ -1,6 +1,6 @@
 """The cost table: what the optimizer knows about a pipeline, as plain data.
 
-May import: networkx, pydantic, placer.errors, placer.files, placer.optimize.errors. Never torch,
+May import: networkx, pydantic, placer.errors, placer.files. Never torch,
 dask or numba.
 
 A cost table lists the devices, the host<->device link, optionally the network
@@ -35,10 +35,17 @@ from pathlib import Path
 from typing import Literal
 
 import networkx as nx
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
+from placer.errors import CostTableError
 from placer.files import write_text_atomic
-from placer.optimize.errors import CostTableError
 
 #: names a device may have in a ``seconds`` map even when the table lacks it
 _DEVICE_NAME = re.compile(r"^(cpu|gpu|gpu:\d+|gpu-sim)$")

@@ -1,0 +1,185 @@
+"""Value types shared by measurements and predictions: work counts, copy links, predictions.
+
+May import: numpy, pydantic. Nothing from placer: the profile, the cost table and the
+cost model all read these.
+
+A :class:`Prediction` is a value with its error and provenance; :class:`Work` is the
+counted work of one call; a :class:`Link` is one way of copying in one direction
+(``latency_s + nbytes / bandwidth_Bps``, interpolating its measured points) and a
+:class:`TransferModel` holds a device's links and which way the executor copies.
+Fitting them lives in :mod:`placer.costmodel`; measuring them in :mod:`placer.profile`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+Label = Literal["measured", "predicted", "roofline"]
+Direction = Literal["h2d", "d2h"]
+Mode = Literal["pinned", "pageable", "fresh", "staged"]
+#: the executor's threshold for pinned staging (placer.executor.transfer.PIN_THRESHOLD)
+PIN_THRESHOLD = 1 << 20
+
+
+
+class Prediction(BaseModel):
+    """A predicted value with its error estimate and provenance.
+
+    Attributes
+    ----------
+    value : float
+        The predicted quantity (seconds or bytes).
+    rel_error : float
+        Estimated relative error (one standard deviation, roughly).
+    label : {"measured", "predicted", "roofline"}
+        ``measured``: at a measured size; ``predicted``: from a fit to measurements
+        of this device; ``roofline``: from work counts and a device description.
+    extrapolation : float
+        How far outside the measured sizes (1.0 inside; 10.0 means ten times
+        beyond the largest or below the smallest).
+    far_outside : bool
+        ``extrapolation`` exceeds :data:`FAR_FACTOR`.
+    """
+
+    value: float
+    rel_error: float
+    label: Label = "predicted"
+    extrapolation: float = 1.0
+    far_outside: bool = False
+
+    def __str__(self) -> str:
+        flag = " (far outside the measured sizes)" if self.far_outside else ""
+        return f"{self.value:.4g} ±{self.rel_error:.0%} [{self.label}]{flag}"
+
+
+
+class Work(BaseModel):
+    """The work of one call.
+
+    Attributes
+    ----------
+    flops : float
+        Floating-point operations.
+    bytes : float
+        Bytes read and written, summed over operations.
+    ops : int
+        Operations issued (≈ kernel launches on a GPU).
+    precision : str
+        The floating-point type that dominates (``fp32``, ``bf16``, ``fp16``, ``fp64``).
+    host_s : float
+        The stage's measured CPU time at a tiny input: an estimate of the host-side
+        (Python, dispatch) cost that a GPU run pays too.
+    source : str
+        ``counted`` (torch), ``declared`` (the stage's own counts) or ``tensor sizes``
+        (only the bytes of inputs and outputs were known).
+    """
+
+    flops: float = 0.0
+    bytes: float = 0.0
+    ops: int = 1
+    precision: str = "fp32"
+    source: str = "counted"
+    #: host-side time of the stage when it is dispatch-bound: its measured CPU time at
+    #: the smallest profiled size (0 when unknown)
+    host_s: float = 0.0
+
+
+
+class Link(BaseModel):
+    """One way of copying in one direction: ``latency_s + nbytes / bandwidth_Bps``.
+
+    Attributes
+    ----------
+    points : list of [bytes, seconds]
+        The measured medians the fit came from (empty for a description).
+    rel_error : float
+        Root-mean-square relative error of the fit over its points.
+    """
+
+    latency_s: float = Field(ge=0)
+    bandwidth_Bps: float = Field(gt=0)
+    points: list[tuple[float, float]] = Field(default_factory=list)
+    rel_error: float = 0.0
+
+    def seconds(self, nbytes: float) -> float:
+        """Seconds to copy ``nbytes`` over this link."""
+        if nbytes <= 0:
+            return 0.0
+        pts = sorted(self.points)
+        if len(pts) < 2:
+            return self.latency_s + nbytes / self.bandwidth_Bps
+        b = np.array([p[0] for p in pts])
+        t = np.array([p[1] for p in pts])
+        if nbytes > b[-1]:
+            slope = max((t[-1] - t[-2]) / (b[-1] - b[-2]), 1.0 / self.bandwidth_Bps, 1e-15)
+            return float(t[-1] + (nbytes - b[-1]) * slope)
+        if nbytes < b[0]:
+            return float(min(t[0], self.latency_s + nbytes / self.bandwidth_Bps) or t[0])
+        return float(np.exp(np.interp(np.log(nbytes), np.log(b), np.log(t))))
+
+
+class TransferModel(BaseModel):
+    """Host↔device copy costs of one device.
+
+    Attributes
+    ----------
+    device : str
+        The device (``gpu:0``, ``gpu-sim``) or description (``NVIDIA H200``) it is for.
+    label : {"measured", "roofline"}
+        ``measured`` on this machine, or taken from a device description.
+    links : dict
+        ``{"h2d": {mode: Link}, "d2h": {mode: Link}}``; modes as measured.
+    executor : dict
+        Per direction, the mode the executor uses below and at/above
+        ``pin_threshold``: ``{"h2d": ["fresh", "staged"], "d2h": ["fresh", "fresh"]}``.
+    fingerprint : str
+        The machine it was measured on (empty for descriptions).
+    """
+
+    device: str
+    label: Label = "measured"
+    links: dict[Direction, dict[Mode, Link]]
+    executor: dict[Direction, tuple[Mode, Mode]] = Field(
+        default_factory=lambda: {"h2d": ("fresh", "staged"), "d2h": ("fresh", "fresh")}
+    )
+    pin_threshold: int = PIN_THRESHOLD
+    fingerprint: str = ""
+
+    def link_for(self, direction: Direction, nbytes: float) -> Link:
+        """The link the executor would use for a copy of ``nbytes``."""
+        small, large = self.executor[direction]
+        mode = large if nbytes >= self.pin_threshold else small
+        have = self.links[direction]
+        if mode in have:
+            return have[mode]
+        # fall back to the closest measured way of copying
+        for alt in {"staged": ("pinned",)}.get(mode, ()) + ("fresh", "pageable", "pinned"):
+            if alt in have:
+                return have[alt]
+        raise KeyError(f"transfer model for {self.device!r} has no {direction} links")
+
+    def predict(self, nbytes: float, direction: Direction = "h2d") -> Prediction:
+        """Seconds to copy ``nbytes`` the way the executor does."""
+        link = self.link_for(direction, nbytes)
+        top = max((p[0] for p in link.points), default=0.0)
+        x = nbytes / top if top and nbytes > top else 1.0
+        return Prediction(
+            value=link.seconds(nbytes),
+            rel_error=max(link.rel_error, 0.05),
+            label=self.label,
+            extrapolation=x,
+            far_outside=x > 10,
+        )
+
+    def table_link(self) -> dict[str, dict[str, float]]:
+        """The optimizer's single-line link: small-copy latency, large-copy bandwidth."""
+        out = {}
+        for d in ("h2d", "d2h"):
+            small = self.link_for(d, 0)
+            big = float(max(self.pin_threshold, 1 << 28))
+            spent = self.link_for(d, big).seconds(big) - small.latency_s
+            out[d] = {"latency_s": small.latency_s, "bandwidth_Bps": big / spent if spent > 0 else small.bandwidth_Bps}
+        return out

@@ -1,0 +1,104 @@
+"""A plan: a placement, its predicted schedule, and the reason for every choice.
+
+May import: pydantic, placer.files. Plain data: :mod:`placer.optimize` makes these,
+the executor runs ``Plan.placement``, the report explains them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from placer.files import write_text_atomic
+
+
+class StageEvent(BaseModel):
+    """A stage's run in the simulated schedule."""
+
+    name: str
+    device: str
+    start_s: float
+    end_s: float
+
+
+class TransferEvent(BaseModel):
+    """One copy of a stage's output (or of its external input, ``external=True``)."""
+
+    data: str
+    src: str
+    dst: str
+    bytes: float
+    start_s: float
+    end_s: float
+    seconds: float
+    external: bool = False
+
+
+class Schedule(BaseModel):
+    """The simulated schedule of one placement."""
+
+    makespan_s: float
+    stages: list[StageEvent]
+    transfers: list[TransferEvent]
+
+
+
+class StageChoice(BaseModel):
+    """One stage's device and the reason for it."""
+
+    name: str
+    kind: str
+    device: str
+    #: predicted seconds on every device that has a time for the stage
+    predicted_s: dict[str, float]
+    #: copy seconds this choice adds (negative: saves) against the best other device
+    transfer_s: float
+    #: copy seconds of this stage's inputs in and output out, under the plan
+    copy_s: float
+    reason: str
+    #: the size nearest the requested one where the plan moves this stage (None: none within 1,000x)
+    crossover_size: float | None = None
+    pinned: bool = False
+
+
+class Plan(BaseModel):
+    """A placement (stage -> device), its predicted schedule, and the reason for every choice.
+
+    Anyone may build one by hand; only ``placement`` is needed to run it.
+    """
+
+    placement: dict[str, str]
+    #: the objective's name (see :mod:`placer.optimize.objectives`)
+    objective: str = "makespan"
+    method: Literal["exact", "heuristic", "given"] = "given"
+    algorithm: str = ""
+    predicted_makespan_s: float
+    #: the objective's value: seconds (makespan), seconds per batch (throughput), money (cost)
+    objective_value: float
+    predicted_period_s: float | None = None
+    predicted_cost: float | None = None
+    deadline_s: float | None = None
+    schedule: Schedule
+    stages: list[StageChoice] = Field(default_factory=list)
+    baselines: dict[str, float | None] = Field(default_factory=dict)
+    planning_s: float = 0.0
+    size: float | None = None
+    size_unit: str = "rows"
+    #: device name -> kind (``cpu``, ``gpu`` or ``sim``)
+    devices: dict[str, str] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """JSON text; ``Plan.model_validate_json`` reads it back."""
+        return self.model_dump_json(indent=indent)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the plan as JSON, atomically."""
+        write_text_atomic(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Plan:
+        with open(path) as f:
+            return cls.model_validate_json(f.read())

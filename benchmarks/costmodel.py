@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from placer.costmodel.model import CostModel  # noqa: E402
 from placer.devices import discover  # noqa: E402
 from placer.loader import load_pipeline  # noqa: E402
-from placer.profile import _threads, profile  # noqa: E402
+from placer.profile.profiler import cpu_threads, profile  # noqa: E402
 from placer.timing import measure  # noqa: E402
 
 
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     inv = discover()
     import torch
 
-    with _threads(args.threads) as used:
+    with cpu_threads(args.threads) as used:
         log(f"# cost model benchmark, {dt.datetime.now().isoformat(timespec='seconds')}")
         log(f"machine: {platform.node()} {inv.host.get('cpu_model')}, {inv.host.get('cores')} cores, "
             f"devices: {', '.join(d.name + ' (' + d.label + ')' for d in inv.devices)}; torch {torch.__version__}, "

@@ -1,8 +1,8 @@
-"""Profiling a pipeline: measured stage costs at several sizes, and transfer costs.
+"""The profiler: measured stage costs at several sizes, on every device.
 
-May import: numpy, pydantic, placer.{pipeline,devices,timing,errors,loader},
-placer.costmodel, placer.executor (to run stages and move data exactly as a run
-does). With execution, this is one of the modules that touch devices.
+May import: numpy, pydantic, placer.{pipeline,devices,timing,errors,loader,data},
+placer.costmodel.counts, placer.profile.{cache,memory,transfers}, placer.executor (to
+run stages and move data exactly as a run does).
 
 :func:`profile` builds the pipeline at geometric sizes, runs it once on the CPU at
 each size (so every stage gets real inputs of that size), then times every stage
@@ -11,14 +11,11 @@ call kept apart, warm-up, device synchronisation inside the timed region, repeat
 until the median is stable. It records peak host and device memory and the bytes
 of every output, and (when no real GPU is profiled) counts each stage's work for
 predicting absent devices. Sizes grow until the next one would not fit in the time
-budget. The result is a :class:`Profile`, a pydantic model saved as JSON.
+budget. The result is a :class:`~placer.data.profile.Profile`.
 
-Profiles are cached in ``$PLACER_CACHE_DIR`` (default ``~/.cache/placer``), one
-file per pipeline and machine (:meth:`placer.devices.Inventory.fingerprint`);
-inside it each stage's entry is keyed by its code hash at the profiled sizes and
-the sizes themselves, so a changed stage re-measures that stage only and another
-machine never reads this one's numbers. A corrupt or foreign file is ignored
-with a :class:`ProfileCacheWarning` and re-measured. Files are written atomically.
+Inside a cached profile each stage's entry is keyed by its code hash at the profiled
+sizes and the sizes themselves, so a changed stage re-measures that stage only and
+another machine never reads this one's numbers.
 """
 
 from __future__ import annotations
@@ -26,104 +23,30 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import hashlib
-import json
-import os
 import sys
-import threading
 import time
-import tracemalloc
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ValidationError
 
-from placer.costmodel.bus import TransferModel, fit_link
 from placer.costmodel.counts import count_work, tensor_bytes_work
 from placer.data.measures import Work
 from placer.data.profile import SCHEMA, DeviceProfile, Point, Profile, StageProfile, WorkPoint  # noqa: F401
 from placer.devices import Device, Inventory, discover
+from placer.profile.cache import ProfileCache
+from placer.profile.memory import PeakMemory
+from placer.profile.transfers import measure_transfers
 from placer.errors import PlacerError
-from placer.files import write_text_atomic
 from placer.pipeline import Pipeline, Stage, as_pipeline
 from placer.timing import measure
 
-TRANSFER_SCHEMA = "placer.transfer/1"
 #: geometric step between profiled sizes, and how many sizes at most
 GROWTH = 2
 MAX_POINTS = 6
 #: timed work gathered per (stage, device, size) point before stopping (with at least
 #: three repeats): enough for a stable lower quartile, small next to a full run
 MIN_TIMED_S = 0.05
-#: transfer sizes measured (bytes), KB to hundreds of MB
-TRANSFER_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 128 << 20)
-
-
-class ProfileCacheWarning(UserWarning):
-    """A cached profile was unreadable or foreign; it is ignored and re-measured."""
-
-
-# -- files -----------------------------------------------------------------------------------
-def cache_dir() -> Path:
-    """Where profiles are cached: ``$PLACER_CACHE_DIR`` or ``~/.cache/placer``."""
-    return Path(os.environ.get("PLACER_CACHE_DIR") or Path.home() / ".cache" / "placer")
-
-
-class ProfileCache:
-    """Cached profiles, one file per (pipeline, machine) under ``root``."""
-
-    def __init__(self, root: str | os.PathLike | None = None):
-        self.root = Path(root) if root is not None else cache_dir()
-
-    def path(self, pipeline: str, fingerprint: str) -> Path:
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in pipeline)
-        return self.root / "profiles" / f"{safe}-{fingerprint}.json"
-
-    def transfer_path(self, device: str, fingerprint: str) -> Path:
-        return self.root / "transfer" / f"{device.replace(':', '_')}-{fingerprint}.json"
-
-    def load(self, pipeline: str, fingerprint: str) -> Profile | None:
-        """The cached profile, or None (with a warning when the file is unusable)."""
-        p = self.path(pipeline, fingerprint)
-        if not p.exists():
-            return None
-        try:
-            prof = Profile.load(p)
-        except PlacerError as exc:
-            warnings.warn(f"ignoring cached profile: {exc}; re-measuring", ProfileCacheWarning, stacklevel=2)
-            return None
-        if prof.fingerprint != fingerprint or prof.pipeline != pipeline:
-            warnings.warn(
-                f"ignoring cached profile {str(p)!r}: it is for pipeline {prof.pipeline!r} on machine "
-                f"{prof.fingerprint}, not {pipeline!r} on {fingerprint}; re-measuring",
-                ProfileCacheWarning,
-                stacklevel=2,
-            )
-            return None
-        return prof
-
-    def save(self, prof: Profile) -> Path:
-        return prof.save(self.path(prof.pipeline, prof.fingerprint))
-
-    def load_transfer(self, device: str, fingerprint: str) -> TransferModel | None:
-        p = self.transfer_path(device, fingerprint)
-        if not p.exists():
-            return None
-        try:
-            data = json.loads(p.read_text())
-            if data.get("schema") != TRANSFER_SCHEMA:
-                raise ValueError(f"schema is {data.get('schema')!r}, expected {TRANSFER_SCHEMA!r}")
-            tm = TransferModel.model_validate(data["model"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, ValidationError) as exc:
-            warnings.warn(f"ignoring cached transfer model {str(p)!r}: {exc}; re-measuring",
-                          ProfileCacheWarning, stacklevel=2)
-            return None
-        return tm if tm.fingerprint == fingerprint else None
-
-    def save_transfer(self, tm: TransferModel) -> Path:
-        doc = {"schema": TRANSFER_SCHEMA, "model": tm.model_dump(mode="json")}
-        return write_text_atomic(self.transfer_path(tm.device, tm.fingerprint), json.dumps(doc, indent=1))
 
 
 # -- sizes and keys --------------------------------------------------------------------------
@@ -146,111 +69,6 @@ def stage_key(versions: Iterable[str], sizes: Iterable[int]) -> str:
         h.update(v.encode())
     h.update(repr(sorted(sizes)).encode())
     return h.hexdigest()[:16]
-
-
-# -- memory ----------------------------------------------------------------------------------
-class _PeakMemory:
-    """Peak host memory during a block (RSS sampled every ms, and tracemalloc) and CUDA peak."""
-
-    def __init__(self, device: Device):
-        self.device = device
-        self.host = 0.0
-        self.dev: float | None = None
-
-    def __enter__(self):
-        import psutil
-
-        self._proc = psutil.Process()
-        self._base = self._proc.memory_info().rss
-        self._peak = self._base
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._sample, daemon=True)
-        self._t.start()
-        self._tm = not tracemalloc.is_tracing()
-        if self._tm:
-            tracemalloc.start()
-        tracemalloc.reset_peak()
-        if self.device.kind == "gpu":
-            import torch
-
-            torch.cuda.synchronize(self.device.index)
-            torch.cuda.reset_peak_memory_stats(self.device.index)
-            self._dev_base = torch.cuda.memory_allocated(self.device.index)
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(0.001):
-            self._peak = max(self._peak, self._proc.memory_info().rss)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self._peak = max(self._peak, self._proc.memory_info().rss)
-        traced = tracemalloc.get_traced_memory()[1]
-        if self._tm:
-            tracemalloc.stop()
-        self.host = float(max(self._peak - self._base, traced))
-        if self.device.kind == "gpu":
-            import torch
-
-            self.dev = float(torch.cuda.max_memory_allocated(self.device.index) - self._dev_base)
-        return False
-
-
-# -- transfers -------------------------------------------------------------------------------
-def measure_transfers(device: Device, *, budget_s: float = 10.0, sizes: Iterable[int] = TRANSFER_SIZES,
-                      fingerprint: str = "") -> TransferModel:
-    """Measure host↔``device`` copies: latency and bandwidth, each way of copying.
-
-    On a GPU: ``pinned``, ``pageable``, ``fresh`` (allocating) and ``staged`` (the
-    executor's pinned staging, via :func:`placer.executor.transfer.to_location`)
-    host→device; ``pinned``, ``pageable`` and ``fresh`` device→host. On the
-    simulated device, the executor's copies only (host memory both sides).
-    """
-    import numpy as np
-    import torch
-
-    from placer.executor.transfer import PIN_THRESHOLD, to_location
-
-    cpu = Device(name="cpu", kind="cpu", label="host")
-    t_end = time.perf_counter() + budget_s
-    pts: dict[str, dict[str, list]] = {"h2d": {}, "d2h": {}}
-
-    def add(direction, mode, nb, m):
-        pts[direction].setdefault(mode, []).append((nb, m.median_s))
-
-    def per_call() -> float:
-        return max(0.02, (t_end - time.perf_counter()) / 40)
-
-    gpu = device.kind == "gpu"
-    sync = (lambda: torch.cuda.synchronize(device.index)) if gpu else None
-    for nb in sorted(sizes):
-        if time.perf_counter() > t_end:
-            break
-        host = np.ones(nb // 4, dtype=np.float32)
-        kw = dict(sync=sync, min_reps=3, max_reps=20, min_time_s=0.01, max_time_s=per_call(), warn=False)
-        staged_or_fresh = "staged" if nb >= PIN_THRESHOLD else "fresh"
-        add("h2d", staged_or_fresh, nb, measure(lambda: to_location(host, device), **kw))
-        on_dev = to_location(host, device)[0]
-        add("d2h", "fresh", nb, measure(lambda: to_location(on_dev, cpu), **kw))
-        if gpu:
-            src = torch.from_numpy(host)
-            pinned = src.pin_memory()
-            dst = torch.empty_like(on_dev)
-            add("h2d", "pinned", nb, measure(lambda: dst.copy_(pinned, non_blocking=True), **kw))
-            add("h2d", "pageable", nb, measure(lambda: dst.copy_(src), **kw))
-            if nb < PIN_THRESHOLD:
-                add("h2d", "fresh", nb, measure(lambda: src.to(device.torch_device()), **kw))
-            add("d2h", "pinned", nb, measure(lambda: pinned.copy_(on_dev, non_blocking=True), **kw))
-            add("d2h", "pageable", nb, measure(lambda: src.copy_(on_dev), **kw))
-    links = {d: {m: fit_link(*zip(*sorted(p))) for m, p in modes.items() if len(p) >= 2} for d, modes in pts.items()}
-    if gpu and "staged" not in links["h2d"] and "pinned" in links["h2d"]:
-        links["h2d"]["staged"] = links["h2d"]["pinned"]
-    if not gpu:
-        links["h2d"].setdefault("staged", links["h2d"].get("fresh"))
-        links["h2d"] = {k: v for k, v in links["h2d"].items() if v is not None}
-    return TransferModel(device=device.name, label="measured", links=links, fingerprint=fingerprint,
-                         pin_threshold=PIN_THRESHOLD)
 
 
 # -- the profiler ----------------------------------------------------------------------------
@@ -348,7 +166,7 @@ def profile(
     -------
     Profile
     """
-    with _threads(threads) as used:
+    with cpu_threads(threads) as used:
         prof = _profile(pipeline, size=size, max_size=max_size, sizes=sizes, budget_s=budget_s, devices=devices,
                         inventory=inventory, cache=cache, count_work_for_absent=count_work_for_absent,
                         progress=progress, threads=used)
@@ -356,7 +174,7 @@ def profile(
 
 
 @contextlib.contextmanager
-def _threads(n: int | None):
+def cpu_threads(n: int | None):
     """Set torch's and numba's intra-op threads to ``n`` for the block; yield the count in use."""
     import torch
 
@@ -530,7 +348,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                     t0 = time.perf_counter()
                     call()
                     cold = time.perf_counter() - t0
-                with _PeakMemory(d) as mem:
+                with PeakMemory(d) as mem:
                     call()  # warm-up, instrumented for memory
                 m = measure(call, cold=False, warmup=0, min_reps=3, max_reps=30,
                             min_time_s=min(MIN_TIMED_S, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),

@@ -189,11 +189,11 @@ class Case:
 # -- planning --------------------------------------------------------------------------------
 def profile_pipeline(name: str, size: int, budget_s: float, inv):
     """Profile once per pipeline (up to the large size's profiling range); seconds spent."""
-    from placer.advisor import profile_step
+    from placer.site import LocalSite
 
     t0 = time.perf_counter()
-    prof = profile_step(f"pipelines.{name}:build", size, budget_s, inv, False)
-    return prof, time.perf_counter() - t0
+    costs = LocalSite(inv, cache=False).costs(f"pipelines.{name}:build", size=size, budget_s=budget_s)
+    return costs.profile, time.perf_counter() - t0
 
 
 def load_gallery(name: str, size: int):
@@ -209,16 +209,16 @@ def plan_at(prof, size: int, devices: list[str]):
     sizes), the placement is planned from the same cost table without them: the
     placement is the same search, only the explanations lack crossover sizes.
     """
-    from placer.advisor import model_step, plan_step
     from placer.optimize import plan
+    from placer.site import costs_from_profile
 
     t0 = time.perf_counter()
-    model = model_step(prof, None)
+    costs = costs_from_profile(prof, size=size)
     try:
-        return plan_step(model, size, devices), time.perf_counter() - t0, None
+        return costs.plan(size=size, devices=devices), time.perf_counter() - t0, None
     except Exception as exc:  # noqa: BLE001 - reported in the table
         note = f"advise's planning failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
-    chosen = plan(model.table(size, devices=devices))
+    chosen = plan(costs.table(size, devices))
     return chosen, time.perf_counter() - t0, note + "; planned without crossover sizes"
 
 
@@ -228,10 +228,11 @@ def h200_prediction(prof, size: int, p) -> dict | None:
     Stages the plan puts off the CPU although they are pinned to it, or have no GPU
     implementation, are listed: such a placement could not run.
     """
-    from placer.advisor import model_step, target_step
+    from placer.advisor import target_step
+    from placer.site import costs_from_profile
 
     try:
-        t = target_step(model_step(prof, "h200"), size, "h200")
+        t = target_step(costs_from_profile(prof, size=size, describe="h200"), "h200")
     except Exception as exc:  # the description may not cover a stage
         return {"error": f"{type(exc).__name__}: {exc}"}
     impossible = sorted(n for n, d in t["placement"].items() if d != "cpu" and n in p.stages

@@ -1,12 +1,15 @@
-"""The advise flow: profile → cost model → plan → run (plan and baselines) → report facts.
+"""The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
-May import: placer.{pipeline,devices,loader,errors,profile,costmodel,optimize,executor,
-report}. torch, dask and numba are reached only through the profiler and the
-executor.
+May import: placer.{pipeline,devices,loader,errors,site,report}, and
+placer.executor.distributed's errors inside functions. torch, dask and numba are
+reached only through the site (its profiler and executor).
 
-:func:`advise` is what ``placer advise`` runs; :func:`best_placement` is what
-``placer run`` uses when no placement is given. Each step is a small function, so
-a caller can stop after any of them and save its result.
+Every step asks a :mod:`site <placer.site>` (this machine or a dask cluster): its
+``costs`` (profile and cost model, with the network on a cluster), ``Costs.plan``,
+and its ``execute``. :func:`advise` is what ``placer advise`` runs;
+:func:`best_placement` is what ``placer run`` uses when no placement is given;
+``placer plan`` and ``placer profile`` call the same site steps. Each step is a small
+function, so a caller can stop after any of them and save its result.
 
 The simulated test device (``gpu-sim``, only under ``PLACER_TEST_DEVICES=1``) is
 profiled, planned and run like any accelerator here, and reported as what it is.
@@ -21,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from placer.devices import Inventory, discover
+from placer.devices import Inventory
 from placer.errors import PlacerError
 from placer.pipeline import Pipeline, as_pipeline
+from placer.site import ClusterSite, Costs, LocalSite, accelerators, open_site  # noqa: F401
 
 #: seconds of profiling allowed by default (`placer advise --budget-s`)
 DEFAULT_BUDGET_S = 30.0
@@ -76,11 +80,6 @@ def _no_step(_name: str):
     return contextlib.nullcontext()
 
 
-def accelerators(inv: Inventory) -> list[str]:
-    """Accelerators of this machine: real GPUs, and the simulated device when enabled."""
-    return [d.name for d in inv.devices if d.kind != "cpu"]
-
-
 def resolve_target(target: str | None, inv: Inventory) -> str | None:
     """The absent device to plan for: ``auto`` means the H200 when this machine has no GPU."""
     if target in (None, "", "none"):
@@ -91,29 +90,6 @@ def resolve_target(target: str | None, inv: Inventory) -> str | None:
     if t not in TARGETS:
         raise PlacerError(f"unknown target {target!r}; use {', '.join(TARGETS)}, auto or none")
     return t
-
-
-def profile_step(pipeline: Any, size: int | None, budget_s: float, inv: Inventory, cache: Any = None):
-    """Measure the pipeline's stages (cached profiles are reused, changed stages re-measured)."""
-    from placer.profile import profile
-
-    return profile(pipeline, size=size, budget_s=budget_s, inventory=inv, progress=False, cache=cache)
-
-
-def model_step(prof, target: str | None):
-    from placer.costmodel.model import CostModel
-
-    return CostModel(prof, describe=[target] if target else None)
-
-
-def plan_step(model, size: float, devices: list[str], objective: str = "makespan"):
-    """The plan over ``devices`` at ``size``, with crossover sizes over the same devices."""
-    from placer.optimize import plan
-
-    def cost_at(s: float):
-        return model.table(s, devices=devices)
-
-    return plan(cost_at(size), objective=objective, cost_at=cost_at, size=size)
 
 
 def baseline_placements(pipeline: Pipeline, accelerator: str | None) -> dict[str, dict[str, str]]:
@@ -137,21 +113,11 @@ def baseline_placements(pipeline: Pipeline, accelerator: str | None) -> dict[str
     return out
 
 
-def run_step(pipeline: Pipeline, placement: Mapping[str, str], executor: str, warmup: bool, inv: Inventory):
-    """Execute a placement (once untimed first with ``warmup``) and return the measured run."""
-    from placer.executor import execute
-
-    if warmup:
-        execute(pipeline, dict(placement), executor=executor, inventory=inv)
-    return execute(pipeline, dict(placement), executor=executor, inventory=inv, size=pipeline.size)
-
-
-def target_step(model, size: float, target: str, objective: str = "makespan") -> dict[str, Any]:
+def target_step(costs: Costs, target: str, objective: str = "makespan") -> dict[str, Any]:
     """A plan for the described absent device (predictions only), as report data."""
-    described = next(iter(model.described))
-    desc = model.described[described]
-    devices = ["cpu", described]
-    p = plan_step(model, size, devices, objective)
+    described = costs.described[0]
+    desc = costs.model.described[described]
+    p = costs.plan(objective=objective, devices=["cpu", described])
     cpu = p.baselines.get("all_cpu")
     return {"device": described, "label": desc.name, "placement": dict(p.placement),
             "predicted_s": p.predicted_makespan_s, "all_cpu_predicted_s": cpu,
@@ -220,10 +186,23 @@ def advise(
     size : int, optional
         The size to plan and run at (default: the pipeline's default).
     budget_s : float
-        Profiling time budget in seconds.
+        Profiling time budget in seconds (on a cluster: on each worker).
     target : {"auto", "h200", "none"}
         Also plan for a device this machine lacks, from its description
-        (``auto``: the H200 when there is no GPU here). Predictions only.
+        (``auto``: the H200 when there is no GPU here). Predictions only; not on a
+        cluster.
+    objective : {"makespan", "throughput", "cost"}
+        What the plan minimises.
+    executor : {"auto", "inline", "threads"}
+        How runs on this machine dispatch stages.
+    baselines : bool
+        Also run all-CPU, all-on-the-accelerator and the rule of thumb.
+    warmup : bool
+        Run each placement once untimed before the measured run.
+    inventory : Inventory, optional
+        This machine's devices (default: discovered).
+    cache : ProfileCache, False or None
+        The profile cache (None: the default one; False: none).
     step : callable, optional
         ``step(name)`` returns a context manager around each step (for progress).
     scheduler : str or distributed.Client, optional
@@ -235,85 +214,75 @@ def advise(
     -------
     Advised
     """
-    if scheduler is not None:
-        from placer.executor.distributed import connect
+    with open_site(scheduler, inventory=inventory, executor=executor, cache=cache) as site:
+        return advise_on(site, pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
+                         baselines=baselines, warmup=warmup, step=step)
 
-        with connect(scheduler) as client:
-            return _advise_cluster(pipeline, client, size=size, budget_s=budget_s, objective=objective,
-                                   baselines=baselines, warmup=warmup, step=step)
+
+def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: int | None = None,
+              budget_s: float = DEFAULT_BUDGET_S, target: str | None = "auto", objective: str = "makespan",
+              baselines: bool = True, warmup: bool = True, step: Callable[[str], Any] = _no_step) -> Advised:
+    """:func:`advise` at a :mod:`site <placer.site>`: this machine or a cluster, the same steps."""
     from placer.report import collect
 
-    inv = inventory or discover()
-    t = resolve_target(target, inv)
     timed = _Timed(step)
     p = _as_built(pipeline, size)
     size = p.size if size is None else size
-    prof = timed("profile", lambda: profile_step(pipeline, size, budget_s, inv, cache))
-    model = model_step(prof, t)
-    here = ["cpu", *[d for d in accelerators(inv) if d in model.devices]]
-    chosen = timed("plan", lambda: plan_step(model, size, here, objective))
-    tgt = timed("target", lambda: target_step(model, size, t, objective)) if t else None
-    run = timed("run plan", lambda: run_step(p, chosen.placement, executor, warmup, inv))
-    acc = next((d for d in here if d != "cpu"), None)
-    runs = _baseline_runs(p, run, acc, lambda pl: run_step(p, pl, executor, warmup, inv), timed) if baselines else {}
-    costs = model.table(size)
-    predictions = {s: {d: pr.model_dump() for d, pr in devs.items()} for s, devs in model.predictions(size).items()}
-    facts = timed("facts", lambda: collect(plan=chosen, run=run, baselines=runs, pipeline=p, costs=costs,
+    local = isinstance(site, LocalSite)
+    t = resolve_target(target, site.inventory()) if local else None
+    costs = timed("profile" if local else "profile on the cluster",
+                  lambda: site.costs(pipeline, size=size, budget_s=budget_s, describe=t))
+    chosen = timed("plan", lambda: costs.plan(objective=objective, size=size))
+    tgt = timed("target", lambda: target_step(costs, t, objective)) if t else None
+
+    def run(placement: Mapping[str, str]) -> Any:
+        return site.execute(p, placement, warmup=warmup)
+
+    plan_run = timed("run plan", lambda: run(chosen.placement))
+    acc = next((d for d in costs.devices if d != "cpu"), None)
+    runs = _baseline_runs(p, plan_run, acc, run, timed) if baselines else {}
+    table = costs.table(size, [*costs.devices, *costs.described])
+    predictions = costs.predictions(size)
+    inv = costs.inventory if not local else site.inventory()
+    facts = timed("facts", lambda: collect(plan=chosen, run=plan_run, baselines=runs, pipeline=p, costs=table,
                                            inventory=inv, predictions=predictions, target=tgt))
-    return Advised(pipeline=p, size=size, profile=prof, plan=chosen, run=run, baselines=runs, costs=costs,
-                   predictions=predictions, target=tgt, facts=facts, timings=timed.timings, inventory=inv)
+    return Advised(pipeline=p, size=size, profile=costs.profile, plan=chosen, run=plan_run, baselines=runs,
+                   costs=table, predictions=predictions, target=tgt, facts=facts, timings=timed.timings,
+                   inventory=inv)
 
 
-def _advise_cluster(pipeline: str | Pipeline, client: Any, *, size: int | None, budget_s: float,
-                    objective: str, baselines: bool, warmup: bool, step: Callable[[str], Any]) -> Advised:
-    """:func:`advise` on a cluster: the same steps, with the cluster's devices and network."""
-    from placer.cluster import cluster_costs, plan_from_costs
-    from placer.executor import execute
-    from placer.report import collect
-
-    timed = _Timed(step)
-    p = _as_built(pipeline, size)
-    size = p.size if size is None else size
-    cc = timed("profile on the cluster", lambda: cluster_costs(pipeline, client, size=size, budget_s=budget_s))
-    chosen = timed("plan", lambda: plan_from_costs(cc, objective=objective))
-
-    def run_there(placement: dict) -> Any:
-        if warmup:
-            execute(p, dict(placement), scheduler=client)
-        return execute(p, dict(placement), scheduler=client, size=p.size)
-
-    run = timed("run plan", lambda: run_there(chosen.placement))
-    acc = next((d for d in cc.devices if d != "cpu"), None)
-    runs = _baseline_runs(p, run, acc, run_there, timed) if baselines else {}
-    costs = cc.table(size)
-    predictions = {s: {d: pr.model_dump() for d, pr in devs.items()}
-                   for s, devs in cc.model.predictions(size, cc.devices).items()}
-    facts = timed("facts", lambda: collect(plan=chosen, run=run, baselines=runs, pipeline=p, costs=costs,
-                                           inventory=cc.inventory, predictions=predictions, target=None))
-    return Advised(pipeline=p, size=size, profile=cc.profile, plan=chosen, run=run, baselines=runs, costs=costs,
-                   predictions=predictions, target=None, facts=facts, timings=timed.timings,
-                   inventory=cc.inventory)
-
-
-def best_placement(pipeline: Pipeline, size: int | None = None) -> tuple[dict[str, str] | str, str]:
+def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite | ClusterSite | None = None,
+                   reference: Any = None) -> tuple[dict[str, str] | str, str]:
     """The plan's placement for ``placer run`` without ``--placement``, and why.
 
-    With only a CPU here the answer is all-CPU at once. Otherwise the pipeline is
-    profiled with a small budget (cached), planned over this machine's devices, and
-    the plan's placement returned. When profiling or planning fails, all-CPU with
-    the reason.
+    On this machine (the default site) with only a CPU the answer is all-CPU at once.
+    Otherwise the pipeline is profiled with a small budget (cached), planned over the
+    site's devices, and the plan's placement returned. When profiling or planning
+    fails, all-CPU with the reason. On a cluster the pipeline's ``reference`` (its
+    file or ``module:function``) travels to the workers when given; a cluster that
+    cannot be reached or has no workers is an error (the run could not start either).
     """
-    inv = discover()
-    if not accelerators(inv):
+    from placer.executor.distributed import ClusterError, ClusterProfileError
+
+    site = site or LocalSite()
+    local = isinstance(site, LocalSite)
+    if local and not any(d.kind != "cpu" for d in site.inventory().devices):
         return "all=cpu", "all stages on the CPU: this machine has no GPU"
     try:
-        prof = profile_step(pipeline, size, RUN_BUDGET_S, inv)
-        model = model_step(prof, None)
-        here = ["cpu", *[d for d in accelerators(inv) if d in model.devices]]
-        chosen = plan_step(model, size or pipeline.size or max(prof.measured_sizes or [1]), here)
-    except (PlacerError, ValueError, KeyError, ImportError) as exc:
-        return "all=cpu", f"all stages on the CPU: planning failed ({str(exc).splitlines()[0]})"
-    on = sorted({d for d in chosen.placement.values()})
-    return dict(chosen.placement), (
-        f"planned from a {RUN_BUDGET_S:g} s profile: predicted makespan "
-        f"{chosen.predicted_makespan_s:.4g} s using {', '.join(on)}")
+        what = pipeline if local else reference or pipeline
+        costs = site.costs(what, size=size, budget_s=RUN_BUDGET_S)
+        chosen = costs.plan(size=size or pipeline.size or costs.size)
+    except ClusterError as exc:
+        if not isinstance(exc, ClusterProfileError):
+            raise
+        why = exc
+    except (PlacerError, ValueError, KeyError) as exc:
+        why = exc
+    else:
+        on = ", ".join(sorted({d for d in chosen.placement.values()}))
+        source = f"a {RUN_BUDGET_S:g} s profile" if local else f"a {RUN_BUDGET_S:g} s profile on its workers"
+        return dict(chosen.placement), (
+            f"planned {'' if local else 'for the cluster '}from {source}: predicted makespan "
+            f"{chosen.predicted_makespan_s:.4g} s using {on}")
+    failed = "planning failed" if local else "planning for the cluster failed"
+    return "all=cpu", f"all stages on the CPU: {failed} ({str(why).splitlines()[0]})"

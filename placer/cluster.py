@@ -1,6 +1,6 @@
 """Planning for a dask.distributed cluster: its devices, its network, its plan.
 
-May import: placer.executor.distributed, placer.devices, placer.pipeline, pydantic;
+May import: placer.executor.distributed, placer.devices, placer.pipeline, placer.site, pydantic;
 distributed, placer.loader, placer.profile, placer.costmodel and placer.optimize inside
 functions.
 
@@ -25,14 +25,15 @@ from placer.executor.distributed import (
     ClusterError,
     ClusterProfileError,
     WorkerInfo,
-    _ship_by_value,
     cluster_devices,
     cluster_workers,
     connect,
     cost_devices,
+    ship_by_value,
     stage_payloads,
 )
 from placer.pipeline import Pipeline
+from placer.site import Costs
 
 
 # -- measuring the network between workers -------------------------------------------------
@@ -153,10 +154,10 @@ def _pipeline_payload(pipeline: Any) -> bytes:
 
     if isinstance(pipeline, str):
         build = load_builder(pipeline)
-        _ship_by_value([build])
+        ship_by_value([build])
         obj: Any = _Builder(build, Path(pipeline).stem if pipeline.endswith(".py") else pipeline)
     elif callable(pipeline) and not isinstance(pipeline, Pipeline):
-        _ship_by_value([pipeline])
+        ship_by_value([pipeline])
         obj = pipeline
     else:
         obj = as_pipeline(pipeline)
@@ -182,47 +183,34 @@ def _remote_profile(payload: bytes, devices: list[str], size: int | None, budget
                    progress=False)
 
 
-class ClusterCosts:
+class ClusterCosts(Costs):
     """What planning knows about a pipeline on a cluster: its devices, measurements and network.
+
+    A :class:`~placer.site.Costs` whose devices are the cluster's (each ``gpu:N`` a GPU
+    worker's) and whose network was measured between two workers.
 
     Attributes
     ----------
-    inventory : Inventory
-        The cluster's devices (:func:`cluster_devices`).
-    profile : Profile
-        The stages measured on the workers, under the cluster's device names.
-    model : CostModel
-        Fitted to ``profile``.
     link : WorkerLink or None
         The network measured between two workers (None: one worker, or no accelerator).
-    size : int
-        The size to plan for.
     notes : list of str
         Where each device was profiled and what the network measured (the
         workers' own notes, on skipped sizes and noisy or failed measurements,
         are in ``profile.notes``, after these).
     """
 
+    where = "the cluster"
+
     def __init__(self, inventory: Inventory, profile: Any, model: Any, link: WorkerLink | None,
                  size: int, notes: list[str]):
-        self.inventory, self.profile, self.model = inventory, profile, model
-        self.link, self.size, self.notes = link, size, notes
+        devices = [d.name for d in inventory.devices if d.name == "cpu" or d.name in profile.devices]
+        super().__init__(inventory, profile, model, devices, size,
+                         network=link.table_link() if link is not None else None, notes=notes)
+        self.link = link
 
     @property
-    def devices(self) -> list[str]:
-        """The cluster's device names that have measurements."""
-        return [d.name for d in self.inventory.devices if d.name == "cpu" or d.name in self.profile.devices]
-
-    def table(self, size: float | None = None):
-        """The :class:`~placer.data.costs.CostTable` at ``size`` (default: :attr:`size`),
-        with the cluster's devices and, when measured, its ``network``."""
-        from placer.data.costs import CostTable
-
-        doc = self.model.table(self.size if size is None else size, devices=self.devices).model_dump(
-            exclude_defaults=True)
-        if self.link is not None and len(doc["devices"]) > 1:
-            doc["network"] = self.link.table_link()
-        return CostTable.model_validate(doc)
+    def no_accelerator_reason(self) -> str:
+        return self.inventory.unavailable.get("torch.cuda") or "no accelerator of the cluster has measurements"
 
 
 def cluster_costs(
@@ -394,16 +382,7 @@ def plan_for_cluster(
 def plan_from_costs(costs: ClusterCosts, *, objective: str = "makespan", method: str = "auto",
                     deadline_s: float | None = None):
     """Plan from :func:`cluster_costs` (with crossover sizes over the same devices and network)."""
-    from placer.optimize import plan
-
-    result = plan(costs.table(), objective=objective, method=method, deadline_s=deadline_s,
-                  cost_at=costs.table, size=costs.size)
-    if len(result.devices) == 1:
-        why = costs.inventory.unavailable.get("torch.cuda") or "no accelerator of the cluster has measurements"
-        for st in result.stages:
-            st.reason += f" (the cluster has no GPU: {why})"
-        result.warnings.append(f"every stage is planned on the CPU: {why}")
-    return result
+    return costs.plan(objective=objective, method=method, deadline_s=deadline_s)
 
 
 __all__ = [

@@ -12,6 +12,7 @@ import placer.advisor as advisor
 from placer.devices import Device, Inventory, discover
 from placer.errors import PlacerError
 from placer.loader import load_pipeline
+from placer.site import LocalSite
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +27,9 @@ def cpu_only() -> Inventory:
 
 
 def test_best_placement_on_a_cpu_only_machine_needs_no_profile(monkeypatch):
-    monkeypatch.setattr(advisor, "discover", cpu_only)
-    monkeypatch.setattr(advisor, "profile_step", lambda *a, **k: pytest.fail("profiled on a CPU-only machine"))
-    placement, why = advisor.best_placement(load_pipeline("pipelines.requests:build", 4), 4)
+    monkeypatch.setattr(LocalSite, "costs", lambda *a, **k: pytest.fail("profiled on a CPU-only machine"))
+    placement, why = advisor.best_placement(load_pipeline("pipelines.requests:build", 4), 4,
+                                            site=LocalSite(cpu_only()))
     assert placement == "all=cpu" and "no GPU" in why
 
 
@@ -36,7 +37,7 @@ def test_best_placement_falls_back_to_cpu_and_says_why(monkeypatch):
     def broken(*a, **k):
         raise PlacerError("stage 'infer' failed on gpu-sim")
 
-    monkeypatch.setattr(advisor, "profile_step", broken)
+    monkeypatch.setattr(LocalSite, "costs", broken)
     placement, why = advisor.best_placement(load_pipeline("pipelines.requests:build", 4), 4)
     assert placement == "all=cpu" and "planning failed" in why and "infer" in why
 

@@ -326,15 +326,16 @@ def test_plan_cli_for_the_cluster_prints_json_and_saves_the_costs(cluster, clien
 @needs_dask
 def test_run_without_a_placement_plans_for_the_cluster(cluster, client, monkeypatch):
     import placer.advisor
-    from placer.cli.run import cluster_placement
     from placer.executor import execute
     from placer.loader import load_pipeline
+    from placer.site import open_site
 
     monkeypatch.setattr(placer.advisor, "RUN_BUDGET_S", 2.0)
-    placement, why = cluster_placement("pipelines/tabular.py", 2000, cluster.scheduler_address)
+    p = load_pipeline(str(ROOT / "pipelines" / "tabular.py"), 2000)
+    with open_site(cluster.scheduler_address) as site:
+        placement, why = placer.advisor.best_placement(p, 2000, site, reference="pipelines/tabular.py")
     assert isinstance(placement, dict), why
     assert why.startswith("planned for the cluster") and "2 s profile" in why
-    p = load_pipeline(str(ROOT / "pipelines" / "tabular.py"), 2000)
     run = execute(p, placement, scheduler=client)
     assert run.outputs_digest == execute(p, "all=cpu").outputs_digest
 

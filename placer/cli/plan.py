@@ -1,6 +1,7 @@
 """``placer plan``: the best placement of a pipeline, with the reason for every choice.
 
-May import: typer, rich, placer.cli.app; the library lazily, inside the command.
+May import: typer, rich, placer.cli.app; the library (placer.site, placer.optimize) lazily,
+inside the command.
 """
 
 from __future__ import annotations
@@ -12,42 +13,20 @@ import typer
 from placer.cli.app import app, fail
 
 
-def _cost_model_class():
-    """The cost model class, or None when ``placer.costmodel`` does not provide one."""
-    try:
-        import placer.costmodel as cm
-    except ImportError:
-        return None
-    cls = getattr(cm, "CostModel", None)
-    if cls is None:
-        try:
-            from placer.costmodel.model import CostModel as cls
-        except ImportError:
-            return None
-    return cls if hasattr(cls, "table") else None
-
-
 def _from_model(pipeline: str | None, profile_file: Path | None, size: int | None,
                 budget_s: float | None = None):
-    """``(table, cost_at, size)`` from a saved profile, or by profiling the pipeline now."""
-    cls = _cost_model_class()
-    if cls is None:
-        fail("planning from a pipeline or profile needs placer.costmodel's CostModel, which is "
-             "not available; give a cost table with --costs FILE")
+    """The flow's :class:`~placer.site.Costs` from a saved profile, or by profiling the pipeline now."""
+    from placer.data.profile import Profile
+    from placer.site import LocalSite, costs_from_profile
+
     if profile_file is not None:
-        from placer.profile import Profile
-
-        prof = Profile.load(profile_file)
+        costs = costs_from_profile(Profile.load(profile_file), size=size)
     else:
-        from placer.profile import profile
-
-        prof = profile(pipeline, size=size, **({} if budget_s is None else {"budget_s": budget_s}))
-    model = cls(prof)
-    if size is None:
-        size = prof.target_size or max(prof.measured_sizes or prof.sizes or [0]) or None
-    if size is None:
-        fail(f"the profile of {prof.pipeline!r} has no sizes; give --size N")
-    return model.table(size), model.table, size
+        costs = LocalSite().costs(pipeline, size=size, budget_s=60.0 if budget_s is None else budget_s,
+                                  progress=None)
+    if costs.size is None:
+        fail(f"the profile of {costs.profile.pipeline!r} has no sizes; give --size N")
+    return costs
 
 
 @app.command("plan")
@@ -93,15 +72,16 @@ def plan_command(
             result, table, notes = _for_cluster(pipeline, scheduler, size, budget_s, objective, method,
                                                 deadline_s)
         elif costs is not None:
-            table, cost_at = CostTable.load(costs), None
+            table = CostTable.load(costs)
             if size is not None and table.size is not None and size != table.size:
                 fail(f"{costs} holds costs at size {table.size:g}, not {size}; drop --size "
                      "or plan from a profile, which predicts any size")
         else:
-            table, cost_at, size = _from_model(pipeline, profile_file, size, budget_s)
-        if scheduler is None:
-            result = plan(table, objective=objective, method=method, deadline_s=deadline_s,
-                          cost_at=cost_at, size=size)
+            site_costs = _from_model(pipeline, profile_file, size, budget_s)
+            table = site_costs.table()
+            result = site_costs.plan(objective=objective, method=method, deadline_s=deadline_s)
+        if costs is not None:
+            result = plan(table, objective=objective, method=method, deadline_s=deadline_s, size=size)
     except PlacerError as exc:
         fail(str(exc).splitlines()[0])
     except (KeyError, ValueError) as exc:
@@ -118,10 +98,11 @@ def plan_command(
 
 def _for_cluster(pipeline, scheduler, size, budget_s, objective, method, deadline_s):
     """``(plan, table, notes)`` for the cluster at ``scheduler``."""
-    from placer.cluster import cluster_costs, plan_from_costs
+    from placer.site import open_site
 
-    costs = cluster_costs(pipeline, scheduler, size=size, budget_s=30.0 if budget_s is None else budget_s)
-    result = plan_from_costs(costs, objective=objective, method=method, deadline_s=deadline_s)
+    with open_site(scheduler) as site:
+        costs = site.costs(pipeline, size=size, budget_s=30.0 if budget_s is None else budget_s)
+    result = costs.plan(objective=objective, method=method, deadline_s=deadline_s)
     failed = [n for n in costs.profile.notes if ": stage " in n and " failed: " in n]
     return result, costs.table(), costs.notes + failed
 

@@ -55,20 +55,20 @@ def profile_cmd(
 ) -> None:
     """Measure every stage of PIPELINE on every device at several sizes; fit and show the cost model."""
     t_start = time.perf_counter()
-    from placer.costmodel.model import CostModel
     from placer.errors import PlacerError
-    from placer.profile import Profile, ProfileCache, profile
+    from placer.profile import ProfileCache
+    from placer.site import LocalSite, costs_from_profile
 
     if budget_s <= 0:
         fail(f"--budget-s must be positive, got {budget_s}")
     try:
         left = budget_s - (time.perf_counter() - t_start) - 1.0  # keep a second for fitting and printing
-        prof = profile(pipeline, size=size, max_size=max_size, budget_s=max(left, 0.5),
-                       devices=devices.split(",") if devices else None,
-                       cache=None if not fresh else _fresh_cache(ProfileCache()), threads=threads)
-        want = [] if (describe or "").lower() == "none" else [describe] if describe else (
-            ["h200"] if not any(d.get("kind") == "gpu" for d in prof.devices.values()) else [])
-        model = CostModel(prof, describe=want)
+        site = LocalSite(cache=None if not fresh else _fresh_cache(ProfileCache()))
+        prof = site.measure(pipeline, size=size, max_size=max_size, budget_s=max(left, 0.5),
+                            devices=devices.split(",") if devices else None, threads=threads, progress=None)
+        want = None if (describe or "").lower() == "none" else describe or (
+            "h200" if not any(d.get("kind") == "gpu" for d in prof.devices.values()) else None)
+        model = costs_from_profile(prof, size=size, describe=want).model
     except PlacerError as exc:
         fail(str(exc).splitlines()[0])
     except (ValueError, TypeError, FileNotFoundError) as exc:
@@ -80,7 +80,7 @@ def profile_cmd(
     if as_json:
         print(json.dumps(doc, indent=1, default=str))
         return
-    _print(prof, model, at, output, isinstance(prof, Profile))
+    _print(prof, model, at, output)
 
 
 def _fresh_cache(cache):
@@ -90,7 +90,7 @@ def _fresh_cache(cache):
     return cache
 
 
-def _print(prof, model, at, output, _ok) -> None:
+def _print(prof, model, at, output) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -102,7 +102,7 @@ def _print(prof, model, at, output, _ok) -> None:
         t.add_column(col)
     for name in model.stages:
         for dev in model.devices:
-            if (name, dev) not in model._fits:
+            if not model.has_fit(name, dev):
                 continue
             fit = model.fit(name, dev)
             p = model.predict(name, dev, at)

@@ -10,42 +10,6 @@ import typer
 from placer.cli.app import app, fail
 
 
-def default_placement(pipeline, size):
-    """The plan's placement when an optimizer and cost model are available, else all-CPU."""
-    try:
-        from placer.advisor import best_placement
-    except ImportError:
-        return "all=cpu", "all stages on the CPU (no planner available)"
-    return best_placement(pipeline, size)
-
-
-def cluster_placement(pipeline: str, size, scheduler: str):
-    """The plan's placement for the cluster at ``scheduler`` (profiled on its workers), and why.
-
-    When profiling or planning fails, all-CPU with the reason; an unreachable or
-    empty cluster is an error (the run could not start either).
-    """
-    from placer.advisor import RUN_BUDGET_S
-    from placer.errors import PlacerError
-    from placer.cluster import plan_for_cluster
-    from placer.executor.distributed import ClusterError, ClusterProfileError
-
-    try:
-        chosen = plan_for_cluster(pipeline, scheduler, size=size, budget_s=RUN_BUDGET_S)
-    except ClusterError as exc:
-        if not isinstance(exc, ClusterProfileError):
-            raise  # the run cannot start either
-        why = exc
-    except (PlacerError, ValueError, KeyError) as exc:
-        why = exc
-    else:
-        on = sorted(set(chosen.placement.values()))
-        return dict(chosen.placement), (
-            f"planned for the cluster from a {RUN_BUDGET_S:g} s profile on its workers: predicted "
-            f"makespan {chosen.predicted_makespan_s:.4g} s using {', '.join(on)}")
-    return "all=cpu", f"all stages on the CPU: planning for the cluster failed ({str(why).splitlines()[0]})"
-
-
 @app.command("run")
 def run(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
@@ -61,19 +25,20 @@ def run(
     ),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
+    from placer.advisor import best_placement
     from placer.errors import PlacerError
     from placer.executor import execute
-    from placer.loader import load_pipeline
     from placer.files import write_text_atomic
+    from placer.loader import load_pipeline
+    from placer.site import open_site
 
     try:
         p = load_pipeline(pipeline, size)
         why = None
         spec = placement
-        if spec is None and scheduler:
-            spec, why = cluster_placement(pipeline, p.size, scheduler)
-        elif spec is None:
-            spec, why = default_placement(p, p.size)
+        if spec is None:
+            with open_site(scheduler) as site:
+                spec, why = best_placement(p, p.size, site, reference=pipeline)
         result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler)
     except PlacerError as exc:
         fail(str(exc).splitlines()[0])

@@ -216,6 +216,10 @@ class CostModel:
                                  "profile with an accelerator or describe one")
         return tm.predict(nbytes, direction)
 
+    def has_fit(self, stage: str, device: str) -> bool:
+        """Whether ``stage`` has a fit (measured or described) on ``device``."""
+        return (stage, device) in self._fits
+
     def predictions(self, size: float, devices: list[str] | None = None) -> dict[str, dict[str, Prediction]]:
         """Every (stage, device) prediction at ``size``: ``{stage: {device: Prediction}}``."""
         devs = devices or list(self.devices)

@@ -303,7 +303,7 @@ def _installed(module_name: str) -> bool:
     return any(path.is_relative_to(Path(r).resolve()) for r in roots)
 
 
-def _ship_by_value(fns: Sequence[Any]) -> None:
+def ship_by_value(fns: Sequence[Any]) -> None:
     """Have cloudpickle pickle these functions' modules by value when they are not installed."""
     import cloudpickle
 
@@ -319,7 +319,7 @@ def stage_payloads(pipeline: Pipeline) -> dict[str, bytes]:
     """Each stage, pickled for the workers (its module by value when not installed)."""
     import cloudpickle
 
-    _ship_by_value([impl.fn for st in pipeline.stages.values()
+    ship_by_value([impl.fn for st in pipeline.stages.values()
                     for impl in (st.fn, st.cpu, st.gpu) if impl is not None])
     return {n: cloudpickle.dumps(st) for n, st in pipeline.stages.items()}
 

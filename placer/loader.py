@@ -1,6 +1,23 @@
 """Loading a pipeline from a ``.py`` file or a ``module:function`` reference.
 
 May import: importlib, placer.pipeline, placer.errors.
+
+Where modules are looked up
+---------------------------
+A pipeline file is imported with its own folder first on ``sys.path``, so it can
+import a helper module next to it (``import helpers``). A ``module:function``
+reference is looked up with the current directory first on ``sys.path``, as
+``python -m`` does, so ``pipelines.mine:build`` finds ``./pipelines/mine.py`` even
+when another ``pipelines`` package is installed, and the ``placer`` command finds
+modules of the directory it runs in.
+
+Either folder is on ``sys.path`` only while the module loads: ``sys.path`` is the
+same afterwards, so loading a pipeline never changes which modules the rest of the
+process imports. Modules imported during the load stay in ``sys.modules``, so the
+stages keep using them, and a stage that imports such a module again at run time
+(``import helpers`` inside the stage function) gets the loaded one. A helper module
+that a stage imports for the first time at run time is not found there; import it at
+the top of the pipeline file.
 """
 
 from __future__ import annotations
@@ -9,7 +26,10 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,33 +37,65 @@ from placer.errors import PlacerError
 from placer.pipeline import Pipeline, as_pipeline
 
 
+@contextmanager
+def _first_on_path(folder: str) -> Iterator[None]:
+    """``folder`` first on ``sys.path`` inside the block, and gone again after it."""
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        try:
+            sys.path.remove(folder)  # the first occurrence: the one inserted above
+        except ValueError:
+            pass  # the module removed it itself
+
+
+def _load_file(ref: str):
+    """The module of the pipeline file ``ref``, imported under a generated name."""
+    path = Path(ref)
+    if not path.is_file():
+        raise PlacerError(f"pipeline file {ref!r} does not exist")
+    # a name stable across processes (numba's on-disk cache looks functions up by module)
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
+    modname = f"placer_user_{path.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(modname, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module
+    try:
+        with _first_on_path(str(path.resolve().parent)):
+            spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(modname, None)
+        raise PlacerError(f"pipeline file {ref!r} failed to import: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _import_module(mod: str):
+    """The module ``mod``, looked up with the current directory first on ``sys.path``."""
+    try:
+        with _first_on_path(os.getcwd()):
+            return importlib.import_module(mod)
+    except Exception as exc:
+        msg = f"cannot import pipeline module {mod!r}: {type(exc).__name__}: {exc}"
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        if missing and (mod == missing or mod.startswith(missing + ".")):
+            msg += f" (looked in the current directory {os.getcwd()} and on sys.path"
+            parent = sys.modules.get(missing.rpartition(".")[0])
+            if getattr(parent, "__file__", None):
+                msg += f"; {parent.__name__!r} is {parent.__file__}"
+            msg += f"); to load a pipeline file, pass its path, e.g. path/to/{mod.rpartition('.')[2]}.py"
+        raise PlacerError(msg) from exc
+
+
 def load_builder(ref: str):
     """The ``build`` function a reference names (a path to a .py file, or module:function)."""
-    path = Path(ref)
-    if ref.endswith(".py") or path.is_file():
-        if not path.is_file():
-            raise PlacerError(f"pipeline file {ref!r} does not exist")
-        # a name stable across processes (numba's on-disk cache looks functions up by module)
-        digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
-        modname = f"placer_user_{path.stem}_{digest}"
-        spec = importlib.util.spec_from_file_location(modname, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[modname] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            sys.modules.pop(modname, None)
-            raise PlacerError(f"pipeline file {ref!r} failed to import: {type(exc).__name__}: {exc}") from exc
-        fn = getattr(module, "build", None)
+    if ref.endswith(".py") or Path(ref).is_file():
+        fn = getattr(_load_file(ref), "build", None)
         if fn is None:
             raise PlacerError(f"pipeline file {ref!r} has no build(size=None, **params) function")
         return fn
     mod, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(mod)
-    except Exception as exc:
-        raise PlacerError(f"cannot import pipeline module {mod!r}: {type(exc).__name__}: {exc}") from exc
-    fn = getattr(module, attr or "build", None)
+    fn = getattr(_import_module(mod), attr or "build", None)
     if fn is None:
         raise PlacerError(f"module {mod!r} has no function {attr or 'build'!r}")
     return fn

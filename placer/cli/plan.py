@@ -53,9 +53,12 @@ def plan_command(
     """Choose a device for every stage of PIPELINE, and say why."""
     from placer.errors import PlacerError
     from placer.optimize import CostTable, plan
+    from placer.optimize.objectives import UnknownObjectiveError, get_objective, known
 
-    if objective not in ("makespan", "throughput", "cost"):
-        fail(f"unknown --objective {objective!r}; use makespan, throughput or cost")
+    try:
+        get_objective(objective)
+    except UnknownObjectiveError:
+        fail(f"unknown --objective {objective!r}; use {known()}")
     if method not in ("auto", "exact", "heuristic"):
         fail(f"unknown --method {method!r}; use auto, exact or heuristic")
     if costs is not None and profile_file is not None:
@@ -112,6 +115,7 @@ def _print(result, notes: list[str] = ()) -> None:
     from rich.table import Table
 
     from placer.optimize.explain import fmt_s
+    from placer.optimize.objectives import get_objective
 
     c = Console()
     for note in notes:
@@ -129,10 +133,9 @@ def _print(result, notes: list[str] = ()) -> None:
     for name, secs in result.baselines.items():
         label = name.replace("_", " ")
         c.print(f"  {label}: " + ("impossible" if secs is None else fmt_s(secs)))
-    if result.objective == "throughput":
-        c.print(f"  time per batch (busiest resource): {fmt_s(result.predicted_period_s)}")
-    if result.objective == "cost":
-        c.print(f"  cost per run: ${result.predicted_cost:.4g}")
+    summary = get_objective(result.objective).summary(result)
+    if summary is not None:
+        c.print(f"  {summary}")
     for w in result.warnings:
         c.print(f"  warning: {w}")
     c.print(f"  planned in {fmt_s(result.planning_s)}")

@@ -8,7 +8,8 @@ Modules
 costs       the cost table (devices, link, per-stage costs) and its validation
 problem     a table compiled to lists indexed by dispatch priority
 simulate    the schedule model and :func:`simulate`
-objectives  makespan, throughput (period per batch) and money
+objectives  what a placement is scored by: makespan, throughput (period per batch),
+            money; a registry others can add to
 exact       chain DP, branch and bound, exhaustive enumeration
 heuristic   HEFT seeds and local search for large pipelines
 explain     reasons, baselines and crossover sizes
@@ -36,11 +37,12 @@ from __future__ import annotations
 
 from placer.data.costs import CostTable, DeviceSpec, Direction, Link, StageCost
 from placer.errors import CostTableError, InfeasibleError
+from placer.optimize.objectives import Objective, UnknownObjectiveError, get_objective, register
 from placer.optimize.plan import Plan, StageChoice, plan
 from placer.optimize.simulate import Schedule, StageEvent, TransferEvent, simulate
 
 __all__ = [
     "CostTable", "CostTableError", "DeviceSpec", "Direction", "InfeasibleError", "Link",
-    "Plan", "Schedule", "StageChoice", "StageCost", "StageEvent", "TransferEvent",
-    "plan", "simulate",
+    "Objective", "Plan", "Schedule", "StageChoice", "StageCost", "StageEvent", "TransferEvent",
+    "UnknownObjectiveError", "get_objective", "plan", "register", "simulate",
 ]

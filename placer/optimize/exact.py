@@ -5,15 +5,17 @@ May import: placer.optimize.{problem,simulate,objectives}. Never torch, dask or 
 All three minimise the same objective values as :func:`objectives.evaluate`, so
 they agree with each other to floating-point rounding. Branch and bound assigns
 stages in dispatch priority (every producer is placed before its consumers) and
-prunes a partial placement when a lower bound on every completion is no better
-than the best complete placement found so far:
+prunes a partial placement when the objective's lower bound on every completion
+(:meth:`Objective.bound <placer.optimize.objectives.Objective.bound>`) is no better
+than the best complete placement found so far. The search keeps what the bounds
+of the built-in objectives read (:class:`~placer.optimize.objectives.Partial`):
 
-- makespan: the longest producer-to-sink path, with each placed stage's earliest
-  start and the cheapest continuation below it (``tails``), and the load of each
-  device (a device cannot finish before it has run its stages);
-- throughput: the load of every resource so far (loads only grow);
-- cost: the money so far plus the cheapest device for every stage left, and the
-  makespan bound against the deadline.
+- a makespan bound: the longest producer-to-sink path, with each placed stage's
+  earliest start and the cheapest continuation below it (``tails``), the load of
+  each device (a device cannot finish before it has run its stages), and all the
+  work left spread over every slot;
+- the load of every resource so far (loads only grow), for throughput;
+- the money so far and the cheapest device for every stage left, for cost.
 
 Identical accelerators are interchangeable, so only one of each set of
 equivalent placements is searched.
@@ -24,9 +26,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from placer.optimize.objectives import DEADLINE_RTOL, evaluate, money
+from placer.optimize.objectives import Objective, get_objective, stage_money
 from placer.optimize.problem import INF, Problem
-from placer.optimize.simulate import makespan
 
 
 def chain_dp(pb: Problem) -> tuple[float, list[int]]:
@@ -99,15 +100,20 @@ def equivalent_devices(pb: Problem) -> list[int]:
 
 
 class _Search:
-    """Depth-first branch and bound; see the module docstring for the bounds."""
+    """Depth-first branch and bound; see the module docstring for the bounds.
 
-    def __init__(self, pb: Problem, objective: str, deadline_s: float | None, incumbent):
-        self.pb, self.objective, self.deadline = pb, objective, deadline_s
+    While a stage is being tried, the search is the
+    :class:`~placer.optimize.objectives.Partial` its objective's bound reads.
+    """
+
+    def __init__(self, pb: Problem, objective: Objective, deadline_s: float | None, incumbent):
+        self.pb, self.objective, self.deadline_s = pb, objective, deadline_s
         self.best_value, self.best = incumbent
         self.bl = tails(pb)
         nd = len(pb.devices)
         self.nd, self.nloc = nd, max(pb.loc) + 1
         self.place = [0] * pb.n
+        self.placed, self.path_lb, self.spent = 0, 0.0, 0.0
         self.ef = [0.0] * pb.n
         self.load = [0.0] * (nd + 2 * self.nloc)
         self.dests = [0] * pb.n
@@ -115,8 +121,7 @@ class _Search:
         self.rep = equivalent_devices(pb)
         self.total_slots = sum(pb.slots)
         mins = [min(pb.time[v][d] for d in pb.allowed[v]) for v in range(pb.n)]
-        cheap = [min(pb.time[v][d] * pb.price_s[d] / pb.slots[d] for d in pb.allowed[v])
-                 for v in range(pb.n)]
+        cheap = [min(stage_money(pb, v, d) for d in pb.allowed[v]) for v in range(pb.n)]
         self.rest_work = list(itertools.accumulate(reversed(mins + [0.0])))[::-1]
         self.rest_cost = list(itertools.accumulate(reversed(cheap + [0.0])))[::-1]
         self.work = 0.0
@@ -126,11 +131,21 @@ class _Search:
         self._visit(0, 0.0, 0.0)
         return self.best_value, self.best
 
+    def span_bound(self) -> float:
+        """A lower bound on the makespan of every completion of the placed stages."""
+        return max(self.path_lb, max(self.load[: self.nd]),
+                   (self.work + self.rest_work[self.placed]) / self.total_slots)
+
+    def cheapest_rest(self) -> float:
+        """The least money the stages not yet placed can cost."""
+        return self.rest_cost[self.placed]
+
     def _visit(self, v: int, path_lb: float, spent: float) -> None:
         pb = self.pb
         self.nodes += 1
         if v == pb.n:
-            self._leaf(spent)
+            self.placed, self.path_lb, self.spent = v, path_lb, spent
+            self._leaf()
             return
         options = []
         for d in pb.allowed[v]:
@@ -143,7 +158,8 @@ class _Search:
             est = self.ef[v] - pb.time[v][d]
             lb_path = max(path_lb, est + self.bl[v][d])
             new_spent = spent + pb.time[v][d] * pb.price_s[d] / pb.slots[d]
-            if self._bound(v, lb_path, new_spent) < self.best_value:
+            self.placed, self.path_lb, self.spent = v + 1, lb_path, new_spent
+            if self.objective.bound(self) < self.best_value:
                 self._visit(v + 1, lb_path, new_spent)
             self._unassign(v, d, undo)
 
@@ -192,34 +208,15 @@ class _Search:
         self.used[d] -= 1
         self.work -= self.pb.time[v][d]
 
-    def _bound(self, v: int, path_lb: float, spent: float) -> float:
-        if self.objective == "throughput":
-            return max(self.load)
-        span_lb = max(path_lb, max(self.load[: self.nd]),
-                      (self.work + self.rest_work[v + 1]) / self.total_slots)
-        if self.objective == "makespan":
-            return span_lb
-        if self.deadline is not None and span_lb > self.deadline * (1 + DEADLINE_RTOL):
-            return INF
-        return spent + self.rest_cost[v + 1]
-
-    def _leaf(self, spent: float) -> None:
-        pb, place = self.pb, self.place
-        if self.objective == "makespan":
-            value = makespan(pb, place)
-        elif self.objective == "throughput":
-            value = max(self.load)
-        else:
-            value = evaluate(pb, place, "cost", self.deadline)
-            if value < INF:
-                value = money(pb, place)
+    def _leaf(self) -> None:
+        value = self.objective.search_value(self)
         if value < self.best_value:
-            self.best_value, self.best = value, place[:]
+            self.best_value, self.best = value, self.place[:]
 
 
 def branch_and_bound(
     pb: Problem,
-    objective: str = "makespan",
+    objective: str | Objective = "makespan",
     *,
     deadline_s: float | None = None,
     incumbent: tuple[float, list[int] | None] = (INF, None),
@@ -228,17 +225,18 @@ def branch_and_bound(
 
     ``incumbent`` is a known placement and its value; a good one prunes more.
     """
-    return _Search(pb, objective, deadline_s, incumbent).run()
+    return _Search(pb, get_objective(objective), deadline_s, incumbent).run()
 
 
 def exhaustive(
-    pb: Problem, objective: str = "makespan", *, deadline_s: float | None = None
+    pb: Problem, objective: str | Objective = "makespan", *, deadline_s: float | None = None
 ) -> tuple[float, list[int] | None]:
     """Evaluate every placement (product of each stage's allowed devices); for checking only."""
+    obj = get_objective(objective)
     best_value, best = math.inf, None
     for combo in itertools.product(*pb.allowed):
         place = list(combo)
-        value = evaluate(pb, place, objective, deadline_s)
+        value = obj.evaluate(pb, place, deadline_s)
         if value < best_value:
             best_value, best = value, place
     return best_value, best

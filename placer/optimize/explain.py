@@ -1,25 +1,31 @@
 """Why each stage runs where it does: reasons, copy accounting, baselines, crossover sizes.
 
-May import: placer.optimize.{costs,problem,simulate,objectives}. Never torch, dask or numba.
+May import: placer.optimize.{costs,problem,simulate}; placer.optimize.objectives only for
+type hints (it imports the wording helpers here). Never torch, dask or numba.
 
 A reason compares the chosen device with the best other device the stage could
-use, holding every other stage where the plan put it. Text never calls the
-simulated test device (kind ``sim``) a GPU.
+use, holding every other stage where the plan put it; the objective may give a
+reason of its own first (:meth:`Objective.reason
+<placer.optimize.objectives.Objective.reason>`) and names what a move would
+worsen. Text never calls the simulated test device (kind ``sim``) a GPU.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from placer.optimize.problem import INF, Problem
+from placer.optimize.problem import Problem
 from placer.optimize.simulate import makespan
+
+if TYPE_CHECKING:
+    from placer.optimize.objectives import Objective
 
 #: flip every stage and re-score the plan for explanations up to this many stages
 FLIP_LIMIT = 100
 #: the crossover search spans this factor around the requested size (1,000x in all)
 SPAN = 10**1.5
-WHAT = {"makespan": "run", "throughput": "time per batch", "cost": "cost per run"}
 
 
 def device_word(pb: Problem, d: int) -> str:
@@ -98,7 +104,7 @@ def reason(
     place: list[int],
     v: int,
     *,
-    objective: str,
+    objective: Objective,
     value: float,
     flips: dict[int, float] | None,
     at: str,
@@ -106,7 +112,7 @@ def reason(
     pinned: bool,
     blocked: dict[str, str],
 ) -> str:
-    """One plain sentence: why stage ``v`` runs on ``place[v]``."""
+    """One plain sentence: why stage ``v`` runs on ``place[v]`` (under ``objective``, worth ``value``)."""
     d = place[v]
     here, tc = device_word(pb, d), pb.time[v][d]
     others = [e for e in range(len(pb.devices)) if e != d and pb.devices[e] not in blocked]
@@ -121,8 +127,9 @@ def reason(
     if pinned:
         return f"pinned to {here} ({there} would take {fmt_s(ta)} instead of {fmt_s(tc)})"
     saved = copies_around(pb, place, v, alt) - copies_around(pb, place, v, d)
-    if objective == "cost" and pb.price_s[d] != pb.price_s[alt]:
-        return _cost_reason(pb, v, d, alt, here, there, flips, value)
+    own = objective.reason(pb, place, v, alt, flips, value)
+    if own is not None:
+        return own
     if tc < ta:
         ratio = fmt_ratio(ta / tc) if tc > 0 else "much"
         head = (f"loop-carried stage: {ratio} slower on {there}" if loop_carried
@@ -144,23 +151,12 @@ def reason(
     flip = None if flips is None else flips.get(alt)
     if flip is not None and flip > value:
         return (f"{there} is {ratio} faster{at} but busy with other stages; moving this "
-                f"stage there would make the {WHAT[objective]} {fmt_s(flip - value)} longer")
+                f"stage there would make the {objective.what} {objective.worse_by(flip - value)}")
     if flip is not None:
         return (f"{there} is {ratio} faster{at}, but moving only this stage there would "
-                f"not improve the {WHAT[objective]}")
+                f"not improve the {objective.what}")
     return (f"{there} is {ratio} faster{at}, but keeping it here lets it overlap with "
             "the stages placed there")
-
-
-def _cost_reason(pb, v, d, alt, here, there, flips, value) -> str:
-    c_here = pb.time[v][d] * pb.price_s[d] / pb.slots[d]
-    c_there = pb.time[v][alt] * pb.price_s[alt] / pb.slots[alt]
-    if c_here <= c_there:
-        return f"cheaper on {here}: {fmt_money(c_here)} per run against {fmt_money(c_there)} on {there}"
-    flip = None if flips is None else flips.get(alt)
-    tail = "" if flip is None or flip < INF else " (that would miss the deadline)"
-    return (f"{there} would be cheaper ({fmt_money(c_there)} against {fmt_money(c_here)}) "
-            f"but this plan needs the {here} to meet the deadline{tail}")
 
 
 def baselines(pb: Problem) -> dict[str, list[int] | None]:

@@ -4,16 +4,20 @@ May import: placer.optimize.{problem,simulate,objectives,exact,explain}. Never t
 
 1. Seeds. Earliest-finish-time list scheduling (HEFT) in upward-rank order and in
    dispatch order, the per-stage best device on its best producer-to-sink path,
-   the fastest device per stage, all-CPU, and (for ``cost``) the cheapest device per
-   stage; for ``throughput``, a greedy load balance. Each is scored by the objective.
+   the fastest device per stage, all-CPU, and the objective's own seeds
+   (:meth:`Objective.seeds <placer.optimize.objectives.Objective.seeds>`: for
+   ``cost`` the cheapest device per stage, for ``throughput`` a greedy load
+   balance). Each is scored by the objective.
 2. Local search from the best seed: move one stage, or one stage with its
-   neighbours, to another device; keep a move when the score improves. For
-   makespan, stages on the critical path are tried first. While time remains
+   neighbours, to another device; keep a move when the score improves. Stages on
+   the critical path are tried first unless the objective says otherwise
+   (``critical_first``: not for throughput). While time remains
    and the pipeline is small, random kicks restart the search (iterated local
    search); the best placement seen is kept.
 
-Scores are ``(deadline excess, objective value)`` pairs, so for ``cost`` under a
-deadline the search first meets the deadline, then saves money.
+Scores are ``(deadline excess, objective value)`` pairs
+(:meth:`Objective.score <placer.optimize.objectives.Objective.score>`), so for
+``cost`` under a deadline the search first meets the deadline, then saves money.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import time
 
 from placer.optimize.exact import tails
 from placer.optimize.explain import copies_around
-from placer.optimize.objectives import loads, money
+from placer.optimize.objectives import Objective, get_objective
 from placer.optimize.problem import INF, Problem
 from placer.optimize.simulate import makespan
 
@@ -40,17 +44,6 @@ def default_budget(n: int) -> float:
     Small pipelines usually stop earlier, after ``PATIENCE`` fruitless restarts.
     """
     return 0.25 if n <= 100 else min(2.5, 0.1 + 0.0002 * n)
-
-
-def score(pb: Problem, place: list[int], objective: str, deadline_s: float | None) -> tuple:
-    """``(deadline excess, value)``: smaller is better."""
-    if objective == "throughput":
-        return (0.0, max(loads(pb, place)))
-    if objective == "cost":
-        if deadline_s is None:
-            return (0.0, money(pb, place))
-        return (max(0.0, makespan(pb, place) - deadline_s), money(pb, place))
-    return (0.0, makespan(pb, place))
 
 
 def upward_rank(pb: Problem) -> list[float]:
@@ -119,18 +112,7 @@ def path_best(pb: Problem) -> list[int]:
     return [min(pb.allowed[v], key=lambda d: head[v][d] - pb.time[v][d] + bl[v][d]) for v in range(pb.n)]
 
 
-def balance(pb: Problem) -> list[int]:
-    """Greedy load balance for throughput: biggest stages first, to the least-loaded fit."""
-    load = [0.0] * len(pb.devices)
-    place = [0] * pb.n
-    for v in sorted(range(pb.n), key=lambda v: -min(pb.time[v][d] for d in pb.allowed[v])):
-        d = min(pb.allowed[v], key=lambda d: load[d] + pb.time[v][d] / pb.slots[d])
-        place[v] = d
-        load[d] += pb.time[v][d] / pb.slots[d]
-    return place
-
-
-def seeds(pb: Problem, objective: str) -> list[list[int]]:
+def seeds(pb: Problem, objective: str | Objective) -> list[list[int]]:
     """Starting placements for the local search."""
     out = [
         eft(pb, rank_order(pb, upward_rank(pb))),
@@ -140,12 +122,7 @@ def seeds(pb: Problem, objective: str) -> list[list[int]]:
     ]
     if all(pb.cpu in al for al in pb.allowed):
         out.append([pb.cpu] * pb.n)
-    if objective == "cost":
-        out.append([min(al, key=lambda d: pb.time[v][d] * pb.price_s[d] / pb.slots[d])
-                    for v, al in enumerate(pb.allowed)])
-    if objective == "throughput":
-        out.append(balance(pb))
-    return out
+    return out + get_objective(objective).seeds(pb)
 
 
 def critical_path(pb: Problem, place: list[int]) -> list[int]:
@@ -165,11 +142,11 @@ def critical_path(pb: Problem, place: list[int]) -> list[int]:
     return path
 
 
-def _moves(pb: Problem, place: list[int], objective: str, rng: random.Random):
-    """Candidate moves ``(stages, device or devices)``: critical stages first for makespan."""
+def _moves(pb: Problem, place: list[int], objective: Objective, rng: random.Random):
+    """Candidate moves ``(stages, device or devices)``: critical stages first, if the objective says."""
     order = list(range(pb.n))
     rng.shuffle(order)
-    if objective != "throughput" and pb.n > 1:
+    if objective.critical_first and pb.n > 1:
         crit = critical_path(pb, place)
         seen = set(crit)
         order = crit + [v for v in order if v not in seen]
@@ -195,6 +172,7 @@ def _moves(pb: Problem, place: list[int], objective: str, rng: random.Random):
 
 def local_search(pb, place, best, objective, deadline_s, deadline, rng) -> tuple:
     """First-improvement descent until no move helps or time runs out."""
+    objective = get_objective(objective)
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
@@ -202,7 +180,7 @@ def local_search(pb, place, best, objective, deadline_s, deadline, rng) -> tuple
             old = [place[v] for v in group]
             for v, e in zip(group, d if isinstance(d, tuple) else [d] * len(group)):
                 place[v] = e
-            s = score(pb, place, objective, deadline_s)
+            s = objective.score(pb, place, deadline_s)
             if _better(s, best):
                 best, improved = s, True
                 break
@@ -221,15 +199,16 @@ def _better(a: tuple, b: tuple) -> bool:
 
 def heuristic(
     pb: Problem,
-    objective: str = "makespan",
+    objective: str | Objective = "makespan",
     *,
     deadline_s: float | None = None,
     budget_s: float | None = None,
     seed: int = 0,
 ) -> tuple[tuple, list[int]]:
     """A good placement: ``(score, device index per stage)``; see the module docstring."""
+    objective = get_objective(objective)
     rng = random.Random(seed)
-    scored = [(score(pb, p, objective, deadline_s), p) for p in seeds(pb, objective)]
+    scored = [(objective.score(pb, p, deadline_s), p) for p in seeds(pb, objective)]
     best, place = min(scored, key=lambda sp: sp[0])
     stop = time.perf_counter() + (default_budget(pb.n) if budget_s is None else budget_s)
     place, best = local_search(pb, place[:], best, objective, deadline_s, stop, rng)
@@ -238,7 +217,7 @@ def heuristic(
         trial = place[:]
         for v in rng.sample(range(pb.n), k=min(pb.n, rng.randint(2, max(3, pb.n // 3)))):
             trial[v] = rng.choice(pb.allowed[v])
-        s = score(pb, trial, objective, deadline_s)
+        s = objective.score(pb, trial, deadline_s)
         trial, s = local_search(pb, trial, s, objective, deadline_s, stop, rng)
         if _better(s, best):
             best, place, idle = s, trial, 0
@@ -249,11 +228,13 @@ def heuristic(
     return best, place
 
 
-def polish(pb: Problem, place: list[int], objective: str, deadline_s: float | None) -> list[int]:
+def polish(pb: Problem, place: list[int], objective: str | Objective,
+           deadline_s: float | None) -> list[int]:
     """Among placements as good as ``place``, prefer less work: move a stage where it
     takes less compute plus copy time whenever the objective does not get worse."""
+    objective = get_objective(objective)
     place = place[:]
-    value = score(pb, place, objective, deadline_s)
+    value = objective.score(pb, place, deadline_s)
     for v in range(pb.n):
         d = place[v]
         here = pb.time[v][d] + copies_around(pb, place, v, d)
@@ -261,7 +242,7 @@ def polish(pb: Problem, place: list[int], objective: str, deadline_s: float | No
             if e == d or pb.time[v][e] + copies_around(pb, place, v, e) >= here:
                 continue
             place[v] = e
-            s = score(pb, place, objective, deadline_s)
+            s = objective.score(pb, place, deadline_s)
             if not _better(value, s):
                 value, d = s, e
                 here = pb.time[v][e] + copies_around(pb, place, v, e)

@@ -2,9 +2,11 @@
 
 May import: pydantic, placer.errors, placer.files, placer.optimize.*. Never torch, dask or numba.
 
-:func:`plan` chooses the search by size: a dynamic program for a chain (makespan),
-branch and bound when at most :data:`EXACT_LIMIT` stages have a choice, and the
-heuristic beyond. ``method="exact"`` or ``"heuristic"`` forces one.
+:func:`plan` chooses the search by size: a dynamic program for a chain (when the
+objective allows, as makespan does), branch and bound when at most
+:data:`EXACT_LIMIT` stages have a choice, and the heuristic beyond.
+``method="exact"`` or ``"heuristic"`` forces one. The objective is looked up by
+name in :mod:`placer.optimize.objectives`; a plan records the name.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-
-from placer.errors import PlacerError
 from placer.data.costs import CostTable
-from placer.errors import InfeasibleError
+from placer.data.plan import Plan, Schedule, StageChoice  # noqa: F401
+from placer.errors import InfeasibleError, PlacerError
+from placer.optimize import objectives
 from placer.optimize.exact import branch_and_bound, chain_dp
 from placer.optimize.explain import (
     FLIP_LIMIT,
@@ -30,21 +32,21 @@ from placer.optimize.explain import (
     reason,
 )
 from placer.optimize.heuristic import heuristic, polish
-from placer.optimize.objectives import OBJECTIVES, evaluate, loads, money
+from placer.optimize.objectives import get_objective, loads, money
 from placer.optimize.problem import INF, Problem
-from placer.data.plan import Plan, Schedule, StageChoice  # noqa: F401
 from placer.optimize.simulate import schedule
 
 #: branch and bound when at most this many stages have more than one allowed device
 EXACT_LIMIT = 16
 #: among equally good placements, prefer the least work, up to this many stages
 POLISH_LIMIT = 200
-Objective = Literal["makespan", "throughput", "cost"]
+#: a registered objective's name (:func:`placer.optimize.objectives.names`)
+Objective = str
 Method = Literal["auto", "exact", "heuristic"]
 
 
 def search(
-    pb: Problem, objective: str, method: str, deadline_s: float | None
+    pb: Problem, objective: str | objectives.Objective, method: str, deadline_s: float | None
 ) -> tuple[str, str, float, list[int]]:
     """``(method, algorithm, value, device index per stage)`` of the best placement found.
 
@@ -57,16 +59,16 @@ def search(
     return used, algorithm, value, place
 
 
-def _search(pb: Problem, objective: str, method: str, deadline_s: float | None):
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
+def _search(pb: Problem, objective: str | objectives.Objective, method: str,
+            deadline_s: float | None):
+    objective = get_objective(objective)
     if method not in ("auto", "exact", "heuristic"):
         raise ValueError(f"unknown method {method!r}; use auto, exact or heuristic")
     free = sum(1 for al in pb.allowed if len(al) > 1)
     if method == "auto":
-        chain_ok = objective == "makespan" and pb.is_chain()
+        chain_ok = objective.chain_dp and pb.is_chain()
         method = "exact" if (chain_ok or free <= EXACT_LIMIT) else "heuristic"
-    if method == "exact" and objective == "makespan" and pb.is_chain():
+    if method == "exact" and objective.chain_dp and pb.is_chain():
         value, place = chain_dp(pb)
         return "exact", "dynamic programming over the chain", value, place
     (excess, h_value), h_place = heuristic(pb, objective, deadline_s=deadline_s)
@@ -81,7 +83,7 @@ def _search(pb: Problem, objective: str, method: str, deadline_s: float | None):
 def plan(
     costs: CostTable,
     *,
-    objective: Objective = "makespan",
+    objective: str | objectives.Objective = "makespan",
     method: Method = "auto",
     deadline_s: float | None = None,
     cost_at: Callable[[float], CostTable] | None = None,
@@ -93,9 +95,10 @@ def plan(
     ----------
     costs : CostTable
         Costs at the size to plan for.
-    objective : {"makespan", "throughput", "cost"}
-        Minimise one run's time, the busiest resource's time per batch of a stream,
-        or money per run (under ``deadline_s`` when given).
+    objective : str or Objective
+        A registered objective (:mod:`placer.optimize.objectives`): ``makespan``,
+        ``throughput`` or ``cost`` minimise one run's time, the busiest resource's
+        time per batch of a stream, or money per run (under ``deadline_s`` when given).
     method : {"auto", "exact", "heuristic"}
         ``auto``: exact for chains and for up to ``EXACT_LIMIT`` free stages.
         ``exact`` on a large non-chain pipeline may take very long.
@@ -110,10 +113,13 @@ def plan(
 
     Raises
     ------
+    UnknownObjectiveError
+        When no objective has that name (a ``ValueError``).
     InfeasibleError
         When no placement meets the deadline (``cost``).
     """
     t0 = time.perf_counter()
+    objective = get_objective(objective)
     size = costs.size if size is None else size
     pb = Problem(costs)
     used, algorithm, value, place = search(pb, objective, method, deadline_s)
@@ -130,13 +136,13 @@ def plan(
             f"the plan's predicted makespan {sched.makespan_s:.4g} s misses the deadline of "
             f"{deadline_s:g} s"
         )
-    choices = explain_stages(pb, place, objective, evaluate(pb, place, objective, deadline_s),
+    choices = explain_stages(pb, place, objective, objective.evaluate(pb, place, deadline_s),
                              deadline_s, size, costs.size_unit)
     if cost_at is not None and size:
         _add_crossovers(choices, cost_at, size, objective, method, deadline_s, costs.size_unit, pb)
     return Plan(
         placement=pb.placement(place),
-        objective=objective,
+        objective=objective.name,
         method=used,
         algorithm=algorithm,
         predicted_makespan_s=sched.makespan_s,
@@ -158,17 +164,18 @@ def plan(
 def explain_stages(
     pb: Problem,
     place: list[int],
-    objective: str,
+    objective: str | objectives.Objective,
     value: float,
     deadline_s: float | None,
     size: float | None,
     unit: str,
 ) -> list[StageChoice]:
     """A :class:`StageChoice` per stage, in table order."""
+    objective = get_objective(objective)
     table = pb.table
     flips = None
     if pb.n <= FLIP_LIMIT:
-        flips = flip_values(pb, place, lambda p: evaluate(pb, p, objective, deadline_s))
+        flips = flip_values(pb, place, lambda p: objective.evaluate(pb, p, deadline_s))
     at = f" at {size:,.0f} {unit}" if size else ""
     out = {}
     for v, name in enumerate(pb.names):

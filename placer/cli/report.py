@@ -42,7 +42,10 @@ def report_command(
     """Write a report: what runs where, why, how long, and what to change.
 
     Give PIPELINE to profile, plan and run it now; or --plan/--run (and --baseline)
-    to report on saved results; or --from to re-render a saved report.
+    to report on saved results; or --from to re-render a saved report. Saved files
+    must be of one pipeline, and --run the run of --plan's placement (other runs go
+    in --baseline); a malformed file or a mismatch is refused in one line naming the
+    files, and nothing is written.
     """
     from placer.errors import PlacerError
     from placer.report import infer_format, load_facts, report, write_report

@@ -1,10 +1,13 @@
 """Reports: facts about a plan and its run, as HTML, Markdown or JSON.
 
-May import: placer.report.* only; matplotlib inside the plotting functions. Never
-torch, dask or numba: a report can be made anywhere from saved JSON.
+May import: placer.report.*, placer.data, placer.devices (``Inventory``), placer.errors;
+matplotlib inside the plotting functions. Never torch, dask or numba: a report can be
+made anywhere from saved JSON.
 
 The flow is ``collect`` (inputs → :class:`ReportFacts`) then ``write_report``
-(facts → file). :func:`report` does both.
+(facts → file). :func:`report` does both. Inputs are read into placer's models
+(``Plan``, ``Run``, ``CostTable``, ...) and refused, in one line naming the files, when
+a field is malformed or when they are not of one pipeline.
 
 Examples
 --------
@@ -25,12 +28,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from placer.report.collect import collect
 from placer.data.report import ReportFacts
-from placer.report.inputs import ReportInputError
+from placer.report.check import MismatchedInputsError
+from placer.report.collect import collect
+from placer.report.inputs import ReportInputError, load
 from placer.report.render import infer_format, render_html, render_json, render_markdown, write_report
 
 __all__ = [
+    "MismatchedInputsError",
     "ReportFacts",
     "ReportInputError",
     "collect",
@@ -61,7 +66,8 @@ def report(
     """Write a report of a plan and its run to ``path``; return its facts.
 
     Every input may be a live object, a mapping, or the path of its saved JSON, so a
-    report can be made later without running anything again.
+    report can be made later without running anything again. Nothing is written when
+    an input is malformed or the inputs do not belong together.
 
     Parameters
     ----------
@@ -86,11 +92,13 @@ def report(
 
 
 def load_facts(path: str | os.PathLike) -> ReportFacts:
-    """Read a report saved as JSON (to render it again in another format)."""
-    p = Path(path)
-    try:
-        return ReportFacts.model_validate_json(p.read_text())
-    except OSError as exc:
-        raise ReportInputError(f"cannot read report {str(p)!r}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise ReportInputError(f"{str(p)!r} is not a placer report JSON: {str(exc).splitlines()[0]}") from None
+    """Read a report saved as JSON (to render it again in another format).
+
+    Raises
+    ------
+    ReportInputError
+        The file cannot be read, or is not a placer report (one line naming the file
+        and the field).
+    """
+    facts, _ = load(Path(path), ReportFacts, "report")
+    return facts

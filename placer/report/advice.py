@@ -41,6 +41,11 @@ def _is_gpu_like(facts: ReportFacts, device: str) -> bool:
     return d is not None and d.kind != "cpu"
 
 
+def _on_target_gpu(facts: ReportFacts, device: str) -> bool:
+    """Whether a device of the target's plan is its accelerator (the target device, or any non-CPU one)."""
+    return facts.target is not None and device == facts.target.device or _is_gpu_like(facts, device)
+
+
 def _placements(facts: ReportFacts):
     """``(where, placement, crossovers, accelerator test, accelerator word)`` for the plan here and the target's."""
     here = {r.name: r.device for r in facts.stages}
@@ -48,7 +53,7 @@ def _placements(facts: ReportFacts):
            accelerator_word(facts))
     t = facts.target
     if t is not None:
-        yield f"On {t.label}: ", t.placement, t.crossover_size, lambda d: d != "cpu", "the GPU"
+        yield f"On {t.label}: ", t.placement, t.crossover_size, lambda d: _on_target_gpu(facts, d), "the GPU"
 
 
 def accelerator_word(facts: ReportFacts) -> str:
@@ -139,7 +144,7 @@ def _target_pin(facts: ReportFacts, said: set[str]) -> list[Advice]:
     out = []
     for e in facts.dag.edges:
         a, b = t.placement.get(e.src, "cpu"), t.placement.get(e.dst, "cpu")
-        if (a == "cpu") == (b == "cpu") or (e.bytes or 0) < PIN_BYTES or e.src in said:
+        if _on_target_gpu(facts, a) == _on_target_gpu(facts, b) or (e.bytes or 0) < PIN_BYTES or e.src in said:
             continue
         said.add(e.src)
         out.append(Advice(topic="pin", subject=f"{e.src}->{e.dst}", text=(
@@ -183,7 +188,7 @@ def target_rules(facts: ReportFacts) -> list[Advice]:
     t = facts.target
     if t is None:
         return []
-    on = [n for n, d in t.placement.items() if d != "cpu"]
+    on = [n for n, d in t.placement.items() if _on_target_gpu(facts, d)]
     if not on:
         return [Advice(topic="target", subject=t.device, text=(
             f"On {t.label} the plan would still keep every stage on the CPU (predicted {t.predicted_s:.3g} s): "

@@ -1,21 +1,23 @@
 """Gathering a report's facts from a plan, its run, the baseline runs and the costs.
 
-May import: networkx (through the pipeline object), placer.report.{facts,inputs,
-critical,advice}. Never torch, dask or matplotlib: facts are plain data.
+May import: networkx (through the pipeline object), placer.data, placer.report.{inputs,
+check,critical,advice}. Never torch, dask or matplotlib: facts are plain data.
 
 Every input is optional except that a plan or a run must be given; a report says
-what it knows. Inputs may be live objects or their saved JSON (see
-:func:`placer.report.inputs.as_data`).
+what it knows. Inputs may be live models or their saved JSON: they are read into
+placer's models first (:func:`placer.report.inputs.load_inputs`) and refused when they
+do not belong together (:func:`placer.report.check.check`), so every fact below is read
+from a declared field.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from placer.report.advice import advise
-from placer.report.critical import bottleneck
+from placer.data.costs import StageCost
+from placer.data.plan import Schedule, StageChoice
 from placer.data.report import (
     Bar,
     Dag,
@@ -28,10 +30,13 @@ from placer.data.report import (
     ReportFacts,
     StageRow,
     Summary,
-    TargetPlan,
     Timeline,
 )
-from placer.report.inputs import ReportInputError, as_data, option_seconds
+from placer.data.run import Run
+from placer.report.advice import advise
+from placer.report.check import check
+from placer.report.critical import bottleneck
+from placer.report.inputs import Inputs, ReportInputError, load_inputs
 
 OPTION_TITLES = {
     "plan": "chosen plan",
@@ -63,10 +68,11 @@ def collect(
         The chosen plan (placement, per-stage explanations, baselines, predicted
         schedule).
     run : Run, mapping or path, optional
-        The measured run of the plan's placement.
+        The measured run of the plan's placement: it must have placed every stage
+        where the plan does.
     baselines : mapping, optional
-        Measured runs of the alternatives, keyed ``all_cpu``, ``all_gpu``,
-        ``rule_of_thumb``.
+        Measured runs (Run, mapping or path) of the alternatives, keyed ``all_cpu``,
+        ``all_gpu``, ``rule_of_thumb``.
     pipeline : Pipeline, optional
         For the graph, the stages' docstrings and parameters.
     costs : CostTable, mapping or path, optional
@@ -75,9 +81,9 @@ def collect(
     inventory : Inventory, mapping or path, optional
         This machine's devices (the devices present) and host description.
     predictions : mapping, optional
-        ``{stage: {device: {"value", "rel_error", "label"}}}`` from the cost model.
-    target : mapping, optional
-        A :class:`~placer.data.report.TargetPlan` for a device this machine lacks.
+        ``{stage: {device: Prediction}}`` (or its ``model_dump``) from the cost model.
+    target : TargetPlan, mapping or path, optional
+        A plan for a device this machine lacks.
 
     Returns
     -------
@@ -87,35 +93,32 @@ def collect(
     ------
     ReportInputError
         Neither a plan nor a run was given, or an input is malformed.
+    MismatchedInputsError
+        The inputs are of different pipelines or stages, or the run is not the plan's.
     """
-    P, R, C, inv = as_data(plan, "plan"), as_data(run, "run"), as_data(costs, "cost table"), as_data(inventory, "inventory")
-    B = {k: as_data(v, f"{k} run") for k, v in (baselines or {}).items() if v is not None}
-    if P is None and R is None:
+    inputs = load_inputs(plan=plan, run=run, baselines=baselines, pipeline=pipeline, costs=costs,
+                         inventory=inventory, predictions=predictions, target=target)
+    if inputs.plan is None and inputs.run is None:
         raise ReportInputError("a report needs a plan or a run (or both); pass plan=... or run=...")
-    if C is None and P is not None and isinstance(P.get("costs"), Mapping):
-        C = P["costs"]
-    ctx = _Context(P, R, B, C, inv, pipeline, predictions or {})
-    placement = ctx.placement
-    devices = ctx.devices()
-    dev_kind = {d.name: d.kind for d in devices}
+    check(inputs)
+    ctx = _Context(inputs)
+    devices = ctx.devices
     measured = ctx.measured_seconds()
     predicted = ctx.predicted_seconds()
-    edges = ctx.edges(dev_kind)
-    rows = [ctx.stage_row(n, measured, predicted, edges, dev_kind) for n in ctx.order]
-    timeline = ctx.timeline()
-    summary = ctx.summary()
-    errors = error_rows(rows, {d.name: d.present for d in devices})
+    edges = ctx.edges()
+    rows = [ctx.stage_row(n, measured, predicted, edges) for n in ctx.order]
     facts = ReportFacts(
-        meta=ctx.meta(devices, made_at),
-        summary=summary,
+        meta=ctx.meta(made_at),
+        summary=ctx.summary(),
         dag=Dag(
-            nodes=[DagNode(name=r.name, kind=r.kind, device=placement.get(r.name, r.device), doc=r.doc) for r in rows],
+            nodes=[DagNode(name=r.name, kind=r.kind, device=ctx.placement.get(r.name, r.device), doc=r.doc)
+                   for r in rows],
             edges=edges,
         ),
         stages=rows,
-        timeline=timeline,
-        errors=errors,
-        target=TargetPlan.model_validate(as_data(target, "target plan")) if target is not None else None,
+        timeline=ctx.timeline(),
+        errors=error_rows(rows, {d.name: d.present for d in devices}),
+        target=inputs.target.model_copy(deep=True) if inputs.target is not None else None,
     )
     facts.bottleneck = bottleneck(facts)
     facts.advice = advise(facts)
@@ -124,18 +127,21 @@ def collect(
 
 
 class _Context:
-    """The inputs as plain data, with the lookups every section needs."""
+    """The inputs as models, with the lookups every section needs."""
 
-    def __init__(self, P, R, B, C, inv, pipeline, predictions):
-        self.P, self.R, self.B, self.C, self.inv = P, R, B, C, inv
-        self.pipeline = pipeline
-        self.predictions = predictions
-        self.plan_stages = {s["name"]: s for s in (P or {}).get("stages", []) if isinstance(s, Mapping)}
-        self.cost_stages = {s["name"]: s for s in (C or {}).get("stages", [])}
-        self.placement = dict((P or {}).get("placement") or (R or {}).get("placement") or {})
+    def __init__(self, inputs: Inputs):
+        self.inputs = i = inputs
+        self.plan, self.run, self.costs, self.pipeline = i.plan, i.run, i.costs, i.pipeline
+        #: the plan's run first, then the baselines
+        self.runs: list[Run] = [r for r in [i.run, *i.baselines.values()] if r is not None]
+        self.plan_stages: dict[str, StageChoice] = {s.name: s for s in (i.plan.stages if i.plan else [])}
+        self.cost_stages: dict[str, StageCost] = {s.name: s for s in (i.costs.stages if i.costs else [])}
+        self.placement = dict((i.plan.placement if i.plan else {}) or (i.run.placement if i.run else {}))
         self.order = self._order()
         for n in self.order:
             self.placement.setdefault(n, "cpu")
+        self.devices = self._devices()
+        self.kinds = {d.name: d.kind for d in self.devices}
 
     # -- structure ------------------------------------------------------------------------
     def _order(self) -> list[str]:
@@ -147,115 +153,150 @@ class _Context:
             return list(self.plan_stages)
         return list(self.placement)
 
-    def inputs(self, name: str) -> list[str]:
+    def inputs_of(self, name: str) -> list[str]:
         if self.pipeline is not None:
             return list(dict.fromkeys(self.pipeline.stages[name].inputs.values()))
-        return list(self.cost_stages.get(name, {}).get("inputs", []))
+        cost = self.cost_stages.get(name)
+        return list(cost.inputs) if cost is not None else []
 
-    def stage_attr(self, name: str, key: str, default: Any = None) -> Any:
-        for src in (self.plan_stages.get(name, {}), self.cost_stages.get(name, {})):
-            if src.get(key) is not None:
-                return src[key]
-        if self.pipeline is not None and key in ("kind", "doc"):
-            return getattr(self.pipeline.stages[name], key)
-        return default
+    def stage_kind(self, name: str) -> str:
+        """The plan's kind for the stage, else the cost table's, else the pipeline's."""
+        for src in (self.plan_stages.get(name), self.cost_stages.get(name)):
+            if src is not None:
+                return src.kind
+        return self.pipeline.stages[name].kind if self.pipeline is not None else "other"
+
+    def stage_doc(self, name: str) -> str:
+        """The first line of the stage's docstring (only a live pipeline has them)."""
+        return _first_line(str(self.pipeline.stages[name].doc or "")) if self.pipeline is not None else ""
 
     # -- devices --------------------------------------------------------------------------
-    def devices(self) -> list[DeviceInfo]:
+    def _devices(self) -> list[DeviceInfo]:
         """Devices of this machine (inventory, runs), then planned ones it lacks."""
         out: dict[str, DeviceInfo] = {}
-        for d in (self.inv or {}).get("devices", []):
-            out[d["name"]] = DeviceInfo(name=d["name"], kind=d["kind"], label=d.get("label", ""))
-        for run in [self.R, *self.B.values()]:
-            for name, label in (run or {}).get("devices", {}).items():
-                out.setdefault(name, DeviceInfo(name=name, kind=kind_of(name), label=label))
+        inv = self.inputs.inventory
+        for d in inv.devices if inv is not None else []:
+            out[d.name] = DeviceInfo(name=d.name, kind=d.kind, label=d.label)
+        for run in self.runs:
+            for name, label in run.devices.items():
+                out.setdefault(name, DeviceInfo(name=name, kind=self.planned_kind(name), label=label))
         known = bool(out)  # without an inventory or a run, presence is unknown
-        specs = (self.C or {}).get("devices", {})
+        specs = self.costs.devices if self.costs is not None else {}
         named = set(self.placement.values()) | set(specs)
         for row in self.plan_stages.values():
-            named.update((row.get("predicted_s") or {}).keys())
-        for row in self.predictions.values():
-            named.update(row.keys())
+            named.update(row.predicted_s)
+        for row in self.inputs.predictions.values():
+            named.update(row)
         for name in sorted(named - set(out) - ({"gpu"} if "gpu:0" in out else set())):
-            spec = specs.get(name, {})
-            out[name] = DeviceInfo(name=name, kind=spec.get("kind", kind_of(name)),
-                                   label=spec.get("label", ""), present=not known)
+            spec = specs.get(name)
+            out[name] = DeviceInfo(name=name, kind=self.planned_kind(name), label=spec.label if spec else "",
+                                   present=not known)
         rank = {"cpu": 0, "gpu": 1, "sim": 2}
         return sorted(out.values(), key=lambda d: (rank[d.kind], not d.present, d.name))
+
+    def planned_kind(self, name: str) -> str:
+        """A device's kind from the cost table or the plan; from its name when neither has it.
+
+        A run records its devices' labels, not their kinds: a report made from runs
+        alone (no inventory, plan or cost table) tells the kind by the name.
+        """
+        if self.costs is not None and name in self.costs.devices:
+            return self.costs.devices[name].kind
+        if self.plan is not None and name in self.plan.devices:
+            return self.plan.devices[name]
+        return kind_by_name(name)
+
+    def kind(self, name: str) -> str:
+        """A device's kind as the report names it (``gpu`` is ``gpu:0`` when that is listed)."""
+        if name in self.kinds:
+            return self.kinds[name]
+        if name == "gpu" and "gpu:0" in self.kinds:
+            return self.kinds["gpu:0"]
+        return self.planned_kind(name)
+
+    def location(self, device: str) -> str:
+        """Where a device's data lives: ``host`` for the CPU, else the device itself."""
+        return "host" if self.kind(device) == "cpu" else ("gpu:0" if device == "gpu" else device)
 
     # -- seconds --------------------------------------------------------------------------
     def measured_seconds(self) -> dict[str, dict[str, float]]:
         """``{stage: {device: seconds}}`` from the plan's run first, then the baselines."""
         out: dict[str, dict[str, float]] = {}
-        for run in [self.R, *self.B.values()]:
-            for rec in (run or {}).get("stages", []):
-                if rec.get("status", "ok") == "ok":
-                    out.setdefault(rec["name"], {}).setdefault(rec["device"], float(rec["seconds"]))
+        for run in self.runs:
+            for rec in run.stages:
+                if rec.status == "ok":
+                    out.setdefault(rec.name, {}).setdefault(rec.device, float(rec.seconds))
         return out
 
     def predicted_seconds(self) -> dict[str, dict[str, float | None]]:
+        """The cost table's seconds, overridden by the plan's, completed by the predictions."""
         out: dict[str, dict[str, float | None]] = {}
         for n in self.order:
-            row = dict(self.cost_stages.get(n, {}).get("seconds") or {})
-            row.update(self.plan_stages.get(n, {}).get("predicted_s") or {})
-            for dev, pred in (self.predictions.get(n) or {}).items():
-                row.setdefault(dev, _value(pred))
+            cost, choice = self.cost_stages.get(n), self.plan_stages.get(n)
+            row: dict[str, float | None] = dict(cost.seconds) if cost is not None else {}
+            row.update(choice.predicted_s if choice is not None else {})
+            for dev, pred in self.inputs.predictions.get(n, {}).items():
+                row.setdefault(dev, pred.value)
             out[n] = {d: (float(s) if s is not None else None) for d, s in row.items()}
         return out
 
     def label(self, stage: str, device: str) -> str:
-        pred = (self.predictions.get(stage) or {}).get(device)
-        if isinstance(pred, Mapping) and pred.get("label"):
-            return str(pred["label"])
-        labels = self.plan_stages.get(stage, {}).get("labels") or {}
-        return str(labels.get(device, "predicted"))
+        pred = self.inputs.predictions.get(stage, {}).get(device)
+        return pred.label if pred is not None else "predicted"
 
     # -- edges ----------------------------------------------------------------------------
-    def edges(self, dev_kind: Mapping[str, str]) -> list[DagEdge]:
+    def edges(self) -> list[DagEdge]:
         moved = {}
-        for tr in (self.R or {}).get("transfers", []):
-            moved.setdefault((tr["data"], tr["dst"]), tr)
+        for tr in self.run.transfers if self.run is not None else []:
+            moved.setdefault((tr.data, tr.dst), tr)
         sched = {}
-        for tr in ((self.P or {}).get("schedule") or {}).get("transfers", []):
-            sched.setdefault((tr["data"], tr["dst"]), tr)
+        for tr in self.plan.schedule.transfers if self.plan is not None else []:
+            sched.setdefault((tr.data, tr.dst), tr)
         out = []
         for dst in self.order:
-            for src in self.inputs(dst):
+            for src in self.inputs_of(dst):
                 a, b = self.placement.get(src, "cpu"), self.placement.get(dst, "cpu")
-                crosses = location(a, dev_kind) != location(b, dev_kind)
-                key = (src, location(b, dev_kind))
+                crosses = self.location(a) != self.location(b)
+                key = (src, self.location(b))
                 rec, was_measured = (moved.get(key), True) if key in moved else (sched.get(key), False)
-                nbytes = rec.get("bytes") if rec else None
-                if nbytes is None:
-                    nbytes = self.output_bytes(src)
+                nbytes = rec.bytes if rec is not None else self.output_bytes(src)
                 out.append(DagEdge(src=src, dst=dst, bytes=nbytes, crosses=crosses,
-                                   transfer_s=rec.get("seconds") if rec and crosses else None,
-                                   measured=bool(rec) and was_measured))
+                                   transfer_s=rec.seconds if rec is not None and crosses else None,
+                                   measured=rec is not None and was_measured))
         return out
 
     def output_bytes(self, name: str) -> float | None:
-        for run in [self.R, *self.B.values()]:
-            for rec in (run or {}).get("stages", []):
-                if rec["name"] == name and rec.get("output_bytes"):
-                    return float(rec["output_bytes"])
-        b = self.cost_stages.get(name, {}).get("output_bytes")
-        return float(b) if b is not None else None
+        for run in self.runs:
+            for rec in run.stages:
+                if rec.name == name and rec.output_bytes:
+                    return float(rec.output_bytes)
+        cost = self.cost_stages.get(name)
+        return float(cost.output_bytes) if cost is not None else None
+
+    def out_transfers(self, name: str) -> list[tuple[float, float | None]]:
+        """``(bytes, seconds)`` of each copy of the stage's output: measured, else planned."""
+        if self.run is not None:
+            return [(float(t.bytes or 0), float(t.seconds)) for t in self.run.transfers if t.data == name]
+        if self.plan is None:
+            return []
+        return [(float(t.bytes or 0), float(t.seconds)) for t in self.plan.schedule.transfers
+                if t.data == name and not t.external]
 
     # -- rows -----------------------------------------------------------------------------
-    def stage_row(self, name, measured, predicted, edges, dev_kind) -> StageRow:
+    def stage_row(self, name, measured, predicted, edges) -> StageRow:
         dev = self.placement.get(name, "cpu")
         meas = measured.get(name, {})
         pred = predicted.get(name, {})
         devs = list(dict.fromkeys([*pred, *meas]))
         ins = [e for e in edges if e.dst == name and e.crosses]
-        outs = _out_transfers(name, self.R, self.P)
-        speed, speed_measured = stage_speedup(dev, meas, pred, dev_kind)
-        plan_row = self.plan_stages.get(name, {})
+        outs = self.out_transfers(name)
+        speed, speed_measured = stage_speedup(dev, meas, pred, self.kinds)
+        choice, cost = self.plan_stages.get(name), self.cost_stages.get(name)
         return StageRow(
             name=name,
-            kind=str(self.stage_attr(name, "kind", "other")),
+            kind=str(self.stage_kind(name)),
             device=dev,
-            doc=_first_line(str(self.stage_attr(name, "doc", "") or "")),
+            doc=self.stage_doc(name),
             params=self.params(name),
             predicted_s={d: pred.get(d) for d in devs if d in pred},
             measured_s={d: meas.get(d) for d in devs if d in meas},
@@ -266,9 +307,9 @@ class _Context:
             out_s=_sum_or_none(t[1] for t in outs),
             speedup=speed,
             speedup_measured=speed_measured,
-            reason=str(plan_row.get("reason") or ""),
-            crossover_size=_float_or_none(plan_row.get("crossover_size")),
-            loop_carried=bool(self.stage_attr(name, "loop_carried", False)),
+            reason=choice.reason if choice is not None else "",
+            crossover_size=choice.crossover_size if choice is not None else None,
+            loop_carried=cost.loop_carried if cost is not None else False,
         )
 
     def params(self, name: str) -> dict[str, str]:
@@ -283,93 +324,104 @@ class _Context:
     # -- timeline -------------------------------------------------------------------------
     def timeline(self) -> Timeline:
         t = Timeline()
-        if self.R is not None:
-            for rec in self.R.get("stages", []):
-                t.measured.append(Bar(lane=rec["lane"], label=rec["name"], kind="stage", device=rec["device"],
-                                      start_s=rec["start_s"], end_s=rec["end_s"]))
-            for tr in self.R.get("transfers", []):
-                t.measured.append(Bar(lane=f"link {tr['src']}→{tr['dst']}", label=tr["data"], kind="transfer",
-                                      device=tr["dst"] if tr["src"] == "host" else tr["src"],
-                                      start_s=tr["start_s"], end_s=tr["end_s"], bytes=tr["bytes"],
-                                      pinned=tr.get("pinned"), src=tr["src"], dst=tr["dst"]))
-            t.measured_makespan_s = float(self.R["makespan_s"])
-        sched = (self.P or {}).get("schedule")
-        if sched:
-            t.predicted = predicted_bars(sched, self.cpu_workers())
-            t.predicted_makespan_s = _float_or_none(sched.get("makespan_s"))
-        if self.P is not None and self.P.get("predicted_makespan_s") is not None:
-            t.predicted_makespan_s = float(self.P["predicted_makespan_s"])
+        if self.run is not None:
+            for rec in self.run.stages:
+                t.measured.append(Bar(lane=rec.lane, label=rec.name, kind="stage", device=rec.device,
+                                      start_s=rec.start_s, end_s=rec.end_s))
+            for tr in self.run.transfers:
+                t.measured.append(Bar(lane=f"link {tr.src}→{tr.dst}", label=tr.data, kind="transfer",
+                                      device=tr.dst if tr.src == "host" else tr.src,
+                                      start_s=tr.start_s, end_s=tr.end_s, bytes=tr.bytes,
+                                      pinned=tr.pinned, src=tr.src, dst=tr.dst))
+            t.measured_makespan_s = float(self.run.makespan_s)
+        if self.plan is not None:
+            t.predicted = predicted_bars(self.plan.schedule, self.cpu_workers(), self.kind)
+            t.predicted_makespan_s = float(self.plan.predicted_makespan_s)
         return t
 
     def cpu_workers(self) -> int:
-        for spec in (self.C or {}).get("devices", {}).values():
-            if spec.get("kind") == "cpu":
-                return int(spec.get("workers", 1))
-        return int((self.R or {}).get("workers", 1))
+        for spec in self.costs.devices.values() if self.costs is not None else []:
+            if spec.kind == "cpu":
+                return int(spec.workers)
+        return int(self.run.workers) if self.run is not None else 1
 
     # -- summary --------------------------------------------------------------------------
     def summary(self) -> Summary:
-        plan_pred = _float_or_none((self.P or {}).get("predicted_makespan_s"))
-        plan_meas = _float_or_none((self.R or {}).get("makespan_s"))
+        plan, run = self.plan, self.run
+        plan_pred = float(plan.predicted_makespan_s) if plan is not None else None
+        plan_meas = float(run.makespan_s) if run is not None else None
         options = [Option(key="plan", title=OPTION_TITLES["plan"], placement=self.placement,
                           predicted_s=plan_pred, measured_s=plan_meas,
-                          outputs_digest=(self.R or {}).get("outputs_digest"))]
-        planned = (self.P or {}).get("baselines") or {}
-        kinds = (self.P or {}).get("devices") or {}
+                          outputs_digest=run.outputs_digest if run is not None else None)]
+        planned = plan.baselines if plan is not None else {}
+        kinds = plan.devices if plan is not None else {}
         cpu_only = bool(kinds) and all(k == "cpu" for k in kinds.values())
         for key in ("all_cpu", "all_gpu", "rule_of_thumb"):
-            pred, placement = option_seconds(planned.get(key))
+            pred = planned.get(key)
             if cpu_only and key != "all_cpu":
                 pred = None  # planned without an accelerator: the baseline is all-CPU again
-            run = self.B.get(key)
-            if pred is None and run is None and key not in planned:
+            base = self.inputs.baselines.get(key)
+            if pred is None and base is None and key not in planned:
                 continue
-            meas = _float_or_none((run or {}).get("makespan_s"))
-            placement = placement or dict((run or {}).get("placement") or {})
+            meas = float(base.makespan_s) if base is not None else None
+            placement = dict(base.placement) if base is not None else {}
             options.append(Option(
-                key=key, title=option_title(key, placement, self.devices()), placement=placement, predicted_s=pred, measured_s=meas,
+                key=key, title=option_title(key, placement, self.devices), placement=placement,
+                predicted_s=pred, measured_s=meas,
                 plan_speedup_predicted=_ratio(pred, plan_pred), plan_speedup_measured=_ratio(meas, plan_meas),
-                outputs_digest=(run or {}).get("outputs_digest"),
-                note="" if run is not None else not_run_note(key, placement, self.devices()),
+                outputs_digest=base.outputs_digest if base is not None else None,
+                note="" if base is not None else not_run_note(key, placement, self.devices),
             ))
         digests = {o.outputs_digest for o in options if o.outputs_digest}
         agree = (len(digests) == 1) if len([o for o in options if o.outputs_digest]) > 1 else None
         return Summary(options=options, digests_agree=agree)
 
-    def meta(self, devices: list[DeviceInfo], made_at: str | None) -> Meta:
-        R, P = self.R or {}, self.P or {}
-        host = dict((self.inv or {}).get("host") or {})
-        versions = dict(R.get("versions") or {})
+    def meta(self, made_at: str | None) -> Meta:
+        plan, run, costs, inv = self.plan, self.run, self.costs, self.inputs.inventory
+        host = dict(inv.host) if inv is not None else {}
+        versions = dict(run.versions) if run is not None else {}
         for k in ("python", "torch", "numba"):
             if host.get(k) is not None:
                 versions.setdefault(k, str(host[k]))
         versions.setdefault("placer", _placer_version())
-        name = R.get("pipeline") or (self.pipeline.name if self.pipeline is not None else None) or P.get("pipeline") or "pipeline"
-        size = R.get("size") if R.get("size") is not None else (P.get("size") or (self.C or {}).get("size"))
+        return Meta(
+            pipeline=self.pipeline_name(), size=self.size(),
+            size_unit=costs.size_unit if costs is not None else (plan.size_unit if plan is not None else "rows"),
+            made_at=made_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            run_started_at=run.started_at if run is not None else "", versions=versions,
+            machine={k: v for k, v in host.items() if k in ("machine", "cpu_model", "cores", "hostname")},
+            devices=self.devices, planning_s=plan.planning_s if plan is not None else None,
+            objective=(plan.objective if plan is not None else "") or "makespan",
+            executor=run.executor if run is not None else "",
+            outputs_digest=run.outputs_digest if run is not None else None,
+        )
+
+    def pipeline_name(self) -> str:
+        """The run's pipeline, else the live pipeline's name (a plan does not record it)."""
+        return ((self.run.pipeline if self.run is not None else "")
+                or (self.pipeline.name if self.pipeline is not None else "") or "pipeline")
+
+    def size(self) -> float | None:
+        """The run's size, else the plan's, else the cost table's, else the pipeline's."""
+        if self.run is not None and self.run.size is not None:
+            return self.run.size
+        size = (self.plan.size if self.plan is not None else None) or (
+            self.costs.size if self.costs is not None else None)
         if size is None and self.pipeline is not None:
             size = self.pipeline.size
-        return Meta(
-            pipeline=str(name), size=size, size_unit=str((self.C or {}).get("size_unit") or "rows"),
-            made_at=made_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            run_started_at=str(R.get("started_at") or ""), versions=versions,
-            machine={k: v for k, v in host.items() if k in ("machine", "cpu_model", "cores", "hostname")},
-            devices=devices, planning_s=_float_or_none(P.get("planning_s")),
-            objective=str(P.get("objective") or "makespan"), executor=str(R.get("executor") or ""),
-            outputs_digest=R.get("outputs_digest"),
-        )
+        return size
 
 
 # -- small pure helpers ----------------------------------------------------------------------
-def kind_of(device: str) -> str:
-    """The kind of a device from its name (``cpu``, ``gpu-sim`` → ``sim``, else ``gpu``)."""
+def kind_by_name(device: str) -> str:
+    """A device's kind told by its name alone (``cpu``; ``gpu-sim`` is ``sim``; else ``gpu``).
+
+    Only for a device no inventory, plan or cost table describes: runs record their
+    devices' labels, not their kinds.
+    """
     if device == "cpu":
         return "cpu"
     return "sim" if device == "gpu-sim" else "gpu"
-
-
-def location(device: str, dev_kind: Mapping[str, str]) -> str:
-    """Where a device's data lives: ``host`` for the CPU, else the device itself."""
-    return "host" if dev_kind.get(device, kind_of(device)) == "cpu" else ("gpu:0" if device == "gpu" else device)
 
 
 def stage_speedup(device: str, meas: Mapping[str, float], pred: Mapping[str, float | None],
@@ -401,22 +453,25 @@ def error_rows(rows: list[StageRow], present: Mapping[str, bool]) -> list[ErrorR
     return out
 
 
-def predicted_bars(schedule: Mapping[str, Any], cpu_workers: int) -> list[Bar]:
-    """Bars of a simulated schedule; CPU stages go to the first free CPU worker lane."""
+def predicted_bars(schedule: Schedule, cpu_workers: int, kind: Callable[[str], str]) -> list[Bar]:
+    """Bars of a simulated schedule; CPU stages go to the first free CPU worker lane.
+
+    ``kind(device)`` is the device's kind (``cpu``, ``gpu`` or ``sim``).
+    """
     bars, free_at = [], [0.0] * max(1, cpu_workers)
-    for ev in sorted(schedule.get("stages", []), key=lambda e: (e["start_s"], e["name"])):
-        lane = ev["device"]
-        if kind_of(ev["device"]) == "cpu":
-            w = min(range(len(free_at)), key=lambda i: (free_at[i] > ev["start_s"] + 1e-12, i))
-            free_at[w] = ev["end_s"]
+    for ev in sorted(schedule.stages, key=lambda e: (e.start_s, e.name)):
+        lane = ev.device
+        if kind(ev.device) == "cpu":
+            w = min(range(len(free_at)), key=lambda i: (free_at[i] > ev.start_s + 1e-12, i))
+            free_at[w] = ev.end_s
             lane = f"cpu/{w}"
-        bars.append(Bar(lane=lane, label=ev["name"], kind="stage", device=ev["device"],
-                        start_s=ev["start_s"], end_s=ev["end_s"]))
-    for tr in schedule.get("transfers", []):
-        bars.append(Bar(lane=f"link {tr['src']}→{tr['dst']}", label=tr["data"], kind="transfer",
-                        device=tr["dst"] if tr["src"] == "host" else tr["src"],
-                        start_s=tr["start_s"], end_s=tr["end_s"], bytes=tr.get("bytes"),
-                        src=tr["src"], dst=tr["dst"]))
+        bars.append(Bar(lane=lane, label=ev.name, kind="stage", device=ev.device,
+                        start_s=ev.start_s, end_s=ev.end_s))
+    for tr in schedule.transfers:
+        bars.append(Bar(lane=f"link {tr.src}→{tr.dst}", label=tr.data, kind="transfer",
+                        device=tr.dst if tr.src == "host" else tr.src,
+                        start_s=tr.start_s, end_s=tr.end_s, bytes=tr.bytes,
+                        src=tr.src, dst=tr.dst))
     return bars
 
 
@@ -463,27 +518,6 @@ def headline(facts: ReportFacts) -> str:
 def device_title(facts: ReportFacts, name: str) -> str:
     d = facts.device(name)
     return d.title if d is not None else name
-
-
-def _out_transfers(name: str, R, P) -> list[tuple[float, float | None]]:
-    recs = [t for t in (R or {}).get("transfers", []) if t["data"] == name]
-    if R is None:
-        recs = [t for t in ((P or {}).get("schedule") or {}).get("transfers", [])
-                if t["data"] == name and not t.get("external")]
-    return [(float(t.get("bytes") or 0), _float_or_none(t.get("seconds"))) for t in recs]
-
-
-def _value(pred: Any) -> float | None:
-    if isinstance(pred, Mapping):
-        return _float_or_none(pred.get("value"))
-    return _float_or_none(pred)
-
-
-def _float_or_none(v: Any) -> float | None:
-    try:
-        return None if v is None else float(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -1,6 +1,6 @@
 """Rendering facts as HTML, Markdown or JSON, through jinja2 templates.
 
-May import: jinja2, placer.report.{facts,plots,files,advice}.
+May import: jinja2, markupsafe, placer.data.report, placer.files, placer.report.{plots,advice}.
 
 HTML is one self-contained file: CSS inline, pictures as inline SVG, no script,
 no font, image or style sheet fetched from anywhere. Every user-supplied string

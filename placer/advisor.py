@@ -78,7 +78,7 @@ def _no_step(_name: str):
 
 def accelerators(inv: Inventory) -> list[str]:
     """Accelerators of this machine: real GPUs, and the simulated device when enabled."""
-    return [d.name for d in inv.devices if d.kind != "cpu"]
+    return [d.name for d in inv.devices if d.is_accelerator]
 
 
 def resolve_target(target: str | None, inv: Inventory) -> str | None:

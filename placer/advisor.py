@@ -266,7 +266,7 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
 
     site = site or LocalSite()
     local = isinstance(site, LocalSite)
-    if local and not any(d.kind != "cpu" for d in site.inventory().devices):
+    if local and not accelerators(site.inventory()):
         return "all=cpu", "all stages on the CPU: this machine has no GPU"
     try:
         what = pipeline if local else reference or pipeline

@@ -1,7 +1,7 @@
 """Declaring stages and building and validating the pipeline's graph.
 
-May import: networkx, pydantic, placer.errors. Never torch, dask or numba: planning
-and validation must stay fast and importable anywhere.
+May import: networkx, pydantic, placer.errors, placer.devices (device names). Never
+torch, dask or numba: planning and validation must stay fast and importable anywhere.
 
 A pipeline is a :class:`networkx.DiGraph` whose nodes are stage names, each node
 holding its :class:`Stage` under the attribute ``"stage"``; an edge ``u -> v``
@@ -33,6 +33,7 @@ from typing import Any, Literal
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from placer.devices import implementation_class
 from placer.errors import (
     CycleError,
     DanglingInputError,
@@ -403,8 +404,10 @@ class Pipeline:
 
 
 def device_class(device: str) -> str:
-    """``"cpu"`` for the CPU, ``"gpu"`` for a GPU or the simulated test device."""
-    return "cpu" if device == "cpu" else "gpu"
+    """Which implementation runs on the device called ``device``: ``"cpu"`` on the CPU,
+    ``"gpu"`` on a GPU, the simulated test device and any other accelerator (its
+    kind says; see :func:`placer.devices.implementation_class`)."""
+    return implementation_class(device)
 
 
 def as_pipeline(obj: Any, name: str | None = None) -> Pipeline:

@@ -4,8 +4,9 @@ May import: placer.pipeline, placer.devices, placer.errors.
 
 A placement maps every stage to a device name. The text form used by the CLI is
 ``all=cpu``, ``all=gpu``, or comma-separated ``stage=device`` items, applied left to
-right (``all=cpu,train=gpu``). Device names: ``cpu``, ``gpu`` (the first GPU),
-``gpu:N``, and ``gpu-sim`` under ``PLACER_TEST_DEVICES=1``. A stage's ``pin`` wins
+right (``all=cpu,train=gpu``). Device names are read by :mod:`placer.devices`:
+``cpu``, ``gpu`` (the first GPU), ``gpu:N``, ``gpu-sim`` under
+``PLACER_TEST_DEVICES=1``, and those of any registered kind. A stage's ``pin`` wins
 over an ``all=`` item; an explicit ``stage=device`` item that contradicts a pin is
 an error.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from placer.devices import Device, Inventory
+from placer.devices import Device, Inventory, same_device
 from placer.errors import DeviceUnavailableError, PlacementError
 from placer.pipeline import Pipeline
 
@@ -87,7 +88,7 @@ def resolve(
     for n in names:
         dev = raw.get(n, "cpu")
         pin = stages[n].pin
-        if pin is not None and _norm(pin) != _norm(dev):
+        if pin is not None and not same_device(pin.strip().lower(), dev.strip().lower()):
             if n in explicit:
                 raise PlacementError(
                     f"stage {n!r} is pinned to {pin} but the placement puts it on {dev}; "
@@ -99,11 +100,6 @@ def resolve(
     devices = {n: inventory.resolve(d, stage=n) for n, d in names_out.items()}
     pipeline.check_placement({n: d.name for n, d in devices.items()})
     return devices
-
-
-def _norm(dev: str) -> str:
-    d = dev.strip().lower()
-    return "gpu:0" if d == "gpu" else d
 
 
 def check_pins(pipeline: Pipeline, inventory: Inventory) -> None:

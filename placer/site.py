@@ -113,7 +113,7 @@ class Costs:
 
 def accelerators(inv: Inventory) -> list[str]:
     """Accelerators of an inventory: real GPUs, and the simulated device when enabled."""
-    return [d.name for d in inv.devices if d.kind != "cpu"]
+    return [d.name for d in inv.devices if d.is_accelerator]
 
 
 class LocalSite:
@@ -219,7 +219,7 @@ def costs_from_profile(prof: Any, *, size: int | None = None, describe: str | No
 
     model = CostModel(prof, describe=[describe] if describe else None)
     here = ["cpu", *[d for d, spec in prof.devices.items() if spec.get("kind", "cpu") != "cpu"
-                     and d in model.devices]]
+                     and d in model.devices]]  # every profiled accelerator, whatever its kind
     at = size or prof.target_size or max(prof.measured_sizes or prof.sizes or [0]) or None
     host = {k: v for k, v in prof.machine.items() if v is None or isinstance(v, (str, int, float))}
     inv = inventory if inventory is not None else Inventory(devices=[], host=host)

@@ -26,7 +26,7 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Print one JSON d
         t.add_column(col)
     for d in inv.devices:
         mem = f"{d.memory_bytes / 2**30:.1f} GiB" if d.memory_bytes else "?"
-        kind = "simulated (not a GPU)" if d.kind == "sim" else d.kind
+        kind = "simulated (not a GPU)" if d.simulated else d.kind
         t.add_row(d.name, kind, d.label, str(d.workers), mem, ", ".join(d.backends))
     c = Console()
     c.print(t)

@@ -2,7 +2,8 @@
 
 May import: numpy, pydantic, placer.costmodel.*, placer.data (it reads a
 :class:`~placer.data.profile.Profile` and writes a :class:`~placer.data.costs.CostTable`),
-placer.errors. Never torch, the profiler or the optimizer.
+placer.devices (device names and kinds), placer.errors. Never torch, the profiler or
+the optimizer.
 
 For each (stage, device) a :class:`~placer.costmodel.fit.SizeFit` is fitted to the
 measured medians; at a measured size the measurement itself is returned (labelled
@@ -36,17 +37,21 @@ from placer.costmodel.roofline import DeviceDescription, load_description
 from placer.data.costs import CostTable
 from placer.data.measures import Prediction, TransferModel, Work
 from placer.data.profile import DeviceProfile, Point, Profile, StageProfile
+from placer.devices import canonical_name, is_device_name, kind_of, kinds
 from placer.errors import CostModelError
 
 
 def _pin(pin: str | None, devices: list[str]) -> str | None:
-    """A stage's pin in the table's device names (``gpu`` → the first GPU in the table)."""
+    """A stage's pin in the table's device names (an alias such as ``gpu`` → the first
+    device of its kind in the table, else what the alias stands for)."""
     if pin is None:
         return None
     p = pin.strip().lower()
-    if p == "gpu":
-        return next((d for d in devices if d.startswith("gpu:")), "gpu:0")
-    return p
+    if not is_device_name(p) or canonical_name(p) == p:
+        return p
+    kind = kind_of(p)
+    return next((d for d in devices if is_device_name(d) and canonical_name(d) == d and kind_of(d) == kind),
+                canonical_name(p))
 
 
 def fit_value(p: Point) -> float:
@@ -200,13 +205,13 @@ class CostModel:
                 tms.setdefault(n, d.transfer)
         if device is not None:
             return tms.get(device)
-        kinds = self.devices
-        for want in ("gpu", "described", "sim"):
-            for n, tm in tms.items():
-                kind = kinds.get(n, {}).get("kind")
-                if (want == "described" and n in self.described) or (want != "described" and kind == want):
-                    return tm
-        return None
+        devices, registered = self.devices, kinds()
+
+        def rank(n: str) -> int:
+            kind = registered.get(devices.get(n, {}).get("kind"))
+            return 0 if kind is not None and kind.real_gpu else 1 if n in self.described else 2
+
+        return min(tms.items(), key=lambda item: rank(item[0]), default=(None, None))[1]
 
     def transfer(self, nbytes: float, direction: str = "h2d", device: str | None = None) -> Prediction:
         """Seconds to copy ``nbytes`` between the host and ``device``, as the executor does."""

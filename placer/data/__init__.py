@@ -1,8 +1,8 @@
 """The data layer: every persisted model, as plain pydantic data.
 
-May import: pydantic, networkx, numpy, placer.errors, placer.files. Never torch, dask,
-numba, the profiler, the optimizer, the executor or the report: they all read and
-write these.
+May import: pydantic, networkx, numpy, placer.errors, placer.files, placer.devices (its
+light registry of device kinds and names). Never torch, dask, numba, the profiler, the
+optimizer, the executor or the report: they all read and write these.
 
 Each step of placer's flow reads the previous step's model and writes its own, so
 every step can be saved, inspected and re-run from the saved result of the one

@@ -1,7 +1,7 @@
 """The cost table: what the optimizer knows about a pipeline, as plain data.
 
-May import: networkx, pydantic, placer.errors, placer.files. Never torch,
-dask or numba.
+May import: networkx, pydantic, placer.errors, placer.files, placer.devices (its
+name functions, to read device names and check kinds). Never torch, dask or numba.
 
 A cost table lists the devices, the host<->device link, optionally the network
 between the machines (workers) the devices are on, and for every stage its
@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from pathlib import Path
 from typing import Literal
 
@@ -41,31 +40,36 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
+from placer.devices import check_kind, get_kind, is_device_name, kind_of, same_device, valid_names
 from placer.errors import CostTableError
 from placer.files import write_text_atomic
-
-#: names a device may have in a ``seconds`` map even when the table lacks it
-_DEVICE_NAME = re.compile(r"^(cpu|gpu|gpu:\d+|gpu-sim)$")
 
 
 class DeviceSpec(BaseModel):
     """One device: the CPU (``workers`` concurrent stages) or an accelerator (one at a time).
 
-    ``kind="sim"`` is the simulated test device: it schedules like a GPU but is not one.
-    ``price_per_hour`` is used by the ``cost`` objective (for the CPU, the price of
+    ``kind`` is a registered device kind (:func:`placer.devices.kinds`): ``cpu``,
+    ``gpu``, or ``sim``, the simulated test device, which schedules like a GPU but
+    is not one. ``price_per_hour`` is used by the ``cost`` objective (for the CPU, the price of
     all its workers together).
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["cpu", "gpu", "sim"]
+    kind: str
     workers: int = Field(1, ge=1)
     memory_bytes: float | None = Field(None, gt=0)
     price_per_hour: float = Field(0.0, ge=0)
     label: str = ""
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return check_kind(v)
 
 
 class Direction(BaseModel):
@@ -220,23 +224,23 @@ class CostTable(BaseModel):
 
 
 def _lookup(mapping: dict, device: str, kind: str):
-    """A per-device value: the device's own key, else ``"gpu"`` for any GPU."""
+    """A per-device value: the device's own key, else an accelerator kind's own name
+    when that is a device name too (``"gpu"`` for any GPU)."""
     if device in mapping:
         return mapping[device]
-    if kind == "gpu" and "gpu" in mapping:
-        return mapping["gpu"]
+    if kind in mapping and get_kind(kind).accelerator and is_device_name(kind) and kind_of(kind) == kind:
+        return mapping[kind]
     return None
 
 
 def resolve_pin(table: CostTable, st: StageCost) -> str:
-    """The device a stage's pin names (``gpu`` also names ``gpu:0``)."""
+    """The device a stage's pin names (``gpu`` also names ``gpu:0``, and the reverse)."""
     pin = st.pin
     if pin in table.devices:
         return pin
-    if pin == "gpu" and "gpu:0" in table.devices:
-        return "gpu:0"
-    if pin == "gpu:0" and "gpu" in table.devices:
-        return "gpu"
+    same = next((d for d in table.devices if same_device(d, pin)), None)
+    if same is not None:
+        return same
     raise ValueError(
         f"stage {st.name!r} is pinned to {pin!r}, which is not among the devices "
         f"({', '.join(table.devices)}); pin it to one of these or add {pin!r} to devices"
@@ -252,8 +256,8 @@ def _check_devices(t: CostTable) -> None:
         )
     for name, d in t.devices.items():
         if not name.strip():
-            raise ValueError("devices: a device name is empty; name it cpu, gpu, gpu:N or gpu-sim")
-        if d.kind != "cpu" and d.workers != 1:
+            raise ValueError(f"devices: a device name is empty; name it {valid_names()}")
+        if get_kind(d.kind).accelerator and d.workers != 1:
             raise ValueError(
                 f"devices.{name}: an accelerator runs one stage at a time; remove 'workers'"
             )
@@ -295,7 +299,7 @@ def _check_graph(t: CostTable) -> None:
 
 def _check_stage(t: CostTable, st: StageCost) -> None:
     for dev, sec in st.seconds.items():
-        if dev not in t.devices and not _DEVICE_NAME.match(dev):
+        if dev not in t.devices and not is_device_name(dev):
             raise ValueError(
                 f"stage {st.name!r}: seconds names unknown device {dev!r}; "
                 f"use one of {', '.join(t.devices)}"

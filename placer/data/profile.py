@@ -1,7 +1,7 @@
 """A profile: what was measured about a pipeline's stages on one machine.
 
-May import: pydantic, placer.errors, placer.files, placer.data.measures. No measuring
-or device code: :mod:`placer.profile` measures and writes these; the cost model reads
+May import: pydantic, placer.errors, placer.files, placer.data.measures, placer.devices
+(its registry, to check device kinds). No measuring or device code: :mod:`placer.profile` measures and writes these; the cost model reads
 them.
 """
 
@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from placer.data.measures import TransferModel, Work
+from placer.devices import check_kind
 from placer.errors import PlacerError
 from placer.files import write_text_atomic
 
@@ -44,12 +45,18 @@ class Point(BaseModel):
 
 
 class DeviceProfile(BaseModel):
-    """A stage's measurements on one device (``kind="sim"``: the simulated test device)."""
+    """A stage's measurements on one device; ``kind`` is a registered device kind
+    (``kind="sim"``: the simulated test device)."""
 
     device: str
-    kind: Literal["cpu", "gpu", "sim"]
+    kind: str
     points: list[Point] = Field(default_factory=list)
     error: str | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return check_kind(v)
 
 
 class WorkPoint(BaseModel):

@@ -5,8 +5,10 @@ May import: pydantic. Nothing else: every renderer (HTML, Markdown, JSON) reads 
 
 Seconds are wall-clock seconds; ``predicted`` numbers come from the cost model (or
 a device description for a device this machine lacks), ``measured`` numbers from
-runs on this machine. A device of kind ``sim`` is the simulated test device: it
-is never called a GPU.
+runs on this machine. A device's kind is a device kind's name (``cpu``, ``gpu``,
+``sim`` or a registered kind's own; see :mod:`placer.devices`), kept as plain text
+so that a saved report renders where that kind is not registered. A device of kind
+``sim`` is the simulated test device: it is never called a GPU.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 SCHEMA = "placer.report/1"
-DeviceKind = Literal["cpu", "gpu", "sim"]
+#: a device kind's name (:attr:`placer.devices.Device.kind`)
+DeviceKind = str
 
 
 class DeviceInfo(BaseModel):

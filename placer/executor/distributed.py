@@ -54,7 +54,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from placer.devices import SIM, Device, Inventory, test_devices_enabled
+from placer.devices import SIM, Device, Inventory, is_real_gpu, test_devices_enabled
 from placer.errors import DeviceError, DeviceUnavailableError
 from placer.executor.engine import ThreadLanes
 from placer.pipeline import Pipeline
@@ -234,7 +234,7 @@ def cost_devices(inventory: Inventory) -> dict[str, dict[str, Any]]:
     """The cluster's devices in the form of the cost table's ``devices`` map."""
     out = {}
     for d in inventory.devices:
-        spec: dict[str, Any] = {"kind": d.kind, "workers": d.workers if d.kind == "cpu" else 1,
+        spec: dict[str, Any] = {"kind": d.kind, "workers": 1 if d.is_accelerator else d.workers,
                                 "label": d.label}
         if d.memory_bytes:
             spec["memory_bytes"] = float(d.memory_bytes)
@@ -326,16 +326,18 @@ def stage_payloads(pipeline: Pipeline) -> dict[str, bytes]:
 
 # -- what runs on the workers ------------------------------------------------------------
 def worker_device(name: str) -> Device:
-    """The device of this worker that a placement's device name means."""
+    """The device of this worker that a placement's device name means.
+
+    A GPU name means the worker's own first GPU (each GPU worker has one); any other
+    name (``cpu``, ``gpu-sim``, another kind's) the worker's device of that name.
+    """
     from distributed import get_worker
 
     from placer.devices import discover
 
     inv = discover()
-    if name == "cpu":
-        return inv.get("cpu")
-    if name == SIM:
-        return inv.resolve(SIM)
+    if not is_real_gpu(name):
+        return inv.resolve(name)
     if not inv.gpus:
         raise DeviceUnavailableError(
             f"worker {get_worker().address} declares the {GPU_RESOURCE} resource but has no CUDA GPU "
@@ -360,7 +362,7 @@ def _remote_stage(payload: bytes, device: str, inputs: dict[str, tuple[Any, dict
     t0 = time.time()
     out = call_stage(stage, dev, args, workers=w.state.nthreads)
     t1 = time.time()
-    lane = "cpu" if dev.kind == "cpu" else device
+    lane = device if dev.is_accelerator else "cpu"
     return out, {"worker": w.address, "lane": f"{lane}@{w.address}", "wall_start": t0, "wall_end": t1,
                  "output_bytes": nbytes(out)}
 
@@ -458,7 +460,7 @@ class DaskLanes(ThreadLanes):
 
     def run_stage(self, stage, device: Device, args: dict[str, Any], **_) -> tuple[Any, dict]:
         """Submit ``stage`` to a suitable worker; its output stays there (a Future)."""
-        gpu = device.kind != "cpu"
+        gpu = device.is_accelerator
         key = f"placer-{self.run_id}-{stage.name}"
         fut = self._submit(_remote_stage, self.payloads[stage.name], device.name, args, key=key,
                            resources={GPU_RESOURCE: 1} if gpu else None, retries=self.retries)
@@ -466,7 +468,7 @@ class DaskLanes(ThreadLanes):
 
     def transfer(self, value: Any, target: Device, **_) -> tuple[Any, int, bool, dict]:
         """Copy a stage's output into ``target`` on a worker that has it."""
-        gpu = target.kind != "cpu"
+        gpu = target.is_accelerator
         key = f"placer-{self.run_id}-move-{value.key}-{target.name}"
         fut = self._submit(_remote_move, value, target.name, key=key,
                            resources={GPU_RESOURCE: 0} if gpu else None)
@@ -518,7 +520,7 @@ def run_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, workers: in
         inv = cluster_devices(client)
         devices = resolve_on_cluster(p, placement, inv)
         w = int(workers or inv.get("cpu").workers)
-        acc = sorted({d.name for d in devices.values() if d.kind != "cpu"})
+        acc = sorted({d.name for d in devices.values() if d.is_accelerator})
         lanes = DaskLanes(client, w, acc, stage_payloads(p), retries=retries)
         placed = {n: d.name for n, d in devices.items()}
         with Prepared(p, placed, inventory=inv, workers=w, size=size, lanes=lanes) as prepared:

@@ -13,7 +13,7 @@ import numpy as np
 from placer.devices import Device
 from placer.errors import PipelineError
 from placer.executor.transfer import adapt, normalize_output, synchronize
-from placer.pipeline import Stage, device_class
+from placer.pipeline import Stage
 
 #: a data-parallel stage is split only when each partition gets at least this many rows
 MIN_ROWS_PER_PARTITION = 4096
@@ -27,7 +27,7 @@ def call_stage(stage: Stage, device: Device, inputs: dict[str, Any], *, workers:
     synchronised before returning, and the output is put in canonical form for the
     device (see :func:`placer.executor.transfer.normalize_output`).
     """
-    impl = stage.impl_for(device_class(device.name))
+    impl = stage.impl_for(device.driver.implementation)
     if impl is None:
         raise PipelineError(
             f"stage {stage.name!r} has no implementation for {device.name}", stage=stage.name
@@ -37,7 +37,7 @@ def call_stage(stage: Stage, device: Device, inputs: dict[str, Any], *, workers:
         kwargs.update(stage.params)
     if impl.takes_device:
         kwargs["device"] = device.torch_device()
-    if stage.data_parallel and device.kind == "cpu" and workers > 1:
+    if stage.data_parallel and not device.is_accelerator and workers > 1:
         out = _data_parallel(stage, impl.fn, kwargs, workers)
     else:
         out = impl.fn(**kwargs)

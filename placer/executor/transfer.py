@@ -5,10 +5,10 @@ May import: numpy, placer.devices; torch and numba.cuda inside functions.
 Two separate steps:
 
 * :func:`to_location` moves a value to a device's memory (a real copy, counted in
-  bytes): host arrays become torch tensors on the GPU, GPU tensors come back as
-  host torch tensors. Host→GPU copies of at least :data:`PIN_THRESHOLD` bytes are
-  staged through pinned (page-locked) memory, which the reference measurements show
-  is up to 7× faster than pageable copies.
+  bytes). The device kinds do the copying (:mod:`placer.devices`): a leaf that a
+  kind holds (a CUDA tensor, say) is copied out to the host by that kind, and a
+  leaf bound for a device is copied in by the device's kind (CUDA GPUs stage large
+  copies through pinned memory, see :data:`PIN_THRESHOLD`).
 * :func:`adapt` converts a value already at the right place to the data format an
   implementation takes (``numpy``, ``torch`` or ``numba.cuda``), without copying
   where possible.
@@ -20,35 +20,19 @@ passes through unchanged and counts zero bytes.
 
 from __future__ import annotations
 
-import copy
-import sys
 from typing import Any
 
 import numpy as np
 
-from placer.devices import Device
+from placer.devices import CopyState, Device, DeviceKind, kinds
+from placer.devices.registry import generation
+from placer.devices.cuda import PIN_THRESHOLD
+from placer.devices.values import is_cuda_array as _is_cuda_array
+from placer.devices.values import is_module as _is_module
+from placer.devices.values import is_tensor as _is_tensor
+from placer.devices.values import numba_cuda_simulated as _simulated_cuda
 
-#: host→device copies of at least this many bytes go through pinned memory
-PIN_THRESHOLD = 1 << 20
-
-
-def _torch():
-    return sys.modules.get("torch")
-
-
-def _is_tensor(v: Any) -> bool:
-    t = _torch()
-    return t is not None and isinstance(v, t.Tensor)
-
-
-def _is_module(v: Any) -> bool:
-    t = _torch()
-    return t is not None and isinstance(v, t.nn.Module)
-
-
-def _is_cuda_array(v: Any) -> bool:
-    return hasattr(v, "copy_to_host") and hasattr(v, "shape") and not isinstance(v, np.ndarray)
-
+__all__ = ["PIN_THRESHOLD", "adapt", "nbytes", "normalize_output", "synchronize", "to_location"]
 
 _SCALARS = (int, float, bool, str, bytes, type(None))
 
@@ -91,82 +75,48 @@ def to_location(value: Any, device: Device, *, stream=None) -> tuple[Any, int, b
     (value, nbytes, pinned)
         The moved value, the bytes copied, and whether pinned staging was used.
     """
+    target = device.driver
+    holders = _holders()
+    state = CopyState(stream)
     moved = [0]
-    pinned = [False]
 
     def leaf(v):
-        if device.kind == "cpu":
-            out = _to_host_leaf(v)
-        elif device.kind == "gpu":
-            out = _to_gpu_leaf(v, device, pinned, stream)
-        else:
-            out = _to_sim_leaf(v)
+        out = _copy_leaf(v, device, target, holders, state)
         if out is not v:
             moved[0] += nbytes(v)
         return out
 
     out = _map(value, leaf)
-    if device.kind == "gpu" and moved[0]:
-        import torch
-
-        (stream or torch.cuda.current_stream(device.index)).synchronize()
-    return out, moved[0], pinned[0]
+    if moved[0]:
+        target.finish_copy_in(device, state)
+    return out, moved[0], state.pinned
 
 
-def _to_host_leaf(v: Any) -> Any:
-    if _is_tensor(v):
-        if v.device.type == "cpu":
-            return v.clone()  # leaving the simulated device: a real copy
-        return v.detach().to("cpu")
-    if _is_cuda_array(v):
-        return v.copy_to_host()
-    if _is_module(v):
-        return copy.deepcopy(v).to("cpu")
-    return v
+_holders_of: tuple[int, list[DeviceKind]] = (-1, [])
 
 
-def _to_gpu_leaf(v: Any, device: Device, pinned: list, stream) -> Any:
-    import torch
+def _holders() -> list[DeviceKind]:
+    """Kinds that hold values of their own, newest first (the most specific kinds ask first)."""
+    global _holders_of
+    gen = generation()
+    if _holders_of[0] != gen:
+        _holders_of = (gen, [k for k in reversed(kinds().values()) if type(k).holds is not DeviceKind.holds])
+    return _holders_of[1]
 
-    dev = device.torch_device()
-    if isinstance(v, np.ndarray):
-        v = torch.from_numpy(np.ascontiguousarray(v))
-    if _is_cuda_array(v):
-        return torch.as_tensor(v, device=dev)
-    if _is_tensor(v):
-        if v.device == dev:
+
+def _copy_leaf(v: Any, device: Device, target: DeviceKind, holders: list[DeviceKind], state: CopyState) -> Any:
+    """One leaf to ``device``: out of the kind that holds it (if another), then into the target."""
+    holder = next((k for k in holders if k.holds(v)), None)
+    if holder is not None and holder is not target:
+        v = holder.copy_out(v)
+        if not target.accelerator:
             return v
-        if v.device.type == "cpu" and v.nelement() * v.element_size() >= PIN_THRESHOLD:
-            pinned[0] = True
-            with torch.cuda.stream(stream) if stream is not None else _null():
-                return v.pin_memory().to(dev, non_blocking=True)
-        return v.to(dev)
-    if _is_module(v):
-        return copy.deepcopy(v).to(dev)
-    return v
+    return target.copy_in(v, device, state)
 
 
-def _to_sim_leaf(v: Any) -> Any:
-    """The simulated device keeps data in host memory; moving there is a real copy."""
-    import torch
-
-    if isinstance(v, np.ndarray):
-        return torch.from_numpy(v.copy())
-    if _is_tensor(v):
-        return v.detach().clone()
-    if _is_cuda_array(v):
-        return torch.from_numpy(np.array(v.copy_to_host()))
-    if _is_module(v):
-        return copy.deepcopy(v)
-    return v
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
+def synchronize(device: Device, api: str) -> None:
+    """Wait until the device has finished the work queued so far."""
+    device.synchronize(api)
 
 
 # -- adapting ---------------------------------------------------------------------------
@@ -175,12 +125,17 @@ def adapt(value: Any, api: str, device: Device) -> Any:
     if isinstance(value, _SCALARS) or (api == "numpy" and isinstance(value, np.ndarray)):
         return value
     if api == "numpy":
-        return _map(value, _as_numpy)
-    if api == "torch":
-        return _map(value, _as_torch)
-    if api == "numba.cuda":
-        return _map(value, lambda v: _as_cuda_array(v, device))
-    raise ValueError(f"unknown implementation api {api!r}")
+        conv = _as_numpy
+    elif api == "torch":
+        conv = _as_torch
+    elif api == "numba.cuda":
+        conv = lambda v: _as_cuda_array(v, device)  # noqa: E731
+    else:
+        raise ValueError(f"unknown implementation api {api!r}")
+    kind = device.driver
+    if type(kind).unwrap is DeviceKind.unwrap:
+        return _map(value, conv)
+    return _map(value, lambda v: conv(kind.unwrap(v)))
 
 
 def _as_numpy(v: Any) -> Any:
@@ -223,37 +178,19 @@ def _as_cuda_array(v: Any, device: Device) -> Any:
     return v
 
 
-def _simulated_cuda() -> bool:
-    import os
-
-    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-
-
 def normalize_output(value: Any, device: Device) -> Any:
     """Bring an implementation's output to the canonical form for its location.
 
     On a GPU the canonical form is a torch tensor on that GPU (numba device arrays
-    are wrapped without copying); on the simulated device a CPU torch tensor.
+    are wrapped without copying); on the simulated device a CPU torch tensor. A
+    device's kind may wrap outputs further (:meth:`~placer.devices.DeviceKind.wrap`).
     """
-    if device.kind == "cpu":
+    kind = device.driver
+    if not kind.accelerator:
         return value
 
     def leaf(v):
-        if _is_cuda_array(v):
-            return _as_torch(v)
-        return v
+        return kind.wrap(_as_torch(v) if _is_cuda_array(v) else v)
 
     return _map(value, leaf)
 
-
-def synchronize(device: Device, api: str) -> None:
-    """Wait until the device has finished the work queued so far."""
-    if device.kind != "gpu":
-        return
-    import torch
-
-    torch.cuda.synchronize(device.index)
-    if api == "numba.cuda":
-        from numba import cuda
-
-        cuda.synchronize()

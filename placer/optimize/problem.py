@@ -1,6 +1,7 @@
 """A cost table compiled to plain lists, indexed by dispatch priority, for fast search.
 
-May import: networkx, placer.data.costs. Never torch, dask or numba.
+May import: networkx, placer.data.costs, placer.devices (device names). Never torch,
+dask or numba.
 
 Stage ``i`` of a :class:`Problem` is the ``i``-th stage in dispatch priority: the
 topological order with ties broken by the stage's position in the table
@@ -17,6 +18,7 @@ import math
 import networkx as nx
 
 from placer.data.costs import CostTable, resolve_pin
+from placer.devices import same_device
 
 INF = math.inf
 
@@ -153,13 +155,14 @@ class Problem:
         return {st.name: by[st.name] for st in self.table.stages}
 
     def encode(self, placement: dict[str, str]) -> list[int]:
-        """The device index of each stage, from a stage -> device-name mapping."""
+        """The device index of each stage, from a stage -> device-name mapping.
+
+        A name the table spells otherwise (``gpu`` for its ``gpu:0``) means the same device.
+        """
         out = []
         for name in self.names:
             dev = placement[name]
-            if dev not in self.dev_index and dev == "gpu":
-                dev = "gpu:0"
-            elif dev not in self.dev_index and dev == "gpu:0":
-                dev = "gpu"
+            if dev not in self.dev_index:
+                dev = next((d for d in self.devices if same_device(d, dev)), dev)
             out.append(self.dev_index[dev])
         return out

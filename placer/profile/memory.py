@@ -1,6 +1,7 @@
 """Peak memory of a block of work: host (RSS sampled every ms, and tracemalloc) and device.
 
-May import: psutil (inside), placer.devices. torch only through the device's own probe.
+May import: psutil (inside), placer.devices. The device's own memory is read by its
+kind's probe (:meth:`placer.devices.Device.memory_probe`).
 """
 
 from __future__ import annotations
@@ -11,15 +12,18 @@ import tracemalloc
 from placer.devices import Device
 
 
-
 # -- memory ----------------------------------------------------------------------------------
 class PeakMemory:
-    """Peak host memory during a block (RSS sampled every ms, and tracemalloc) and CUDA peak."""
+    """Peak host memory during a block (RSS sampled every ms, and tracemalloc) and the device's.
+
+    ``dev`` stays None for a device whose memory is the host's.
+    """
 
     def __init__(self, device: Device):
         self.device = device
         self.host = 0.0
         self.dev: float | None = None
+        self._probe = device.memory_probe()
 
     def __enter__(self):
         import psutil
@@ -34,12 +38,8 @@ class PeakMemory:
         if self._tm:
             tracemalloc.start()
         tracemalloc.reset_peak()
-        if self.device.kind == "gpu":
-            import torch
-
-            torch.cuda.synchronize(self.device.index)
-            torch.cuda.reset_peak_memory_stats(self.device.index)
-            self._dev_base = torch.cuda.memory_allocated(self.device.index)
+        if self._probe is not None:
+            self._probe.start()
         return self
 
     def _sample(self):
@@ -54,8 +54,6 @@ class PeakMemory:
         if self._tm:
             tracemalloc.stop()
         self.host = float(max(self._peak - self._base, traced))
-        if self.device.kind == "gpu":
-            import torch
-
-            self.dev = float(torch.cuda.max_memory_allocated(self.device.index) - self._dev_base)
+        if self._probe is not None:
+            self.dev = self._probe.peak_bytes()
         return False

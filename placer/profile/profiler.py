@@ -33,7 +33,7 @@ from typing import Any, Literal
 from placer.costmodel.counts import count_work, tensor_bytes_work
 from placer.data.measures import Work
 from placer.data.profile import SCHEMA, DeviceProfile, Point, Profile, StageProfile, WorkPoint  # noqa: F401
-from placer.devices import Device, Inventory, discover
+from placer.devices import SIM, Device, Inventory, discover
 from placer.profile.cache import ProfileCache
 from placer.profile.memory import PeakMemory
 from placer.profile.transfers import measure_transfers
@@ -211,7 +211,7 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
     fp = inv.fingerprint()
     devs = [inv.resolve(d) for d in devices] if devices else list(inv.devices)
     if count_work_for_absent is None:
-        count_work_for_absent = not any(d.kind == "gpu" for d in devs)
+        count_work_for_absent = not any(d.is_gpu for d in devs)
     probe = build(size)
     unit = getattr(probe, "size_unit", None) or "rows"
     if sizes is None:
@@ -258,7 +258,7 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
             reuse[n] = old
     todo = [n for n in probe.order() if n not in reuse]
     for d in devs:
-        if d.kind == "cpu":
+        if not d.is_accelerator:
             continue
         tm = store.load_transfer(d.name, fp) if store else None
         if tm is None:  # planning across devices needs a link model, so never skip it
@@ -305,7 +305,7 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
 
 
 def _can_run(stage: Stage, device: Device) -> bool:
-    return stage.impl_for("cpu" if device.kind == "cpu" else "gpu") is not None
+    return stage.impl_for(device.driver.implementation) is not None
 
 
 def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], prof: Profile,
@@ -317,7 +317,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
     from placer.executor import call_stage, execute
     from placer.executor.transfer import nbytes, to_location
 
-    cpu_dev = next((d for d in devs if d.kind == "cpu"), None) or discover().get("cpu")
+    cpu_dev = next((d for d in devs if not d.is_accelerator), None) or discover().get("cpu")
     budget = _Budget(size_budget)
     run = execute(p, "all=cpu", executor="inline")
     outputs = run.outputs
@@ -338,11 +338,12 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
             share = max(0.0, budget.left) / max(stages_left, 1) if budget.seconds is not None else 2.0
             stages_left -= 1
             try:
-                inputs = host_inputs if d.kind == "cpu" else {a: to_location(v, d)[0] for a, v in host_inputs.items()}
-                workers = cpu_dev.workers if d.kind == "cpu" else 1
+                on_host = not d.is_accelerator
+                inputs = host_inputs if on_host else {a: to_location(v, d)[0] for a, v in host_inputs.items()}
+                workers = cpu_dev.workers if on_host else 1
                 call = lambda: call_stage(st, d, inputs, workers=workers)  # noqa: E731
                 cold = None
-                if d.kind == "cpu":
+                if on_host:
                     cold = first[n]  # the reference run was this size's first call
                 else:
                     t0 = time.perf_counter()
@@ -379,7 +380,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
     return cold_extra
 
 
-_SIM = Device(name="gpu-sim", kind="sim", label="work counter (runs the GPU implementation on the CPU)")
+_SIM = Device(name=SIM, kind="sim", label="work counter (runs the GPU implementation on the CPU)")
 
 
 def _count(st: Stage, inputs: dict[str, Any], in_bytes: float, out_bytes: float) -> Work | None:

@@ -1,0 +1,66 @@
+"""``gpu-sim``: the simulated test device, only under ``PLACER_TEST_DEVICES=1``.
+
+May import: placer.devices.{kinds,device,cpu}; numpy and torch only inside functions.
+
+It runs a stage's GPU implementation on the CPU, so that routing, transfers and
+concurrency can be tested without a GPU. Its data lives in host memory but at a
+location of its own, so moving data there or back is a real copy. It is never a
+GPU: it is never reported as one, and never chosen unless a placement names it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+from placer.devices.cpu import host_memory_bytes
+from placer.devices.device import Device
+from placer.devices.kinds import CopyState, DeviceKind
+from placer.devices.values import is_module, is_tensor
+
+SIM = "gpu-sim"
+
+
+def test_devices_enabled() -> bool:
+    """Whether the simulated test device is enabled (``PLACER_TEST_DEVICES=1``)."""
+    return os.environ.get("PLACER_TEST_DEVICES") == "1"
+
+
+class SimKind(DeviceKind):
+    """``gpu-sim``: GPU implementations on the CPU, data as CPU torch tensors."""
+
+    name = "sim"
+    forms = (SIM,)
+    title = "simulated test device"
+    simulated = True
+
+    def parse(self, key: str) -> str | None:
+        return SIM if key == SIM else None
+
+    def enabled(self) -> bool:
+        return test_devices_enabled()
+
+    def disabled_reason(self, name: str) -> str:
+        return (f"device {SIM!r} is a simulated test device; it exists only when "
+                "PLACER_TEST_DEVICES=1 is set")
+
+    def copy_in(self, leaf: Any, device: Device, state: CopyState) -> Any:
+        import numpy as np
+
+        if isinstance(leaf, np.ndarray):
+            import torch
+
+            return torch.from_numpy(leaf.copy())
+        if is_tensor(leaf):
+            return leaf.detach().clone()
+        if is_module(leaf):
+            return copy.deepcopy(leaf)
+        return leaf
+
+    def discover(self, host: dict[str, Any]) -> tuple[list[Device], dict[str, str]]:
+        if not self.enabled():
+            return [], {}
+        return [Device(name=SIM, kind="sim", memory_bytes=host_memory_bytes(),
+                       label="simulated test device (runs GPU implementations on the CPU; not a GPU)",
+                       backends=["torch", "numba.cuda (simulator)"])], {}

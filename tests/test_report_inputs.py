@@ -162,10 +162,10 @@ def test_a_tampered_report_json_names_the_file_and_the_field(tmp_path):
     path = tmp_path / "r.json"
     report(path, run=fx.inputs()[2])
     doc = json.loads(path.read_text())
-    doc["meta"]["devices"][0]["kind"] = "tpu"
+    doc["meta"]["devices"][0]["present"] = "perhaps"
     path.write_text(json.dumps(doc))
     with pytest.raises(ReportInputError, match=r"^the report file .*r\.json' is not a valid report: "
-                                               r"field meta\.devices\[0\]\.kind \(device 'cpu'\): Input should be"):
+                                               r"field meta\.devices\[0\]\.present \(device 'cpu'\): Input should be"):
         load_facts(path)
 
 

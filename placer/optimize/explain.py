@@ -1,6 +1,6 @@
 """Why each stage runs where it does: reasons, copy accounting, baselines, crossover sizes.
 
-May import: placer.optimize.{costs,problem,simulate}; placer.optimize.objectives only for
+May import: placer.devices (kind titles), placer.optimize.{costs,problem,simulate}; placer.optimize.objectives only for
 type hints (it imports the wording helpers here). Never torch, dask or numba.
 
 A reason compares the chosen device with the best other device the stage could
@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from placer.devices import get_kind, kinds
 from placer.optimize.problem import Problem
 from placer.optimize.simulate import makespan
 
@@ -29,14 +30,12 @@ SPAN = 10**1.5
 
 
 def device_word(pb: Problem, d: int) -> str:
-    """``CPU``, ``GPU`` (``GPU gpu:1`` when there are several) or ``simulated test device``."""
+    """The kind's title (``CPU``, ``GPU``, ``simulated test device``, ...), with the device's name
+    when the table has several devices of that kind (``GPU gpu:1``)."""
     kind = pb.kinds[d]
-    if kind == "cpu":
-        return "CPU"
-    if kind == "sim":
-        return "simulated test device"
-    gpus = [i for i, k in enumerate(pb.kinds) if k == "gpu"]
-    return "GPU" if len(gpus) == 1 else f"GPU {pb.devices[d]}"
+    title = get_kind(kind).title if kind in kinds() else kind
+    same = [i for i, k in enumerate(pb.kinds) if k == kind]
+    return title if len(same) == 1 or kind == "cpu" else f"{title} {pb.devices[d]}"
 
 
 def fmt_s(s: float) -> str:

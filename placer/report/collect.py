@@ -1,7 +1,8 @@
 """Gathering a report's facts from a plan, its run, the baseline runs and the costs.
 
-May import: networkx (through the pipeline object), placer.data, placer.report.{inputs,
-check,critical,advice}. Never torch, dask or matplotlib: facts are plain data.
+May import: networkx (through the pipeline object), placer.data, placer.devices (the
+registry, for a device's kind), placer.report.{inputs,check,critical,advice}. Never
+torch, dask or matplotlib: facts are plain data.
 
 Every input is optional except that a plan or a run must be given; a report says
 what it knows. Inputs may be live models or their saved JSON: they are read into
@@ -33,6 +34,7 @@ from placer.data.report import (
     Timeline,
 )
 from placer.data.run import Run
+from placer.devices import kind_for
 from placer.report.advice import advise
 from placer.report.check import check
 from placer.report.critical import bottleneck
@@ -191,8 +193,8 @@ class _Context:
             spec = specs.get(name)
             out[name] = DeviceInfo(name=name, kind=self.planned_kind(name), label=spec.label if spec else "",
                                    present=not known)
-        rank = {"cpu": 0, "gpu": 1, "sim": 2}
-        return sorted(out.values(), key=lambda d: (rank[d.kind], not d.present, d.name))
+        rank = {"cpu": 0, "gpu": 1, "sim": 3}  # other accelerator kinds after the GPUs
+        return sorted(out.values(), key=lambda d: (rank.get(d.kind, 2), not d.present, d.name))
 
     def planned_kind(self, name: str) -> str:
         """A device's kind from the cost table or the plan; from its name when neither has it.
@@ -414,14 +416,14 @@ class _Context:
 
 # -- small pure helpers ----------------------------------------------------------------------
 def kind_by_name(device: str) -> str:
-    """A device's kind told by its name alone (``cpu``; ``gpu-sim`` is ``sim``; else ``gpu``).
+    """A device's kind told by its name alone, through the device registry (``gpu`` for a
+    name no registered kind knows, such as a described device).
 
     Only for a device no inventory, plan or cost table describes: runs record their
     devices' labels, not their kinds.
     """
-    if device == "cpu":
-        return "cpu"
-    return "sim" if device == "gpu-sim" else "gpu"
+    kind = kind_for(device)
+    return "gpu" if kind is None else kind.name
 
 
 def stage_speedup(device: str, meas: Mapping[str, float], pred: Mapping[str, float | None],

@@ -24,6 +24,8 @@ from placer.data.report import Bar, ReportFacts
 
 #: colours by device kind; the simulated device is hatched so it never looks like a GPU
 KIND_COLOURS = {"cpu": "#4C78A8", "gpu": "#54A24B", "sim": "#F58518"}
+#: the colour of any other registered kind of accelerator
+OTHER_KIND = "#B279A2"
 EXTRA_GPU_COLOURS = ["#2E7D32", "#88C057", "#1B5E20"]
 LINK_COLOUR = "#9D755D"
 ABSENT_COLOUR = "#B279A2"
@@ -48,7 +50,7 @@ def device_colours(facts: ReportFacts) -> dict[str, str]:
         elif d.kind == "gpu" and seen_gpu:
             out[d.name] = next(extra, KIND_COLOURS["gpu"])
         else:
-            out[d.name] = KIND_COLOURS[d.kind]
+            out[d.name] = KIND_COLOURS.get(d.kind, OTHER_KIND)
             seen_gpu = seen_gpu or d.kind == "gpu"
     return out
 

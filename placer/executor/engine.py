@@ -111,10 +111,9 @@ class Engine:
         self.p = pipeline
         self.devices = devices
         self.lanes = lanes
-        g = pipeline.graph
-        self.order = dispatch_order(list(g.nodes), {n: list(g.predecessors(n)) for n in g})
-        self.prio = {n: i for i, n in enumerate(self.order)}
         self.stages = pipeline.stages
+        self.order = dispatch_order(list(self.stages), {n: st.inputs.values() for n, st in self.stages.items()})
+        self.prio = {n: i for i, n in enumerate(self.order)}
         loc = self.loc = {n: d.location for n, d in devices.items()}
         self.loc_device: dict[str, Device] = {HOST: Device(name="cpu", kind="cpu", label="host")}
         for d in devices.values():

@@ -174,6 +174,7 @@ class _Run:
         self.move = getattr(engine.lanes, "transfer", None)
 
     def loop(self):
+        """Dispatch, take every event that has come in, repeat until nothing is in flight."""
         e, events = self.e, self.events
         lanes, arg_keys, avail = e.lanes, e.arg_keys, self.avail
         while True:
@@ -191,6 +192,7 @@ class _Run:
 
     # -- tasks ------------------------------------------------------------------------------
     def stage_task(self, n: str, args: dict[str, Any]):
+        """The task that runs stage ``n`` on its lane and reports to the event queue."""
         e, events, perf, t_start = self.e, self.events, self.perf, self.t_start
         dev, st, lane, lanes = e.devices[n], e.stages[n], e.lane_of[n], e.lanes
         workers = lanes.workers
@@ -209,6 +211,7 @@ class _Run:
         return task
 
     def transfer_task(self, src: str, value: Any, frm: str, to: str):
+        """The task that copies ``src``'s output from location ``frm`` to ``to``."""
         events, perf, t_start = self.events, self.perf, self.t_start
         target = self.e.loc_device[to]
         move = self.move
@@ -227,6 +230,7 @@ class _Run:
 
     # -- events -------------------------------------------------------------------------------
     def handle(self, event: tuple) -> None:
+        """One event: a stage or a copy ended."""
         kind, key, value, t0, t1, extra, exc = event
         self.inflight -= 1
         if kind == "stage":

@@ -2,7 +2,9 @@
 
 May import: pydantic, placer.schedule, placer.optimize.{costs,problem,errors}. Never torch, dask or numba.
 
-The model (``docs/schedule.md`` is the full contract shared with the executor):
+The model (``docs/schedule.md`` is the full contract shared with the executor;
+which ready stage starts next, and where outputs are copied, is decided by
+:mod:`placer.schedule`, which the executor follows too):
 
 - A stage is ready on device D once every input is at D's location; external
   input starts on the host and, for a stage on an accelerator, is copied there

@@ -1,15 +1,14 @@
-"""Running on a real dask.distributed cluster on 127.0.0.1.
+"""Running on a real dask.distributed cluster of worker processes on 127.0.0.1.
+
+What every kind of lanes does (routing, copies, digests, failures) is tested on an
+in-process cluster in test_executor.py, with the diamond pipeline imported from
+there. Here: what needs worker processes or a scheduler address (the cluster's
+devices, the link between workers, the CLI, faults and unreachable schedulers).
 
 The clusters are a scheduler and worker processes (nannies) started here, one
 thread each; one worker declares ``GPU=1`` and, since the worker processes inherit
 this process's ``PLACER_TEST_DEVICES=1`` and ``NUMBA_ENABLE_CUDASIM=1`` (set by
-conftest), runs ``gpu-sim`` stages. The pipeline below is a diamond::
-
-    load ──▶ left ──▶ join
-      └────▶ right ───┘
-
-``left`` has separate numpy (CPU) and torch (GPU) implementations; the others are
-device-agnostic torch functions.
+conftest), runs ``gpu-sim`` stages.
 """
 
 from __future__ import annotations
@@ -24,60 +23,15 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from placer import Pipeline
-from placer.digest import assert_outputs_close
 from placer.errors import StageFailedError
 from placer.executor import execute
+from test_executor import GPU_STAGES, diamond
 
 distributed = pytest.importorskip("distributed")
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_STAGES = "all=cpu,left=gpu-sim,join=gpu-sim"
-
-
-# -- the pipeline -------------------------------------------------------------------------
-def _load(device, n: int):
-    import torch
-
-    g = torch.Generator().manual_seed(7)
-    return torch.randn(n, 8, generator=g).to(device)
-
-
-def _left_cpu(load):
-    return np.tanh(load) * 2.0
-
-
-def _left_gpu(load):
-    import torch
-
-    return torch.tanh(load) * 2.0
-
-
-def _right(load, device, marker: str | None = None, sleep_s: float = 0.0):
-    if marker:
-        with open(marker, "a") as f:
-            f.write(f"{os.getpid()}\n")
-        time.sleep(sleep_s)
-    return (load**2).sum(1, keepdim=True)
-
-
-def _join(left, right, device):
-    import torch
-
-    left = torch.as_tensor(left, device=device)
-    return {"mixed": left * right, "total": (left.sum() + right.sum()).reshape(1)}
-
-
-def build(n: int = 2000, marker: str | None = None, sleep_s: float = 0.0) -> Pipeline:
-    p = Pipeline("diamond", size=n)
-    p.add(name="load", fn=_load, params={"n": n})
-    p.add(name="left", cpu=_left_cpu, gpu=_left_gpu, inputs=["load"])
-    p.add(name="right", fn=_right, inputs=["load"], params={"marker": marker, "sleep_s": sleep_s})
-    p.add(name="join", fn=_join, inputs=["left", "right"])
-    return p
 
 
 # -- clusters ----------------------------------------------------------------------------------
@@ -117,39 +71,10 @@ def client(cluster):
 
 @pytest.fixture(scope="module")
 def local():
-    return execute(build(), "all=cpu")
+    return execute(diamond(), "all=cpu")
 
 
-# -- routing and results ---------------------------------------------------------------------
-def test_gpu_stages_run_only_on_the_gpu_worker_and_data_moves_as_planned(client, local):
-    names = addresses(client)
-    run = execute(build(), GPU_STAGES, scheduler=client)
-    assert run.executor == "distributed"
-    by = {s.name: s for s in run.stages}
-    assert by["left"].worker == names["gpu0"]
-    assert by["join"].worker == names["gpu0"]
-    assert {s.worker for s in run.stages} <= set(names.values())
-    assert by["left"].lane.startswith("gpu-sim@") and by["load"].lane.startswith("cpu@")
-    moves = {(t.data, t.direction) for t in run.transfers}
-    # load goes to the device for left; right goes to the device for join; join comes home
-    assert moves == {("load", "h2d"), ("right", "h2d"), ("join", "d2h")}
-    assert all(t.bytes > 0 for t in run.transfers)
-    assert by["load"].output_bytes == 2000 * 8 * 4
-    # the timeline is ordered by the dependencies
-    assert by["load"].end_s <= by["left"].start_s and by["left"].end_s <= by["join"].start_s
-    assert_outputs_close(run.final_outputs, local.final_outputs)
-    assert run.outputs_digest == local.outputs_digest
-
-
-@pytest.mark.parametrize("placement", ["all=cpu", "all=gpu-sim", "all=cpu,right=gpu-sim"])
-def test_same_digest_as_a_local_run(client, local, placement):
-    run = execute(build(), placement, scheduler=client)
-    assert run.outputs_digest == local.outputs_digest
-    assert all(s.worker for s in run.stages)
-    # only the final outputs come back to the client
-    assert set(run.outputs) == {"join"}
-
-
+# -- the cluster --------------------------------------------------------------------------------
 def test_cluster_lists_gpu_sim_as_a_simulated_device_never_a_gpu(client):
     from placer.executor.distributed import cluster_devices, cost_devices
 
@@ -173,8 +98,8 @@ def test_worker_to_worker_link_is_measured(client):
     assert 0.2 < link.seconds(sizes[-1]) / big < 5.0
 
 
-def test_a_client_passed_in_stays_open_and_failures_name_the_stage(client):
-    p = build()
+def test_a_client_passed_in_stays_open_after_a_failed_run(client):
+    p = diamond()
 
     def broken(load, device):
         raise ValueError("bad rows")
@@ -218,7 +143,7 @@ def test_unreachable_scheduler_is_a_clear_error_within_the_timeout(monkeypatch):
     address = f"tcp://127.0.0.1:{_free_port()}"
     t0 = time.monotonic()
     with pytest.raises(dist.SchedulerUnreachableError, match=f"{address}.*dask scheduler"):
-        execute(build(), "all=cpu", scheduler=address)
+        execute(diamond(), "all=cpu", scheduler=address)
     assert time.monotonic() - t0 < 10
 
 
@@ -230,7 +155,7 @@ def test_gpu_stage_without_a_gpu_worker_fails_before_anything_runs(tmp_path):
     marker = tmp_path / "ran"
     with start_cluster(cpu_workers=1, gpu_workers=0) as cl, Client(cl, set_as_default=False) as c:
         with pytest.raises(ClusterError, match="stage 'left'.*gpu-sim.*--resources GPU=1") as err:
-            execute(build(marker=str(marker)), "all=cpu,left=gpu-sim", scheduler=c)
+            execute(diamond(marker=str(marker)), "all=cpu,left=gpu-sim", scheduler=c)
     assert err.value.stage == "left"
     assert not marker.exists()
 
@@ -250,7 +175,7 @@ def test_placements_the_cluster_cannot_run_name_the_stage_and_the_reason(gpu_wor
     inv = Inventory(devices=devices, host={"scheduler": "tcp://h:1", "gpu_workers": gpu_workers},
                     unavailable={} if gpus else {"torch.cuda": "torch 9 was built without CUDA"})
     with pytest.raises(ClusterError, match="stage 'left' is placed on gpu") as err:
-        resolve_on_cluster(build(), placement, inv)
+        resolve_on_cluster(diamond(), placement, inv)
     assert says in str(err.value) and err.value.stage == "left"
 
 
@@ -276,7 +201,7 @@ def test_killed_worker_stage_reruns_elsewhere_with_the_same_outputs(tmp_path, lo
 
         killer = threading.Thread(target=kill_first_runner)
         killer.start()
-        run = execute(build(marker=str(marker), sleep_s=2.0), GPU_STAGES, scheduler=c)
+        run = execute(diamond(marker=str(marker), sleep_s=2.0), GPU_STAGES, scheduler=c)
         killer.join()
     assert len(killed) == 1, "the stage never started on a worker"
     assert len(marker.read_text().split()) == 2  # it ran twice: killed, then rerun

@@ -1,15 +1,20 @@
 """The one execution engine: dispatches stages and transfers to lanes, records a timeline.
 
-May import: placer.pipeline, placer.devices, placer.executor.*; dask inside functions.
+May import: placer.pipeline, placer.devices, placer.schedule, placer.executor.*; dask
+inside functions.
 
-It behaves exactly like the schedule model of ``docs/schedule.md``, which the
-optimizer simulates:
+It follows the schedule model of ``docs/schedule.md``, which the optimizer
+simulates, and takes the dispatch rule from :mod:`placer.schedule` as the simulator
+does:
 
 * a stage is ready when each of its inputs is at its device's location (``host``
   for the CPU, else the device);
 * whenever a lane has a free slot, the ready stage with the lowest priority (its
-  index in :meth:`Pipeline.order`) starts there; the CPU lane has ``workers`` slots,
-  every accelerator one;
+  index in :func:`~placer.schedule.dispatch_order`, the same as
+  :meth:`Pipeline.order`) starts there; the CPU lane has ``workers`` slots, every
+  accelerator one;
+* every event already in (completions and arrived copies) is handled before the
+  next dispatch;
 * when a stage finishes, its output is copied at once to every other location
   among its consumers' devices (and to the host if it is a sink on an accelerator),
   once per location, on a link lane; the copy does not occupy any device's slot;
@@ -33,7 +38,6 @@ recorded span. Other lanes call :func:`~placer.executor.stagecall.call_stage` an
 
 from __future__ import annotations
 
-import heapq
 import queue
 import threading
 import time
@@ -46,6 +50,7 @@ from placer.data.run import StageRecord, TransferRecord
 from placer.executor.stagecall import call_stage
 from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import Pipeline
+from placer.schedule import ReadyQueues, copy_targets, dispatch_order
 
 HOST = "host"
 
@@ -106,9 +111,9 @@ class Engine:
         self.p = pipeline
         self.devices = devices
         self.lanes = lanes
-        self.order = pipeline.order()
-        self.prio = {n: i for i, n in enumerate(self.order)}
         self.stages = pipeline.stages
+        self.order = dispatch_order(list(self.stages), {n: st.inputs.values() for n, st in self.stages.items()})
+        self.prio = {n: i for i, n in enumerate(self.order)}
         loc = self.loc = {n: d.location for n, d in devices.items()}
         self.loc_device: dict[str, Device] = {HOST: Device(name="cpu", kind="cpu", label="host")}
         for d in devices.values():
@@ -128,134 +133,162 @@ class Engine:
             for k in keys:
                 self.waiting.setdefault(k, []).append(n)
         self.sources = [n for n in self.order if self.missing0[n] == 0]
-        self.targets: dict[str, list[str]] = {}
-        for n in self.order:
-            t = sorted({loc[c] for c in pipeline.consumers(n)} - {loc[n]})
-            if n in self.sinks and loc[n] != HOST and HOST not in t:
-                t.append(HOST)
-            self.targets[n] = t
+        self.targets = {
+            n: copy_targets(loc[n], (loc[c] for c in pipeline.consumers(n)), sink=n in self.sinks, home=HOST)
+            for n in self.order
+        }
         self.arg_keys = {
             n: [(a, (src, loc[n])) for a, src in self.stages[n].inputs.items()] for n in self.order
         }
 
-    # -- the loop -----------------------------------------------------------------------
     def run(self) -> tuple[dict[str, Any], dict[str, Any], list[StageRecord], list[TransferRecord], tuple | None, float]:
-        loc, lane_of, prio, waiting = self.loc, self.lane_of, self.prio, self.waiting
-        lanes, devices, stages = self.lanes, self.devices, self.stages
-        events: queue.SimpleQueue = queue.SimpleQueue()
-        avail: dict[tuple[str, str], Any] = {}
-        missing = dict(self.missing0)
-        slots = dict(self.slots0)
-        ready: dict[str, list[tuple[int, str]]] = {lane: [] for lane in slots}
-        for n in self.sources:
-            heapq.heappush(ready[lane_of[n]], (prio[n], n))
-        stage_recs: list[StageRecord] = []
-        transfer_recs: list[TransferRecord] = []
-        outputs: dict[str, Any] = {}
-        final: dict[str, Any] = {}
-        inflight = 0
-        failure: tuple | None = None
-        perf = time.perf_counter
-        t_start = perf()
-        workers = lanes.workers
-        run_stage = getattr(lanes, "run_stage", None)
-        move = getattr(lanes, "transfer", None)
-        wall0 = time.time() - (perf() - t_start)
+        """Run once: ``(outputs, final outputs, stage records, transfer records, failure, makespan)``.
 
-        def make_stage_task(n: str, args: dict[str, Any]):
-            dev = devices[n]
-            st = stages[n]
-            lane = lane_of[n]
-            if run_stage is not None:
-                return _remote_stage_task(run_stage, events, n, st, dev, args, workers, perf, t_start, wall0)
+        ``failure`` is ``(stage, exception)`` for the first stage or copy that raised
+        (nothing more is dispatched after it), else None.
+        """
+        return _Run(self).loop()
 
-            def task():
-                t0 = perf() - t_start
-                try:
-                    out = call_stage(st, dev, args, workers=workers)
-                    events.put(("stage", n, out, t0, perf() - t_start, lanes.lane_name(lane), None))
-                except BaseException as exc:  # noqa: BLE001 - reported, then re-raised by execute
-                    events.put(("stage", n, None, t0, perf() - t_start, lanes.lane_name(lane), exc))
 
-            return task
+class _Run:
+    """One run of an :class:`Engine`: its queues, values and records."""
 
-        def make_transfer_task(src: str, value: Any, frm: str, to: str):
-            target = self.loc_device[to]
-            if move is not None:
-                return _remote_transfer_task(move, events, (src, frm, to), value, target, perf, t_start, wall0)
+    def __init__(self, engine: Engine):
+        self.e = engine
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.avail: dict[tuple[str, str], Any] = {}
+        self.missing = dict(engine.missing0)
+        self.queues = ReadyQueues(engine.slots0)
+        for n in engine.sources:
+            self.queues.push(n, engine.lane_of[n], engine.prio[n])
+        self.stage_recs: list[StageRecord] = []
+        self.transfer_recs: list[TransferRecord] = []
+        self.outputs: dict[str, Any] = {}
+        self.final: dict[str, Any] = {}
+        self.inflight = 0
+        self.failure: tuple | None = None
+        self.perf = time.perf_counter
+        self.t_start = self.perf()
+        self.wall0 = time.time() - (self.perf() - self.t_start)
+        self.run_stage = getattr(engine.lanes, "run_stage", None)
+        self.move = getattr(engine.lanes, "transfer", None)
 
-            def task():
-                t0 = perf() - t_start
-                try:
-                    moved, nb, pinned = to_location(value, target)
-                    events.put(("transfer", (src, frm, to), moved, t0, perf() - t_start, (nb, pinned), None))
-                except BaseException as exc:  # noqa: BLE001
-                    events.put(("transfer", (src, frm, to), None, t0, perf() - t_start, (0, False), exc))
-
-            return task
-
-        def arrive(key: tuple[str, str], value: Any) -> None:
-            avail[key] = value
-            for c in waiting.get(key, ()):
-                missing[c] -= 1
-                if missing[c] == 0:
-                    heapq.heappush(ready[lane_of[c]], (prio[c], c))
-
+    def loop(self):
+        """Dispatch, take every event that has come in, repeat until nothing is in flight."""
+        e, events = self.e, self.events
+        lanes, arg_keys, avail = e.lanes, e.arg_keys, self.avail
         while True:
-            if failure is None:
-                for lane, heap in ready.items():
-                    while heap and slots[lane] > 0:
-                        _, n = heapq.heappop(heap)
-                        slots[lane] -= 1
-                        inflight += 1
-                        args = {a: avail[k] for a, k in self.arg_keys[n]}
-                        lanes.submit(lane, make_stage_task(n, args))
-            if inflight == 0:
+            if self.failure is None:
+                for lane, n in self.queues.pop_startable():
+                    self.inflight += 1
+                    lanes.submit(lane, self.stage_task(n, {a: avail[k] for a, k in arg_keys[n]}))
+            if self.inflight == 0:
                 break
-            kind, key, value, t0, t1, extra, exc = events.get()
-            inflight -= 1
-            if kind == "stage":
-                n = key
-                slots[lane_of[n]] += 1
-                worker = None
-                if type(extra) is dict:  # from lanes that run work elsewhere
-                    worker, extra = extra.get("worker"), extra
-                if exc is not None:
-                    stage_recs.append(StageRecord(
-                        name=n, device=devices[n].name, lane=_lane(extra), start_s=t0, end_s=t1,
-                        seconds=t1 - t0, output_bytes=0, worker=worker, status="failed",
-                        error=_describe(exc)))
-                    if failure is None:
-                        failure = (n, exc)
-                    continue
-                stage_recs.append(StageRecord(
-                    name=n, device=devices[n].name, lane=_lane(extra), start_s=t0, end_s=t1,
-                    seconds=t1 - t0, status="ok", error=None, worker=worker,
-                    output_bytes=extra["output_bytes"] if worker is not None else nbytes(value)))
-                outputs[n] = value
-                here = loc[n]
-                if n in self.sinks and here == HOST:
-                    final[n] = value
-                if failure is None:
-                    for to in self.targets[n]:
-                        inflight += 1
-                        lanes.submit("link", make_transfer_task(n, value, here, to))
-                arrive((n, here), value)
-            else:
-                src, frm, to = key
-                nb, pinned = extra
-                if exc is not None:
-                    if failure is None:
-                        failure = (src, exc)
-                    continue
-                transfer_recs.append(TransferRecord(
-                    data=src, src=frm, dst=to, direction=_direction(frm, to), bytes=nb,
-                    start_s=t0, end_s=t1, seconds=t1 - t0, pinned=pinned))
-                if to == HOST and src in self.sinks:
-                    final[src] = value
-                arrive((src, to), value)
-        makespan = perf() - t_start
-        return outputs, final, stage_recs, transfer_recs, failure, makespan
+            self.handle(events.get())
+            while not events.empty():  # every event already in is handled before the next dispatch
+                self.handle(events.get())
+        makespan = self.perf() - self.t_start
+        return self.outputs, self.final, self.stage_recs, self.transfer_recs, self.failure, makespan
+
+    # -- tasks ------------------------------------------------------------------------------
+    def stage_task(self, n: str, args: dict[str, Any]):
+        """The task that runs stage ``n`` on its lane and reports to the event queue."""
+        e, events, perf, t_start = self.e, self.events, self.perf, self.t_start
+        dev, st, lane, lanes = e.devices[n], e.stages[n], e.lane_of[n], e.lanes
+        workers = lanes.workers
+        run_stage = self.run_stage
+        if run_stage is not None:
+            return _remote_stage_task(run_stage, events, n, st, dev, args, workers, perf, t_start, self.wall0)
+
+        def task():
+            t0 = perf() - t_start
+            try:
+                out = call_stage(st, dev, args, workers=workers)
+                events.put(("stage", n, out, t0, perf() - t_start, lanes.lane_name(lane), None))
+            except BaseException as exc:  # noqa: BLE001 - reported, then re-raised by execute
+                events.put(("stage", n, None, t0, perf() - t_start, lanes.lane_name(lane), exc))
+
+        return task
+
+    def transfer_task(self, src: str, value: Any, frm: str, to: str):
+        """The task that copies ``src``'s output from location ``frm`` to ``to``."""
+        events, perf, t_start = self.events, self.perf, self.t_start
+        target = self.e.loc_device[to]
+        move = self.move
+        if move is not None:
+            return _remote_transfer_task(move, events, (src, frm, to), value, target, perf, t_start, self.wall0)
+
+        def task():
+            t0 = perf() - t_start
+            try:
+                moved, nb, pinned = to_location(value, target)
+                events.put(("transfer", (src, frm, to), moved, t0, perf() - t_start, (nb, pinned), None))
+            except BaseException as exc:  # noqa: BLE001
+                events.put(("transfer", (src, frm, to), None, t0, perf() - t_start, (0, False), exc))
+
+        return task
+
+    # -- events -------------------------------------------------------------------------------
+    def handle(self, event: tuple) -> None:
+        """One event: a stage or a copy ended."""
+        kind, key, value, t0, t1, extra, exc = event
+        self.inflight -= 1
+        if kind == "stage":
+            self.stage_done(key, value, t0, t1, extra, exc)
+        else:
+            self.transfer_done(key, value, t0, t1, extra, exc)
+
+    def stage_done(self, n: str, value: Any, t0: float, t1: float, extra: Any, exc: BaseException | None) -> None:
+        e = self.e
+        self.queues.release(e.lane_of[n])
+        worker = None
+        if type(extra) is dict:  # from lanes that run work elsewhere
+            worker = extra.get("worker")
+        if exc is not None:
+            self.stage_recs.append(StageRecord(
+                name=n, device=e.devices[n].name, lane=_lane(extra), start_s=t0, end_s=t1,
+                seconds=t1 - t0, output_bytes=0, worker=worker, status="failed",
+                error=_describe(exc)))
+            if self.failure is None:
+                self.failure = (n, exc)
+            return
+        self.stage_recs.append(StageRecord(
+            name=n, device=e.devices[n].name, lane=_lane(extra), start_s=t0, end_s=t1,
+            seconds=t1 - t0, status="ok", error=None, worker=worker,
+            output_bytes=extra["output_bytes"] if worker is not None else nbytes(value)))
+        self.outputs[n] = value
+        here = e.loc[n]
+        if n in e.sinks and here == HOST:
+            self.final[n] = value
+        if self.failure is None:
+            for to in e.targets[n]:
+                self.inflight += 1
+                e.lanes.submit("link", self.transfer_task(n, value, here, to))
+        self.arrive((n, here), value)
+
+    def transfer_done(self, key: tuple, value: Any, t0: float, t1: float, extra: Any,
+                      exc: BaseException | None) -> None:
+        src, frm, to = key
+        nb, pinned = extra
+        if exc is not None:
+            if self.failure is None:
+                self.failure = (src, exc)
+            return
+        self.transfer_recs.append(TransferRecord(
+            data=src, src=frm, dst=to, direction=_direction(frm, to), bytes=nb,
+            start_s=t0, end_s=t1, seconds=t1 - t0, pinned=pinned))
+        if to == HOST and src in self.e.sinks:
+            self.final[src] = value
+        self.arrive((src, to), value)
+
+    def arrive(self, key: tuple[str, str], value: Any) -> None:
+        """``key`` = (stage, location) is there: its consumers there may become ready."""
+        e, missing = self.e, self.missing
+        self.avail[key] = value
+        for c in e.waiting.get(key, ()):
+            missing[c] -= 1
+            if missing[c] == 0:
+                self.queues.push(c, e.lane_of[c], e.prio[c])
 
 
 def _lane(extra: Any) -> str:

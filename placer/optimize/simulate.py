@@ -1,8 +1,10 @@
 """The schedule model: simulate a placement and return its events and makespan.
 
-May import: pydantic, placer.optimize.{costs,problem,errors}. Never torch, dask or numba.
+May import: pydantic, placer.schedule, placer.optimize.{costs,problem,errors}. Never torch, dask or numba.
 
-The model (``docs/schedule.md`` is the full contract shared with the executor):
+The model (``docs/schedule.md`` is the full contract shared with the executor;
+which ready stage starts next, and where outputs are copied, is decided by
+:mod:`placer.schedule`, which the executor follows too):
 
 - A stage is ready on device D once every input is at D's location; external
   input starts on the host and, for a stage on an accelerator, is copied there
@@ -42,12 +44,15 @@ from placer.data.costs import CostTable
 from placer.data.plan import Schedule, StageEvent, TransferEvent
 from placer.errors import InfeasibleError
 from placer.optimize.problem import Problem
+from placer.schedule import ReadyQueues, copy_targets
 
 
 def makespan(pb: Problem, place: list[int], record: list | None = None) -> float:
     """Simulated makespan of ``place`` (device index per stage, in priority order).
 
-    With ``record`` (a list), appends ``(v, start, end)`` for every stage run.
+    Dispatch follows :mod:`placer.schedule` (a stage's index is its priority); this
+    function adds the clock and what stages and copies cost. With ``record`` (a
+    list), appends ``(v, start, end)`` for every stage run, in dispatch order.
     """
     loc = [pb.loc[d] for d in place]
     time, succs, h2d, d2h, net = pb.time, pb.succs, pb.h2d, pb.d2h, pb.net
@@ -56,17 +61,17 @@ def makespan(pb: Problem, place: list[int], record: list | None = None) -> float
     future = [(ready[v], v) for v in range(pb.n) if not rem[v]]
     heapify(future)
     running: list = []
-    free = pb.slots[:]
-    queues: list[list[int]] = [[] for _ in free]
+    queues = ReadyQueues(dict(enumerate(pb.slots)))
+    push, release = queues.push, queues.release
     end, done, n = 0.0, 0, pb.n
     while done < n:
         if running and (not future or running[0][0] <= future[0][0]):
             now = running[0][0]
         else:
             now = future[0][0]
-        while running and running[0][0] <= now:
+        while running and running[0][0] <= now:  # every completion of the instant
             v = heappop(running)[1]
-            free[place[v]] += 1
+            release(place[v])
             done += 1
             lv = loc[v]
             if not succs[v]:
@@ -87,17 +92,14 @@ def makespan(pb: Problem, place: list[int], record: list | None = None) -> float
                 rem[w] -= 1
                 if not rem[w]:
                     heappush(future, (ready[w], w))
-        while future and future[0][0] <= now:
+        while future and future[0][0] <= now:  # every arrival of the instant
             w = heappop(future)[1]
-            heappush(queues[place[w]], w)
-        for d, q in enumerate(queues):
-            while q and free[d]:
-                v = heappop(q)
-                free[d] -= 1
-                f = now + time[v][d]
-                heappush(running, (f, v))
-                if record is not None:
-                    record.append((v, now, f))
+            push(w, place[w], w)
+        for d, v in queues.pop_startable():  # then the instant's dispatch
+            f = now + time[v][d]
+            heappush(running, (f, v))
+            if record is not None:
+                record.append((v, now, f))
     return end
 
 
@@ -146,10 +148,8 @@ def schedule(pb: Problem, place: list[int]) -> Schedule:
             transfers.append(TransferEvent(data=pb.names[v], src="host", dst=locname[lv],
                                            bytes=pb.ext[v], start_s=0.0, end_s=sec,
                                            seconds=sec, external=True))
-        dests = sorted({pb.loc[place[w]] for w in pb.succs[v]} | ({0} if not pb.succs[v] else set()))
+        dests = copy_targets(lv, (pb.loc[place[w]] for w in pb.succs[v]), sink=not pb.succs[v], home=0)
         for lw in dests:
-            if lw == lv:
-                continue
             sec = pb.tr(v, lv, lw)
             transfers.append(TransferEvent(data=pb.names[v], src=locname[lv], dst=locname[lw],
                                            bytes=pb.out[v], start_s=end[v], end_s=end[v] + sec,

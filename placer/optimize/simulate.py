@@ -1,6 +1,7 @@
 """The schedule model: simulate a placement and return its events and makespan.
 
-May import: pydantic, placer.schedule, placer.optimize.{costs,problem,errors}. Never torch, dask or numba.
+May import: pydantic, placer.schedule, placer.data, placer.devices (name aliases), placer.errors,
+placer.optimize.problem. Never torch, dask or numba.
 
 The model (``docs/schedule.md`` is the full contract shared with the executor;
 which ready stage starts next, and where outputs are copied, is decided by
@@ -42,6 +43,7 @@ from heapq import heapify, heappop, heappush
 
 from placer.data.costs import CostTable
 from placer.data.plan import Schedule, StageEvent, TransferEvent
+from placer.devices import same_device
 from placer.errors import InfeasibleError
 from placer.optimize.problem import Problem
 from placer.schedule import ReadyQueues, copy_targets
@@ -111,7 +113,7 @@ def check_placement(pb: Problem, placement: dict[str, str]) -> list[int]:
             raise InfeasibleError(
                 f"stage {name!r} has no device in the placement; add it", stage=name
             )
-        if dev not in pb.dev_index and dev not in ("gpu", "gpu:0"):
+        if dev not in pb.dev_index and not any(same_device(dev, d) for d in pb.devices):
             raise InfeasibleError(
                 f"stage {name!r} is placed on unknown device {dev!r}; use one of "
                 f"{', '.join(pb.devices)}",

@@ -29,7 +29,7 @@ from typing import Any
 
 from placer.devices import Device, Inventory, discover
 from placer.digest import outputs_digest
-from placer.errors import StageFailedError
+from placer.errors import PlacerError, StageFailedError
 from placer.executor.engine import Engine, InlineLanes, ThreadLanes
 from placer.data.run import Run, StageRecord, StreamStats, TransferRecord
 from placer.executor.stagecall import call_stage
@@ -218,6 +218,9 @@ def execute(
     """
     if scheduler is not None:
         from placer.executor.distributed import run_on_cluster
+
+        if as_pipeline(pipeline).validate().streams():
+            raise PlacerError("a pipeline with streams runs on one machine for now; drop --scheduler")
 
         return run_on_cluster(pipeline, placement, scheduler, workers=workers, size=size)
     with Prepared(pipeline, placement, executor=executor, workers=workers,

@@ -227,6 +227,9 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
 
     timed = _Timed(step)
     p = _as_built(pipeline, size)
+    if p.streams():
+        raise PlacerError(f"pipeline {p.name!r} has streams ({', '.join(p.streams())}), which placer advise does "
+                          "not profile or plan yet; run it with placer run --placement")
     size = p.size if size is None else size
     local = isinstance(site, LocalSite)
     t = resolve_target(target, site.inventory()) if local else None
@@ -264,6 +267,9 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
     """
     from placer.executor.distributed import ClusterError, ClusterProfileError
 
+    if pipeline.streams():
+        return "all=cpu", ("all stages on the CPU: placer does not plan streams yet; give --placement "
+                           "to put stream stages on a GPU")
     site = site or LocalSite()
     local = isinstance(site, LocalSite)
     if local and not accelerators(site.inventory()):

@@ -47,9 +47,17 @@ KINDS = ("cleaning", "preprocessing", "training", "inference", "other")
 Kind = Literal["cleaning", "preprocessing", "training", "inference", "other"]
 #: How an implementation wants its array data: torch tensors on the stage's device,
 #: numpy arrays on the host (numpy, pandas, numba.njit, dask code), or numba CUDA
-#: device arrays (``@cuda.jit`` kernels).
-API = Literal["torch", "numpy", "numba.cuda"]
+#: device arrays (``@cuda.jit`` kernels); ``any`` takes values as they come.
+API = Literal["torch", "numpy", "numba.cuda", "any"]
 DEVICE_CLASSES = ("cpu", "gpu")
+#: What a stage does in a stream: runs ``once``; is the stream's ``source`` (yields
+#: batches); runs per ``batch``; or is the ``step`` that consumes the stream (a train
+#: step with state that persists across batches, or an inference step).
+Role = Literal["once", "source", "batch", "step"]
+STREAM_ROLES = ("source", "batch", "step")
+#: argument names a stream stage's function may take without them being inputs
+BATCH_INFO = "batch_info"
+STATE = "state"
 
 
 class Impl(BaseModel):
@@ -100,6 +108,17 @@ class Stage(BaseModel):
     #: optional declared work counts, used to predict devices that are absent
     flops: float | None = None
     bytes_moved: float | None = None
+    #: what the stage does in a stream (see :data:`Role`); ``once`` stages reading a
+    #: source or a per-batch stage become ``batch`` stages when the pipeline is validated
+    role: Role = "once"
+    #: a source: passes over its data (each pass calls the source function again)
+    epochs: int = Field(1, ge=1)
+    #: a source: samples per batch when its function returns a ``Dataset`` (else informative)
+    batch_size: int | None = Field(None, ge=1)
+    #: a step: builds the state that persists across batches (``init(device=...)``)
+    init: Callable[..., Any] | None = None
+    #: a per-batch stage whose output differs between epochs (random augmentation): never cached
+    random: bool = False
 
     @field_validator("kind")
     @classmethod
@@ -170,13 +189,15 @@ class Stage(BaseModel):
         h.update(repr(sorted(self.inputs.items())).encode())
         h.update(repr(sorted((k, repr(v)) for k, v in self.params.items())).encode())
         h.update(repr(self.data_parallel).encode())
+        if self.role != "once":
+            h.update(repr((self.role, self.epochs, self.batch_size, self.random)).encode())
         return h.hexdigest()[:16]
 
 
-def _infer_inputs(fn: Callable, params: Mapping[str, Any]) -> dict[str, str]:
+def _infer_inputs(fn: Callable, params: Mapping[str, Any], reserved: tuple[str, ...] = ()) -> dict[str, str]:
     names = []
     for p in inspect.signature(fn).parameters.values():
-        if p.name == "device" or p.name in params:
+        if p.name in ("device", BATCH_INFO, *reserved) or p.name in params:
             continue
         if p.kind in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL):
             continue
@@ -239,6 +260,8 @@ class Pipeline:
         data_parallel: bool | None = None,
         flops: float | None = None,
         bytes_moved: float | None = None,
+        random: bool = False,
+        **stream: Any,
     ) -> Callable[[Callable], Callable]:
         """Decorator declaring a stage from a function.
 
@@ -247,12 +270,18 @@ class Pipeline:
         implementation; decorating a second function with the same ``name`` and the
         other device adds it to the same stage. Inputs default to the function's
         required arguments, each read from the stage of the same name.
+
+        A stage that reads a stream's source or another per-batch stage runs once per
+        batch (see :meth:`source` and :meth:`step`); ``random=True`` says its output
+        differs between epochs, so it is never cached. A per-batch function may take
+        ``batch_info`` (a :class:`~placer.stream.BatchInfo`: epoch, index, a seed).
         """
+        reserved = (STATE,) if stream.get("role") == "step" else ()
 
         def register(fn: Callable) -> Callable:
             sname = name or fn.__name__
             prm = dict(params or {})
-            ins = inputs if inputs is not None else _infer_inputs(fn, prm)
+            ins = inputs if inputs is not None else _infer_inputs(fn, prm, reserved)
             slot = "fn" if device is None else device
             if slot not in ("fn", "cpu", "gpu"):
                 raise PipelineError(
@@ -272,6 +301,8 @@ class Pipeline:
                 upd = {slot: impl}
                 if data_parallel is not None:
                     upd["data_parallel"] = data_parallel
+                if stream.get("init") is not None:
+                    upd["init"] = stream["init"]
                 new = old.model_copy(update=upd)
                 self.graph.nodes[sname]["stage"] = new
             else:
@@ -286,12 +317,72 @@ class Pipeline:
                         doc=inspect.getdoc(fn) or "",
                         flops=flops,
                         bytes_moved=bytes_moved,
+                        random=random,
+                        **stream,
                         **{slot: impl},
                     )
                 )
             return fn
 
         return register
+
+    def source(
+        self,
+        name: str | None = None,
+        *,
+        kind: str = "cleaning",
+        epochs: int = 1,
+        batch_size: int | None = None,
+        inputs: Iterable[str] | Mapping[str, str] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Callable[[Callable], Callable]:
+        """Decorator declaring a stream's source: a function returning its batches.
+
+        The function is called once per epoch (with ``batch_info`` when it takes it,
+        whose ``epoch`` lets it reshuffle) and returns an iterable of batches (a
+        generator, a list), a ``torch.utils.data.Dataset`` (batched by a DataLoader
+        with ``batch_size`` and the planned workers), or a ``DataLoader`` (its
+        dataset, sampler and collate function are kept; its worker settings are the
+        user's baseline). Inputs come from one-shot stages. A source runs on the CPU.
+
+        Examples
+        --------
+        >>> p = Pipeline("s")
+        >>> @p.source(epochs=2)
+        ... def numbers():
+        ...     return [[1.0, 2.0], [3.0]]
+        >>> @p.step(kind="inference")
+        ... def total(numbers):
+        ...     return sum(numbers)
+        >>> p.validate().stages["total"].role
+        'step'
+        """
+        return self.stage(name, kind=kind, inputs=inputs, device="cpu", api="any", params=params, pin="cpu",
+                          role="source", epochs=epochs, batch_size=batch_size)
+
+    def step(
+        self,
+        name: str | None = None,
+        *,
+        kind: str = "training",
+        init: Callable[..., Any] | None = None,
+        inputs: Iterable[str] | Mapping[str, str] | None = None,
+        device: Literal["cpu", "gpu"] | None = None,
+        api: str | None = None,
+        pin: str | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Callable[[Callable], Callable]:
+        """Decorator declaring the step that consumes a stream, batch by batch, in order.
+
+        With ``init`` (called once per run as ``init(device=...)`` when it takes
+        ``device``), the step is a fold: it receives ``state`` with each batch and
+        returns the new state (or None after changing it in place); its output is
+        the final state, e.g. a trained model. Without ``init`` its output is the
+        list of what it returned for every batch, e.g. predictions. Like any stage it
+        may have a device-agnostic torch function or separate CPU and GPU ones.
+        """
+        return self.stage(name, kind=kind, inputs=inputs, device=device, api=api, pin=pin, params=params,
+                          role="step", init=init)
 
     def _adopt(self, graph: nx.DiGraph) -> None:
         for node, data in graph.nodes(data=True):
@@ -358,7 +449,64 @@ class Pipeline:
                 stage=cycle[0][0],
             )
         self._order_cache = None
+        self._check_streams()
         return self
+
+    def _check_streams(self) -> None:
+        """Give per-batch stages their role and check each stream: one source, one step, no loose ends."""
+        index = {n: i for i, n in enumerate(self.graph.nodes)}
+        stream_of: dict[str, str] = {}
+        step_of: dict[str, str] = {}
+        for n in nx.lexicographical_topological_sort(self.graph, key=index.__getitem__):
+            st: Stage = self.graph.nodes[n]["stage"]
+            feeds = {stream_of[src] for src in st.inputs.values() if src in stream_of}
+            if len(feeds) > 1:
+                raise PipelineError(
+                    f"stage {n!r} reads batches of two streams ({', '.join(sorted(feeds))}); a stage may read "
+                    "one stream only: join the data in one source", stage=n)
+            src = next(iter(feeds), None)
+            if st.role == "source":
+                _check_source(st, src)
+                stream_of[n] = n
+            elif st.role == "step":
+                if src is None:
+                    raise PipelineError(
+                        f"step {n!r} reads no batches; give it an input from a source or a per-batch stage",
+                        stage=n)
+                if src in step_of:
+                    raise PipelineError(
+                        f"stream {src!r} has two steps ({step_of[src]!r} and {n!r}); end a stream with one "
+                        "step (combine them in one function)", stage=n)
+                step_of[src] = n
+                _check_step(st)
+            elif src is not None:
+                if st.role != "batch":
+                    self.graph.nodes[n]["stage"] = st.model_copy(update={"role": "batch"})
+                stream_of[n] = src
+            elif st.role == "batch":
+                raise PipelineError(
+                    f"stage {n!r} is per-batch but reads no source or per-batch stage", stage=n)
+        for n, src in stream_of.items():
+            if self.graph.out_degree(n) == 0:
+                raise PipelineError(
+                    f"per-batch stage {n!r} of stream {src!r} feeds nothing; end the stream with a "
+                    "@pipeline.step that reads it", stage=n)
+
+    def streams(self) -> dict[str, list[str]]:
+        """Each stream's source → its stages (source, per-batch stages, step) in dispatch order."""
+        out: dict[str, list[str]] = {}
+        member: dict[str, str] = {}
+        for n in self.order():
+            st = self.stages[n]
+            if st.role == "source":
+                member[n] = n
+                out[n] = [n]
+            elif st.role in ("batch", "step"):
+                src = next(member[s] for s in st.inputs.values() if s in member)
+                out[src].append(n)
+                if st.role == "batch":
+                    member[n] = src
+        return out
 
     def order(self) -> list[str]:
         """Topological order, ties broken by declaration order (the dispatch priority)."""
@@ -401,6 +549,34 @@ class Pipeline:
 
     def __len__(self) -> int:
         return self.graph.number_of_nodes()
+
+
+def _check_source(st: Stage, reads: str | None) -> None:
+    if reads is not None:
+        raise PipelineError(
+            f"source {st.name!r} reads batches of stream {reads!r}; a source's inputs must be one-shot stages",
+            stage=st.name)
+    if st.gpu is not None or (st.fn is not None and st.cpu is None):
+        raise PipelineError(
+            f"source {st.name!r} has a GPU implementation; a source runs on the CPU: declare it with "
+            "@pipeline.source (move GPU work to a per-batch stage)", stage=st.name)
+
+
+def _check_step(st: Stage) -> None:
+    if st.init is None:
+        return
+    for impl in (st.fn, st.cpu, st.gpu):
+        if impl is not None and STATE not in _params(impl.fn):
+            raise PipelineError(
+                f"step {st.name!r} has init= but its function {impl.fn.__name__!r} takes no 'state' argument; add "
+                "a 'state' parameter (it receives init's result, then what the step returned)", stage=st.name)
+
+
+def _params(fn: Callable) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 def device_class(device: str) -> str:

@@ -24,3 +24,18 @@ def test_readme_python_example_runs_and_is_placement_independent(capsys):
     assert sim.stage("ema").device == "gpu-sim"
     assert sim.outputs_digest == run.outputs_digest
     assert_outputs_close(run.final_outputs, sim.final_outputs)
+
+
+def test_readme_stream_example_runs_and_equals_the_sequential_run(capsys):
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "@p.source" in b]
+    assert blocks, "the README has no stream example"
+    ns: dict = {}
+    exec(compile(blocks[0], "README.md", "exec"), ns)  # noqa: S102 - our own README
+    assert "augment" in capsys.readouterr().out
+    from placer.stream import StreamConfig
+
+    run = ns["run"]
+    assert run.streams[0].batches == 2 * 1024 // 64
+    seq = execute(ns["p"], "all=gpu-sim", stream=StreamConfig(workers=0))
+    assert seq.outputs_digest == run.outputs_digest
+    assert_outputs_close(run.final_outputs, seq.final_outputs)

@@ -23,6 +23,12 @@ def run(
         help="Run on the dask.distributed cluster at this address (tcp://HOST:PORT); GPU stages "
              "go to workers started with --resources GPU=1.",
     ),
+    workers: int = typer.Option(None, "--workers", min=0,
+                                help="Streams: parallel workers per CPU stage; 0 runs each batch through every "
+                                     "stage in turn (the sequential reference)."),
+    prefetch: int = typer.Option(None, "--prefetch", min=1, help="Streams: batches each queue holds (default 2)."),
+    cache: str = typer.Option(None, "--cache", help="Streams: keep this deterministic stage's output in memory "
+                                                    "after the first epoch."),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
@@ -39,7 +45,8 @@ def run(
         if spec is None:
             with open_site(scheduler) as site:
                 spec, why = best_placement(p, p.size, site, reference=pipeline)
-        result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler)
+        stream = _stream_config(workers, prefetch, cache)
+        result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream)
     except PlacerError as exc:
         fail(str(exc).splitlines()[0])
     except (ValueError, TypeError) as exc:
@@ -67,4 +74,15 @@ def run(
     for tr in result.transfers:
         c.print(f"transfer {tr.data}: {tr.src} -> {tr.dst} {tr.bytes:,} B in {tr.seconds * 1e3:.2f} ms"
                 + (" (pinned)" if tr.pinned else ""))
+    for s in result.streams:
+        c.print(f"stream {s.source} -> {s.step}: {s.batches} batches, {s.samples_per_s:,.1f} samples/s; "
+                f"the step waited for data {s.consumer_idle_fraction:.0%} of the time")
     c.print(f"outputs digest: {result.outputs_digest}")
+
+
+def _stream_config(workers: int | None, prefetch: int | None, cache: str | None):
+    """The stream settings given on the command line (None: the defaults)."""
+    from placer.stream import StreamConfig
+
+    given = {k: v for k, v in {"workers": workers, "prefetch": prefetch, "cache": cache}.items() if v is not None}
+    return StreamConfig(**given) if given else None

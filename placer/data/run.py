@@ -27,6 +27,13 @@ class StageRecord:
     worker: str | None = None
     status: Literal["ok", "failed"] = "ok"
     error: str | None = None
+    #: per-batch stages of a stream: seconds computing, waiting for input, waiting for
+    #: room downstream (summed over its workers), and its workers (None: a one-shot stage)
+    busy_s: float | None = None
+    starved_s: float | None = None
+    blocked_s: float | None = None
+    workers: int | None = None
+    worker_kind: str | None = None
 
 
 @dataclass(slots=True)
@@ -42,6 +49,58 @@ class TransferRecord:
     end_s: float
     seconds: float
     pinned: bool = False
+
+
+class StreamStageStats(BaseModel):
+    """One node of a stream (a stage, or a copy into a device) over a whole run.
+
+    ``busy_s + starved_s + blocked_s`` is the node's wall time times its workers:
+    ``starved_s`` is time its workers waited for input, ``blocked_s`` time they
+    waited for room downstream (or for their turn, to keep batches in order).
+    """
+
+    name: str
+    kind: Literal["source", "batch", "step", "copy"]
+    device: str
+    workers: int
+    worker_kind: str
+    batches: int = 0
+    busy_s: float = 0.0
+    starved_s: float = 0.0
+    blocked_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def utilisation(self) -> float:
+        """Busy share of the node's worker time."""
+        total = self.wall_s * max(self.workers, 1)
+        return self.busy_s / total if total > 0 else 0.0
+
+
+class StreamStats(BaseModel):
+    """What one stream did in a run: throughput, per-node accounting, queues, the consumer's idle time."""
+
+    source: str
+    step: str
+    epochs: int
+    batches: int
+    samples: int
+    seconds: float
+    #: samples per second in steady state (after the first batch reached the step)
+    samples_per_s: float
+    #: from the stream's start until the step began its first batch
+    time_to_first_batch_s: float
+    #: the step's share of time spent waiting for data (the GPU's idle share when it trains there)
+    consumer_idle_fraction: float
+    #: the bound on batches in flight (queue capacity per edge) and the peaks seen
+    prefetch: int
+    peak_inflight_batches: int = 0
+    peak_inflight_bytes: int = 0
+    cache: str | None = None
+    stages: list[StreamStageStats] = Field(default_factory=list)
+    #: occupancy of each queue (in node order) when the step took each batch: [t_s, [sizes]]
+    queue_trace: list[tuple[float, list[int]]] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
 
 
 class Run(BaseModel):
@@ -65,6 +124,8 @@ class Run(BaseModel):
     versions: dict[str, str | None] = Field(default_factory=dict)
     error: str | None = None
     failed_stage: str | None = None
+    #: one entry per stream the pipeline has (empty for a one-shot pipeline)
+    streams: list[StreamStats] = Field(default_factory=list)
 
     # plain defaults (no factories): constructing a Run stays cheap on the hot path
     _outputs: dict[str, Any] | None = PrivateAttr(default=None)
@@ -88,5 +149,19 @@ class Run(BaseModel):
         return next(s for s in self.stages if s.name == name)
 
     def summary(self) -> dict[str, Any]:
-        """The JSON document of ``placer run --json``."""
-        return self.model_dump(mode="json")
+        """The JSON document of ``placer run --json``.
+
+        A run with streams also gives ``samples_per_s`` and ``batches`` at the top
+        (the first stream's; every stream's are under ``streams``).
+        """
+        doc = self.model_dump(mode="json")
+        for rec in doc["stages"]:
+            if rec.get("workers") is None:  # a one-shot stage: no stream accounting
+                for k in ("busy_s", "starved_s", "blocked_s", "workers", "worker_kind"):
+                    rec.pop(k, None)
+        if not self.streams:
+            doc.pop("streams", None)
+        else:
+            doc["samples_per_s"] = self.streams[0].samples_per_s
+            doc["batches"] = self.streams[0].batches
+        return doc

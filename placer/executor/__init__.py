@@ -29,13 +29,15 @@ from typing import Any
 
 from placer.devices import Device, Inventory, discover
 from placer.digest import outputs_digest
-from placer.errors import StageFailedError
+from placer.errors import PlacerError, StageFailedError
 from placer.executor.engine import Engine, InlineLanes, ThreadLanes
-from placer.data.run import Run, StageRecord, TransferRecord
+from placer.data.run import Run, StageRecord, StreamStats, TransferRecord
 from placer.executor.stagecall import call_stage
+from placer.executor.streams import collapse, member_records
 from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline, as_pipeline
 from placer.placement import resolve
+from placer.stream import StreamConfig, StreamFailed
 
 __all__ = [
     "Prepared",
@@ -81,7 +83,7 @@ class Prepared:
 
     def __init__(self, pipeline: Any, placement: Any = None, *, executor: str = "auto",
                  workers: int | None = None, inventory: Inventory | None = None, size: int | None = None,
-                 lanes: Any = None):
+                 lanes: Any = None, stream: StreamConfig | None = None):
         p = as_pipeline(pipeline)
         p.validate()
         self.pipeline = p
@@ -89,8 +91,10 @@ class Prepared:
         self.devices = resolve(p, placement, inv)
         cpu = inv.get("cpu")
         self.workers = int(workers or (cpu.workers if cpu else 1))
-        self.lanes = lanes if lanes is not None else choose_lanes(p, self.devices, executor, self.workers)
-        self.engine = Engine(p, self.devices, self.lanes)
+        self._streams: list[StreamStats] = []
+        run_p, run_devices = collapse(p, self.devices, stream or StreamConfig(), cpu, self._streams)
+        self.lanes = lanes if lanes is not None else choose_lanes(run_p, run_devices, executor, self.workers)
+        self.engine = Engine(run_p, run_devices, self.lanes)
         self.size = size if size is not None else p.size
         self._placement = {n: d.name for n, d in self.devices.items()}
         self._labels = {d.name: d.label for d in self.devices.values()}
@@ -100,7 +104,10 @@ class Prepared:
     def run(self, *, digest: bool = True) -> Run:
         """Run once; see :func:`execute` for what is returned and raised."""
         started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        self._streams.clear()
         outputs, final, stage_recs, transfer_recs, failure, makespan = self.engine.run()
+        if self._streams or failure is not None:
+            stage_recs, failure = self._expand_streams(stage_recs, outputs, failure)
         collect = getattr(self.lanes, "collect", None)
         if collect is not None:  # lanes whose outputs live elsewhere bring the final ones here
             outputs, final = collect(outputs, final)
@@ -111,15 +118,16 @@ class Prepared:
             executor=self.lanes.name, workers=self.workers, makespan_s=makespan,
             stages=stage_recs, transfers=transfer_recs, outputs_digest=None,
             devices=dict(self._labels), started_at=started, versions=dict(self._versions),
-            error=None, failed_stage=None,
+            error=None, failed_stage=None, streams=list(self._streams),
         )
         run._outputs = outputs
         if failure is not None:
             name, exc = failure
             run.error = f"{type(exc).__name__}: {exc}"
             run.failed_stage = name
+            what = str(exc) if isinstance(exc, StreamFailed) else f"stage {name!r} failed: {type(exc).__name__}: {exc}"
             raise StageFailedError(
-                f"stage {name!r} failed on {self.devices[name].name}: {type(exc).__name__}: {exc}",
+                what.replace(f"stage {name!r} failed", f"stage {name!r} failed on {self.devices[name].name}", 1),
                 stage=name,
                 outputs=dict(outputs),
                 run=run,
@@ -128,6 +136,20 @@ class Prepared:
         if digest:
             run.outputs_digest = outputs_digest(final)
         return run
+
+    def _expand_streams(self, recs: list, outputs: dict, failure: Any) -> tuple[list, Any]:
+        """Member records in place of each stream's record; a failing member named as the failed stage."""
+        by_step = {s.step: s for s in self._streams}
+        out = []
+        for r in recs:
+            out.extend(member_records(r, by_step[r.name]) if r.name in by_step else [r])
+        if failure is not None and isinstance(failure[1], StreamFailed):
+            exc = failure[1]
+            step = next(ms[-1] for ms in self.pipeline.streams().values() if exc.stage in ms)
+            if exc.state is not None:
+                outputs[step] = exc.state
+            failure = (exc.stage, exc)
+        return out, failure
 
     def close(self) -> None:
         self.lanes.close()
@@ -157,6 +179,7 @@ def execute(
     inventory: Inventory | None = None,
     size: int | None = None,
     scheduler: Any = None,
+    stream: StreamConfig | None = None,
 ) -> Run:
     """Run ``pipeline`` with every stage on the device the placement gives it.
 
@@ -176,6 +199,10 @@ def execute(
         ``tcp://10.0.0.5:8786``, or a Client); see
         :mod:`placer.executor.distributed`. ``run.outputs`` then holds only the
         final outputs: the others stay on the workers and are released.
+    stream : StreamConfig, optional
+        How the pipeline's streams run: workers per stage, prefetch depth, pinned
+        copies, a cache point (default: :class:`~placer.stream.StreamConfig`'s).
+        ``run.streams`` then holds each stream's throughput and accounting.
 
     Returns
     -------
@@ -192,7 +219,10 @@ def execute(
     if scheduler is not None:
         from placer.executor.distributed import run_on_cluster
 
+        if as_pipeline(pipeline).validate().streams():
+            raise PlacerError("a pipeline with streams runs on one machine for now; drop --scheduler")
+
         return run_on_cluster(pipeline, placement, scheduler, workers=workers, size=size)
     with Prepared(pipeline, placement, executor=executor, workers=workers,
-                  inventory=inventory, size=size) as prepared:
+                  inventory=inventory, size=size, stream=stream) as prepared:
         return prepared.run()

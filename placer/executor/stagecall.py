@@ -19,13 +19,15 @@ from placer.pipeline import Stage
 MIN_ROWS_PER_PARTITION = 4096
 
 
-def call_stage(stage: Stage, device: Device, inputs: dict[str, Any], *, workers: int = 1) -> Any:
+def call_stage(stage: Stage, device: Device, inputs: dict[str, Any], *, workers: int = 1,
+               extra: dict[str, Any] | None = None) -> Any:
     """Run ``stage`` on ``device`` with ``inputs`` already at the device's location.
 
     Inputs are adapted to the implementation's data format, parameters and (when
     the implementation takes it) ``device=`` are passed as keywords, the device is
     synchronised before returning, and the output is put in canonical form for the
-    device (see :func:`placer.executor.transfer.normalize_output`).
+    device (see :func:`placer.executor.transfer.normalize_output`). ``extra``
+    keywords (a stream's ``batch_info``, a step's ``state``) are passed as they are.
     """
     impl = stage.impl_for(device.driver.implementation)
     if impl is None:
@@ -35,6 +37,8 @@ def call_stage(stage: Stage, device: Device, inputs: dict[str, Any], *, workers:
     kwargs = {a: adapt(v, impl.api, device) for a, v in inputs.items()}
     if stage.params:
         kwargs.update(stage.params)
+    if extra:
+        kwargs.update(extra)
     if impl.takes_device:
         kwargs["device"] = device.torch_device()
     if stage.data_parallel and not device.is_accelerator and workers > 1:

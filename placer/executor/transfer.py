@@ -122,7 +122,7 @@ def synchronize(device: Device, api: str) -> None:
 # -- adapting ---------------------------------------------------------------------------
 def adapt(value: Any, api: str, device: Device) -> Any:
     """Convert a value at ``device``'s location to the format ``api`` takes (no transfer)."""
-    if isinstance(value, _SCALARS) or (api == "numpy" and isinstance(value, np.ndarray)):
+    if api == "any" or isinstance(value, _SCALARS) or (api == "numpy" and isinstance(value, np.ndarray)):
         return value
     if api == "numpy":
         conv = _as_numpy

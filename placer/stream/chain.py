@@ -1,0 +1,74 @@
+"""Laying a stream out as a chain of nodes: stages in dispatch order, copies where data must move.
+
+May import: placer.pipeline, placer.devices, placer.errors, placer.executor.transfer,
+placer.stream.{config,nodes}.
+
+Before a stage whose per-batch inputs are not yet where it runs, a copy node moves
+them there (on its own thread, and on a GPU its own CUDA stream, so the copy of
+batch k+1 overlaps the compute of batch k); a value copied once serves every later
+stage at that location. One-shot inputs are moved to each location once per run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from placer.devices import Device
+from placer.errors import PlacerError
+from placer.executor.transfer import to_location
+from placer.pipeline import BATCH_INFO, Pipeline
+from placer.stream.config import StreamConfig
+from placer.stream.nodes import Node, takes
+
+
+def build_nodes(pipeline: Pipeline, members: list[str], devices: dict[str, Device], consts: dict[str, Any],
+                config: StreamConfig) -> list[Node]:
+    """The chain of nodes of one stream (source first, step last)."""
+    stages = pipeline.stages
+    inside = set(members)
+    src = members[0]
+    placed: dict[tuple[str, str], Any] = {}
+
+    def const_at(name: str, device: Device) -> Any:
+        key = (name, device.location)
+        if key not in placed:
+            placed[key] = to_location(consts[name], device)[0]
+        return placed[key]
+
+    source = stages[src]
+    nodes = [Node(name=src, kind="source", device=devices[src], index=0, stage=source,
+                  consts={a: consts[s] for a, s in source.inputs.items()})]
+    avail: dict[str, set[str]] = {src: {"host"}}
+    for m in members[1:]:
+        st, dev = stages[m], devices[m]
+        reads = {a: s for a, s in st.inputs.items() if s in inside}
+        need = sorted({s for s in reads.values() if dev.location not in avail[s]})
+        if need:
+            nodes.append(Node(name=f"{m}:copy", kind="copy", device=dev, index=len(nodes), moves=need))
+            for s in need:
+                avail[s].add(dev.location)
+        kind = "step" if st.role == "step" else "batch"
+        on_cpu = dev.kind == "cpu"
+        workers = config.workers_of(m) if on_cpu and kind == "batch" else 1
+        worker_kind = config.kind_of(m) if on_cpu and kind == "batch" else "thread"
+        if worker_kind != "thread":
+            raise PlacerError(f"stage {m!r}: worker kind {worker_kind!r} is not supported by this executor; "
+                              "use thread workers", stage=m)
+        impl = st.impl_for("cpu" if on_cpu else "gpu")
+        nodes.append(Node(name=m, kind=kind, device=dev, index=len(nodes), stage=st, reads=reads,
+                          consts={a: const_at(s, dev) for a, s in st.inputs.items() if s not in inside},
+                          workers=workers, worker_kind=worker_kind, takes_info=takes(impl.fn, BATCH_INFO)))
+        avail[m] = {dev.location}
+    _plan_drops(nodes)
+    return nodes
+
+
+def _plan_drops(nodes: list[Node]) -> None:
+    """Drop each per-batch value after the last node that reads or copies it."""
+    last: dict[str, int] = {}
+    for n in nodes:
+        for s in [*n.reads.values(), *n.moves]:
+            last[s] = n.index
+    for name, i in last.items():
+        if nodes[i].kind != "step":
+            nodes[i].drop.append(name)

@@ -1,0 +1,188 @@
+"""The nodes of a stream: a source, per-batch stages, copies into a device, the step.
+
+May import: placer.pipeline, placer.devices, placer.errors, placer.executor.{stagecall,transfer},
+placer.stream.{config,source}; torch inside functions.
+
+A stream runs as a chain of nodes in the pipeline's dispatch order (branches of
+a stream are serialised per batch; different batches overlap across nodes). A
+batch travels as a :class:`Bundle`: the per-batch values computed so far, by stage
+and by location, so that a value copied into a device once serves every later
+stage there. Each node knows which values it reads, where, and which values no
+later node needs (those are dropped, bounding the memory of a batch in flight).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from placer.devices import Device
+from placer.executor.stagecall import call_stage
+from placer.executor.transfer import nbytes, to_location
+from placer.pipeline import BATCH_INFO, STATE, Stage
+from placer.stream.config import BatchInfo
+
+
+@dataclass(slots=True)
+class Bundle:
+    """One batch in flight: its position and its per-batch values (stage → location → value)."""
+
+    seq: int
+    info: BatchInfo
+    values: dict[str, dict[str, Any]]
+    #: the first node that works on this bundle (later than 0 when replayed from a cache)
+    start: int = 0
+    last_of_epoch: bool = False
+
+
+@dataclass
+class NodeStats:
+    """Accounting of one node, summed over its workers."""
+
+    busy_s: float = 0.0
+    starved_s: float = 0.0
+    blocked_s: float = 0.0
+    batches: int = 0
+    end_s: float = 0.0
+    copied_bytes: int = 0
+
+
+@dataclass
+class Node:
+    """One node of the chain.
+
+    Attributes
+    ----------
+    reads : dict
+        Argument name → producing stage, for per-batch inputs (read at this node's location).
+    consts : dict
+        Argument name → the one-shot input's value, already at this node's location.
+    moves : list of str
+        For a copy node: the per-batch values it copies to ``device``'s location.
+    drop : list of str
+        Values no later node reads, dropped after this node.
+    """
+
+    name: str
+    kind: str
+    device: Device
+    index: int
+    stage: Stage | None = None
+    reads: dict[str, str] = field(default_factory=dict)
+    consts: dict[str, Any] = field(default_factory=dict)
+    moves: list[str] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+    workers: int = 1
+    worker_kind: str = "thread"
+    stats: NodeStats = field(default_factory=NodeStats)
+    takes_info: bool = False
+
+    @property
+    def location(self) -> str:
+        return self.device.location
+
+    def process(self, b: Bundle) -> Any:
+        """This node's work on one bundle: a stage's output, or (copy nodes) the values moved."""
+        if self.kind == "copy":
+            return self._copy(b)
+        inputs = {a: b.values[src][self.location] for a, src in self.reads.items()}
+        extra = {BATCH_INFO: b.info} if self.takes_info else None
+        return call_stage(self.stage, self.device, {**self.consts, **inputs}, extra=extra)
+
+    def _copy(self, b: Bundle) -> dict[str, Any]:
+        moved = {}
+        for name in self.moves:
+            here = b.values[name]
+            src = next(iter(here.values()))
+            value, nb, _ = to_location(src, self.device)
+            self.stats.copied_bytes += nb
+            moved[name] = value
+        return moved
+
+    def store(self, b: Bundle, out: Any) -> None:
+        """Put this node's result into the bundle and drop what no later node reads."""
+        if self.kind == "copy":
+            for name, v in out.items():
+                b.values[name][self.location] = v
+        else:
+            b.values[self.name] = {self.location: out}
+        for name in self.drop:
+            b.values.pop(name, None)
+
+
+def takes(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class StepState:
+    """The step's state across batches: a fold's state, or the list of its outputs."""
+
+    def __init__(self, node: Node):
+        self.node = node
+        st = node.stage
+        self.fold = st.init is not None
+        self.value: Any = None
+        self.outputs: list[Any] = []
+
+    def start(self) -> None:
+        if self.fold:
+            init = self.node.stage.init
+            self.value = init(device=self.node.device.torch_device()) if takes(init, "device") else init()
+
+    def apply(self, b: Bundle) -> None:
+        node = self.node
+        inputs = {a: b.values[src][node.location] for a, src in node.reads.items()}
+        extra = {BATCH_INFO: b.info} if node.takes_info else {}
+        if self.fold:
+            extra[STATE] = self.value
+        out = call_stage(node.stage, node.device, {**node.consts, **inputs}, extra=extra)
+        if self.fold:
+            if out is not None:
+                self.value = out
+        else:
+            self.outputs.append(out)
+
+    def result(self) -> Any:
+        return self.value if self.fold else self.outputs
+
+
+def batch_len(value: Any) -> int:
+    """Samples in a batch: the leading dimension of its first array (1 when it has none)."""
+    if isinstance(value, dict) and value:
+        return batch_len(next(iter(value.values())))
+    if isinstance(value, (tuple, list)) and value and not isinstance(value[0], (int, float)):
+        return batch_len(value[0])
+    shape = getattr(value, "shape", None)
+    if shape is not None and len(shape) >= 1:
+        return int(shape[0])
+    if hasattr(value, "iloc") or isinstance(value, (list, tuple)):
+        return len(value)
+    return 1
+
+
+def bundle_bytes(b: Bundle) -> int:
+    return sum(nbytes(v) for here in b.values.values() for v in here.values())
+
+
+@contextlib.contextmanager
+def device_stream(device: Device):
+    """Work of this thread goes to its own CUDA stream on a real GPU (copies overlap compute)."""
+    if device.kind != "gpu":
+        yield
+        return
+    import torch
+
+    stream = torch.cuda.Stream(device=device.index)
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
+
+
+def now() -> float:
+    return time.perf_counter()

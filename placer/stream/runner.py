@@ -1,0 +1,451 @@
+"""Running one stream: bounded queues between nodes, workers per node, batches kept in order.
+
+May import: placer.pipeline, placer.devices, placer.errors, placer.data.run,
+placer.executor.transfer, placer.stream.*; torch inside functions.
+
+The source reads ahead at most ``prefetch`` batches into the first queue; every
+node takes from its input queue, works, and hands its result on in sequence order
+(a node with several workers holds a finished batch until the batches before it
+have gone), into a queue of ``prefetch`` places: a full queue blocks the node
+before it (backpressure), so at most ``prefetch + workers`` batches wait or work
+at each node. The step runs alone, in order, so its state evolves exactly as in a
+sequential run. Each worker's time is split into busy (working), starved (waiting
+for input) and blocked (waiting for room downstream, or for its turn).
+
+With ``StreamConfig(workers=0)`` the same nodes run in the calling thread, one
+batch at a time through all of them: the reference the parallel run must equal.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from placer.data.run import StreamStageStats, StreamStats
+from placer.devices import Device
+from placer.errors import PlacerError
+from placer.executor.transfer import to_location
+from placer.pipeline import Pipeline
+from placer.stream.config import BatchInfo, StreamConfig
+from placer.stream.nodes import Bundle, Node, StepState, batch_len, bundle_bytes, device_stream, now
+from placer.stream.chain import build_nodes
+from placer.stream.source import batches, call_source
+
+_END = object()
+#: seconds between checks of the stop flag while waiting on a queue
+_POLL_S = 0.05
+
+
+class StreamFailed(PlacerError):
+    """A stage failed on a batch; ``.state`` is the step's state after the batches done."""
+
+    def __init__(self, message: str, *, stage: str, batches_done: int, state: Any = None):
+        super().__init__(message, stage=stage)
+        self.batches_done = batches_done
+        self.state = state
+
+
+class StreamRun:
+    """One run of one stream.
+
+    Parameters
+    ----------
+    pipeline : Pipeline
+    source : str
+        The stream's source stage.
+    devices : dict
+        Stage → :class:`~placer.devices.Device` for every stage of the stream.
+    consts : dict
+        One-shot stage → its output on the host, for every one-shot input of the stream.
+    config : StreamConfig
+    """
+
+    def __init__(self, pipeline: Pipeline, source: str, devices: dict[str, Device], consts: dict[str, Any],
+                 config: StreamConfig):
+        self.pipeline, self.source, self.config = pipeline, source, config
+        self.members = pipeline.streams()[source]
+        self.step_name = self.members[-1]
+        self.nodes: list[Node] = build_nodes(pipeline, self.members, devices, consts, config)
+        self.step = StepState(self.nodes[-1])
+        self.stop = threading.Event()
+        self.failure: tuple[str, BatchInfo | None, BaseException] | None = None
+        #: the first batch that failed: it and every later batch are dropped
+        self.fail_seq = float("inf")
+        self.cache = _Cache(self, config)
+        self.samples = 0
+        self.done = 0
+        self.first_step_s: float | None = None
+        self.first_done_s: float | None = None
+        self.last_done_s = 0.0
+        self.first_samples = 0
+        self.inflight = 0
+        self.peak_inflight = 0
+        self.inflight_bytes = 0
+        self.peak_bytes = 0
+        self.trace: list[tuple[float, list[int]]] = []
+        self.lock = threading.Lock()
+
+    # -- the source ---------------------------------------------------------------------------
+    def bundles(self) -> Iterator[Bundle]:
+        """Every batch of every epoch, in order (from the cache once it holds a whole epoch)."""
+        src = self.pipeline.stages[self.source]
+        consts = self.nodes[0].consts
+        seq = 0
+        for epoch in range(src.epochs):
+            replay = self.cache.replay(epoch)
+            if replay is not None:
+                for index, b in enumerate(replay):
+                    yield Bundle(seq, BatchInfo(epoch, index, seq), dict(b.values), b.start)
+                    seq += 1
+                    if self._enough(seq):
+                        return
+                continue
+            it = batches(src, call_source(src, consts, epoch), self.config)
+            nxt = next(it, _END)
+            index = 0
+            while nxt is not _END and not self.stop.is_set():
+                cur, error = nxt, None
+                try:  # one batch ahead, to know the last of an epoch (for the cache)
+                    nxt = next(it, _END)
+                except Exception as exc:  # noqa: BLE001 - the batch read before it is still good
+                    nxt, error = _END, exc
+                info = BatchInfo(epoch, index, seq)
+                yield Bundle(seq, info, {self.source: {"host": cur}}, last_of_epoch=nxt is _END and error is None)
+                if error is not None:
+                    raise error
+                seq += 1
+                index += 1
+                if self._enough(seq):
+                    return
+
+    def _enough(self, seq: int) -> bool:
+        return self.config.max_batches is not None and seq >= self.config.max_batches
+
+    # -- one batch through one node -----------------------------------------------------------
+    def work(self, node: Node, b: Bundle) -> Bundle:
+        if b.start > node.index:
+            return b
+        if node.kind == "step":
+            self._step(node, b)
+            return b
+        node.store(b, node.process(b))
+        self.cache.offer(node, b)
+        return b
+
+    def _step(self, node: Node, b: Bundle) -> None:
+        t = now()
+        if self.first_step_s is None:
+            self.first_step_s = t
+        rows = batch_len(next(iter(b.values[src][node.location] for src in node.reads.values())))
+        self.step.apply(b)
+        done = now()
+        with self.lock:
+            self.samples += rows
+            self.done += 1
+            if self.first_done_s is None:
+                self.first_done_s, self.first_samples = done, rows
+            self.last_done_s = done
+            self.inflight -= 1
+
+    # -- running ------------------------------------------------------------------------------
+    def run(self) -> tuple[Any, StreamStats]:
+        """Run the stream to its end; return the step's result (on the host) and the statistics."""
+        try:
+            with device_stream(self.nodes[-1].device):
+                self.step.start()
+            self.t0 = now()
+            if self.config.sequential:
+                self._run_inline()
+            else:
+                self._run_threads()
+        except KeyboardInterrupt:
+            self.stop.set()
+            raise
+        if self.failure is not None:
+            self._raise()
+        result, _, _ = to_location(self.step.result(), _host())
+        return result, self.stats()
+
+    def _run_inline(self) -> None:
+        node = self.nodes[0]
+        it = self.bundles()
+        while True:
+            t = now()
+            try:
+                b = next(it, None)
+            except Exception as exc:  # noqa: BLE001 - named and re-raised by run()
+                self.failure = (self.source, None, exc)
+                return
+            node.stats.busy_s += now() - t
+            if b is None:
+                break
+            node.stats.batches += 1
+            self._admit(b)
+            for n in self.nodes[1:]:
+                t = now()
+                try:
+                    self.work(n, b)
+                except Exception as exc:  # noqa: BLE001
+                    self.failure = (n.name, b.info, exc)
+                    return
+                n.stats.busy_s += now() - t
+                n.stats.batches += 1
+        end = now() - self.t0
+        for n in self.nodes:
+            n.stats.end_s = end
+
+    def _admit(self, b: Bundle) -> None:
+        with self.lock:
+            self.inflight += 1
+            self.peak_inflight = max(self.peak_inflight, self.inflight)
+        size = bundle_bytes(b)
+        with self.lock:
+            self.peak_bytes = max(self.peak_bytes, size * self.inflight)
+
+    def _run_threads(self) -> None:
+        cap = self.config.prefetch
+        self.queues = [queue.Queue(maxsize=cap) for _ in self.nodes[1:]]
+        threads = [threading.Thread(target=self._source_loop, name=f"placer-{self.source}", daemon=True)]
+        for i, node in enumerate(self.nodes[1:], start=1):
+            out = _Ordered(self.queues[i] if i < len(self.queues) else None, self.stop)
+            shared = _Exit(node.workers, out)
+            for w in range(node.workers):
+                threads.append(threading.Thread(target=self._node_loop, args=(node, self.queues[i - 1], out, shared),
+                                                name=f"placer-{node.name}-{w}", daemon=True))
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(_POLL_S)
+        except KeyboardInterrupt:
+            self.stop.set()
+            for t in threads:
+                t.join(2.0)
+            raise
+
+    def _source_loop(self) -> None:
+        node, q = self.nodes[0], self.queues[0]
+        it = self.bundles()
+        busy = blocked = 0.0
+        try:
+            with device_stream(node.device):
+                while not self.stop.is_set() and self.failure is None:
+                    t = now()
+                    b = next(it, None)
+                    busy += now() - t
+                    if b is None:
+                        break
+                    node.stats.batches += 1
+                    self._admit(b)
+                    blocked += _put(q, b, self.stop)
+        except Exception as exc:  # noqa: BLE001 - named and re-raised by run()
+            self._fail(node.name, None, exc, seq=None)
+        finally:
+            blocked += _put(q, _END, self.stop)
+            node.stats.busy_s, node.stats.blocked_s = busy, blocked
+            node.stats.end_s = now() - self.t0
+
+    def _node_loop(self, node: Node, inq: queue.Queue, out: _Ordered, shared: _Exit) -> None:
+        acc = [0.0, 0.0, 0.0, 0]  # busy, starved, blocked, batches of this worker
+        with device_stream(node.device):
+            while True:
+                t = now()
+                b = _get(inq, self.stop)
+                t1 = now()
+                acc[1] += t1 - t
+                if b is _END or b is None:
+                    if b is _END:
+                        _put(inq, _END, self.stop)  # for the other workers of this node
+                    break
+                if b.seq >= self.fail_seq:  # after a failed batch: dropped, never reaches the step
+                    continue
+                try:
+                    self.work(node, b)
+                except Exception as exc:  # noqa: BLE001 - named and re-raised by run()
+                    self._fail(node.name, b.info, exc, seq=b.seq)
+                    continue
+                t2 = now()
+                acc[0] += t2 - t1
+                acc[3] += 1
+                if node.kind == "step":
+                    self.trace.append((t2 - self.t0, [q.qsize() for q in self.queues]))
+                acc[2] += out.put(b.seq, b, self)
+        shared.leave(node, self.t0, acc)
+
+    def _fail(self, name: str, info: BatchInfo | None, exc: BaseException, *, seq: int | None) -> None:
+        """Record the first failure; batches before it still finish, later ones are dropped."""
+        with self.lock:
+            if self.failure is None or (seq is not None and seq < self.fail_seq):
+                self.failure = (name, info, exc)
+            if seq is not None:
+                self.fail_seq = min(self.fail_seq, seq)
+
+    def _raise(self) -> None:
+        name, info, exc = self.failure
+        where = "while reading batches" if info is None else f"on batch {info.index} of epoch {info.epoch}"
+        raise StreamFailed(
+            f"stage {name!r} failed {where} ({self.done} batch{'es' if self.done != 1 else ''} done): "
+            f"{type(exc).__name__}: {exc}", stage=name, batches_done=self.done, state=self.step.result(),
+        ) from exc
+
+    # -- statistics ---------------------------------------------------------------------------
+    def stats(self) -> StreamStats:
+        wall = now() - self.t0
+        steady = (self.last_done_s - self.first_done_s) if self.first_done_s is not None else 0.0
+        if self.done >= 3 and steady > 0:
+            rate = (self.samples - self.first_samples) / steady
+        else:
+            rate = self.samples / wall if wall > 0 else 0.0
+        step = self.nodes[-1].stats
+        step_time = step.busy_s + step.starved_s + step.blocked_s
+        idle = step.starved_s / step_time if step_time > 0 else 0.0
+        nodes = [StreamStageStats(name=n.name, kind=n.kind, device=n.device.name, workers=n.workers,
+                                  worker_kind=n.worker_kind, batches=n.stats.batches, busy_s=n.stats.busy_s,
+                                  starved_s=n.stats.starved_s, blocked_s=n.stats.blocked_s,
+                                  wall_s=n.stats.end_s) for n in self.nodes]
+        src = self.pipeline.stages[self.source]
+        return StreamStats(
+            source=self.source, step=self.step_name, epochs=src.epochs, batches=self.done, samples=self.samples,
+            seconds=wall, samples_per_s=rate,
+            time_to_first_batch_s=(self.first_step_s or self.t0) - self.t0, consumer_idle_fraction=idle,
+            prefetch=self.config.prefetch, peak_inflight_batches=self.peak_inflight,
+            peak_inflight_bytes=self.peak_bytes, cache=self.config.cache, stages=nodes,
+            queue_trace=self.trace[:: max(1, len(self.trace) // 500)], notes=list(self.cache.notes),
+        )
+
+
+class _Ordered:
+    """Hands finished batches to the next queue in sequence order."""
+
+    def __init__(self, q: queue.Queue | None, stop: threading.Event):
+        self.q, self.stop = q, stop
+        self.next = 0
+        self.cond = threading.Condition()
+
+    def put(self, seq: int, b: Bundle, run: StreamRun) -> float:
+        """Wait for ``seq``'s turn and for room; return the seconds waited.
+
+        Batches after a failed one never come, so a batch past the failure gives up
+        its turn (it is dropped); batches before it go on as usual.
+        """
+        t = now()
+        with self.cond:
+            while self.next != seq and not self.stop.is_set() and seq < run.fail_seq:
+                self.cond.wait(_POLL_S)
+            if seq >= run.fail_seq or self.stop.is_set():
+                return now() - t
+            if self.q is not None:
+                _put(self.q, b, self.stop)
+            self.next = seq + 1
+            self.cond.notify_all()
+        return now() - t
+
+    def end(self) -> None:
+        if self.q is not None:
+            _put(self.q, _END, self.stop)
+
+
+class _Exit:
+    """Counts a node's workers out, adding up their time; the last one passes the end of the stream on."""
+
+    def __init__(self, workers: int, out: _Ordered):
+        self.left, self.out = workers, out
+        self.lock = threading.Lock()
+
+    def leave(self, node: Node, t0: float, acc: list) -> None:
+        with self.lock:
+            st = node.stats
+            st.busy_s += acc[0]
+            st.starved_s += acc[1]
+            st.blocked_s += acc[2]
+            st.batches += acc[3]
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            node.stats.end_s = now() - t0
+            self.out.end()
+
+
+class _Cache:
+    """The batches after the cache point in the first epoch, replayed in later epochs."""
+
+    def __init__(self, run: StreamRun, config: StreamConfig):
+        self.at = next((n.index for n in run.nodes if n.name == config.cache and n.kind != "copy"), None)
+        self.limit = config.cache_bytes
+        self.items: list[Bundle] = []
+        self.bytes = 0
+        self.complete = threading.Event()
+        self.stop = run.stop
+        self.notes: list[str] = []
+        self.failed = False
+        if config.cache is not None and self.at is None:
+            raise PlacerError(f"cache point {config.cache!r} is not a stage of stream {run.source!r}",
+                              stage=config.cache)
+        if self.at is not None:
+            _check_cacheable(run, self.at)
+
+    def offer(self, node: Node, b: Bundle) -> None:
+        if node.index != self.at or b.info.epoch != 0 or self.failed:
+            return
+        size = bundle_bytes(b)
+        if self.bytes + size > self.limit:
+            self.failed = True
+            self.items.clear()
+            self.notes.append(f"cache after {node.name!r} stopped: more than {self.limit:,} bytes; "
+                              "later epochs recompute it")
+            self.complete.set()
+            return
+        self.bytes += size
+        self.items.append(Bundle(b.seq, b.info, {k: dict(v) for k, v in b.values.items()}, self.at + 1))
+        if b.last_of_epoch:
+            self.notes.append(f"cached {len(self.items)} batches ({self.bytes:,} bytes) after {node.name!r}")
+            self.complete.set()
+
+    def replay(self, epoch: int) -> list[Bundle] | None:
+        if self.at is None or epoch == 0:
+            return None
+        while not self.complete.wait(_POLL_S):
+            if self.stop.is_set():
+                return None
+        return None if self.failed else self.items
+
+
+def _check_cacheable(run: StreamRun, at: int) -> None:
+    """Refuse a cache point at or after a stage whose output changes between epochs."""
+    from placer.stream.nodes import takes
+
+    src = run.pipeline.stages[run.source]
+    if takes(src.impl_for("cpu").fn, "batch_info"):
+        raise PlacerError(f"cannot cache stream {run.source!r}: its source takes batch_info, so its batches "
+                          "may change between epochs (reshuffling); drop the cache point", stage=run.source)
+    for n in run.nodes[: at + 1]:
+        if n.stage is not None and n.stage.random:
+            raise PlacerError(f"cannot cache after {run.nodes[at].name!r}: stage {n.name!r} is random (its "
+                              "output changes between epochs); cache before it", stage=n.name)
+
+
+def _put(q: queue.Queue, item: Any, stop: threading.Event) -> float:
+    t = now()
+    while True:
+        try:
+            q.put(item, timeout=_POLL_S)
+            return now() - t
+        except queue.Full:
+            if stop.is_set():
+                return now() - t
+
+
+def _get(q: queue.Queue, stop: threading.Event) -> Any:
+    while True:
+        try:
+            return q.get(timeout=_POLL_S)
+        except queue.Empty:
+            if stop.is_set():
+                return None
+
+
+def _host() -> Device:
+    return Device(name="cpu", kind="cpu", label="host")

@@ -1,0 +1,89 @@
+"""A stream's source: what its function returns, turned into batches for each epoch.
+
+May import: placer.pipeline, placer.stream.config; torch inside functions (only when
+the source returns a ``Dataset`` or a ``DataLoader``).
+
+A source function returns an iterable of batches (a generator, a list), a
+``torch.utils.data.Dataset`` (batched here by a ``DataLoader`` with the stage's
+``batch_size`` and the configured workers: worker *processes*, as DataLoader runs
+them), or a ``DataLoader`` (its dataset, sampler, batch size and collate function
+are kept; with configured workers its worker settings are replaced, else used as
+given: the user's own settings are the baseline).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+from placer.pipeline import BATCH_INFO, Stage
+from placer.stream.config import BatchInfo, StreamConfig
+
+
+def call_source(stage: Stage, inputs: dict[str, Any], epoch: int) -> Any:
+    """Call the source function for ``epoch`` (with ``batch_info`` when it takes it)."""
+    impl = stage.impl_for("cpu")
+    kwargs = {**inputs, **stage.params}
+    if BATCH_INFO in _params(impl.fn):
+        kwargs[BATCH_INFO] = BatchInfo(epoch=epoch, index=-1, seq=-1)
+    return impl.fn(**kwargs)
+
+
+def _params(fn: Any) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def describe_source(obj: Any) -> str:
+    """``iterable``, ``dataset`` or ``loader``: what a source function returned."""
+    if _is_loader(obj):
+        return "loader"
+    if _is_dataset(obj):
+        return "dataset"
+    return "iterable"
+
+
+def batches(stage: Stage, obj: Any, config: StreamConfig) -> Iterator[Any]:
+    """Iterate one epoch of what the source function returned."""
+    kind = describe_source(obj)
+    if kind == "iterable":
+        if not hasattr(obj, "__iter__"):
+            from placer.errors import PipelineError
+
+            raise PipelineError(
+                f"source {stage.name!r} returned {type(obj).__name__}, which is not iterable; return "
+                "batches (a generator or list), a torch Dataset or a DataLoader", stage=stage.name)
+        return iter(obj)
+    return iter(loader_for(stage, obj, config))
+
+
+def loader_for(stage: Stage, obj: Any, config: StreamConfig) -> Any:
+    """The DataLoader a Dataset or DataLoader source runs with under ``config``."""
+    from torch.utils.data import DataLoader
+
+    given = stage.name in config.stage_workers or config.sequential
+    workers = 0 if config.sequential else config.stage_workers.get(stage.name, 0)
+    if _is_loader(obj):
+        if not given:
+            return obj
+        kw = dict(batch_size=obj.batch_size, sampler=obj.sampler if obj.batch_size is not None else None,
+                  batch_sampler=obj.batch_sampler if obj.batch_size is None else None,
+                  collate_fn=obj.collate_fn, drop_last=obj.drop_last if obj.batch_size is not None else False,
+                  dataset=obj.dataset)
+    else:
+        kw = dict(dataset=obj, batch_size=stage.batch_size or 1, shuffle=False)
+    extra = {"prefetch_factor": config.prefetch, "persistent_workers": False} if workers > 0 else {}
+    return DataLoader(num_workers=workers, pin_memory=False, **kw, **extra)
+
+
+def _is_loader(obj: Any) -> bool:
+    return type(obj).__name__ == "DataLoader" or any(
+        c.__module__.startswith("torch.utils.data") and c.__name__ == "DataLoader" for c in type(obj).__mro__)
+
+
+def _is_dataset(obj: Any) -> bool:
+    return any(c.__module__.startswith("torch.utils.data") and c.__name__ in ("Dataset", "IterableDataset")
+               for c in type(obj).__mro__)

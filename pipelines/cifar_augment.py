@@ -54,7 +54,8 @@ def _jitter(size: int, seed: int):
     return np.concatenate([offsets, flips], 1).astype(np.int64)
 
 
-def _augment_cpu(images, jitter):
+def augment_cpu(images, jitter):
+    """Pad, crop at each image's offset, flip where its flag says, to float, normalise (numpy)."""
     n = images.shape[0]
     padded = np.pad(images, ((0, 0), (0, 0), (PAD, PAD), (PAD, PAD)))
     ar = np.arange(SIDE)
@@ -68,7 +69,8 @@ def _augment_cpu(images, jitter):
     return x
 
 
-def _augment_gpu(images, jitter, device):
+def augment_gpu(images, jitter, device):
+    """:func:`augment_cpu` in torch, on the tensors' device."""
     import torch
     import torch.nn.functional as F
 
@@ -115,7 +117,7 @@ def build(size: int | None = None, *, epochs: int = 1, batch: int = 64, lr: floa
           params={"seed": seed}, doc="Synthetic 3×32×32 uint8 images of those classes, on the host.")
     p.add(name="jitter", kind="other", cpu=_jitter, pin="cpu", params={"size": n, "seed": seed},
           doc="Seeded crop offsets and flip flags, one row per image.")
-    p.add(name="augment", kind="preprocessing", cpu=_augment_cpu, gpu=_augment_gpu,
+    p.add(name="augment", kind="preprocessing", cpu=augment_cpu, gpu=augment_gpu,
           inputs=["images", "jitter"], data_parallel=True,
           doc="Pad 4, crop 32×32, flip, to float, normalise per channel.")
     p.add(name="train", kind="training", fn=_train, inputs=["augment", "labels"],

@@ -22,27 +22,20 @@ and number of workers augments each batch identically; the three implementations
 scale with one float32 multiply and one subtract per value, so they agree bit for
 bit.
 
-May import: numpy, placer, pipelines.mnist_mlp, pipelines.mnist_cnn; torch inside
-the stage functions.
+May import: numpy, placer, pipelines.cifar_augment (the augmentation itself),
+pipelines.mnist_mlp, pipelines.mnist_cnn; torch inside the stage functions.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from pipelines.cifar_augment import CHANNELS, PAD, SCALE, SHIFT, SIDE, augment_cpu, augment_gpu
 from pipelines.mnist_cnn import cnn, exact_fp32
 from pipelines.mnist_mlp import evaluate_model, render, synthetic_labels
 from placer import Pipeline
 
 DEFAULT_SIZE = 1024
-SIDE = 32
-PAD = 4
-CHANNELS = 3
-CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR_STD = (0.2470, 0.2435, 0.2616)
-#: per channel: value = uint8 * SCALE - SHIFT  ==  (uint8 / 255 - mean) / std
-SCALE = np.array([1.0 / (255.0 * s) for s in CIFAR_STD], dtype=np.float32)
-SHIFT = np.array([m / s for m, s in zip(CIFAR_MEAN, CIFAR_STD)], dtype=np.float32)
 HOLDOUT = 256
 
 
@@ -69,18 +62,7 @@ def _batches(dataset, batch: int):
 
 def _augment_numpy(batches, batch_info):
     images, labels = batches
-    n = images.shape[0]
-    jitter = _jitter(n, batch_info.seed)
-    padded = np.pad(images, ((0, 0), (0, 0), (PAD, PAD), (PAD, PAD)))
-    ar = np.arange(SIDE)
-    rows = jitter[:, 0, None] + ar
-    cols = jitter[:, 1, None] + np.where(jitter[:, 2, None] == 1, SIDE - 1 - ar, ar)
-    crop = padded[np.arange(n)[:, None, None, None], np.arange(CHANNELS)[None, :, None, None],
-                  rows[:, None, :, None], cols[:, None, None, :]]
-    x = crop.astype(np.float32)
-    x *= SCALE[None, :, None, None]
-    x -= SHIFT[None, :, None, None]
-    return x, labels
+    return augment_cpu(images, _jitter(images.shape[0], batch_info.seed)), labels
 
 
 def _augment_python(batches, batch_info):
@@ -106,23 +88,10 @@ def _augment_python(batches, batch_info):
 
 def _augment_gpu(batches, batch_info, device):
     import torch
-    import torch.nn.functional as F
 
-    images, labels = batches
-    images = torch.as_tensor(images).to(device)
-    n, dev = images.shape[0], images.device
-    jitter = torch.from_numpy(_jitter(n, batch_info.seed)).to(dev)
-    padded = F.pad(images, (PAD, PAD, PAD, PAD))
-    ar = torch.arange(SIDE, device=dev)
-    rows = jitter[:, 0, None] + ar
-    cols = jitter[:, 1, None] + torch.where(jitter[:, 2, None] == 1, SIDE - 1 - ar, ar)
-    crop = padded[torch.arange(n, device=dev)[:, None, None, None],
-                  torch.arange(CHANNELS, device=dev)[None, :, None, None],
-                  rows[:, None, :, None], cols[:, None, None, :]]
-    x = crop.to(torch.float32)
-    x *= torch.from_numpy(SCALE).to(dev)[None, :, None, None]
-    x -= torch.from_numpy(SHIFT).to(dev)[None, :, None, None]
-    return x, torch.as_tensor(labels).to(dev)
+    images, labels = (torch.as_tensor(v).to(device) for v in batches)
+    jitter = torch.from_numpy(_jitter(images.shape[0], batch_info.seed)).to(images.device)
+    return augment_gpu(images, jitter, device), labels
 
 
 def _init(device, lr: float, seed: int):

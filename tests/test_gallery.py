@@ -123,8 +123,8 @@ def test_cifar_augmentation_paths_agree_bit_for_bit_and_match_a_reference_loop()
     labels = c._labels(50, 1)
     images, jitter = c._images(labels, 1), c._jitter(50, 1)
     assert set(np.unique(jitter[:, 2])) == {0, 1}
-    cpu = c._augment_cpu(images, jitter)
-    gpu = c._augment_gpu(torch.from_numpy(images), torch.from_numpy(jitter), torch.device("cpu")).numpy()
+    cpu = c.augment_cpu(images, jitter)
+    gpu = c.augment_gpu(torch.from_numpy(images), torch.from_numpy(jitter), torch.device("cpu")).numpy()
     np.testing.assert_array_equal(cpu, gpu)
     mean, std = np.array(c.CIFAR_MEAN)[:, None, None], np.array(c.CIFAR_STD)[:, None, None]
     for k in range(len(images)):

@@ -5,7 +5,10 @@ May import: importlib, placer.pipeline, placer.errors.
 Where modules are looked up
 ---------------------------
 A pipeline file is imported with its own folder first on ``sys.path``, so it can
-import a helper module next to it (``import helpers``). A ``module:function``
+import a helper module next to it (``import helpers``); when that folder is a package
+(it has an ``__init__.py``), the folder holding the top package comes next, so a file
+of the bundled ``pipelines/`` can import its siblings as ``pipelines.mnist_cnn``
+wherever the command runs. A ``module:function``
 reference is looked up with the current directory first on ``sys.path``, as
 ``python -m`` does, so ``pipelines.mine:build`` finds ``./pipelines/mine.py`` even
 when another ``pipelines`` package is installed, and the ``placer`` command finds
@@ -38,16 +41,33 @@ from placer.pipeline import Pipeline, as_pipeline
 
 
 @contextmanager
-def _first_on_path(folder: str) -> Iterator[None]:
-    """``folder`` first on ``sys.path`` inside the block, and gone again after it."""
-    sys.path.insert(0, folder)
+def _first_on_path(*folders: str) -> Iterator[None]:
+    """``folders`` first on ``sys.path`` (in that order) inside the block, and gone again after it."""
+    sys.path[0:0] = folders
     try:
         yield
     finally:
-        try:
-            sys.path.remove(folder)  # the first occurrence: the one inserted above
-        except ValueError:
-            pass  # the module removed it itself
+        for folder in folders:
+            try:
+                sys.path.remove(folder)  # the first occurrence: the one inserted above
+            except ValueError:
+                pass  # the module removed it itself
+
+
+def _import_roots(path: Path) -> list[str]:
+    """The file's folder, and when that folder is a package, the folder its top package sits in.
+
+    So ``pipelines/cifar_augment.py`` can import ``helpers`` beside it and also
+    ``from pipelines.mnist_cnn import cnn``, as under pytest's rootdir rule.
+    """
+    folder = path.resolve().parent
+    roots = [str(folder)]
+    top = folder
+    while (top / "__init__.py").is_file() and top.parent != top:
+        top = top.parent
+    if top != folder:
+        roots.append(str(top))
+    return roots
 
 
 def _load_file(ref: str):
@@ -62,7 +82,7 @@ def _load_file(ref: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module
     try:
-        with _first_on_path(str(path.resolve().parent)):
+        with _first_on_path(*_import_roots(path)):
             spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(modname, None)

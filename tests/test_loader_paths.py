@@ -154,3 +154,13 @@ def test_a_missing_dependency_of_a_module_is_not_blamed_on_the_reference(tmp_pat
         load_builder(f"{name}:build")
     msg = str(err.value)
     assert f"No module named '{dep}'" in msg and "pass its path" not in msg
+
+
+def test_a_bundled_pipeline_file_imports_its_siblings_from_any_directory(tmp_path, sim_env):
+    """cifar_augment.py imports ``pipelines.mnist_cnn``: found through the package's root, wherever placer runs."""
+    env = {k: v for k, v in sim_env.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-P", "-m", "placer", "run", str(ROOT / "pipelines" / "cifar_augment.py"),
+                          "--size", "40", "--placement", "all=cpu", "--json"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert {s["name"] for s in json.loads(res.stdout)["stages"]} >= {"augment", "train", "evaluate"}

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from placer.devices import Device, canonical_name, discover
+from placer.devices import Device, canonical_name, discover, is_real_gpu
 from placer.stream.nodes import batch_len
 
 #: a setting is recommended only when it is this much faster than the user's own
@@ -202,7 +202,7 @@ def rebuild(loader: Any, settings: LoaderSettings) -> Any:
     elif loader.batch_size is not None:
         kw |= dict(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
     elif loader.batch_sampler is not None:
-        kw |= dict(batch_size=None, batch_sampler=loader.batch_sampler)
+        kw |= dict(batch_sampler=loader.batch_sampler)
     else:
         kw |= dict(batch_size=None, sampler=loader.sampler)
     return DataLoader(**kw, **settings.kwargs())
@@ -475,8 +475,8 @@ def _rate(x: float | None) -> str:
 
 def verdict(a: LoaderAdvice) -> str:
     """One sentence: who waits for whom."""
-    who = "the GPU" if a.step_device != "cpu" else "the step"
-    waits = f"{who.capitalize()} waits for data {a.wait_fraction:.0%} of the time"
+    who = "The GPU" if is_real_gpu(a.step_device) else "The step"
+    waits = f"{who} waits for data {a.wait_fraction:.0%} of the time"
     if a.step_samples_per_s is None:
         return f"{waits} (measured in your loop)."
     if a.bottleneck == "loader":

@@ -232,7 +232,10 @@ def _step_device(device: Any) -> Device:
         return discover().resolve("cpu")
     if hasattr(device, "type") and not isinstance(device, str):  # a torch.device
         device = "cpu" if device.type == "cpu" else f"gpu:{device.index or 0}"
-    return discover().resolve(canonical_name(str(device)))
+    device = str(device).strip().lower()
+    if device.startswith("cuda"):  # torch's spelling
+        device = "gpu" + device[4:]
+    return discover().resolve(canonical_name(device))
 
 
 def _close(it: Any) -> None:
@@ -247,7 +250,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     """Fetch up to ``batches`` batches (and step on each); the rate counts batches after ``warmup``.
 
     Stops early at ``deadline`` (after at least one counted batch). ``keep`` collects
-    the first batches for the step-alone run. None when the loader yields nothing.
+    the first batches for the step-alone run. None when the loader runs out during the warm-up.
     """
     t0 = time.perf_counter()
     it = iter(loader)

@@ -40,7 +40,7 @@ def quick_step(batch):
 
 
 def slow_step(batch):
-    time.sleep(0.02)
+    time.sleep(0.025)
 
 
 def tensors(n=200):
@@ -54,10 +54,19 @@ def same_batches(a, b):
 
 
 def children():
-    return psutil.Process().children(recursive=True)
+    return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def test_a_loader_bound_script_is_told_to_use_worker_processes_and_gains():
+@pytest.fixture
+def no_new_children():
+    """Fails a test that leaves a process behind (processes of earlier tests do not count)."""
+    before = children()
+    yield
+    left = children() - before
+    assert not left, f"worker processes outlived the advice: {sorted(left)}"
+
+
+def test_a_loader_bound_script_is_told_to_use_worker_processes_and_gains(no_new_children):
     loader = DataLoader(SlowDataset(400), batch_size=16, shuffle=False, num_workers=0)
     advice = advise_loader(loader, quick_step, batches=10, budget_s=30)
     assert advice.bottleneck == "loader"
@@ -69,27 +78,24 @@ def test_a_loader_bound_script_is_told_to_use_worker_processes_and_gains():
     assert advice.speedup > 1.3
     text = str(advice)
     assert "the loader caps you at" in text and "x yours" in text and "DataLoader(..., num_workers=" in text
-    assert not children(), "worker processes outlived the advice"
 
 
-def test_a_step_bound_script_is_told_its_loader_is_fast_enough():
+def test_a_step_bound_script_is_told_its_loader_is_fast_enough(no_new_children):
     loader = DataLoader(tensors(), batch_size=10, num_workers=0)
-    advice = advise_loader(loader, slow_step, batches=8, budget_s=20)
+    advice = advise_loader(loader, slow_step, batches=12, budget_s=20)
     assert advice.bottleneck == "step"
     assert advice.wait_fraction < 0.2
     assert advice.loader_samples_per_s > 5 * advice.step_samples_per_s
     assert not advice.change and advice.recommended is advice.user and advice.speedup == 1.0
     assert "fast enough" in str(advice) and "keep your settings" in str(advice)
-    assert not children()
 
 
-def test_a_step_bound_script_with_workers_keeps_them_or_is_told_fewer_do():
+def test_a_step_bound_script_with_workers_keeps_them_or_is_told_fewer_do(no_new_children):
     loader = DataLoader(tensors(), batch_size=10, num_workers=2)
-    advice = advise_loader(loader, slow_step, batches=8, budget_s=20)
+    advice = advise_loader(loader, slow_step, batches=12, budget_s=20)
     assert advice.bottleneck == "step"
     assert advice.recommended.settings.num_workers <= 2
     assert advice.speedup > 0.8
-    assert not children()
 
 
 def test_the_choice_prefers_the_users_settings_unless_another_is_clearly_faster():
@@ -169,7 +175,7 @@ def test_the_json_has_the_documented_keys():
     assert data["trials"][0] == data["user"]
 
 
-def test_the_budget_bounds_the_runs():
+def test_the_budget_bounds_the_runs(no_new_children):
     loader = DataLoader(SlowDataset(2000, delay=0.005), batch_size=32)
     advice = advise_loader(loader, quick_step, batches=50, budget_s=3)
     assert advice.seconds < 3 + 4  # each run stops at its share; starting workers is not cut short
@@ -212,7 +218,7 @@ def test_a_loader_too_short_to_measure_is_refused_with_a_reason():
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_pinned_memory_is_tried_and_the_step_is_waited_for():
+def test_on_a_gpu_pinned_memory_is_tried_and_the_step_is_waited_for(no_new_children):
     model = torch.nn.Linear(4, 4).cuda()
 
     def step(batch):
@@ -224,4 +230,3 @@ def test_on_a_gpu_pinned_memory_is_tried_and_the_step_is_waited_for():
     assert advice.step_device == "gpu:0" and "the GPU waits" in str(advice).lower()
     assert any(t.settings.pin_memory for t in advice.trials)
     assert advice.recommended.settings.num_workers > 0
-    assert not children()

@@ -38,7 +38,8 @@ def devices_here() -> set[str]:
 
 
 def test_every_example_has_a_test():
-    tested = {"quickstart.py", "plan_for_h200.py", "report_from_json.py", "existing_training_script.py"}
+    tested = {"quickstart.py", "plan_for_h200.py", "report_from_json.py", "existing_training_script.py",
+              "stream_training_script.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -107,3 +108,17 @@ def test_existing_training_script_takes_a_placement(user_env, tmp_path):
     out = run_example("existing_training_script.py", "--rows", "500", "--epochs", "1", "--placement", "all=cpu",
                       env=user_env, cwd=tmp_path)
     assert "given on the command line" in out
+
+
+def test_stream_training_script_is_told_its_loader_is_the_bottleneck_and_how_to_fix_it(user_env, tmp_path):
+    import json
+
+    saved = tmp_path / "advice.json"
+    out = run_example("stream_training_script.py", "--samples", "1024", "--json", str(saved), env=user_env,
+                      cwd=tmp_path)
+    assert "the loader caps you at" in out and "one epoch with the recommended loader" in out
+    advice = json.loads(saved.read_text())
+    assert advice["bottleneck"] == "loader" and advice["stages"] == {"loader": "cpu", "step": "cpu"}
+    assert advice["user"]["num_workers"] == 0
+    assert advice["recommended"]["num_workers"] > 0 and advice["recommended"]["worker_kind"] == "processes"
+    assert advice["speedup"] > 1.3

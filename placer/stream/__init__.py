@@ -13,5 +13,7 @@ throughput, each stage's busy, starved and blocked time, and the queues.
 
 from placer.stream.config import BatchInfo, StreamConfig
 from placer.stream.runner import StreamFailed, StreamRun
+from placer.stream.dropin import LoaderAdvice, LoaderSettings, MeasuredLoader, advise_loader, measure
 
 __all__ = ["BatchInfo", "StreamConfig", "StreamFailed", "StreamRun"]
+__all__ += ["LoaderAdvice", "LoaderSettings", "MeasuredLoader", "advise_loader", "measure"]

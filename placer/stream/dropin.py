@@ -1,0 +1,591 @@
+"""Advice for an existing training script: its own DataLoader and train step, measured.
+
+May import: placer.devices, placer.stream.nodes; torch inside functions.
+
+:func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
+number of batches and answers two questions. *Who waits for whom*: the step alone on
+batches fetched once (same shapes) gives the rate the consumer could take, the loader
+alone the rate it can deliver, and the two together the rate the script gets; the
+step's idle share is ``1 - together / step alone`` (the DS-Analyzer differential).
+*Which DataLoader settings are faster*: a few settings (``num_workers`` 0, 1, 2 and
+the core count; ``prefetch_factor`` 2 and 4; ``pin_memory`` when the step is on a
+real GPU) are rebuilt from the user's loader (same dataset, sampler or batch
+sampler, batch size, collate function, generator, ``drop_last``) and measured with
+the step, within a time budget. The best is recommended only when it beats the
+user's own settings by a clear margin; otherwise the user's settings are kept (or
+fewer workers, when they are as fast).
+
+The rebuilt loader yields the same batches in the same order: it draws from the
+same sampler and the same generator. Measuring draws from them too, so the states
+of the loader's generators and of torch's global random generator (which an
+unseeded ``shuffle=True`` draws each epoch's order from) are restored afterwards:
+the script's training reads what it would have read without the measurement.
+
+:func:`measure` wraps the loader of the user's own loop instead and reports the
+share of the loop spent waiting on ``next(loader)``, without trying settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from placer.devices import Device, canonical_name, discover, is_real_gpu
+from placer.stream.nodes import batch_len
+
+#: a setting is recommended only when it is this much faster than the user's own
+MIN_GAIN = 0.10
+#: among settings this close to the fastest, the one with the fewest workers is chosen
+NEAR_BEST = 0.95
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """DataLoader settings in DataLoader's own terms, plus torch's intra-op threads."""
+
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    persistent_workers: bool
+    torch_threads: int
+
+    @property
+    def worker_kind(self) -> str:
+        """``processes`` (DataLoader's workers) or ``main process`` (no workers)."""
+        return "processes" if self.num_workers else "main process"
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``DataLoader`` these settings are."""
+        kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        if self.num_workers:
+            kw |= {"prefetch_factor": self.prefetch_factor, "persistent_workers": self.persistent_workers}
+        return kw
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "worker_kind": self.worker_kind}
+
+    def label(self) -> str:
+        parts = [f"num_workers={self.num_workers} ({self.worker_kind})"]
+        if self.num_workers:
+            parts += [f"prefetch_factor={self.prefetch_factor}", f"persistent_workers={self.persistent_workers}"]
+        return ", ".join([*parts, f"pin_memory={self.pin_memory}", f"torch threads {self.torch_threads}"])
+
+    def cost(self) -> tuple:
+        """Orders settings by what they hold: workers, then batches in flight, then pinned memory."""
+        return (self.num_workers, self.prefetch_factor or 0, self.pin_memory, -self.torch_threads)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured run of the loader with the step (steady state, after warm-up batches)."""
+
+    settings: LoaderSettings
+    samples_per_s: float
+    first_batch_s: float
+    fetch_fraction: float
+    batches: int
+    samples: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.settings.as_dict(), "samples_per_s": round(self.samples_per_s, 2),
+                "first_batch_s": round(self.first_batch_s, 4), "fetch_fraction": round(self.fetch_fraction, 4),
+                "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4)}
+
+
+@dataclass
+class LoaderAdvice:
+    """What :func:`advise_loader` measured and recommends; ``str()`` reads it, :meth:`to_json` saves it.
+
+    Attributes
+    ----------
+    user, recommended : Trial
+        The user's own settings and the recommended ones, each measured with the step.
+    trials : list of Trial
+        Every setting measured with the step (the user's first).
+    bottleneck : str
+        ``loader`` when the loader alone delivers fewer samples/s than the step alone
+        takes, else ``step``.
+    wait_fraction : float
+        The step's idle share with the user's settings: ``1 - user / step alone``.
+    step_samples_per_s, loader_samples_per_s : float or None
+        The step alone on batches fetched once; the loader alone with the user's settings.
+    step_device : str
+        Where the step runs (the loader runs on the CPU).
+    threads : dict or None
+        The intra-op thread count tried with the recommended workers, if one was.
+    """
+
+    user: Trial
+    recommended: Trial
+    trials: list[Trial]
+    bottleneck: str
+    wait_fraction: float
+    step_samples_per_s: float | None
+    loader_samples_per_s: float | None
+    step_device: str
+    threads: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    source: Any = field(default=None, repr=False)
+
+    @property
+    def speedup(self) -> float:
+        """Recommended samples/s over the user's, both measured here."""
+        return self.recommended.samples_per_s / max(self.user.samples_per_s, 1e-12)
+
+    @property
+    def change(self) -> bool:
+        """Whether the recommendation differs from the user's settings."""
+        return self.recommended.settings != self.user.settings
+
+    def loader(self) -> Any:
+        """A DataLoader over the user's dataset and sampler with the recommended settings."""
+        if self.source is None:
+            raise ValueError("this advice has no loader to rebuild (it was read back from JSON)")
+        return rebuild(self.source, self.recommended.settings)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "bottleneck": self.bottleneck, "wait_fraction": round(self.wait_fraction, 4),
+            "samples_per_s": {"pipeline": _round(self.user.samples_per_s), "loader": _round(self.loader_samples_per_s),
+                              "step": _round(self.step_samples_per_s)},
+            "stages": {"loader": "cpu", "step": self.step_device},
+            "user": self.user.as_dict(), "recommended": self.recommended.as_dict(),
+            "change": self.change, "speedup": round(self.speedup, 3), "threads": self.threads,
+            "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
+            "seconds": round(self.seconds, 3),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.as_dict(), indent=indent)
+
+    def __str__(self) -> str:
+        return "\n".join(describe(self))
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+# -- rebuilding the user's loader ----------------------------------------------------------
+def settings_of(loader: Any) -> LoaderSettings:
+    """The settings a DataLoader was built with (and torch's current intra-op threads)."""
+    import torch
+
+    w = int(loader.num_workers)
+    return LoaderSettings(num_workers=w, prefetch_factor=(loader.prefetch_factor or 2) if w else None,
+                          pin_memory=bool(loader.pin_memory), persistent_workers=bool(w and loader.persistent_workers),
+                          torch_threads=torch.get_num_threads())
+
+
+def rebuild(loader: Any, settings: LoaderSettings) -> Any:
+    """A DataLoader with ``settings`` that reads what ``loader`` reads, in the same order.
+
+    Kept: dataset, sampler or batch sampler, batch size, ``drop_last``, collate
+    function, generator (which seeds the workers and an unseeded sampler's order),
+    ``worker_init_fn``, ``multiprocessing_context``, ``timeout``, ``in_order``.
+    """
+    from torch.utils.data import DataLoader, IterableDataset
+
+    kw: dict[str, Any] = dict(dataset=loader.dataset, collate_fn=loader.collate_fn, generator=loader.generator,
+                              worker_init_fn=loader.worker_init_fn, timeout=loader.timeout,
+                              multiprocessing_context=loader.multiprocessing_context,
+                              in_order=getattr(loader, "in_order", True))
+    if isinstance(loader.dataset, IterableDataset):
+        kw |= dict(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_size is not None:
+        kw |= dict(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
+    elif loader.batch_sampler is not None:
+        kw |= dict(batch_sampler=loader.batch_sampler)
+    else:
+        kw |= dict(batch_size=None, sampler=loader.sampler)
+    return DataLoader(**kw, **settings.kwargs())
+
+
+def candidates(user: LoaderSettings, *, cores: int, gpu: bool, iterable: bool) -> list[LoaderSettings]:
+    """The settings tried besides the user's: workers 0, 1, 2 and ``cores``; prefetch 2 and 4."""
+    counts = [user.num_workers] if iterable else sorted({0, 1, 2, cores})
+    out = []
+    for w in counts:
+        for pf in (2, 4) if w else (None,):
+            s = LoaderSettings(num_workers=w, prefetch_factor=pf, pin_memory=gpu, persistent_workers=w > 0,
+                               torch_threads=user.torch_threads)
+            if _measured_as(s) != _measured_as(user) and s not in out:
+                out.append(s)
+    return out
+
+
+def _measured_as(s: LoaderSettings) -> LoaderSettings:
+    # persistent workers only matter between epochs: a bounded run measures them the same
+    return replace(s, persistent_workers=False)
+
+
+# -- measuring -----------------------------------------------------------------------------
+def _step_device(device: Any) -> Device:
+    if device is None:
+        return discover().resolve("cpu")
+    if hasattr(device, "type") and not isinstance(device, str):  # a torch.device
+        device = "cpu" if device.type == "cpu" else f"gpu:{device.index or 0}"
+    device = str(device).strip().lower()
+    if device.startswith("cuda"):  # torch's spelling
+        device = "gpu" + device[4:]
+    return discover().resolve(canonical_name(device))
+
+
+def _close(it: Any) -> None:
+    """Stop a DataLoader iterator's worker processes now (not when it is collected)."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, warmup: int,
+               device: Device, deadline: float, keep: list | None = None) -> Trial | None:
+    """Fetch up to ``batches`` batches (and step on each); the rate counts batches after ``warmup``.
+
+    Stops early at ``deadline`` (after at least one counted batch). ``keep`` collects
+    the first batches for the step-alone run. None when the loader runs out during the warm-up.
+    """
+    t0 = time.perf_counter()
+    it = iter(loader)
+    first = start = None
+    fetch = 0.0
+    samples = counted = 0
+    try:
+        for i in range(batches):
+            if i == warmup:
+                device.synchronize()
+            a = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            b = time.perf_counter()
+            first = b - t0 if first is None else first
+            start = a if i == warmup else start
+            if i >= warmup:
+                fetch += b - a
+                samples += batch_len(batch)
+                counted += 1
+            if keep is not None and len(keep) < 4:
+                keep.append(batch)
+            if step is not None:
+                step(batch)
+            if counted and time.perf_counter() > deadline:
+                break
+        device.synchronize()
+        end = time.perf_counter()
+    finally:
+        _close(it)
+    if not counted:  # the loader ran out during the warm-up
+        return None
+    seconds = end - start
+    return Trial(settings=settings_of(loader), samples_per_s=samples / seconds, first_batch_s=first,
+                 fetch_fraction=fetch / seconds, batches=counted, samples=samples, seconds=seconds)
+
+
+def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: float) -> float:
+    """Samples/s of the step on batches fetched once (no loader in the way)."""
+    device.synchronize()
+    start = time.perf_counter()
+    samples = 0
+    for i in range(batches):
+        batch = kept[i % len(kept)]
+        step(batch)
+        samples += batch_len(batch)
+        if time.perf_counter() > deadline:
+            break
+    device.synchronize()
+    return samples / (time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _random_state_kept(loader: Any) -> Iterator[None]:
+    """Restore torch's global random state and the loader's generators afterwards."""
+    import torch
+
+    gens = {}
+    for owner in (loader, loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+        g = getattr(owner, "generator", None)
+        if isinstance(g, torch.Generator):
+            gens[id(g)] = (g, g.get_state())
+    cpu_state = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu_state)
+        for g, state in gens.values():
+            g.set_state(state)
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+# -- the advice ----------------------------------------------------------------------------
+class _Clock:
+    """Splits what is left of the budget evenly over the runs still to come."""
+
+    def __init__(self, budget_s: float, runs: int):
+        self.end = time.perf_counter() + budget_s
+        self.runs = runs
+
+    def deadline(self) -> float:
+        now = time.perf_counter()
+        share = max(self.end - now, 0.0) / max(self.runs, 1)
+        self.runs -= 1
+        return now + share
+
+
+def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
+                  device: Any = None) -> LoaderAdvice:
+    """Measure a DataLoader with a train step and recommend DataLoader settings.
+
+    Parameters
+    ----------
+    loader : torch.utils.data.DataLoader
+        The script's own loader; it is not changed (its settings are rebuilt for each run).
+    step : callable
+        ``step(batch)``: the script's train step. It runs for real on the measured
+        batches (a training step trains the model on them).
+    batches : int
+        Batches per measured run (the first one, or ``num_workers`` ones, are warm-up).
+    budget_s : float
+        Wall-clock budget of all runs together; each run stops early at its share
+        (a run always counts at least one batch after its warm-up).
+    device : str or torch.device, optional
+        Where the step runs (``cpu``, ``gpu``, ``gpu:1``, ``cuda:0``); its queued work
+        is waited for at the ends of each timed run. Default: ``cpu``.
+
+    Returns
+    -------
+    LoaderAdvice
+    """
+    t0 = time.perf_counter()
+    dev = _step_device(device)
+    from torch.utils.data import IterableDataset
+
+    user = settings_of(loader)
+    cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
+    clock = _Clock(budget_s, runs=len(cands) + 4)
+    with _random_state_kept(loader):
+        kept: list = []
+        mine = _must(_trial(loader, user, step, batches, dev, clock, keep=kept))
+        step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=clock.deadline())
+        alone = _trial(loader, user, None, batches, dev, clock)
+        trials = [mine] + [t for s in cands if (t := _trial(loader, s, step, batches, dev, clock)) is not None]
+        best = choose(mine, trials)
+        threads = None
+        if best.settings.num_workers and dev.kind == "cpu":
+            best, threads = _try_threads(loader, best, step, batches, dev, clock, trials)
+    if best is not mine and best.settings.num_workers:
+        best = replace(best, settings=replace(best.settings, persistent_workers=True))
+    return _advice(mine, best, trials, step_rate, alone, dev, threads, loader, time.perf_counter() - t0)
+
+
+def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, clock: _Clock,
+           keep: list | None = None) -> Trial | None:
+    trial = run_loader(rebuild(loader, replace(settings, persistent_workers=False)), step, batches=batches,
+                       warmup=max(1, settings.num_workers), device=dev, deadline=clock.deadline(), keep=keep)
+    return None if trial is None else replace(trial, settings=settings)
+
+
+def _must(trial: Trial | None) -> Trial:
+    if trial is None:
+        raise ValueError("the loader yielded too few batches to measure: it needs at least two "
+                         "(more with workers: one per worker, then one counted)")
+    return trial
+
+
+def choose(user: Trial, trials: list[Trial]) -> Trial:
+    """The recommendation: the cheapest setting near the fastest when that beats the user's clearly.
+
+    Otherwise the user's own settings, or fewer workers when they are as fast.
+    """
+    best = max(trials, key=lambda t: t.samples_per_s)
+    if best.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
+        near = [t for t in trials if t.samples_per_s >= NEAR_BEST * best.samples_per_s]
+        return min(near, key=lambda t: t.settings.cost())
+    fewer = [t for t in trials if t.settings.num_workers < user.settings.num_workers
+             and t.samples_per_s >= NEAR_BEST * user.samples_per_s]
+    return min(fewer, key=lambda t: t.settings.cost()) if fewer else user
+
+
+def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, clock: _Clock,
+                 trials: list[Trial]) -> tuple[Trial, dict[str, Any] | None]:
+    """With worker processes on the same cores, fewer intra-op threads for the step may help."""
+    now = best.settings.torch_threads
+    n = max(1, _cores() - best.settings.num_workers)
+    if n >= now:
+        return best, None
+    with _threads(n):
+        t = _trial(loader, replace(best.settings, torch_threads=n), step, batches, dev, clock)
+    if t is None:
+        return best, None
+    trials.append(t)
+    helped = t.samples_per_s > best.samples_per_s * (1 + MIN_GAIN)
+    info = {"current": now, "tried": n, "samples_per_s": round(t.samples_per_s, 2), "helped": helped}
+    return (t if helped else best), info
+
+
+def _advice(mine: Trial, best: Trial, trials: list[Trial], step_rate: float, alone: Trial | None, dev: Device,
+            threads: dict | None, loader: Any, seconds: float) -> LoaderAdvice:
+    loader_rate = alone.samples_per_s if alone is not None else None
+    bottleneck = "loader" if loader_rate is not None and loader_rate < step_rate else "step"
+    notes = []
+    if best.settings.num_workers and not best.settings.persistent_workers:
+        notes.append("for more than one epoch, persistent_workers=True keeps the worker processes between "
+                     f"epochs (starting them took {best.first_batch_s:.2f} s before the first batch)")
+    elif best.settings.num_workers and best is not mine:
+        notes.append("persistent_workers=True keeps the worker processes between epochs (starting them took "
+                     f"{best.first_batch_s:.2f} s before the first batch)")
+    if best.settings.num_workers != mine.settings.num_workers:
+        notes.append("a dataset that draws random numbers in __getitem__ draws them in the workers, each seeded "
+                     "from the loader's generator and its worker id: with other num_workers, other draws")
+    if best.settings.pin_memory and not mine.settings.pin_memory:
+        notes.append("pinned batches copy to the GPU faster, and without blocking with .to(device, non_blocking=True)")
+    return LoaderAdvice(user=mine, recommended=best, trials=trials, bottleneck=bottleneck,
+                        wait_fraction=max(0.0, 1 - mine.samples_per_s / step_rate), step_samples_per_s=step_rate,
+                        loader_samples_per_s=loader_rate, step_device=dev.name, threads=threads, notes=notes,
+                        seconds=seconds, source=loader)
+
+
+# -- words ---------------------------------------------------------------------------------
+def _rate(x: float | None) -> str:
+    return "?" if x is None else f"{x:,.0f} samples/s"
+
+
+def verdict(a: LoaderAdvice) -> str:
+    """One sentence: who waits for whom."""
+    who = "The GPU" if is_real_gpu(a.step_device) else "The step"
+    waits = f"{who} waits for data {a.wait_fraction:.0%} of the time"
+    if a.step_samples_per_s is None:
+        return f"{waits} (measured in your loop)."
+    if a.bottleneck == "loader":
+        return (f"{waits}: the loader caps you at {_rate(a.loader_samples_per_s)}, the step could take "
+                f"{a.step_samples_per_s:,.0f}.")
+    return (f"{waits}: the loader is fast enough ({_rate(a.loader_samples_per_s)} alone); the step takes "
+            f"{_rate(a.step_samples_per_s)}.")
+
+
+def _row(t: Trial, yours: bool) -> str:
+    s = t.settings
+    return (f"  {s.num_workers:>11} {s.prefetch_factor or '-':>15} {str(s.pin_memory):>10} {s.torch_threads:>13} "
+            f"{t.samples_per_s:>10,.0f} {t.first_batch_s:>9.2f} s{'  (yours)' if yours else ''}")
+
+
+def describe(a: LoaderAdvice) -> list[str]:
+    """The advice as lines of text."""
+    lines = [f"Loader advice ({len(a.trials)} settings measured in {a.seconds:.1f} s; "
+             f"loader on cpu, step on {a.step_device})", verdict(a),
+             f"Your settings: {a.user.settings.label()} -> {_rate(a.user.samples_per_s)}"]
+    if a.change:
+        kw = ", ".join(f"{k}={v}" for k, v in a.recommended.settings.kwargs().items())
+        lines += [f"Recommended:   {a.recommended.settings.label()} -> {_rate(a.recommended.samples_per_s)}, "
+                  f"{a.speedup:.2f}x yours", f"  DataLoader(..., {kw})"]
+        if a.recommended.settings.torch_threads != a.user.settings.torch_threads:
+            lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")
+    elif len(a.trials) > 1:
+        lines.append("Recommended:   keep your settings (no setting tried was more than "
+                     f"{MIN_GAIN:.0%} faster)")
+    lines += ["Measured (steady state; the first batch waits for the workers to start):" if len(a.trials) > 1
+              else "Measured (your loop, after its first batch):",
+              f"  {'num_workers':>11} {'prefetch_factor':>15} {'pin_memory':>10} {'torch_threads':>13} "
+              f"{'samples/s':>10} {'first batch':>11}"]
+    lines += [_row(t, t is a.user) for t in a.trials]
+    return lines + [f"Note: {n}" for n in a.notes]
+
+
+# -- measuring the user's own loop ---------------------------------------------------------
+class MeasuredLoader:
+    """The user's loader, iterated as usual, with the wait on each ``next(loader)`` recorded.
+
+    The step's time is the time between fetches. :meth:`advice` reports, like
+    :func:`advise_loader`, who waits for whom, from this loop alone (no settings tried).
+    """
+
+    def __init__(self, loader: Any, *, device: Any = None):
+        self.loader = loader
+        self.device = _step_device(device)
+        self.fetch_s: list[float] = []
+        self.samples: list[int] = []
+        self.seconds = 0.0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.fetch_s, self.samples = [], []
+        it = iter(self.loader)
+        start = time.perf_counter()
+        try:
+            while True:
+                a = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                self.fetch_s.append(time.perf_counter() - a)
+                self.samples.append(batch_len(batch))
+                self.seconds = time.perf_counter() - start
+                yield batch
+        finally:
+            self.device.synchronize()
+            self.seconds = time.perf_counter() - start
+
+    def trial(self) -> Trial:
+        """The loop's steady state: every batch but the first (whose wait includes starting workers)."""
+        if len(self.fetch_s) < 2:
+            raise ValueError("measure() needs a loop of at least two batches")
+        seconds = self.seconds - self.fetch_s[0]
+        samples = sum(self.samples[1:])
+        return Trial(settings=settings_of(self.loader), samples_per_s=samples / seconds,
+                     first_batch_s=self.fetch_s[0], fetch_fraction=sum(self.fetch_s[1:]) / seconds,
+                     batches=len(self.samples) - 1, samples=samples, seconds=seconds)
+
+    def advice(self) -> LoaderAdvice:
+        """Who waits for whom in this loop: the share of its time spent in ``next(loader)``."""
+        t = self.trial()
+        fetch = t.fetch_fraction * t.seconds
+        step = t.seconds - fetch
+        loader_rate = t.samples / fetch if fetch > 0 else None
+        step_rate = t.samples / step if step > 0 else None
+        loader_bound = fetch > step
+        notes = ["measured in your loop: no settings were tried (advise_loader tries them)"]
+        return LoaderAdvice(user=t, recommended=t, trials=[t], bottleneck="loader" if loader_bound else "step",
+                            wait_fraction=t.fetch_fraction, step_samples_per_s=step_rate,
+                            loader_samples_per_s=loader_rate, step_device=self.device.name, notes=notes,
+                            seconds=self.seconds, source=self.loader)
+
+    def __str__(self) -> str:
+        return str(self.advice())
+
+
+def measure(loader: Any, *, device: Any = None) -> MeasuredLoader:
+    """Wrap a DataLoader so that ``for batch in measure(loader)`` records its fetch times.
+
+    ``str()`` of the result (or its :meth:`~MeasuredLoader.advice`) after the loop
+    says what share of the loop waited on the loader.
+    """
+    return MeasuredLoader(loader, device=device)

@@ -363,8 +363,8 @@ def _draw_queues(ax, s) -> None:
         ax.step(times, sizes, where="post", lw=1.6, color=QUEUE_COLOURS[i % len(QUEUE_COLOURS)],
                 label=tex_safe(f"{q.src} → {q.dst} (mean {q.mean:.1f})", 48), marker="o", ms=3)
     ax.axhline(s.prefetch, color="#555", ls="--", lw=1.0)
-    ax.text(times[0], s.prefetch, f" capacity (prefetch {s.prefetch})", va="bottom", fontsize=8, color="#555")
-    ax.set_ylim(-0.2, s.prefetch + 0.8)
+    ax.text(times[0], s.prefetch + 0.12, f"capacity (prefetch {s.prefetch})", va="bottom", fontsize=8, color="#555")
+    ax.set_ylim(-0.2, s.prefetch + 1.1)
     ax.set_yticks(range(s.prefetch + 1))
     ax.set_ylabel("batches queued", fontsize=9)
     ax.set_xlabel("seconds since the stream started (sampled as the step took each batch)", fontsize=9)

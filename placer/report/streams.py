@@ -4,7 +4,8 @@ and the bottleneck in one sentence.
 May import: placer.data. Pure functions of a run's :class:`~placer.data.run.StreamStats`.
 
 A node's *capacity* is the samples per second its workers could sustain if they
-never waited: its samples over its busy seconds, times its workers. A stream is
+never waited: its samples over its busy seconds, times its workers (an average over
+every batch, the first, often slower one included). A stream is
 *input-bound* when its step waited for data for a large share of its time (the
 slowest node upstream limits it), *step-bound* when the step was busy nearly all
 the time (preprocessing keeps up), and *balanced* otherwise. A run without workers
@@ -39,6 +40,8 @@ from placer.data.run import StreamStageStats, StreamStats
 STARVED_SHARE = 0.2
 #: the step busy at least this share of its time makes a stream step-bound
 STEP_BUSY_SHARE = 0.8
+#: a node that could deliver at least this multiple of the stream's rate has room to spare
+HEADROOM = 1.5
 
 
 def stream_facts(stats: StreamStats, step_only_samples_per_s: float | None = None) -> StreamFacts:
@@ -147,9 +150,10 @@ def stream_sentence(f: StreamFacts) -> str:
     idle, busy = f.consumer_idle_fraction, step.busy_share
     cap, alone = step_capacity(f)
     could = ""
-    if cap is not None:
-        could = (f"the step could take {cap:,.0f} (measured alone)" if alone
-                 else f"the step could take about {cap:,.0f} (from its busy time here)")
+    if alone:
+        could = f"the step could take {cap:,.0f} (measured alone)"
+    elif cap is not None and cap > f.samples_per_s:  # an average over every batch, the first included
+        could = f"the step could take about {cap:,.0f} (from its busy time here)"
     if f.bound == "sequential":
         low = next(s for s in f.stages if s.name == f.bottleneck)
         return (f"Sequential run (no overlap): the step {step.name!r} took {busy:.0%} of the stream's time"
@@ -160,17 +164,41 @@ def stream_sentence(f: StreamFacts) -> str:
         return (f"Input-bound: the step {step.name!r} waited for data {idle:.0%} of the time. "
                 f"{slow.name!r} ({workers_text(slow)}) was busy {slow.busy_share:.0%} of its time and caps "
                 f"you at about {slow.capacity_samples_per_s:,.0f} samples/s" + (f"; {could}." if could else "."))
-    feed = (f"{slow.name!r} could feed about {slow.capacity_samples_per_s:,.0f} samples/s"
-            if slow is not None else "")
     if f.bound == "step":
-        alone_text = f" (the step alone runs at {cap:,.0f} samples/s)" if alone else ""
-        return (f"Step-bound: the step {step.name!r} was busy {busy:.0%} of the time and waited for data "
-                f"{idle:.0%}; preprocessing is fast enough" + (f": {feed}" if feed else "")
-                + f", and the stream ran at {f.samples_per_s:,.0f} samples/s{alone_text}.")
+        return step_bound_sentence(f, step, slow)
     return (f"Balanced: the step {step.name!r} was busy {busy:.0%} of the time and waited for data {idle:.0%}"
             + (f"; the slowest stage upstream, {slow.name!r}, was busy {slow.busy_share:.0%} of its time "
-               f"(feeding {slow.capacity_samples_per_s:,.0f} samples/s at most)" if slow is not None else "")
+               f"(about {slow.capacity_samples_per_s:,.0f} samples/s at most)" if slow is not None else "")
             + (f"; {could}." if could else "."))
+
+
+def step_bound_sentence(f: StreamFacts, step: StreamStageFacts, slow: StreamStageFacts | None) -> str:
+    """The sentence of a step-bound stream: is preprocessing fast enough, and is the step slowed here?"""
+    rate = f.samples_per_s
+    text = (f"Step-bound: the step {step.name!r} was busy {step.busy_share:.0%} of the time and waited for data "
+            f"{f.consumer_idle_fraction:.0%}; the stream ran at {rate:,.0f} samples/s")
+    if slow is None:
+        text += "."
+    elif has_headroom(slow, rate):
+        text += (f", and preprocessing is fast enough: {slow.name!r} could feed about "
+                 f"{slow.capacity_samples_per_s:,.0f} samples/s.")
+    else:
+        text += (f", but preprocessing has little room to spare: {slow.name!r} was busy {slow.busy_share:.0%} "
+                 f"of its time (about {slow.capacity_samples_per_s:,.0f} samples/s at most), so a faster step "
+                 "would soon wait for it.")
+    alone = f.step_only_samples_per_s
+    if alone is not None and alone >= HEADROOM * rate:
+        text += (f" The step alone runs at {alone:,.0f} samples/s ({alone / rate:.1f}× this): in the stream it "
+                 "shares the machine with the stages that feed it.")
+    elif alone is not None:
+        text += f" The step alone runs at {alone:,.0f} samples/s."
+    return text
+
+
+def has_headroom(node: StreamStageFacts, rate: float) -> bool:
+    """Whether ``node`` could deliver :data:`HEADROOM` times ``rate`` samples per second."""
+    cap = node.capacity_samples_per_s
+    return cap is not None and cap >= HEADROOM * rate
 
 
 def workers_text(s: StreamStageFacts) -> str:

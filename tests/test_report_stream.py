@@ -100,6 +100,18 @@ def test_step_bound_stream_says_preprocessing_is_fast_enough():
     assert "The step alone runs at 1,900 samples/s (4.6× this)" in tight.sentence
 
 
+def test_neither_side_dominating_is_balanced_and_an_empty_stream_says_so():
+    s = stats([node("read", "source", 0.05, 0.0, 1.55), node("augment", "batch", 1.2, 0.1, 0.3),
+               node("train", "step", 0.96, 0.16, 0.48)], idle=0.1, rate=410.0, trace=[(0.1, [1, 1])] * 10)
+    f = stream_facts(s)
+    assert (f.bound, f.bottleneck) == ("balanced", "augment")
+    assert f.sentence.startswith("Balanced: the step 'train' was busy 60% of the time and waited for data 10%; "
+                                 "the slowest stage upstream, 'augment', was busy 75%")
+    empty = stream_facts(stats([], idle=0.0, rate=0.0, trace=[], batches=0))
+    assert empty.sentence == "The stream read → train delivered no batches." and empty.bottleneck == ""
+    assert stream_rules(facts_of(stats([], idle=0.0, rate=0.0, trace=[], batches=0))) == []
+
+
 def test_queues_are_read_from_the_trace():
     f = stream_facts(starved(trace=[(0.1, [2, 0]), (0.2, [1, 0]), (0.3, [2, 1]), (0.4, [2, 2])]))
     into_augment, into_step = f.queues

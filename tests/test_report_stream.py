@@ -141,6 +141,15 @@ def test_starved_step_and_a_busy_one_worker_stage_asks_for_workers():
     assert len(prefetch) == 1 and "empty at 100%" in prefetch[0].text and "will not help" in prefetch[0].text
 
 
+def test_a_starving_stage_with_enough_workers_on_paper_is_called_contended():
+    s = stats([node("read", "source", 0.05, 0.0, 1.55), node("augment", "batch", 0.4, 6.0, 0.0, workers=4),
+               node("train", "step", 0.34, 1.01, 0.25)], idle=0.63, rate=410.0,
+              trace=[(0.2 * i, [2, 0]) for i in range(1, 11)])
+    (advice,) = [a for a in stream_rules(facts_of(s, step_only={"train": 1900.0})) if a.topic == "workers"]
+    assert advice.text.startswith("'augment' starves the step although its 4 thread workers could feed")
+    assert "process workers" in advice.text and "Give" not in advice.text
+
+
 def test_workers_needed_follows_each_workers_rate():
     eight = stream_facts(starved(augment_workers=8)).stages[1]  # 8 workers, each at ~51 samples/s
     assert workers_needed(eight, 1900.0) == 38 and workers_needed(eight, 100.0) == 2

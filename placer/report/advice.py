@@ -272,16 +272,7 @@ def _input_bound_advice(facts: ReportFacts, s: StreamFacts) -> list[Advice]:
     waited = f"the step {s.step!r} waited for data {s.consumer_idle_fraction:.0%} of the time"
     out = []
     if slow.kind == "batch" and not _is_gpu_like(facts, slow.device):
-        rate, how = _step_rate(s)
-        need = workers_needed(slow, rate) if rate is not None else None
-        target = (f": about {need} to feed the step's {rate:,.0f} samples/s ({how}), e.g. "
-                  f"StreamConfig(stage_workers={{{slow.name!r}: {need}}})" if need and need > slow.workers else "")
-        text = (f"Give {slow.name!r} more workers{target}. {waited.capitalize()} while {slow.name!r}'s "
-                f"{slow.workers} {slow.worker_kind} worker{'s' * (slow.workers != 1)} were busy "
-                f"{slow.busy_share:.0%} of their time.")
-        if slow.worker_kind == "thread":
-            text += " If it runs pure Python (holding the GIL), threads will not scale it: use process workers."
-        out.append(Advice(topic="workers", subject=slow.name, text=text))
+        out.append(_cpu_stage_workers(s, slow, waited))
     elif slow.kind == "source":
         out.append(Advice(topic="workers", subject=slow.name, text=(
             f"The source {slow.name!r} limits the stream ({waited}, the source busy {slow.busy_share:.0%}): "
@@ -297,6 +288,25 @@ def _input_bound_advice(facts: ReportFacts, s: StreamFacts) -> list[Advice]:
             f"{slow.name!r} on {slow.device} limits the stream ({waited}, {slow.name!r} busy "
             f"{slow.busy_share:.0%}): workers do not help on an accelerator; make it cheaper per batch.")))
     return out + _queue_advice(s, starved=True)
+
+
+def _cpu_stage_workers(s: StreamFacts, slow: StreamStageFacts, waited: str) -> Advice:
+    """A CPU stage that starves the step: how many workers would feed it, or why workers do not scale."""
+    rate, how = _step_rate(s)
+    need = workers_needed(slow, rate) if rate is not None else None
+    has = f"{slow.workers} {slow.worker_kind} worker{'s' * (slow.workers != 1)}"
+    if need is not None and need <= slow.workers:
+        return Advice(topic="workers", subject=slow.name, text=(
+            f"{slow.name!r} starves the step although its {has} could feed the step's {rate:,.0f} samples/s "
+            f"({how}) by their busy time: {waited}. They compete for the cores or, in pure Python, for the "
+            "GIL: use process workers, or make the stage cheaper."))
+    target = (f": about {need} to feed the step's {rate:,.0f} samples/s ({how}), e.g. "
+              f"StreamConfig(stage_workers={{{slow.name!r}: {need}}})" if need else "")
+    text = (f"Give {slow.name!r} more workers{target}. {waited.capitalize()} while {slow.name!r}'s {has} "
+            f"were busy {slow.busy_share:.0%} of their time.")
+    if slow.worker_kind == "thread":
+        text += " If it runs pure Python (holding the GIL), threads will not scale it: use process workers."
+    return Advice(topic="workers", subject=slow.name, text=text)
 
 
 def _step_bound_advice(s: StreamFacts) -> list[Advice]:

@@ -156,10 +156,11 @@ def stream_sentence(f: StreamFacts) -> str:
         could = f"the step could take about {cap:,.0f} (from its busy time here)"
     if f.bound == "sequential":
         low = next(s for s in f.stages if s.name == f.bottleneck)
+        approach = (f", and the stream could approach {low.name!r}'s {low.capacity_samples_per_s:,.0f} samples/s"
+                    if low.capacity_samples_per_s is not None else "")
         return (f"Sequential run (no overlap): the step {step.name!r} took {busy:.0%} of the stream's time"
                 + (f" and {slow.name!r} {slow.busy_share:.0%}" if slow is not None else "")
-                + f"; with workers the stages overlap, and the stream could approach {low.name!r}'s "
-                f"{low.capacity_samples_per_s:,.0f} samples/s.")
+                + f"; with workers the stages overlap{approach}.")
     if f.bound == "input":
         return (f"Input-bound: the step {step.name!r} waited for data {idle:.0%} of the time. "
                 f"{slow.name!r} ({workers_text(slow)}) was busy {slow.busy_share:.0%} of its time and caps "
@@ -187,7 +188,7 @@ def step_bound_sentence(f: StreamFacts, step: StreamStageFacts, slow: StreamStag
                  f"of its time (about {slow.capacity_samples_per_s:,.0f} samples/s at most), so a faster step "
                  "would soon wait for it.")
     alone = f.step_only_samples_per_s
-    if alone is not None and alone >= HEADROOM * rate:
+    if alone is not None and rate > 0 and alone >= HEADROOM * rate:
         text += (f" The step alone runs at {alone:,.0f} samples/s ({alone / rate:.1f}× this): in the stream it "
                  "shares the machine with the stages that feed it.")
     elif alone is not None:

@@ -302,8 +302,8 @@ def _cpu_stage_workers(s: StreamFacts, slow: StreamStageFacts, waited: str) -> A
             "GIL: use process workers, or make the stage cheaper."))
     target = (f": about {need} to feed the step's {rate:,.0f} samples/s ({how}), e.g. "
               f"StreamConfig(stage_workers={{{slow.name!r}: {need}}})" if need else "")
-    text = (f"Give {slow.name!r} more workers{target}. {waited.capitalize()} while {slow.name!r}'s {has} "
-            f"were busy {slow.busy_share:.0%} of their time.")
+    text = (f"Give {slow.name!r} more workers{target}. {waited.capitalize()} while {slow.name!r}, with "
+            f"{has}, was busy {slow.busy_share:.0%} of its worker time.")
     if slow.worker_kind == "thread":
         text += " If it runs pure Python (holding the GIL), threads will not scale it: use process workers."
     return Advice(topic="workers", subject=slow.name, text=text)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 SCHEMA = "placer.report/1"
 #: a device kind's name (:attr:`placer.devices.Device.kind`)
@@ -191,7 +191,8 @@ class Bottleneck(BaseModel):
 class Advice(BaseModel):
     """One concrete suggestion, with the facts it rests on."""
 
-    topic: Literal["move", "pin", "loop", "batch", "bottleneck", "target", "accuracy", "keep"]
+    topic: Literal["move", "pin", "loop", "batch", "bottleneck", "target", "accuracy", "keep",
+                   "workers", "prefetch", "stream"]
     subject: str
     text: str
 
@@ -209,6 +210,79 @@ class TargetPlan(BaseModel):
     crossover_size: dict[str, float | None] = Field(default_factory=dict)
 
 
+class StreamStageFacts(BaseModel):
+    """One node of a stream (its source, a per-batch stage, a copy into a device, its step).
+
+    The three shares split the node's worker time (its wall time times its workers):
+    computing (``busy``), waiting for input (``starved``), waiting for room downstream
+    or for its turn (``blocked``).
+    """
+
+    name: str
+    kind: Literal["source", "batch", "step", "copy"]
+    device: str
+    workers: int
+    worker_kind: str = "thread"
+    batches: int = 0
+    busy_s: float = 0.0
+    starved_s: float = 0.0
+    blocked_s: float = 0.0
+    wall_s: float = 0.0
+    busy_share: float = 0.0
+    starved_share: float = 0.0
+    blocked_share: float = 0.0
+    #: samples per second the node's workers could sustain if they never waited
+    #: (its samples over its busy seconds, times its workers); None when it did no work
+    capacity_samples_per_s: float | None = None
+
+
+class QueueFacts(BaseModel):
+    """The bounded queue from ``src`` to ``dst``, sampled each time the step took a batch."""
+
+    src: str
+    dst: str
+    capacity: int
+    mean: float = 0.0
+    #: shares of the samples at which the queue was full, and empty
+    full_share: float = 0.0
+    empty_share: float = 0.0
+
+
+class StreamFacts(BaseModel):
+    """What one stream of minibatches did: throughput, per-stage time, queues, its bottleneck."""
+
+    source: str
+    step: str
+    epochs: int
+    batches: int
+    samples: int
+    seconds: float
+    #: samples per second in steady state (after the first batch reached the step)
+    samples_per_s: float
+    time_to_first_batch_s: float
+    #: the step's share of time spent waiting for data
+    consumer_idle_fraction: float
+    prefetch: int
+    peak_inflight_batches: int = 0
+    peak_inflight_bytes: int = 0
+    cache: str | None = None
+    #: the stream ran each batch through every stage in turn (no overlap, no queues)
+    sequential: bool = False
+    stages: list[StreamStageFacts] = Field(default_factory=list)
+    queues: list[QueueFacts] = Field(default_factory=list)
+    #: occupancy of each queue (in ``queues`` order) when the step took a batch: [t_s, [sizes]]
+    queue_trace: list[tuple[float, list[int]]] = Field(default_factory=list)
+    #: samples per second of the step measured alone (fed from memory); None when not measured
+    step_only_samples_per_s: float | None = None
+    #: ``input``: the step waited for data; ``step``: the step was the slowest;
+    #: ``balanced``: neither; ``sequential``: a run without overlap
+    bound: Literal["input", "step", "balanced", "sequential"] = "balanced"
+    #: the node that limits throughput (the slowest upstream node when input-bound)
+    bottleneck: str = ""
+    sentence: str = ""
+    notes: list[str] = Field(default_factory=list)
+
+
 class ReportFacts(BaseModel):
     """Everything a report says. Its JSON is the report's ``json`` format."""
 
@@ -222,8 +296,18 @@ class ReportFacts(BaseModel):
     bottleneck: Bottleneck | None = None
     advice: list[Advice] = Field(default_factory=list)
     target: TargetPlan | None = None
+    #: one entry per stream of minibatches the run had; None for a one-shot pipeline
+    #: (and then absent from the JSON, which stays as it was before streams)
+    streams: list[StreamFacts] | None = None
 
     model_config = {"populate_by_name": True}
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_streams(self, handler):
+        data = handler(self)
+        if self.streams is None and isinstance(data, dict):
+            data.pop("streams", None)
+        return data
 
     def device(self, name: str) -> DeviceInfo | None:
         """The device called ``name``, if the report names it."""

@@ -62,6 +62,7 @@ def report(
     target: Any = None,
     format: str | None = None,
     pictures: bool = False,
+    step_only: Mapping[str, float] | None = None,
 ) -> ReportFacts:
     """Write a report of a plan and its run to ``path``; return its facts.
 
@@ -74,7 +75,7 @@ def report(
     path : path
         Where to write; the format is ``format`` or the suffix (``.html``, ``.md``,
         ``.json``).
-    plan, run, baselines, pipeline, costs, inventory, predictions, target
+    plan, run, baselines, pipeline, costs, inventory, predictions, target, step_only
         See :func:`placer.report.collect.collect`.
     format : {"html", "md", "json"}, optional
     pictures : bool
@@ -86,7 +87,7 @@ def report(
     """
     fmt = infer_format(path, format)
     facts = collect(plan=plan, run=run, baselines=baselines, pipeline=pipeline, costs=costs,
-                    inventory=inventory, predictions=predictions, target=target)
+                    inventory=inventory, predictions=predictions, target=target, step_only=step_only)
     write_report(facts, path, fmt, pictures_dir=pictures)
     return facts
 

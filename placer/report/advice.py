@@ -1,15 +1,17 @@
 """Concrete advice drawn from a report's facts: what to move, pin, batch or keep.
 
-May import: placer.data.report. Each rule is a small function of the facts that
+May import: placer.data.report, placer.report.streams. Each rule is a small function of the facts that
 returns zero or more :class:`Advice`; :func:`advise` runs them all in order.
 Every sentence names the stage or edge and the number it rests on.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
-from placer.data.report import Advice, ReportFacts, StageRow
+from placer.data.report import Advice, ReportFacts, StageRow, StreamFacts, StreamStageFacts
+from placer.report.streams import has_headroom, slowest_upstream
 
 #: copies at least this large are worth pinning (the executor pins above 1 MiB)
 PIN_BYTES = 1 << 20
@@ -154,9 +156,13 @@ def _target_pin(facts: ReportFacts, said: set[str]) -> list[Advice]:
 
 
 def bottleneck_rules(facts: ReportFacts) -> list[Advice]:
-    """Name the bottleneck; for a copy, say how to avoid it."""
+    """Name the bottleneck; for a copy, say how to avoid it.
+
+    A run with streams leaves this to :func:`stream_rules`: a stream's stages share one
+    span on the timeline, so its critical path says little about what limits it.
+    """
     bn = facts.bottleneck
-    if bn is None:
+    if bn is None or facts.streams:
         return []
     if bn.kind == "transfer" and bn.share >= COPY_SHARE:
         data = bn.name.split(" (", 1)[0]
@@ -211,8 +217,165 @@ def accuracy_rules(facts: ReportFacts) -> list[Advice]:
         "profile longer (a larger --budget-s) or at sizes nearer this one before trusting the plan.")) ]
 
 
+# -- streams -------------------------------------------------------------------------------
+#: a queue empty (or full) at least this share of the step's takes is called empty (full)
+QUEUE_SHARE = 0.8
+#: fewer batches than this give rough steady-state numbers
+FEW_BATCHES = 10
+#: a first batch later than this share of the stream's time is called out
+SLOW_START = 0.25
+#: the most workers advice proposes for one stage
+MAX_WORKERS = 64
+
+
+def stream_rules(facts: ReportFacts) -> list[Advice]:
+    """What to change in each stream, from its measured bound, stages and queues."""
+    out = []
+    for s in facts.streams or []:
+        if s.batches == 0:
+            continue
+        if s.sequential:
+            out += _sequential_advice(s)
+        elif s.bound == "input":
+            out += _input_bound_advice(facts, s)
+        elif s.bound == "step":
+            out += _step_bound_advice(s)
+        out += _short_run_advice(s)
+    return out
+
+
+def _stage(s: StreamFacts, name: str) -> StreamStageFacts | None:
+    return next((n for n in s.stages if n.name == name), None)
+
+
+def _step_rate(s: StreamFacts) -> tuple[float | None, str]:
+    """The step's samples per second (measured alone, else from its busy time) and how it was known."""
+    if s.step_only_samples_per_s is not None:
+        return s.step_only_samples_per_s, "measured alone"
+    step = _stage(s, s.step)
+    cap = step.capacity_samples_per_s if step is not None else None
+    return cap, "from its busy time"
+
+
+def workers_needed(stage: StreamStageFacts, rate: float) -> int | None:
+    """Workers of ``stage`` that would deliver ``rate`` samples per second (None: unknown)."""
+    if stage.capacity_samples_per_s is None or stage.capacity_samples_per_s <= 0:
+        return None
+    per_worker = stage.capacity_samples_per_s / max(stage.workers, 1)
+    return min(MAX_WORKERS, max(1, math.ceil(rate / per_worker)))
+
+
+def _input_bound_advice(facts: ReportFacts, s: StreamFacts) -> list[Advice]:
+    slow = _stage(s, s.bottleneck)
+    if slow is None:
+        return []
+    waited = f"the step {s.step!r} waited for data {s.consumer_idle_fraction:.0%} of the time"
+    out = []
+    if slow.kind == "batch" and not _is_gpu_like(facts, slow.device):
+        out.append(_cpu_stage_workers(s, slow, waited))
+    elif slow.kind == "source":
+        out.append(Advice(topic="workers", subject=slow.name, text=(
+            f"The source {slow.name!r} limits the stream ({waited}, the source busy {slow.busy_share:.0%}): "
+            f"read faster (DataLoader workers for a Dataset source), or keep a deterministic stage's output "
+            f"after the first epoch with --cache.")))
+    elif slow.kind == "copy":
+        out.append(Advice(topic="stream", subject=slow.name, text=(
+            f"Copying batches into {slow.device} limits the stream ({waited}, the copy busy "
+            f"{slow.busy_share:.0%}): copy from pinned memory, and move work onto {slow.device} "
+            "that shrinks what crosses (decode or crop there).")))
+    else:
+        out.append(Advice(topic="stream", subject=slow.name, text=(
+            f"{slow.name!r} on {slow.device} limits the stream ({waited}, {slow.name!r} busy "
+            f"{slow.busy_share:.0%}): workers do not help on an accelerator; make it cheaper per batch.")))
+    return out + _queue_advice(s, starved=True)
+
+
+def _cpu_stage_workers(s: StreamFacts, slow: StreamStageFacts, waited: str) -> Advice:
+    """A CPU stage that starves the step: how many workers would feed it, or why workers do not scale."""
+    rate, how = _step_rate(s)
+    need = workers_needed(slow, rate) if rate is not None else None
+    has = f"{slow.workers} {slow.worker_kind} worker{'s' * (slow.workers != 1)}"
+    if need is not None and need <= slow.workers:
+        return Advice(topic="workers", subject=slow.name, text=(
+            f"{slow.name!r} starves the step although its {has} could feed the step's {rate:,.0f} samples/s "
+            f"({how}) by their busy time: {waited}. They compete for the cores or, in pure Python, for the "
+            "GIL: use process workers, or make the stage cheaper."))
+    target = (f": about {need} to feed the step's {rate:,.0f} samples/s ({how}), e.g. "
+              f"StreamConfig(stage_workers={{{slow.name!r}: {need}}})" if need else "")
+    text = (f"Give {slow.name!r} more workers{target}. {waited.capitalize()} while {slow.name!r}, with "
+            f"{has}, was busy {slow.busy_share:.0%} of its worker time.")
+    if slow.worker_kind == "thread":
+        text += " If it runs pure Python (holding the GIL), threads will not scale it: use process workers."
+    return Advice(topic="workers", subject=slow.name, text=text)
+
+
+def _step_bound_advice(s: StreamFacts) -> list[Advice]:
+    step, slow = _stage(s, s.step), slowest_upstream(s)
+    busy = (f"The step {s.step!r} is the bottleneck (busy {step.busy_share:.0%} of the time, waiting for data "
+            f"{s.consumer_idle_fraction:.0%})")
+    if slow is None or has_headroom(slow, s.samples_per_s):
+        text = (f"{busy}: preprocessing is fast enough, so more workers or a deeper prefetch will not speed "
+                "the stream; make the step faster (an accelerator, larger batches).")
+    else:
+        text = (f"{busy}, and {slow.name!r} is close behind (busy {slow.busy_share:.0%}): make the step faster "
+                f"(an accelerator, larger batches) and give {slow.name!r} more workers with it.")
+    out = [Advice(topic="bottleneck", subject=s.step, text=text)]
+    for n in s.stages:
+        need = workers_needed(n, s.samples_per_s) if n.kind == "batch" else None
+        if need is not None and need < n.workers:
+            out.append(Advice(topic="workers", subject=n.name, text=(
+                f"{n.name!r} would keep up with {need} worker{'s' * (need != 1)} (it has {n.workers}, "
+                f"blocked {n.blocked_share:.0%} of their time): its other workers only hold memory.")))
+    return out + _queue_advice(s, starved=False)
+
+
+def _queue_advice(s: StreamFacts, *, starved: bool) -> list[Advice]:
+    """The queue into the step: always full (prefetch is enough) or mostly empty (workers, not prefetch)."""
+    q = next((q for q in s.queues if q.dst == s.step), None)
+    if q is None:
+        return []
+    if not starved and q.full_share >= QUEUE_SHARE:
+        return [Advice(topic="prefetch", subject=s.step, text=(
+            f"Prefetch {s.prefetch} is enough: the queue into {s.step!r} was full at {q.full_share:.0%} "
+            "of the step's takes.")) ]
+    if starved and q.empty_share >= QUEUE_SHARE:
+        return [Advice(topic="prefetch", subject=s.step, text=(
+            f"The queue into {s.step!r} was empty at {q.empty_share:.0%} of the step's takes: the stages "
+            "upstream are slower on average, so a deeper prefetch will not help; add workers upstream.")) ]
+    if starved:
+        return [Advice(topic="prefetch", subject=s.step, text=(
+            f"Raise prefetch (now {s.prefetch}): the queue into {s.step!r} was empty at "
+            f"{q.empty_share:.0%} of the step's takes and full at {q.full_share:.0%}, so slow batches come "
+            "in bursts that a deeper queue would smooth out.")) ]
+    return []
+
+
+def _sequential_advice(s: StreamFacts) -> list[Advice]:
+    low = _stage(s, s.bottleneck)
+    could = (f"; it could approach {low.name!r}'s {low.capacity_samples_per_s:,.0f} samples/s"
+             if low is not None and low.capacity_samples_per_s else "")
+    return [Advice(topic="stream", subject=s.step, text=(
+        f"This run of {s.source} → {s.step} was sequential (--workers 0, every batch through every stage "
+        f"in turn, {s.samples_per_s:,.0f} samples/s): run with --workers 1 or more to overlap the "
+        f"stages{could}."))]
+
+
+def _short_run_advice(s: StreamFacts) -> list[Advice]:
+    late = s.seconds > 0 and s.time_to_first_batch_s > SLOW_START * s.seconds
+    if s.batches >= FEW_BATCHES and not late:
+        return []
+    why = []
+    if s.batches < FEW_BATCHES:
+        why.append(f"only {s.batches} batches reached {s.step!r}")
+    if late:
+        why.append(f"the first batch took {s.time_to_first_batch_s:.3g} s of the stream's {s.seconds:.3g} s")
+    return [Advice(topic="stream", subject=s.step, text=(
+        f"The numbers of {s.source} → {s.step} are rough: {' and '.join(why)}; measure over more batches "
+        "(more epochs or a larger size) for a steady state."))]
+
+
 RULES: tuple[Callable[[ReportFacts], list[Advice]], ...] = (
-    bottleneck_rules, move_rules, batch_rules, loop_rules, pin_rules, target_rules, accuracy_rules,
+    bottleneck_rules, stream_rules, move_rules, batch_rules, loop_rules, pin_rules, target_rules, accuracy_rules,
 )
 
 

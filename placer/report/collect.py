@@ -1,7 +1,7 @@
 """Gathering a report's facts from a plan, its run, the baseline runs and the costs.
 
 May import: networkx (through the pipeline object), placer.data, placer.devices (the
-registry, for a device's kind), placer.report.{inputs,check,critical,advice}. Never
+registry, for a device's kind), placer.report.{inputs,check,critical,advice,streams}. Never
 torch, dask or matplotlib: facts are plain data.
 
 Every input is optional except that a plan or a run must be given; a report says
@@ -30,6 +30,7 @@ from placer.data.report import (
     Option,
     ReportFacts,
     StageRow,
+    StreamFacts,
     Summary,
     Timeline,
 )
@@ -39,6 +40,7 @@ from placer.report.advice import advise
 from placer.report.check import check
 from placer.report.critical import bottleneck
 from placer.report.inputs import Inputs, ReportInputError, load_inputs
+from placer.report.streams import stream_facts
 
 OPTION_TITLES = {
     "plan": "chosen plan",
@@ -61,6 +63,7 @@ def collect(
     predictions: Mapping[str, Mapping[str, Any]] | None = None,
     target: Any = None,
     made_at: str | None = None,
+    step_only: Mapping[str, float] | None = None,
 ) -> ReportFacts:
     """Build the facts of a report.
 
@@ -86,6 +89,10 @@ def collect(
         ``{stage: {device: Prediction}}`` (or its ``model_dump``) from the cost model.
     target : TargetPlan, mapping or path, optional
         A plan for a device this machine lacks.
+    step_only : mapping, optional
+        ``{step: samples per second}`` of a stream's step measured alone (fed from
+        memory), when a profile measured it: the stream's bottleneck sentence and
+        advice then compare the stream with it.
 
     Returns
     -------
@@ -122,6 +129,8 @@ def collect(
         errors=error_rows(rows, {d.name: d.present for d in devices}),
         target=inputs.target.model_copy(deep=True) if inputs.target is not None else None,
     )
+    if inputs.run is not None and inputs.run.streams:
+        facts.streams = [stream_facts(s, (step_only or {}).get(s.step)) for s in inputs.run.streams]
     facts.bottleneck = bottleneck(facts)
     facts.advice = advise(facts)
     facts.summary.headline = headline(facts)
@@ -328,7 +337,8 @@ class _Context:
         t = Timeline()
         if self.run is not None:
             for rec in self.run.stages:
-                t.measured.append(Bar(lane=rec.lane, label=rec.name, kind="stage", device=rec.device,
+                t.measured.append(Bar(lane=rec.lane if rec.workers is None else stream_lane(rec.name, rec.workers),
+                                      label=rec.name, kind="stage", device=rec.device,
                                       start_s=rec.start_s, end_s=rec.end_s))
             for tr in self.run.transfers:
                 t.measured.append(Bar(lane=f"link {tr.src}→{tr.dst}", label=tr.data, kind="transfer",
@@ -426,6 +436,11 @@ def kind_by_name(device: str) -> str:
     return "gpu" if kind is None else kind.name
 
 
+def stream_lane(name: str, workers: int) -> str:
+    """The timeline lane of a stream's stage: ``stream: augment ×2`` (it ran for the whole stream)."""
+    return f"stream: {name}" + (f" ×{workers}" if workers > 1 else "")
+
+
 def stage_speedup(device: str, meas: Mapping[str, float], pred: Mapping[str, float | None],
                   dev_kind: Mapping[str, str]) -> tuple[float | None, bool]:
     """CPU seconds over the chosen device's seconds; measured when both were measured."""
@@ -514,7 +529,13 @@ def headline(facts: ReportFacts) -> str:
         cmp = ""
     secs = plan.measured_s if plan.measured_s is not None else plan.predicted_s
     tail = f" ({secs:.3g} s{', ' + cmp if cmp else ''})" if secs is not None else ""
-    return f"The plan runs {where}{tail}."
+    return f"The plan runs {where}{tail}." + "".join(stream_headline(s) for s in facts.streams or [])
+
+
+def stream_headline(s: StreamFacts) -> str:
+    """`` The stream a → b ran at 1,056 samples/s; the step waited for data 1% of the time.``"""
+    return (f" The stream {s.source} → {s.step} ran at {s.samples_per_s:,.0f} samples/s; "
+            f"the step waited for data {s.consumer_idle_fraction:.0%} of the time.")
 
 
 def device_title(facts: ReportFacts, name: str) -> str:

@@ -137,6 +137,8 @@ def load(obj: Any, model: type[M], what: str) -> tuple[M | None, str | None]:
 
 def validate(data: Any, model: type[M], what: str, origin: str) -> M:
     """``model.model_validate(data)``, refusing bad and unknown fields in one line naming ``origin``."""
+    if model is Run:
+        data = without_run_summary(data)
     try:
         obj = model.model_validate(data)
     except ValidationError as exc:
@@ -148,6 +150,26 @@ def validate(data: Any, model: type[M], what: str, origin: str) -> M:
             "(renamed or misspelt?); regenerate the file with this version of placer"
         )
     return obj
+
+
+#: what ``Run.summary()`` (``placer run -o``) adds at the top of a run with streams: the
+#: first stream's fields of the same names
+RUN_SUMMARY_KEYS = ("samples_per_s", "batches")
+
+
+def without_run_summary(data: Any) -> Any:
+    """A saved run without the fields its summary copied from its first stream.
+
+    They are dropped only when they repeat that stream's numbers; otherwise they
+    stay, and are refused as unknown fields.
+    """
+    if not isinstance(data, Mapping) or not isinstance(data.get("streams"), list) or not data["streams"]:
+        return data
+    first = data["streams"][0]
+    if not isinstance(first, Mapping):
+        return data
+    return {k: v for k, v in data.items()
+            if not (k in RUN_SUMMARY_KEYS and k in first and first[k] == v)}
 
 
 def describe(exc: ValidationError, data: Any) -> str:

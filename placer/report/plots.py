@@ -5,7 +5,9 @@ pyplot), networkx, placer.report.{facts,advice}.
 
 Three pictures: the pipeline's graph with each stage coloured by its device
 (:func:`dag_svg`), the measured and predicted timelines (:func:`timeline_svg`),
-and predicted against measured seconds per stage (:func:`errors_svg`). Text is
+and predicted against measured seconds per stage (:func:`errors_svg`); and one per
+stream of minibatches (:func:`stream_svg`): each node's busy, starved and blocked
+shares, and its queues' occupancy over time. Text is
 drawn as glyph paths, so the SVG needs no font; :func:`inline_svg` makes it fit to sit
 inside an HTML page.
 Stage names reach matplotlib with ``$`` escaped, so no name is read as math.
@@ -176,16 +178,22 @@ def dag_svg(facts: ReportFacts) -> str:
 
 # -- the timeline --------------------------------------------------------------------------
 def lane_order(lanes: Iterable[str]) -> list[str]:
-    """CPU worker lanes first, then accelerators, then links."""
+    """CPU worker lanes first, then a stream's stages in stream order, then accelerators, then links."""
+    first: dict[str, int] = {}
+    for lane in lanes:
+        first.setdefault(lane, len(first))
+
     def key(lane: str):
         if lane.startswith("cpu"):
             tail = lane.split("/", 1)[-1]
             return (0, int(tail) if tail.isdigit() else 0, lane)
+        if lane.startswith("stream: "):
+            return (1, first[lane], lane)
         if lane.startswith("link"):
-            return (2, 0, lane)
-        return (1, 0, lane)
+            return (3, 0, lane)
+        return (2, 0, lane)
 
-    return sorted(set(lanes), key=key)
+    return sorted(first, key=key)
 
 
 def _draw_lanes(ax, bars: list[Bar], lanes: list[str], colours: dict[str, str], span: float, facts: ReportFacts) -> None:
@@ -294,3 +302,78 @@ def errors_svg(facts: ReportFacts) -> str:
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8.5, frameon=False)
     fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))
     return to_svg(fig, "errors")
+
+
+# -- streams -------------------------------------------------------------------------------
+#: colours of a stream node's time: computing, waiting for input, waiting for room downstream
+SHARE_COLOURS = {"busy": "#4C78A8", "starved": "#E45756", "blocked": "#ECA82C"}
+SHARE_LABELS = {"busy": "busy (computing)", "starved": "starved (waiting for input)",
+                "blocked": "blocked (waiting for room downstream)"}
+QUEUE_COLOURS = ["#4C78A8", "#72B7B2", "#B279A2", "#9D755D", "#54A24B"]
+
+
+def stream_svg(facts: ReportFacts, index: int) -> str:
+    """One stream: each node's busy/starved/blocked shares, and its queues' occupancy over time."""
+    from matplotlib.patches import Patch
+
+    s = facts.streams[index]
+    nodes = s.stages
+    trace = bool(s.queue_trace and s.queues)
+    top = max(1.6, 0.5 * len(nodes) + 0.9)
+    fig = _figure(10.0, top + (2.3 if trace else 0) + 0.5)
+    axes = fig.subplots(2 if trace else 1, 1, squeeze=False,
+                        gridspec_kw={"height_ratios": [top, 2.3] if trace else [top]})[:, 0]
+    _draw_shares(axes[0], nodes, s.bottleneck)
+    axes[0].set_title(tex_safe(f"stream {s.source} → {s.step}: where each node's worker time went", 90),
+                      fontsize=10, loc="left")
+    handles = [Patch(fc=SHARE_COLOURS[k], ec="#222", label=SHARE_LABELS[k]) for k in SHARE_COLOURS]
+    if trace:
+        _draw_queues(axes[1], s)
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8.5, frameon=False, bbox_to_anchor=(0.5, -0.01))
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
+    return to_svg(fig, f"stream{index}")
+
+
+def _draw_shares(ax, nodes, bottleneck: str) -> None:
+    for y, n in enumerate(nodes):
+        left = 0.0
+        for key in ("busy", "starved", "blocked"):
+            w = getattr(n, f"{key}_share")
+            ax.barh(y, w, left=left, height=0.6, color=SHARE_COLOURS[key], edgecolor="#222", lw=0.5)
+            if w >= 0.07:
+                ax.text(left + w / 2, y, f"{w:.0%}", ha="center", va="center", fontsize=8.5,
+                        color="white" if key != "blocked" else "#222")
+            left += w
+        if n.name == bottleneck:
+            ax.text(1.01, y, "bottleneck", va="center", fontsize=8.5, color="#C0392B", fontweight="bold")
+    labels = [tex_safe(f"{n.name} ({n.kind}) · {n.device} ×{n.workers}", 40) for n in nodes]
+    ax.set_yticks(range(len(nodes)), labels, fontsize=8.5)
+    ax.set_ylim(len(nodes) - 0.5, -0.5)
+    ax.set_xlim(0, 1)
+    ax.xaxis.set_major_formatter(_percent())
+    ax.set_xlabel("share of the node's worker time (wall time × workers)", fontsize=9)
+    ax.grid(axis="x", color="#dddddd", lw=0.6)
+    ax.set_axisbelow(True)
+
+
+def _draw_queues(ax, s) -> None:
+    times = [t for t, _ in s.queue_trace]
+    for i, q in enumerate(s.queues):
+        sizes = [row[i] if i < len(row) else 0 for _, row in s.queue_trace]
+        ax.step(times, sizes, where="post", lw=1.6, color=QUEUE_COLOURS[i % len(QUEUE_COLOURS)],
+                label=tex_safe(f"{q.src} → {q.dst} (mean {q.mean:.1f})", 48), marker="o", ms=3)
+    ax.axhline(s.prefetch, color="#555", ls="--", lw=1.0)
+    ax.text(times[0], s.prefetch + 0.12, f"capacity (prefetch {s.prefetch})", va="bottom", fontsize=8, color="#555")
+    ax.set_ylim(-0.2, s.prefetch + 1.1)
+    ax.set_yticks(range(s.prefetch + 1))
+    ax.set_ylabel("batches queued", fontsize=9)
+    ax.set_xlabel("seconds since the stream started (sampled as the step took each batch)", fontsize=9)
+    ax.set_title("queue occupancy", fontsize=10, loc="left")
+    ax.legend(loc="upper right", fontsize=8, frameon=False, ncol=min(3, len(s.queues)))
+    ax.grid(color="#eeeeee", lw=0.6)
+
+
+def _percent():
+    from matplotlib.ticker import PercentFormatter
+
+    return PercentFormatter(1.0, decimals=0)

@@ -88,10 +88,13 @@ def table_devices(facts: ReportFacts) -> list[str]:
 
 
 def pictures(facts: ReportFacts) -> dict[str, str]:
-    """The three pictures as standalone SVG documents."""
+    """The pictures as standalone SVG documents: graph, timeline, errors, and one per stream (``stream0``, ...)."""
     from placer.report import plots
 
-    return {"dag": plots.dag_svg(facts), "timeline": plots.timeline_svg(facts), "errors": plots.errors_svg(facts)}
+    out = {"dag": plots.dag_svg(facts), "timeline": plots.timeline_svg(facts), "errors": plots.errors_svg(facts)}
+    for i, _ in enumerate(facts.streams or []):
+        out[f"stream{i}"] = plots.stream_svg(facts, i)
+    return out
 
 
 def render_html(facts: ReportFacts, figures: Mapping[str, str] | None = None) -> str:
@@ -101,7 +104,8 @@ def render_html(facts: ReportFacts, figures: Mapping[str, str] | None = None) ->
     figures = figures if figures is not None else pictures(facts)
     inline = {k: Markup(inline_svg(v, k)) for k, v in figures.items()}
     return _environment(True).get_template("report.html.j2").render(
-        f=facts, figs=inline, devices=table_devices(facts), css=Markup((TEMPLATES / "report.css").read_text()))
+        f=facts, figs=inline, devices=table_devices(facts), css=Markup((TEMPLATES / "report.css").read_text()),
+        stream_css=Markup((TEMPLATES / "stream.css").read_text()) if facts.streams else "")
 
 
 def render_markdown(facts: ReportFacts, links: Mapping[str, str] | None = None) -> str:

@@ -112,6 +112,8 @@ class Run(BaseModel):
 
     pipeline: str
     size: int | None = None
+    #: what ``size`` counts (rows, images, samples, ...)
+    size_unit: str = "rows"
     placement: dict[str, str]
     executor: str
     workers: int

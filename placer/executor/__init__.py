@@ -114,7 +114,8 @@ class Prepared:
         stage_recs.sort(key=_start)
         transfer_recs.sort(key=_start)
         run = Run.model_construct(
-            pipeline=self.pipeline.name, size=self.size, placement=dict(self._placement),
+            pipeline=self.pipeline.name, size=self.size, size_unit=self.pipeline.size_unit,
+            placement=dict(self._placement),
             executor=self.lanes.name, workers=self.workers, makespan_s=makespan,
             stages=stage_recs, transfers=transfer_recs, outputs_digest=None,
             devices=dict(self._labels), started_at=started, versions=dict(self._versions),

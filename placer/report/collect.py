@@ -398,7 +398,8 @@ class _Context:
         versions.setdefault("placer", _placer_version())
         return Meta(
             pipeline=self.pipeline_name(), size=self.size(),
-            size_unit=costs.size_unit if costs is not None else (plan.size_unit if plan is not None else "rows"),
+            size_unit=(costs.size_unit if costs is not None else plan.size_unit if plan is not None
+                       else run.size_unit if run is not None else "rows"),
             made_at=made_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             run_started_at=run.started_at if run is not None else "", versions=versions,
             machine={k: v for k, v in host.items() if k in ("machine", "cpu_model", "cores", "hostname")},

@@ -79,6 +79,8 @@ class Node:
     worker_kind: str = "thread"
     stats: NodeStats = field(default_factory=NodeStats)
     takes_info: bool = False
+    #: for process workers: the pool whose child processes run this stage (set by the runner)
+    pool: Any = None
 
     @property
     def location(self) -> str:
@@ -89,6 +91,8 @@ class Node:
         if self.kind == "copy":
             return self._copy(b)
         inputs = {a: b.values[src][self.location] for a, src in self.reads.items()}
+        if self.pool is not None:
+            return self.pool(inputs, b.info)
         extra = {BATCH_INFO: b.info} if self.takes_info else None
         return call_stage(self.stage, self.device, {**self.consts, **inputs}, extra=extra)
 

@@ -14,12 +14,21 @@ for input) and blocked (waiting for room downstream, or for its turn).
 
 With ``StreamConfig(workers=0)`` the same nodes run in the calling thread, one
 batch at a time through all of them: the reference the parallel run must equal.
+
+A stage with process workers gets a :class:`~placer.stream.workers.ProcessPool`,
+started before the stream's clock and closed when the run ends, however it ends;
+its workers' time is accounted as a thread's (busy is the round trip to the
+child), and the notes say how long the children took to start and how much of
+the busy time they computed. :func:`interrupt` stops every running stream (the
+command line calls it on Ctrl-C): workers leave within a poll interval, child
+processes are killed, and the run raises KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,10 +41,25 @@ from placer.stream.config import BatchInfo, StreamConfig
 from placer.stream.nodes import Bundle, Node, StepState, batch_len, bundle_bytes, device_stream, now
 from placer.stream.chain import build_nodes
 from placer.stream.source import batches, call_source
+from placer.stream.workers import ProcessPool, StageCall, WorkerStopped
 
 _END = object()
 #: seconds between checks of the stop flag while waiting on a queue
 _POLL_S = 0.05
+#: seconds each thread gets to leave once the stream stops
+_JOIN_S = 2.0
+_ACTIVE: weakref.WeakSet = weakref.WeakSet()
+_ACTIVE_LOCK = threading.Lock()
+
+
+def interrupt() -> int:
+    """Stop every stream running in this process; each raises KeyboardInterrupt. Return how many."""
+    with _ACTIVE_LOCK:
+        runs = list(_ACTIVE)
+    for r in runs:
+        r.interrupted = True
+        r.stop.set()
+    return len(runs)
 
 
 class StreamFailed(PlacerError):
@@ -70,6 +94,8 @@ class StreamRun:
         self.nodes: list[Node] = build_nodes(pipeline, self.members, devices, consts, config)
         self.step = StepState(self.nodes[-1])
         self.stop = threading.Event()
+        self.interrupted = False
+        self.pools: list[ProcessPool] = []
         self.failure: tuple[str, BatchInfo | None, BaseException] | None = None
         #: the first batch that failed: it and every later batch are dropped
         self.fail_seq = float("inf")
@@ -152,7 +178,10 @@ class StreamRun:
     # -- running ------------------------------------------------------------------------------
     def run(self) -> tuple[Any, StreamStats]:
         """Run the stream to its end; return the step's result (on the host) and the statistics."""
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self)
         try:
+            self._start_pools()
             with device_stream(self.nodes[-1].device):
                 self.step.start()
             self.t0 = now()
@@ -160,13 +189,43 @@ class StreamRun:
                 self._run_inline()
             else:
                 self._run_threads()
-        except KeyboardInterrupt:
+        except BaseException as exc:
             self.stop.set()
-            raise
+            if not (self.interrupted and isinstance(exc, Exception)):
+                raise
+        finally:
+            self._close_pools()
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(self)
+        if self.interrupted:
+            raise KeyboardInterrupt(f"stream {self.source!r} interrupted")
         if self.failure is not None:
             self._raise()
         result, _, _ = to_location(self.step.result(), _host())
         return result, self.stats()
+
+    def _start_pools(self) -> None:
+        """Start the child processes of every stage with process workers."""
+        for node in self.nodes:
+            if node.worker_kind != "process":
+                continue
+            pool = ProcessPool(node.name, StageCall(node.stage, node.device, node.consts, node.takes_info),
+                               node.workers, self.stop)
+            try:
+                pool.start()
+            except WorkerStopped:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the stage could not be loaded in a child
+                raise StreamFailed(f"stage {node.name!r} could not start its worker processes: "
+                                   f"{type(exc).__name__}: {exc}", stage=node.name, batches_done=0) from exc
+            node.pool = pool
+            self.pools.append(pool)
+
+    def _close_pools(self) -> None:
+        for pool in self.pools:
+            pool.close()
+        for node in self.nodes:
+            node.pool = None
 
     def _run_inline(self) -> None:
         node = self.nodes[0]
@@ -220,10 +279,10 @@ class StreamRun:
             for t in threads:
                 while t.is_alive():
                     t.join(_POLL_S)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or the exit the command line turns it into
             self.stop.set()
             for t in threads:
-                t.join(2.0)
+                t.join(_JOIN_S)
             raise
 
     def _source_loop(self) -> None:
@@ -313,8 +372,18 @@ class StreamRun:
             time_to_first_batch_s=(self.first_step_s or self.t0) - self.t0, consumer_idle_fraction=idle,
             prefetch=self.config.prefetch, peak_inflight_batches=self.peak_inflight,
             peak_inflight_bytes=self.peak_bytes, cache=self.config.cache, stages=nodes,
-            queue_trace=self.trace[:: max(1, len(self.trace) // 500)], notes=list(self.cache.notes),
+            queue_trace=self.trace[:: max(1, len(self.trace) // 500)],
+            notes=list(self.cache.notes) + [_pool_note(p, n) for p in self.pools for n in self.nodes
+                                            if n.name == p.name],
         )
+
+
+def _pool_note(pool: ProcessPool, node: Node) -> str:
+    t = pool.times
+    return (f"{node.name!r}: {pool.count} worker process{'es' if pool.count != 1 else ''} started in "
+            f"{t.start_s:.2f} s, before the stream's clock; of its {node.stats.busy_s:.2f} s busy, "
+            f"{t.compute_s:.2f} s computing in the workers, {t.round_trip_s - t.compute_s:.2f} s moving "
+            "batches to and from them")
 
 
 class _Ordered:

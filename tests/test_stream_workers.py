@@ -135,6 +135,13 @@ def test_a_sequential_run_keeps_every_stage_in_the_calling_thread():
     assert all(s.worker_kind == "thread" for s in run.streams[0].stages)
 
 
+def test_stream_settings_import_first_in_a_fresh_interpreter():
+    code = "from placer.stream import StreamConfig; print(StreamConfig(worker_kind={'a': 'process'}).kind_of('a'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (out.returncode, out.stdout.strip()) == (0, "process"), out.stderr
+
+
 # -- faults ---------------------------------------------------------------------------------------
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
@@ -207,7 +214,6 @@ def build(size=None):
 #: ``placer run`` whose stream runs the stage in process workers (the command line has no option for it yet)
 WITH_PROCESSES = textwrap.dedent('''
     import sys
-    import placer.executor
     import placer.cli.run as cli_run
     from placer.stream import StreamConfig
     cli_run._stream_config = lambda *a: StreamConfig(workers=2, worker_kind={"augment": "process"})

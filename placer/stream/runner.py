@@ -1,7 +1,8 @@
 """Running one stream: bounded queues between nodes, workers per node, batches kept in order.
 
 May import: placer.pipeline, placer.devices, placer.errors, placer.data.run,
-placer.executor.transfer, placer.stream.*; torch inside functions.
+placer.stream.*; placer.executor.transfer and torch inside functions (see
+:mod:`placer.stream.nodes`).
 
 The source reads ahead at most ``prefetch`` batches into the first queue; every
 node takes from its input queue, works, and hands its result on in sequence order
@@ -35,7 +36,6 @@ from typing import Any
 from placer.data.run import StreamStageStats, StreamStats
 from placer.devices import Device
 from placer.errors import PlacerError
-from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline
 from placer.stream.config import BatchInfo, StreamConfig
 from placer.stream.nodes import Bundle, Node, StepState, batch_len, bundle_bytes, device_stream, now
@@ -201,6 +201,8 @@ class StreamRun:
             raise KeyboardInterrupt(f"stream {self.source!r} interrupted")
         if self.failure is not None:
             self._raise()
+        from placer.executor.transfer import to_location
+
         result, _, _ = to_location(self.step.result(), _host())
         return result, self.stats()
 

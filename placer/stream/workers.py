@@ -180,7 +180,7 @@ class _Child:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
         fd = theirs.fileno()
-        code = f"import placer.executor; from placer.stream.workers import serve; serve({fd})"
+        code = f"from placer.stream.workers import serve; serve({fd})"
         proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[fd],
                                 env=env, stdin=subprocess.DEVNULL)
         theirs.close()  # the child's end lives in the child only: its death reads as end of file here

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -32,7 +33,7 @@ PROCESS = {"augment": "process"}
 
 
 def pipeline(epochs: int = 2, *, die_at: int | None = None, how: str = "exit", raise_at: int | None = None,
-             sleep: float = 0.0, step_sleep: float = 0.0) -> Pipeline:
+             sleep: float = 0.0, step_sleep: float = 0.0, hold: threading.Lock | None = None) -> Pipeline:
     """table (once) → source → augment (pure Python, seeded per batch) → a fold counting batches → total."""
     p = Pipeline("toy-workers", size=N, size_unit="samples")
 
@@ -55,6 +56,9 @@ def pipeline(epochs: int = 2, *, die_at: int | None = None, how: str = "exit", r
             raise ValueError(f"bad batch {batch_info.index}")
         if sleep:
             time.sleep(sleep)
+        if hold is not None:
+            with hold:  # a lock: this function cannot travel to another process
+                pass
         rng = np.random.default_rng(batch_info.seed)
         rows = [[v * 2.0 + rng.random() for v in row] for row in batches.tolist()]
         out = np.asarray(rows, dtype=np.float32) + table[:1]
@@ -168,6 +172,13 @@ def test_an_exception_in_a_worker_process_is_raised_as_itself_with_the_remote_tr
     assert isinstance(cause.__cause__, RemoteTraceback) and "bad batch" in str(cause.__cause__)
     assert err.value.outputs["fold"]["batches"] == N // B + 2
     assert children() <= before
+
+
+def test_a_stage_that_cannot_be_pickled_fails_naming_it_before_any_batch():
+    with pytest.raises(StageFailedError, match="stage 'augment' could not start its worker processes: "
+                                               "TypeError: cannot pickle '_thread.lock'") as err:
+        execute(pipeline(hold=threading.Lock()), "all=cpu", stream=StreamConfig(workers=2, worker_kind=PROCESS))
+    assert err.value.stage == "augment"
 
 
 def test_a_successful_run_leaves_no_worker_process():

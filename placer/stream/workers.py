@@ -22,9 +22,10 @@ array is rebuilt on, without further copies.
 Faults: a child that dies (``os._exit``, a signal) makes the call raise
 :class:`WorkerDied`, naming the stage and how it died; every wait is bounded, so
 nothing hangs; :meth:`ProcessPool.close` ends every child (politely, then with
-SIGKILL) and reaps it. Children ignore SIGINT (Ctrl-C in a terminal goes to the
-whole process group): the parent decides when they stop, and a child whose parent
-has gone exits when it next waits for work.
+SIGKILL) and reaps it. Children start in a session of their own, so Ctrl-C in a
+terminal (sent to the foreground process group) reaches the parent only, and they
+ignore SIGINT besides: the parent decides when they stop. A child whose parent has
+gone exits when it next waits for work or answers.
 """
 
 from __future__ import annotations
@@ -163,9 +164,6 @@ class ProcessPool:
         for c in self.children:
             c.end(max(0.0, deadline - time.perf_counter()))
 
-    def pids(self) -> list[int]:
-        return [c.proc.pid for c in self.children]
-
 
 class _Child:
     """One child process and the socket to it."""
@@ -181,8 +179,9 @@ class _Child:
         env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
         fd = theirs.fileno()
         code = f"from placer.stream.workers import serve; serve({fd})"
-        proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[fd],
-                                env=env, stdin=subprocess.DEVNULL)
+        # a session of its own: Ctrl-C in a terminal reaches the parent only, which ends its children
+        proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[fd], env=env, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
         theirs.close()  # the child's end lives in the child only: its death reads as end of file here
         return cls(name, proc, ours)
 
@@ -339,7 +338,10 @@ def serve(fd: int) -> None:
         except Exception as exc:  # noqa: BLE001 - the stage's exception, re-raised in the parent
             _reply_error(sock, exc)
             continue
-        _send_parts(sock, parts)
+        try:
+            _send_parts(sock, parts)
+        except OSError:
+            return  # the parent is gone
 
 
 def _recv_stage(sock: socket.socket) -> StageCall:

@@ -291,32 +291,39 @@ class StreamRun:
         node, q = self.nodes[0], self.queues[0]
         it = self.bundles()
         busy = blocked = 0.0
+        mark = self.t0  # every moment from the stream's start to the end of the source is counted once
         try:
             with device_stream(node.device):
                 while not self.stop.is_set() and self.failure is None:
-                    t = now()
                     b = next(it, None)
-                    busy += now() - t
+                    t = now()
+                    busy, mark = busy + t - mark, t
                     if b is None:
                         break
                     node.stats.batches += 1
                     self._admit(b)
-                    blocked += _put(q, b, self.stop)
+                    _put(q, b, self.stop)
+                    t = now()
+                    blocked, mark = blocked + t - mark, t
         except Exception as exc:  # noqa: BLE001 - named and re-raised by run()
+            t = now()
+            busy, mark = busy + t - mark, t
             self._fail(node.name, None, exc, seq=None)
         finally:
-            blocked += _put(q, _END, self.stop)
-            node.stats.busy_s, node.stats.blocked_s = busy, blocked
-            node.stats.end_s = now() - self.t0
+            _put(q, _END, self.stop)
+            end = now()
+            node.stats.busy_s, node.stats.blocked_s = busy, blocked + end - mark
+            node.stats.end_s = end - self.t0
 
     def _node_loop(self, node: Node, inq: queue.Queue, out: _Ordered, shared: _Exit) -> None:
         acc = [0.0, 0.0, 0.0, 0]  # busy, starved, blocked, batches of this worker
+        mark = self.t0  # every moment from the stream's start to this worker's exit is counted once
         with device_stream(node.device):
             while True:
-                t = now()
                 b = _get(inq, self.stop)
                 t1 = now()
-                acc[1] += t1 - t
+                acc[1] += t1 - mark
+                mark = t1
                 if b is _END or b is None:
                     if b is _END:
                         _put(inq, _END, self.stop)  # for the other workers of this node
@@ -327,14 +334,18 @@ class StreamRun:
                     self.work(node, b)
                 except Exception as exc:  # noqa: BLE001 - named and re-raised by run()
                     self._fail(node.name, b.info, exc, seq=b.seq)
+                    mark = now()
+                    acc[0] += mark - t1
                     continue
                 t2 = now()
                 acc[0] += t2 - t1
                 acc[3] += 1
                 if node.kind == "step":
                     self.trace.append((t2 - self.t0, [q.qsize() for q in self.queues]))
-                acc[2] += out.put(b.seq, b, self)
-        shared.leave(node, self.t0, acc)
+                out.put(b.seq, b, self)
+                mark = now()
+                acc[2] += mark - t2
+        shared.leave(node, self.t0, acc, mark)
 
     def _fail(self, name: str, info: BatchInfo | None, exc: BaseException, *, seq: int | None) -> None:
         """Record the first failure; batches before it still finish, later ones are dropped."""
@@ -420,23 +431,32 @@ class _Ordered:
 
 
 class _Exit:
-    """Counts a node's workers out, adding up their time; the last one passes the end of the stream on."""
+    """Counts a node's workers out, adding up their time; the last one passes the end of the stream on.
+
+    A worker that leaves before the last one waited for work that never came: the
+    time from its last count to the node's end is starved, so that each node's busy,
+    starved and blocked time add up to its wall time times its workers.
+    """
 
     def __init__(self, workers: int, out: _Ordered):
         self.left, self.out = workers, out
         self.lock = threading.Lock()
+        self.marks: list[float] = []
 
-    def leave(self, node: Node, t0: float, acc: list) -> None:
+    def leave(self, node: Node, t0: float, acc: list, mark: float) -> None:
         with self.lock:
             st = node.stats
             st.busy_s += acc[0]
             st.starved_s += acc[1]
             st.blocked_s += acc[2]
             st.batches += acc[3]
+            self.marks.append(mark)
             self.left -= 1
             last = self.left == 0
         if last:
-            node.stats.end_s = now() - t0
+            end = now()
+            node.stats.starved_s += sum(end - m for m in self.marks)
+            node.stats.end_s = end - t0
             self.out.end()
 
 

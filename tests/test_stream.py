@@ -329,6 +329,7 @@ def test_a_source_failing_mid_epoch_is_named():
     assert _no_stream_threads()
 
 
-def test_process_workers_are_refused_clearly_by_the_thread_runner():
-    with pytest.raises(PlacerError, match="worker kind 'process'"):
-        execute(pipeline(), "all=cpu", stream=StreamConfig(worker_kind={"decode": "process"}))
+def test_process_workers_are_refused_for_a_stage_not_on_the_cpu():
+    with pytest.raises(PlacerError, match="process workers run per-batch CPU stages only, and 'decode' is a "
+                                          "stage on gpu-sim"):
+        execute(pipeline(), "all=cpu,decode=gpu-sim", stream=StreamConfig(worker_kind={"decode": "process"}))

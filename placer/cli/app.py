@@ -1,12 +1,21 @@
 """The typer application every ``placer`` command registers on.
 
-May import: typer, rich. Command modules import the library lazily inside the
+May import: typer, rich; placer.stream.runner only through ``sys.modules`` (to stop
+running streams on Ctrl-C). Command modules import the library lazily inside the
 command, so that ``placer --help`` stays fast.
+
+Ctrl-C: while a command runs, the first SIGINT stops every running stream (its
+workers leave, its worker processes are killed), prints one line on stderr and
+ends the command with exit status 130 (128 + SIGINT), unwinding normally so that
+threads and child processes are cleaned up; a second SIGINT ends the process at
+once.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 import typer
 
@@ -18,8 +27,43 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+#: the exit status of a command stopped by Ctrl-C
+INTERRUPTED = 128 + signal.SIGINT
+
 
 def fail(message: str, code: int = 1) -> None:
     """Print one line to stderr and exit non-zero."""
     print(f"placer: error: {message}", file=sys.stderr)
     raise typer.Exit(code)
+
+
+class Interrupted(SystemExit):
+    """Ctrl-C: the command unwinds and the process exits with status 130.
+
+    A SystemExit rather than a KeyboardInterrupt, which click would turn into
+    "Aborted!" and status 1.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(INTERRUPTED)
+
+
+def _on_interrupt(signum, frame) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process at once
+    runner = sys.modules.get("placer.stream.runner")
+    if runner is not None:
+        runner.interrupt()
+    try:
+        print("placer: interrupted", file=sys.stderr, flush=True)
+    except (OSError, RuntimeError):
+        pass  # stderr closed, or busy in this very thread
+    raise Interrupted()
+
+
+@app.callback()
+def _every_command(ctx: typer.Context) -> None:
+    """Handle Ctrl-C while the command runs; the previous handler is back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.signal(signal.SIGINT, _on_interrupt)
+    ctx.call_on_close(lambda: signal.signal(signal.SIGINT, previous))

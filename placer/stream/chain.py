@@ -1,12 +1,16 @@
 """Laying a stream out as a chain of nodes: stages in dispatch order, copies where data must move.
 
-May import: placer.pipeline, placer.devices, placer.errors, placer.executor.transfer,
-placer.stream.{config,nodes}.
+May import: placer.pipeline, placer.devices, placer.errors, placer.stream.{config,nodes};
+placer.executor.transfer inside functions (see :mod:`placer.stream.nodes`).
 
 Before a stage whose per-batch inputs are not yet where it runs, a copy node moves
 them there (on its own thread, and on a GPU its own CUDA stream, so the copy of
 batch k+1 overlaps the compute of batch k); a value copied once serves every later
 stage at that location. One-shot inputs are moved to each location once per run.
+
+A per-batch CPU stage runs in ``workers`` threads, or with ``worker_kind``
+``process`` in as many child processes, one per thread
+(:mod:`placer.stream.workers`); the source and the step run in one thread each.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from typing import Any
 
 from placer.devices import Device
 from placer.errors import PlacerError
-from placer.executor.transfer import to_location
 from placer.pipeline import BATCH_INFO, Pipeline
 from placer.stream.config import StreamConfig
 from placer.stream.nodes import Node, takes
@@ -24,6 +27,8 @@ from placer.stream.nodes import Node, takes
 def build_nodes(pipeline: Pipeline, members: list[str], devices: dict[str, Device], consts: dict[str, Any],
                 config: StreamConfig) -> list[Node]:
     """The chain of nodes of one stream (source first, step last)."""
+    from placer.executor.transfer import to_location
+
     stages = pipeline.stages
     inside = set(members)
     src = members[0]
@@ -36,6 +41,9 @@ def build_nodes(pipeline: Pipeline, members: list[str], devices: dict[str, Devic
         return placed[key]
 
     source = stages[src]
+    if config.kind_of(src) == "process":
+        raise PlacerError(f"stage {src!r} is the source: it runs in one thread; a Dataset or DataLoader source "
+                          "gets worker processes from stage_workers", stage=src)
     nodes = [Node(name=src, kind="source", device=devices[src], index=0, stage=source,
                   consts={a: consts[s] for a, s in source.inputs.items()})]
     avail: dict[str, set[str]] = {src: {"host"}}
@@ -50,10 +58,7 @@ def build_nodes(pipeline: Pipeline, members: list[str], devices: dict[str, Devic
         kind = "step" if st.role == "step" else "batch"
         on_cpu = dev.kind == "cpu"
         workers = config.workers_of(m) if on_cpu and kind == "batch" else 1
-        worker_kind = config.kind_of(m) if on_cpu and kind == "batch" else "thread"
-        if worker_kind != "thread":
-            raise PlacerError(f"stage {m!r}: worker kind {worker_kind!r} is not supported by this executor; "
-                              "use thread workers", stage=m)
+        worker_kind = _worker_kind(m, kind, dev, config)
         impl = st.impl_for("cpu" if on_cpu else "gpu")
         nodes.append(Node(name=m, kind=kind, device=dev, index=len(nodes), stage=st, reads=reads,
                           consts={a: const_at(s, dev) for a, s in st.inputs.items() if s not in inside},
@@ -61,6 +66,18 @@ def build_nodes(pipeline: Pipeline, members: list[str], devices: dict[str, Devic
         avail[m] = {dev.location}
     _plan_drops(nodes)
     return nodes
+
+
+def _worker_kind(name: str, kind: str, dev: Device, config: StreamConfig) -> str:
+    """``process`` for a per-batch CPU stage that asks for it (not in a sequential run); else ``thread``."""
+    asked = config.kind_of(name)
+    if asked == "thread":
+        return "thread"
+    if kind != "batch" or dev.kind != "cpu":
+        what = "the step" if kind == "step" else f"a stage on {dev.name}"
+        raise PlacerError(f"stage {name!r}: process workers run per-batch CPU stages only, and {name!r} is "
+                          f"{what}; drop it from worker_kind", stage=name)
+    return "thread" if config.sequential else asked
 
 
 def _plan_drops(nodes: list[Node]) -> None:

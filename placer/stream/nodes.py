@@ -1,7 +1,9 @@
 """The nodes of a stream: a source, per-batch stages, copies into a device, the step.
 
-May import: placer.pipeline, placer.devices, placer.errors, placer.executor.{stagecall,transfer},
-placer.stream.{config,source}; torch inside functions.
+May import: placer.pipeline, placer.devices, placer.errors, placer.stream.{config,source};
+placer.executor.{stagecall,transfer} and torch inside functions (``placer.executor``
+imports ``placer.stream``, so ``from placer.stream import StreamConfig`` must work
+before it is loaded).
 
 A stream runs as a chain of nodes in the pipeline's dispatch order (branches of
 a stream are serialised per batch; different batches overlap across nodes). A
@@ -20,8 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from placer.devices import Device
-from placer.executor.stagecall import call_stage
-from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import BATCH_INFO, STATE, Stage
 from placer.stream.config import BatchInfo
 
@@ -79,6 +79,8 @@ class Node:
     worker_kind: str = "thread"
     stats: NodeStats = field(default_factory=NodeStats)
     takes_info: bool = False
+    #: for process workers: the pool whose child processes run this stage (set by the runner)
+    pool: Any = None
 
     @property
     def location(self) -> str:
@@ -88,11 +90,17 @@ class Node:
         """This node's work on one bundle: a stage's output, or (copy nodes) the values moved."""
         if self.kind == "copy":
             return self._copy(b)
+        from placer.executor.stagecall import call_stage
+
         inputs = {a: b.values[src][self.location] for a, src in self.reads.items()}
+        if self.pool is not None:
+            return self.pool(inputs, b.info)
         extra = {BATCH_INFO: b.info} if self.takes_info else None
         return call_stage(self.stage, self.device, {**self.consts, **inputs}, extra=extra)
 
     def _copy(self, b: Bundle) -> dict[str, Any]:
+        from placer.executor.transfer import to_location
+
         moved = {}
         for name in self.moves:
             here = b.values[name]
@@ -136,6 +144,8 @@ class StepState:
             self.value = init(device=self.node.device.torch_device()) if takes(init, "device") else init()
 
     def apply(self, b: Bundle) -> None:
+        from placer.executor.stagecall import call_stage
+
         node = self.node
         inputs = {a: b.values[src][node.location] for a, src in node.reads.items()}
         extra = {BATCH_INFO: b.info} if node.takes_info else {}
@@ -167,6 +177,8 @@ def batch_len(value: Any) -> int:
 
 
 def bundle_bytes(b: Bundle) -> int:
+    from placer.executor.transfer import nbytes
+
     return sum(nbytes(v) for here in b.values.values() for v in here.values())
 
 

@@ -1,7 +1,8 @@
 """Running one stream: bounded queues between nodes, workers per node, batches kept in order.
 
 May import: placer.pipeline, placer.devices, placer.errors, placer.data.run,
-placer.executor.transfer, placer.stream.*; torch inside functions.
+placer.stream.*; placer.executor.transfer and torch inside functions (see
+:mod:`placer.stream.nodes`).
 
 The source reads ahead at most ``prefetch`` batches into the first queue; every
 node takes from its input queue, works, and hands its result on in sequence order
@@ -14,28 +15,51 @@ for input) and blocked (waiting for room downstream, or for its turn).
 
 With ``StreamConfig(workers=0)`` the same nodes run in the calling thread, one
 batch at a time through all of them: the reference the parallel run must equal.
+
+A stage with process workers gets a :class:`~placer.stream.workers.ProcessPool`,
+started before the stream's clock and closed when the run ends, however it ends;
+its workers' time is accounted as a thread's (busy is the round trip to the
+child), and the notes say how long the children took to start and how much of
+the busy time they computed. :func:`interrupt` stops every running stream (the
+command line calls it on Ctrl-C): workers leave within a poll interval, child
+processes are killed, and the run raises KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from placer.data.run import StreamStageStats, StreamStats
 from placer.devices import Device
 from placer.errors import PlacerError
-from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline
 from placer.stream.config import BatchInfo, StreamConfig
 from placer.stream.nodes import Bundle, Node, StepState, batch_len, bundle_bytes, device_stream, now
 from placer.stream.chain import build_nodes
 from placer.stream.source import batches, call_source
+from placer.stream.workers import ProcessPool, StageCall, WorkerStopped
 
 _END = object()
 #: seconds between checks of the stop flag while waiting on a queue
 _POLL_S = 0.05
+#: seconds each thread gets to leave once the stream stops
+_JOIN_S = 2.0
+_ACTIVE: weakref.WeakSet = weakref.WeakSet()
+_ACTIVE_LOCK = threading.Lock()
+
+
+def interrupt() -> int:
+    """Stop every stream running in this process; each raises KeyboardInterrupt. Return how many."""
+    with _ACTIVE_LOCK:
+        runs = list(_ACTIVE)
+    for r in runs:
+        r.interrupted = True
+        r.stop.set()
+    return len(runs)
 
 
 class StreamFailed(PlacerError):
@@ -70,6 +94,8 @@ class StreamRun:
         self.nodes: list[Node] = build_nodes(pipeline, self.members, devices, consts, config)
         self.step = StepState(self.nodes[-1])
         self.stop = threading.Event()
+        self.interrupted = False
+        self.pools: list[ProcessPool] = []
         self.failure: tuple[str, BatchInfo | None, BaseException] | None = None
         #: the first batch that failed: it and every later batch are dropped
         self.fail_seq = float("inf")
@@ -152,7 +178,10 @@ class StreamRun:
     # -- running ------------------------------------------------------------------------------
     def run(self) -> tuple[Any, StreamStats]:
         """Run the stream to its end; return the step's result (on the host) and the statistics."""
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self)
         try:
+            self._start_pools()
             with device_stream(self.nodes[-1].device):
                 self.step.start()
             self.t0 = now()
@@ -160,13 +189,45 @@ class StreamRun:
                 self._run_inline()
             else:
                 self._run_threads()
-        except KeyboardInterrupt:
+        except BaseException as exc:
             self.stop.set()
-            raise
+            if not (self.interrupted and isinstance(exc, Exception)):
+                raise
+        finally:
+            self._close_pools()
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(self)
+        if self.interrupted:
+            raise KeyboardInterrupt(f"stream {self.source!r} interrupted")
         if self.failure is not None:
             self._raise()
+        from placer.executor.transfer import to_location
+
         result, _, _ = to_location(self.step.result(), _host())
         return result, self.stats()
+
+    def _start_pools(self) -> None:
+        """Start the child processes of every stage with process workers."""
+        for node in self.nodes:
+            if node.worker_kind != "process":
+                continue
+            pool = ProcessPool(node.name, StageCall(node.stage, node.device, node.consts, node.takes_info),
+                               node.workers, self.stop)
+            try:
+                pool.start()
+            except WorkerStopped:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the stage could not be loaded in a child
+                raise StreamFailed(f"stage {node.name!r} could not start its worker processes: "
+                                   f"{type(exc).__name__}: {exc}", stage=node.name, batches_done=0) from exc
+            node.pool = pool
+            self.pools.append(pool)
+
+    def _close_pools(self) -> None:
+        for pool in self.pools:
+            pool.close()
+        for node in self.nodes:
+            node.pool = None
 
     def _run_inline(self) -> None:
         node = self.nodes[0]
@@ -220,42 +281,49 @@ class StreamRun:
             for t in threads:
                 while t.is_alive():
                     t.join(_POLL_S)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or the exit the command line turns it into
             self.stop.set()
             for t in threads:
-                t.join(2.0)
+                t.join(_JOIN_S)
             raise
 
     def _source_loop(self) -> None:
         node, q = self.nodes[0], self.queues[0]
         it = self.bundles()
         busy = blocked = 0.0
+        mark = self.t0  # every moment from the stream's start to the end of the source is counted once
         try:
             with device_stream(node.device):
                 while not self.stop.is_set() and self.failure is None:
-                    t = now()
                     b = next(it, None)
-                    busy += now() - t
+                    t = now()
+                    busy, mark = busy + t - mark, t
                     if b is None:
                         break
                     node.stats.batches += 1
                     self._admit(b)
-                    blocked += _put(q, b, self.stop)
+                    _put(q, b, self.stop)
+                    t = now()
+                    blocked, mark = blocked + t - mark, t
         except Exception as exc:  # noqa: BLE001 - named and re-raised by run()
+            t = now()
+            busy, mark = busy + t - mark, t
             self._fail(node.name, None, exc, seq=None)
         finally:
-            blocked += _put(q, _END, self.stop)
-            node.stats.busy_s, node.stats.blocked_s = busy, blocked
-            node.stats.end_s = now() - self.t0
+            _put(q, _END, self.stop)
+            end = now()
+            node.stats.busy_s, node.stats.blocked_s = busy, blocked + end - mark
+            node.stats.end_s = end - self.t0
 
     def _node_loop(self, node: Node, inq: queue.Queue, out: _Ordered, shared: _Exit) -> None:
         acc = [0.0, 0.0, 0.0, 0]  # busy, starved, blocked, batches of this worker
+        mark = self.t0  # every moment from the stream's start to this worker's exit is counted once
         with device_stream(node.device):
             while True:
-                t = now()
                 b = _get(inq, self.stop)
                 t1 = now()
-                acc[1] += t1 - t
+                acc[1] += t1 - mark
+                mark = t1
                 if b is _END or b is None:
                     if b is _END:
                         _put(inq, _END, self.stop)  # for the other workers of this node
@@ -266,14 +334,18 @@ class StreamRun:
                     self.work(node, b)
                 except Exception as exc:  # noqa: BLE001 - named and re-raised by run()
                     self._fail(node.name, b.info, exc, seq=b.seq)
+                    mark = now()
+                    acc[0] += mark - t1
                     continue
                 t2 = now()
                 acc[0] += t2 - t1
                 acc[3] += 1
                 if node.kind == "step":
                     self.trace.append((t2 - self.t0, [q.qsize() for q in self.queues]))
-                acc[2] += out.put(b.seq, b, self)
-        shared.leave(node, self.t0, acc)
+                out.put(b.seq, b, self)
+                mark = now()
+                acc[2] += mark - t2
+        shared.leave(node, self.t0, acc, mark)
 
     def _fail(self, name: str, info: BatchInfo | None, exc: BaseException, *, seq: int | None) -> None:
         """Record the first failure; batches before it still finish, later ones are dropped."""
@@ -313,8 +385,18 @@ class StreamRun:
             time_to_first_batch_s=(self.first_step_s or self.t0) - self.t0, consumer_idle_fraction=idle,
             prefetch=self.config.prefetch, peak_inflight_batches=self.peak_inflight,
             peak_inflight_bytes=self.peak_bytes, cache=self.config.cache, stages=nodes,
-            queue_trace=self.trace[:: max(1, len(self.trace) // 500)], notes=list(self.cache.notes),
+            queue_trace=self.trace[:: max(1, len(self.trace) // 500)],
+            notes=list(self.cache.notes) + [_pool_note(p, n) for p in self.pools for n in self.nodes
+                                            if n.name == p.name],
         )
+
+
+def _pool_note(pool: ProcessPool, node: Node) -> str:
+    t = pool.times
+    return (f"{node.name!r}: {pool.count} worker process{'es' if pool.count != 1 else ''} started in "
+            f"{t.start_s:.2f} s, before the stream's clock; of its {node.stats.busy_s:.2f} s busy, "
+            f"{t.compute_s:.2f} s computing in the workers, {t.round_trip_s - t.compute_s:.2f} s moving "
+            "batches to and from them")
 
 
 class _Ordered:
@@ -349,23 +431,32 @@ class _Ordered:
 
 
 class _Exit:
-    """Counts a node's workers out, adding up their time; the last one passes the end of the stream on."""
+    """Counts a node's workers out, adding up their time; the last one passes the end of the stream on.
+
+    A worker that leaves before the last one waited for work that never came: the
+    time from its last count to the node's end is starved, so that each node's busy,
+    starved and blocked time add up to its wall time times its workers.
+    """
 
     def __init__(self, workers: int, out: _Ordered):
         self.left, self.out = workers, out
         self.lock = threading.Lock()
+        self.marks: list[float] = []
 
-    def leave(self, node: Node, t0: float, acc: list) -> None:
+    def leave(self, node: Node, t0: float, acc: list, mark: float) -> None:
         with self.lock:
             st = node.stats
             st.busy_s += acc[0]
             st.starved_s += acc[1]
             st.blocked_s += acc[2]
             st.batches += acc[3]
+            self.marks.append(mark)
             self.left -= 1
             last = self.left == 0
         if last:
-            node.stats.end_s = now() - t0
+            end = now()
+            node.stats.starved_s += sum(end - m for m in self.marks)
+            node.stats.end_s = end - t0
             self.out.end()
 
 

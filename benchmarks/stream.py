@@ -88,14 +88,17 @@ def placements(p, accs: list[str]) -> dict[str, dict[str, str]]:
 
 
 def cache_points(p) -> list[str | None]:
-    """None and each deterministic per-batch stage before the first random one (several epochs only).
+    """None, the source (unless it reshuffles per epoch), and each deterministic per-batch stage
+    before the first random one (several epochs only)."""
+    from placer.stream.nodes import takes
 
-    The source itself is left out: as a cache point it never fills (see the results' notes).
-    """
     members = stream_of(p)
-    if p.stages[members[0]].epochs < 2:
+    src = p.stages[members[0]]
+    if src.epochs < 2:
         return [None]
     points: list[str | None] = [None]
+    if not takes(src.impl_for("cpu").fn, "batch_info"):
+        points.append(members[0])
     for m in members[1:-1]:
         if p.stages[m].random:
             break
@@ -391,16 +394,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _notes(accs: list[str]) -> list[str]:
     notes = ["placer's plan: missing — streams are not planned yet; the column is kept for it.",
-             "worker kinds measured: " + ", ".join(WORKER_KINDS) + " (process workers are not in the executor yet).",
+             "worker kinds measured: " + ", ".join(WORKER_KINDS) + " (process workers exist; add 'process' to "
+             "WORKER_KINDS to measure them: each run then starts its worker processes).",
              "overhead: a hand-written loop (the same stage functions, called directly, in a torch DataLoader with "
              "num_workers=0 and batch_size=None, then the step) against the executor with workers=0, interleaved; "
              "above 1× the executor is slower.",
-             "cache points: each deterministic per-batch stage before the first random one; the source is left "
-             "out, since caching at the source never fills and the run waits forever.",
-             "digest: whether the run's outputs digest equals the sequential run's (same batches, same answer). "
-             "DIFFERS, or 'varies between repeats', appears where a cache point follows a stage with several "
-             "workers: the cache keeps the first epoch's batches in the order they finished, so later epochs "
-             "replay them out of order. Such cells are left out of 'best of grid'.",
+             "cache points: the source (unless it takes batch_info) and each deterministic per-batch stage before "
+             "the first random one.",
+             "digest: whether the run's outputs digest equals the sequential run's (same batches, same answer); "
+             "a cell marked DIFFERS or 'varies between repeats' would be left out of 'best of grid'.",
              "Runs are short (16 batches; 64 for stream_inference) and the machine is shared: the fastest of "
              "a configuration's repeats is typically 1.5× its slowest here, so compare large ratios only."]
     if not accs:

@@ -333,3 +333,35 @@ def test_process_workers_are_refused_for_a_stage_not_on_the_cpu():
     with pytest.raises(PlacerError, match="process workers run per-batch CPU stages only, and 'decode' is a "
                                           "stage on gpu-sim"):
         execute(pipeline(), "all=cpu,decode=gpu-sim", stream=StreamConfig(worker_kind={"decode": "process"}))
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_cache_after_a_stage_with_several_workers_replays_the_first_epoch_in_order(workers):
+    """Workers finish out of order; the cache must still replay batch i as batch i."""
+    p = pipeline(epochs=3, augment_sleep=0.002)
+    ref = reference(pipeline(epochs=3))
+    for _ in range(2):
+        run = execute(p, "all=cpu", stream=StreamConfig(workers=workers, stage_workers={"decode": 3},
+                                                        cache="decode"))
+        assert run.outputs_digest == ref.outputs_digest
+    decode = next(s for s in run.streams[0].stages if s.name == "decode")
+    assert decode.batches == N // B  # replayed batches are passed on, not counted as worked on
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_source_can_be_the_cache_point(workers):
+    calls: list = []
+    p = Pipeline("cached-source")
+
+    @p.source(epochs=3)
+    def src():
+        calls.append(1)
+        return [np.full(2, i, dtype=np.float64) for i in range(5)]
+
+    @p.step(kind="inference")
+    def collect(src):
+        return float(src[0])
+
+    run = execute(p, "all=cpu", stream=StreamConfig(workers=workers, cache="src"))
+    assert run.final_outputs["collect"] == [0.0, 1.0, 2.0, 3.0, 4.0] * 3
+    assert len(calls) == 1

@@ -138,7 +138,9 @@ class StreamRun:
                 except Exception as exc:  # noqa: BLE001 - the batch read before it is still good
                     nxt, error = _END, exc
                 info = BatchInfo(epoch, index, seq)
-                yield Bundle(seq, info, {self.source: {"host": cur}}, last_of_epoch=nxt is _END and error is None)
+                b = Bundle(seq, info, {self.source: {"host": cur}}, last_of_epoch=nxt is _END and error is None)
+                self.cache.offer(self.nodes[0], b)  # a cache point at the source keeps what it read
+                yield b
                 if error is not None:
                     raise error
                 seq += 1
@@ -252,7 +254,7 @@ class StreamRun:
                     self.failure = (n.name, b.info, exc)
                     return
                 n.stats.busy_s += now() - t
-                n.stats.batches += 1
+                n.stats.batches += b.start <= n.index
         end = now() - self.t0
         for n in self.nodes:
             n.stats.end_s = end
@@ -339,7 +341,7 @@ class StreamRun:
                     continue
                 t2 = now()
                 acc[0] += t2 - t1
-                acc[3] += 1
+                acc[3] += b.start <= node.index  # replayed from a cache: passed on, not worked on
                 if node.kind == "step":
                     self.trace.append((t2 - self.t0, [q.qsize() for q in self.queues]))
                 out.put(b.seq, b, self)
@@ -466,7 +468,9 @@ class _Cache:
     def __init__(self, run: StreamRun, config: StreamConfig):
         self.at = next((n.index for n in run.nodes if n.name == config.cache and n.kind != "copy"), None)
         self.limit = config.cache_bytes
-        self.items: list[Bundle] = []
+        self.items: dict[int, Bundle] = {}
+        self.expected: int | None = None
+        self.lock = threading.Lock()
         self.bytes = 0
         self.complete = threading.Event()
         self.stop = run.stop
@@ -479,29 +483,36 @@ class _Cache:
             _check_cacheable(run, self.at)
 
     def offer(self, node: Node, b: Bundle) -> None:
-        if node.index != self.at or b.info.epoch != 0 or self.failed:
+        """Keep batch ``b`` as it leaves the cache point in the first epoch (in any order of arrival)."""
+        if node.index != self.at or b.info.epoch != 0:
             return
-        size = bundle_bytes(b)
-        if self.bytes + size > self.limit:
-            self.failed = True
-            self.items.clear()
-            self.notes.append(f"cache after {node.name!r} stopped: more than {self.limit:,} bytes; "
-                              "later epochs recompute it")
-            self.complete.set()
-            return
-        self.bytes += size
-        self.items.append(Bundle(b.seq, b.info, {k: dict(v) for k, v in b.values.items()}, self.at + 1))
-        if b.last_of_epoch:
-            self.notes.append(f"cached {len(self.items)} batches ({self.bytes:,} bytes) after {node.name!r}")
-            self.complete.set()
+        with self.lock:
+            if self.failed or self.complete.is_set():
+                return
+            size = bundle_bytes(b)
+            if self.bytes + size > self.limit:
+                self.failed = True
+                self.items.clear()
+                self.notes.append(f"cache after {node.name!r} stopped: more than {self.limit:,} bytes; "
+                                  "later epochs recompute it")
+                self.complete.set()
+                return
+            self.bytes += size
+            self.items[b.info.index] = Bundle(b.seq, b.info, {k: dict(v) for k, v in b.values.items()}, self.at + 1)
+            if b.last_of_epoch:
+                self.expected = b.info.index + 1
+            if self.expected is not None and len(self.items) == self.expected:
+                self.notes.append(f"cached {self.expected} batches ({self.bytes:,} bytes) after {node.name!r}")
+                self.complete.set()
 
     def replay(self, epoch: int) -> list[Bundle] | None:
+        """The first epoch's batches in their order, once all are kept (None: recompute this epoch)."""
         if self.at is None or epoch == 0:
             return None
         while not self.complete.wait(_POLL_S):
             if self.stop.is_set():
                 return None
-        return None if self.failed else self.items
+        return None if self.failed else [self.items[i] for i in range(self.expected)]
 
 
 def _check_cacheable(run: StreamRun, at: int) -> None:

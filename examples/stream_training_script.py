@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import placer.executor  # noqa: F401 - imported before placer.stream (they import each other)
 import placer.stream
 
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler, TensorDataset
 
-import placer.executor  # noqa: F401 - imported before placer.stream (they import each other)
 from placer.stream import LoaderSettings, advise_loader, measure
 from placer.stream.dropin import choose, rebuild, Trial
 

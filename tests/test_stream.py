@@ -365,3 +365,22 @@ def test_the_source_can_be_the_cache_point(workers):
     run = execute(p, "all=cpu", stream=StreamConfig(workers=workers, cache="src"))
     assert run.final_outputs["collect"] == [0.0, 1.0, 2.0, 3.0, 4.0] * 3
     assert len(calls) == 1
+
+
+def test_the_steps_init_is_timed_as_setup_not_hidden():
+    p = Pipeline("slow-init")
+
+    @p.source()
+    def src():
+        return [np.zeros(2)] * 3
+
+    def init():
+        time.sleep(0.3)
+        return 0.0
+
+    @p.step(kind="training", init=init)
+    def acc(src, state):
+        return state + float(src.sum())
+
+    s = execute(p, "all=cpu", stream=StreamConfig(workers=1)).streams[0]
+    assert s.setup_s >= 0.3 > s.seconds

@@ -260,6 +260,8 @@ class StreamFacts(BaseModel):
     #: samples per second in steady state (after the first batch reached the step)
     samples_per_s: float
     time_to_first_batch_s: float
+    #: before the stream's clock: building the step's state, starting worker processes
+    setup_s: float = 0.0
     #: the step's share of time spent waiting for data
     consumer_idle_fraction: float
     prefetch: int

@@ -86,6 +86,9 @@ class StreamStats(BaseModel):
     batches: int
     samples: int
     seconds: float
+    #: before the stream's clock started: the step's ``init`` (building the model) and any
+    #: worker processes starting
+    setup_s: float = 0.0
     #: samples per second in steady state (after the first batch reached the step)
     samples_per_s: float
     #: from the stream's start until the step began its first batch

@@ -59,7 +59,7 @@ def stream_facts(stats: StreamStats, step_only_samples_per_s: float | None = Non
     f = StreamFacts(
         source=stats.source, step=stats.step, epochs=stats.epochs, batches=stats.batches,
         samples=stats.samples, seconds=stats.seconds, samples_per_s=stats.samples_per_s,
-        time_to_first_batch_s=stats.time_to_first_batch_s,
+        time_to_first_batch_s=stats.time_to_first_batch_s, setup_s=stats.setup_s,
         consumer_idle_fraction=stats.consumer_idle_fraction, prefetch=stats.prefetch,
         peak_inflight_batches=stats.peak_inflight_batches, peak_inflight_bytes=stats.peak_inflight_bytes,
         cache=stats.cache, sequential=stats.batches > 0 and not stats.queue_trace,

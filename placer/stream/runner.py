@@ -101,6 +101,7 @@ class StreamRun:
         self.fail_seq = float("inf")
         self.cache = _Cache(self, config)
         self.samples = 0
+        self.setup_s = 0.0
         self.done = 0
         self.first_step_s: float | None = None
         self.first_done_s: float | None = None
@@ -183,10 +184,12 @@ class StreamRun:
         with _ACTIVE_LOCK:
             _ACTIVE.add(self)
         try:
+            t_setup = now()
             self._start_pools()
             with device_stream(self.nodes[-1].device):
                 self.step.start()
             self.t0 = now()
+            self.setup_s = self.t0 - t_setup
             if self.config.sequential:
                 self._run_inline()
             else:
@@ -383,7 +386,7 @@ class StreamRun:
         src = self.pipeline.stages[self.source]
         return StreamStats(
             source=self.source, step=self.step_name, epochs=src.epochs, batches=self.done, samples=self.samples,
-            seconds=wall, samples_per_s=rate,
+            seconds=wall, setup_s=self.setup_s, samples_per_s=rate,
             time_to_first_batch_s=(self.first_step_s or self.t0) - self.t0, consumer_idle_fraction=idle,
             prefetch=self.config.prefetch, peak_inflight_batches=self.peak_inflight,
             peak_inflight_bytes=self.peak_bytes, cache=self.config.cache, stages=nodes,

@@ -181,7 +181,8 @@ def rates(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[floa
     host_members: list[str] = []
     gil_members: list[str] = []
     for n, (wall, cpu) in zip(nodes, costs):
-        on_host = n.device == "cpu" or n.device in profile.simulated or (n.kind == "copy" and n.src in profile.simulated)
+        sim = n.device in profile.simulated or (n.kind == "copy" and n.src in profile.simulated)
+        on_host = n.device == "cpu" or sim
         if on_host:
             host_cpu += cpu
             host_members.append(n.name)

@@ -326,8 +326,8 @@ def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
     if dev == "cpu":
         w = dict(c.workers).get(member, 1)
         why = f"on the CPU: {fmt_s(t)} per batch per worker"
-        if st.role == "batch":
-            why += f"; {w} thread worker{'s' if w != 1 else ''} run {st.speedup(w):.2f}× one (measured)"
+        if st.role == "batch" and w > 1:
+            why += f"; {w} thread workers run {st.speedup(w):.2f}× one (measured)"
             if st.gil_bound:
                 why += (f"; it holds the GIL (2 threads: {st.speedup(2):.2f}× one): process workers would "
                         "scale it")
@@ -354,8 +354,13 @@ def _alternatives(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
         alt = c.with_(placement=tuple(new.items()), workers=tuple((m, ws.get(m, 1))
                                                                   for m in _cpu_members(profile, new)))
         v = scorer.score(alt)
-        ratio = f"{here / v:.2f}× slower" if v and here >= v else f"{v / here:.2f}× faster" if here else ""
-        out.append(f"on {device_title(profile, d)} the stream would run {v:,.0f} samples/s ({ratio})")
+        if not v or not here:
+            ratio = ""
+        elif abs(v / here - 1) <= TIE:
+            ratio = " (the same)"
+        else:
+            ratio = f" ({here / v:.2f}× slower)" if here > v else f" ({v / here:.2f}× faster)"
+        out.append(f"on {device_title(profile, d)} the stream would run {v:,.0f} samples/s{ratio}")
     return ("; " + "; ".join(out)) if out else ""
 
 

@@ -287,3 +287,51 @@ def test_placer_plan_prints_a_stream_plan_as_json(tmp_path):
     doc = json.loads(out.output)
     assert doc["source"] == "rows" and doc["stage_workers"]["slow"] > 1
     assert {b["name"] for b in doc["baselines"]} >= {"num_workers=0", "rule of thumb"}
+
+
+def two_stage_stream() -> Pipeline:
+    """source → slow (sleeps) → spin (pure Python: holds the GIL; a GPU flavour too) → a collecting step."""
+    p = Pipeline("two_stage", size=48, size_unit="samples")
+
+    @p.source(epochs=1, batch_size=4)
+    def rows():
+        for i in range(12):
+            yield np.full((4, 8), i, dtype=np.float32)
+
+    @p.stage(kind="preprocessing", device="cpu")
+    def slow(rows):
+        time.sleep(0.015)
+        return rows * 2.0
+
+    @p.stage(kind="preprocessing", device="cpu")
+    def spin(slow):
+        total = 0
+        for i in range(60_000):
+            total += i % 7
+        return slow + float(total % 2)
+
+    @p.stage("spin", device="gpu")
+    def spin_gpu(slow, device):
+        import torch
+
+        return torch.as_tensor(slow).to(device) + 0.0
+
+    @p.step()
+    def total(spin):
+        return float(np.asarray(spin).sum())
+
+    return p
+
+
+def test_the_profile_times_stages_measures_scaling_and_marks_gil_bound_stages():
+    from placer.stream.profile import profile_stream
+
+    prof = profile_stream(two_stage_stream(), budget_s=8.0)
+    slow, spin = prof.stage("slow"), prof.stage("spin")
+    assert slow.seconds["cpu"] >= 0.012 and slow.cpu_seconds["cpu"] < 0.5 * slow.seconds["cpu"]
+    assert slow.gil_bound is False and slow.speedup(2) >= 1.5
+    assert spin.gil_bound is True
+    assert "gpu-sim" in spin.seconds and prof.simulated == ["gpu-sim"] and prof.real_gpus == []
+    assert prof.copy_of("slow", "host", "gpu-sim") is not None
+    assert prof.batches_per_epoch == 12 and prof.samples_per_batch == 4
+    assert prof.consumer_samples_per_s["cpu"] > 0

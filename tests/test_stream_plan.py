@@ -335,3 +335,20 @@ def test_the_profile_times_stages_measures_scaling_and_marks_gil_bound_stages():
     assert prof.copy_of("slow", "host", "gpu-sim") is not None
     assert prof.batches_per_epoch == 12 and prof.samples_per_batch == 4
     assert prof.consumer_samples_per_s["cpu"] > 0
+
+
+def test_process_workers_are_chosen_for_a_gil_bound_stage_once_measured():
+    prof = synthetic()
+    decode = prof.stage("decode")
+    decode.scaling = [*scaling((1, 1), (2, 1.05), (4, 1.05)),
+                      *[ScalingRow(kind="process", workers=w, batches_per_s=s, speedup=s) for w, s in
+                        ((1, 1), (2, 1.9), (4, 3.6))]]
+    decode.gil_bound = True
+    plan, _, _ = plan_from_profile(prof)
+    assert plan.worker_kind == {"decode": "process"} and plan.stage_workers["decode"] == 3
+    assert plan.predicted_samples_per_s == pytest.approx(250.0 * SPB)  # the GPU again, decode at 275
+    reason = next(s.reason for s in plan.stages if s.name == "decode")
+    assert "3 process workers run 2.75× one" in reason and "so processes run it" in reason
+    threads_only = synthetic()
+    threads_only.stage("decode").scaling = scaling((1, 1), (2, 1.05), (4, 1.05))
+    assert plan_from_profile(threads_only)[0].worker_kind == {}

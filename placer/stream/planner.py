@@ -13,7 +13,8 @@ returns one) and a what-if table of single changes. :func:`plan_from_profile` is
 the same choice from a saved profile, without measuring.
 
 The search space is small: a device per stage (those it has implementations for),
-1..N thread workers per CPU stage (N: the most measured), DataLoader worker
+1..N thread workers per CPU stage (N: the most measured; process workers too where the
+profile measured them, as ``ScalingRow(kind="process")``), DataLoader worker
 processes for a Dataset or DataLoader source, pinned or pageable copies (only where
 a real GPU measured both), and a cache point (only over several epochs). It is
 searched exhaustively up to :data:`EXHAUSTIVE_LIMIT` candidates, else by hill
@@ -61,6 +62,8 @@ class Candidate:
     workers: tuple[tuple[str, int], ...] = ()
     cache: str | None = None
     pin_memory: bool = True
+    #: stages run by worker processes (the others by threads)
+    processes: tuple[str, ...] = ()
 
     @property
     def place(self) -> dict[str, str]:
@@ -70,11 +73,15 @@ class Candidate:
         """The :class:`StreamConfig` of this candidate (prefetch: enough to feed every worker)."""
         workers = dict(self.workers)
         return StreamConfig(workers=1, stage_workers=workers, prefetch=prefetch_for(workers), cache=self.cache,
-                            pin_memory=self.pin_memory, **extra)
+                            pin_memory=self.pin_memory, worker_kind={m: "process" for m in self.processes},
+                            **extra)
 
     def with_(self, **kw: Any) -> Candidate:
         fields = {"placement": self.placement, "workers": self.workers, "cache": self.cache,
-                  "pin_memory": self.pin_memory, **kw}
+                  "pin_memory": self.pin_memory, "processes": self.processes, **kw}
+        if "placement" in kw:
+            cpu = {m for m, d in fields["placement"] if d == "cpu"}
+            fields["processes"] = tuple(m for m in fields["processes"] if m in cpu)
         return Candidate(**fields)
 
 
@@ -99,11 +106,18 @@ def options(profile: StreamProfile) -> dict[str, list[str]]:
             for s in profile.stages}
 
 
-def worker_options(profile: StreamProfile, member: str) -> list[int]:
+def worker_options(profile: StreamProfile, member: str, kind: str = "thread") -> list[int]:
     st = profile.stage(member)
     if member == profile.source:
         return list(range(0, min(profile.cores, 8) + 1)) if profile.source_kind != "iterable" else [1]
-    return list(range(1, st.max_workers + 1))
+    most = max([1, *[r.workers for r in st.scaling if r.kind == kind]])
+    return list(range(1, most + 1))
+
+
+def kind_options(profile: StreamProfile, member: str) -> list[str]:
+    """``thread``, and ``process`` where the profile measured process workers for the stage."""
+    st = profile.stage(member)
+    return ["thread", *(["process"] if st.role == "batch" and any(r.kind == "process" for r in st.scaling) else [])]
 
 
 def cache_options(profile: StreamProfile, epochs: int) -> list[str | None]:
@@ -131,10 +145,12 @@ def candidates(profile: StreamProfile, epochs: int) -> Iterator[Candidate]:
     for devs in itertools.product(*(opts[n] for n in names)):
         place = tuple(zip(names, devs))
         cpu = _cpu_members(profile, dict(place))
-        for ws in itertools.product(*(worker_options(profile, m) for m in cpu)):
-            for cache in cache_options(profile, epochs):
-                for pin in pin_options(profile):
-                    yield Candidate(place, tuple(zip(cpu, ws)), cache, pin)
+        for kinds in itertools.product(*(kind_options(profile, m) for m in cpu)):
+            procs = tuple(m for m, k in zip(cpu, kinds) if k == "process")
+            for ws in itertools.product(*(worker_options(profile, m, k) for m, k in zip(cpu, kinds))):
+                for cache in cache_options(profile, epochs):
+                    for pin in pin_options(profile):
+                        yield Candidate(place, tuple(zip(cpu, ws)), cache, pin, procs)
 
 
 def space_size(profile: StreamProfile, epochs: int) -> int:
@@ -143,7 +159,7 @@ def space_size(profile: StreamProfile, epochs: int) -> int:
     for devs in itertools.product(*opts.values()):
         n = 1
         for m in _cpu_members(profile, dict(zip(opts, devs))):
-            n *= len(worker_options(profile, m))
+            n *= sum(len(worker_options(profile, m, k)) for k in kind_options(profile, m))
         total += n
     return total * len(cache_options(profile, epochs)) * len(pin_options(profile))
 
@@ -170,8 +186,10 @@ class Scorer:
 
 
 def _cost(c: Candidate, rule: dict[str, str]) -> tuple:
-    """Among ties: fewer workers, no cache, fewer departures from the rule of thumb."""
-    return (sum(w for _, w in c.workers), c.cache is not None, sum(rule.get(m) != d for m, d in c.placement))
+    """Among ties: fewer workers, threads rather than processes, no cache, fewer departures from the rule
+    of thumb."""
+    return (sum(w for _, w in c.workers), len(c.processes), c.cache is not None,
+            sum(rule.get(m) != d for m, d in c.placement))
 
 
 def search(profile: StreamProfile, scorer: Scorer, rule: Candidate) -> tuple[list[Candidate], str, int]:
@@ -202,9 +220,15 @@ def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Ca
                 ws = {k: workers.get(k, 1) for k in _cpu_members(profile, new)}
                 yield c.with_(placement=tuple(new.items()), workers=tuple(ws.items()))
     for m in _cpu_members(profile, place):
-        for w in worker_options(profile, m):
+        kind = "process" if m in c.processes else "thread"
+        for w in worker_options(profile, m, kind):
             if w != workers.get(m):
                 yield c.with_(workers=tuple({**workers, m: w}.items()))
+        for other in kind_options(profile, m):
+            if other != kind:
+                procs = tuple(p for p in c.processes if p != m) + ((m,) if other == "process" else ())
+                w = min(workers.get(m, 1), max(worker_options(profile, m, other)))
+                yield c.with_(processes=procs, workers=tuple({**workers, m: w}.items()))
     for cache in cache_options(profile, epochs):
         if cache != c.cache:
             yield c.with_(cache=cache)
@@ -239,8 +263,7 @@ def rule_of_thumb(profile: StreamProfile) -> dict[str, str]:
 
 def _candidate(profile: StreamProfile, place: dict[str, str], workers: int = 1, cache: str | None = None,
                pin: bool = True) -> Candidate:
-    ws = {m: (min(workers, max(worker_options(profile, m))) if m != profile.source
-              else _source_default(profile)) for m in _cpu_members(profile, place)}
+    ws = {m: (workers if m != profile.source else _source_default(profile)) for m in _cpu_members(profile, place)}
     return Candidate(tuple(place.items()), tuple(ws.items()), cache, pin)
 
 
@@ -301,10 +324,11 @@ def _describe(profile: StreamProfile, a: Candidate, b: Candidate) -> str:
         m = moved[0]
         return f"{'the step' if m == profile.step else m} on {device_title(profile, pb[m])}"
     wa, wb = dict(a.workers), dict(b.workers)
-    changed = [m for m in wb if wa.get(m) != wb[m]]
+    changed = [m for m in wb if wa.get(m) != wb[m] or (m in a.processes) != (m in b.processes)]
     if changed:
         m = changed[0]
-        kind = "DataLoader worker processes" if m == profile.source else "workers"
+        kind = ("DataLoader worker processes" if m == profile.source else
+                "process workers" if m in b.processes else "workers")
         return f"{wb[m]} {kind} on {m}"
     if a.cache != b.cache:
         return f"cache after {b.cache} (from epoch 2)" if b.cache else "no cache"
@@ -326,11 +350,12 @@ def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
     if dev == "cpu":
         w = dict(c.workers).get(member, 1)
         why = f"on the CPU: {fmt_s(t)} per batch per worker"
+        kind = "process" if member in c.processes else "thread"
         if st.role == "batch" and w > 1:
-            why += f"; {w} thread workers run {st.speedup(w):.2f}× one (measured)"
-            if st.gil_bound:
-                why += (f"; it holds the GIL (2 threads: {st.speedup(2):.2f}× one): process workers would "
-                        "scale it")
+            why += f"; {w} {kind} workers run {st.speedup(w, kind):.2f}× one (measured)"
+        if st.role == "batch" and st.gil_bound:
+            why += f"; it holds the GIL (2 threads: {st.speedup(2):.2f}× one)" + (
+                ", so processes run it" if kind == "process" else ": process workers would scale it")
         why += f" → {per}"
     else:
         shared = [m for m in rate.members if m != member] if rate else []
@@ -457,8 +482,6 @@ def explain(profile: StreamProfile, scorer: Scorer, c: Candidate, how: str = "",
             reason=_stage_reason(profile, scorer, c, s.name, pred)))
     start_name = "your DataLoader" if profile.loader is not None else "the rule of thumb"
     notes = [*profile.notes, *pred.notes]
-    notes += [f"{s.name} holds the GIL: process workers would scale it (thread workers do not)"
-              for s in profile.stages if s.gil_bound]
     return StreamPlan(
         pipeline=profile.pipeline, source=profile.source, step=profile.step, objective=scorer.objective,
         epochs=scorer.epochs, placement=c.place, **_fields(cfg), predicted_samples_per_s=pred.samples_per_s,
@@ -509,13 +532,19 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
         share = budget_s / len(top)
         n = max(6, int(pred.batches_per_s * share * 0.8))
         n = min(n, 2 * (profile.batches_per_epoch or n))
-        sps, done = measure(pipeline, profile.source, c.place, c.config(profile, max_batches=n), inventory, consts)
+        try:
+            sps, done = measure(pipeline, profile.source, c.place, c.config(profile, max_batches=n), inventory,
+                                consts)
+        except PlacerError:  # a setting this executor cannot run (e.g. process workers): not verified
+            if i == 0:
+                return top[0], []
+            continue
         rows.append(Verification(name="plan" if i == 0 else f"candidate {i + 1}", placement=c.place,
                                  config=_fields(c.config(profile)), predicted_samples_per_s=pred.samples_per_s,
                                  measured_samples_per_s=sps, batches=done))
-        measured.append(sps)
-    best = max(range(len(top)), key=measured.__getitem__)
-    chosen = top[best] if measured[best] > 1.1 * measured[0] else top[0]
+        measured.append((sps, c))
+    fastest = max(measured, key=lambda m: m[0])
+    chosen = fastest[1] if fastest[0] > 1.1 * measured[0][0] else top[0]
     return chosen, rows
 
 

@@ -342,7 +342,8 @@ def _best_for_streams(pipeline: Pipeline, site: LocalSite) -> Chosen:
 def stream_summary(plan: Any) -> str:
     """One line on a stream plan: where, how many workers, the cache, the predicted rate and the baseline."""
     on = ", ".join(f"{m}={d}" for m, d in plan.placement.items() if m != plan.source)
-    workers = ", ".join(f"{w} workers on {m}" for m, w in plan.stage_workers.items() if w != 1)
+    workers = ", ".join(f"{w} {plan.worker_kind.get(m, 'thread')} workers on {m}"
+                        for m, w in plan.stage_workers.items() if w != 1 and m != plan.source)
     base = next((b for b in plan.baselines if b.name == "num_workers=0"), None)
     parts = [f"planned stream {plan.source} -> {plan.step} from a {RUN_BUDGET_S:g} s profile: {on}",
              workers, f"cache after {plan.cache}" if plan.cache else "",

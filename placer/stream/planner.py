@@ -349,7 +349,7 @@ def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
         return f"reads batches on the CPU{extra}: {fmt_s(t)} per batch → {per}"
     if dev == "cpu":
         w = dict(c.workers).get(member, 1)
-        why = f"on the CPU: {fmt_s(t)} per batch per worker"
+        why = f"on the CPU: {fmt_s(t)} per batch" + (" per worker" if st.role == "batch" else "")
         kind = "process" if member in c.processes else "thread"
         if st.role == "batch" and w > 1:
             why += f"; {w} {kind} workers run {st.speedup(w, kind):.2f}× one (measured)"

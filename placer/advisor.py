@@ -1,7 +1,7 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
 May import: placer.{pipeline,devices,loader,errors,site,report}, and
-placer.executor.distributed's errors inside functions. torch, dask and numba are
+placer.executor.distributed's errors and placer.stream.planner inside functions. torch, dask and numba are
 reached only through the site (its profiler and executor).
 
 Every step asks a :mod:`site <placer.site>` (this machine or a dask cluster): its
@@ -254,8 +254,30 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
                    inventory=inv)
 
 
+class Chosen(tuple):
+    """``(placement, why)`` as :func:`best_placement` returns it, with the stream settings chosen with it.
+
+    Unpacks as the pair; ``stream`` is the :class:`~placer.stream.StreamConfig` to run
+    the pipeline's streams with (None without streams, or when none was planned) and
+    ``plans`` the :class:`~placer.data.stream.StreamPlan` of each stream.
+    """
+
+    def __new__(cls, placement: dict[str, str] | str, why: str, stream: Any = None, plans: Any = ()):
+        self = super().__new__(cls, (placement, why))
+        self.stream, self.plans = stream, list(plans)
+        return self
+
+    @property
+    def placement(self) -> dict[str, str] | str:
+        return self[0]
+
+    @property
+    def why(self) -> str:
+        return self[1]
+
+
 def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite | ClusterSite | None = None,
-                   reference: Any = None) -> tuple[dict[str, str] | str, str]:
+                   reference: Any = None) -> Chosen:
     """The plan's placement for ``placer run`` without ``--placement``, and why.
 
     On this machine (the default site) with only a CPU the answer is all-CPU at once.
@@ -264,16 +286,26 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
     fails, all-CPU with the reason. On a cluster the pipeline's ``reference`` (its
     file or ``module:function``) travels to the workers when given; a cluster that
     cannot be reached or has no workers is an error (the run could not start either).
+
+    A pipeline with streams is planned by :func:`placer.stream.planner.plan_stream`
+    on this machine (with or without a GPU: workers and a cache point matter on a
+    CPU too), within :data:`RUN_BUDGET_S`; the result's ``stream`` holds the stream
+    settings to run with, ``plans`` the stream plans.
+
+    Returns
+    -------
+    Chosen
+        Unpacks as ``(placement, why)``.
     """
     from placer.executor.distributed import ClusterError, ClusterProfileError
 
-    if pipeline.streams():
-        return "all=cpu", ("all stages on the CPU: placer does not plan streams yet; give --placement "
-                           "to put stream stages on a GPU")
     site = site or LocalSite()
     local = isinstance(site, LocalSite)
+    if pipeline.streams():
+        return _best_for_streams(pipeline, site) if local else Chosen(
+            "all=cpu", "all stages on the CPU: streams run on one machine, not on a cluster")
     if local and not accelerators(site.inventory()):
-        return "all=cpu", "all stages on the CPU: this machine has no GPU"
+        return Chosen("all=cpu", "all stages on the CPU: this machine has no GPU")
     try:
         what = pipeline if local else reference or pipeline
         costs = site.costs(what, size=size, budget_s=RUN_BUDGET_S)
@@ -287,8 +319,35 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
     else:
         on = ", ".join(sorted({d for d in chosen.placement.values()}))
         source = f"a {RUN_BUDGET_S:g} s profile" if local else f"a {RUN_BUDGET_S:g} s profile on its workers"
-        return dict(chosen.placement), (
+        return Chosen(dict(chosen.placement), (
             f"planned {'' if local else 'for the cluster '}from {source}: predicted makespan "
-            f"{chosen.predicted_makespan_s:.4g} s using {on}")
+            f"{chosen.predicted_makespan_s:.4g} s using {on}"))
     failed = "planning failed" if local else "planning for the cluster failed"
-    return "all=cpu", f"all stages on the CPU: {failed} ({str(why).splitlines()[0]})"
+    return Chosen("all=cpu", f"all stages on the CPU: {failed} ({str(why).splitlines()[0]})")
+
+
+def _best_for_streams(pipeline: Pipeline, site: LocalSite) -> Chosen:
+    """Plan every stream of ``pipeline`` here; the one-shot stages stay on the CPU (or their pins)."""
+    from placer.stream.planner import plan_streams, stream_config
+
+    try:
+        plans = plan_streams(pipeline, budget_s=RUN_BUDGET_S, inventory=site.inventory())
+    except (PlacerError, ValueError, KeyError) as exc:
+        return Chosen("all=cpu", f"all stages on the CPU, stream settings as given: planning the stream failed "
+                                 f"({str(exc).splitlines()[0]})")
+    placement = {m: d for plan in plans for m, d in plan.placement.items()}
+    return Chosen(placement, "; ".join(stream_summary(plan) for plan in plans), stream_config(plans), plans)
+
+
+def stream_summary(plan: Any) -> str:
+    """One line on a stream plan: where, how many workers, the cache, the predicted rate and the baseline."""
+    on = ", ".join(f"{m}={d}" for m, d in plan.placement.items() if m != plan.source)
+    workers = ", ".join(f"{w} {plan.worker_kind.get(m, 'thread')} workers on {m}"
+                        for m, w in plan.stage_workers.items() if w != 1 and m != plan.source)
+    base = next((b for b in plan.baselines if b.name == "num_workers=0"), None)
+    parts = [f"planned stream {plan.source} -> {plan.step} from a {RUN_BUDGET_S:g} s profile: {on}",
+             workers, f"cache after {plan.cache}" if plan.cache else "",
+             f"prefetch {plan.prefetch}; predicted {plan.predicted_samples_per_s:,.1f} samples/s "
+             f"(bottleneck: {plan.bottleneck})"
+             + (f", {base.speedup:.2f}x num_workers=0" if base and base.speedup else "")]
+    return ", ".join(p for p in parts if p)

@@ -1,7 +1,10 @@
 """``placer plan``: the best placement of a pipeline, with the reason for every choice.
 
-May import: typer, rich, placer.cli.app; the library (placer.site, placer.optimize) lazily,
-inside the command.
+May import: typer, rich, placer.cli.app; the library (placer.site, placer.optimize, placer.loader,
+placer.stream.planner) lazily, inside the command.
+
+A pipeline with streams is planned by the stream planner: devices, workers, prefetch and a
+cache point per stream, from a profile of its first batches (``--json``: the plan as JSON).
 """
 
 from __future__ import annotations
@@ -69,6 +72,11 @@ def plan_command(
         fail("--scheduler profiles PIPELINE on the cluster; give a PIPELINE and drop --costs and --profile")
     if budget_s is not None and budget_s <= 0:
         fail(f"--budget-s must be positive, got {budget_s:g}")
+    if pipeline is not None and costs is None and profile_file is None and scheduler is None:
+        streamed = _stream_pipeline(pipeline, size)
+        if streamed is not None:
+            _plan_streams(streamed, budget_s, output, as_json)
+            return
     notes: list[str] = []
     try:
         if scheduler is not None:
@@ -139,3 +147,66 @@ def _print(result, notes: list[str] = ()) -> None:
     for w in result.warnings:
         c.print(f"  warning: {w}")
     c.print(f"  planned in {fmt_s(result.planning_s)}")
+
+
+# -- streams -------------------------------------------------------------------------------------
+def _stream_pipeline(pipeline: str, size: int | None):
+    """The built pipeline when it has streams (else None: the one-shot path loads it itself)."""
+    from placer.errors import PlacerError
+    from placer.loader import load_pipeline
+
+    try:
+        p = load_pipeline(pipeline, size)
+    except (PlacerError, ValueError, TypeError, OSError):
+        return None
+    return p if p.streams() else None
+
+
+def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool) -> None:
+    """Plan every stream of ``p`` here (:func:`placer.stream.planner.plan_streams`); print or save it."""
+    import json
+
+    from placer.errors import PlacerError
+    from placer.files import write_text_atomic
+    from placer.stream.planner import plan_streams
+
+    try:
+        plans = plan_streams(p, budget_s=20.0 if budget_s is None else budget_s)
+    except PlacerError as exc:
+        fail(str(exc).splitlines()[0])
+    docs = [json.loads(plan.to_json()) for plan in plans]
+    text = json.dumps(docs[0] if len(docs) == 1 else docs, indent=1)
+    if output is not None:
+        write_text_atomic(output, text)
+    if as_json:
+        print(text)
+        return
+    for plan in plans:
+        _print_stream(plan)
+
+
+def _print_stream(plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    t = Table(title=f"stream {plan.source} -> {plan.step}: {plan.predicted_samples_per_s:,.1f} samples/s "
+                    f"predicted ({plan.objective.replace('_', ' ')}); bottleneck {plan.bottleneck}")
+    for col in ["stage", "device", "workers", "s per batch", "batches/s", "why"]:
+        t.add_column(col, overflow="fold")
+    for s in plan.stages:
+        t.add_row(s.name, s.device, str(s.workers), f"{s.seconds_per_batch:.4g}", f"{s.batches_per_s:.4g}", s.reason)
+    c.print(t)
+    c.print(f"  settings: prefetch {plan.prefetch}, pin_memory {plan.pin_memory}, cache {plan.cache or 'none'}")
+    for r in plan.reasons:
+        c.print(f"  {r}")
+    for b in plan.baselines:
+        c.print(f"  baseline {b.name}: {b.predicted_samples_per_s:,.1f} samples/s"
+                + (f" (the plan: {b.speedup:.2f}x)" if b.speedup else ""))
+    for w in plan.what_if:
+        c.print(f"  what if {w.name}: {w.speedup:.2f}x {w.change}" if w.speedup else f"  what if {w.name}")
+    for v in plan.verified:
+        c.print(f"  measured {v.name}: {v.measured_samples_per_s:,.1f} samples/s "
+                f"(predicted {v.predicted_samples_per_s:,.1f}) over {v.batches} batches")
+    for n in plan.notes:
+        c.print(f"  note: {n}")

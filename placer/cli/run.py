@@ -14,7 +14,8 @@ from placer.cli.app import app, fail
 def run(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
     size: int = typer.Option(None, "--size", help="Scale of the pipeline (rows, batch, ...)."),
-    placement: str = typer.Option(None, "--placement", help="all=cpu, all=gpu, or stage=device,... (default: the plan)."),
+    placement: str = typer.Option(None, "--placement", help="all=cpu, all=gpu, or stage=device,... (default: the plan; "
+                                  "for a stream: its planned devices, workers, prefetch and cache)."),
     executor: str = typer.Option("auto", "--executor", help="auto, inline or threads."),
     output: Path = typer.Option(None, "-o", "--output", help="Also save the run record as JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
@@ -40,12 +41,14 @@ def run(
 
     try:
         p = load_pipeline(pipeline, size)
-        why = None
+        why = planned = None
         spec = placement
         if spec is None:
             with open_site(scheduler) as site:
-                spec, why = best_placement(p, p.size, site, reference=pipeline)
-        stream = _stream_config(workers, prefetch, cache)
+                chosen = best_placement(p, p.size, site, reference=pipeline)
+            spec, why = chosen
+            planned = chosen.stream
+        stream = _stream_config(workers, prefetch, cache, planned)
         result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream)
     except PlacerError as exc:
         fail(str(exc).splitlines()[0])
@@ -80,9 +83,16 @@ def run(
     c.print(f"outputs digest: {result.outputs_digest}")
 
 
-def _stream_config(workers: int | None, prefetch: int | None, cache: str | None):
-    """The stream settings given on the command line (None: the defaults)."""
+def _stream_config(workers: int | None, prefetch: int | None, cache: str | None, planned=None):
+    """The stream settings: the plan's (when planned), with what the command line gives on top.
+
+    ``--workers`` given with a plan replaces the plan's workers of every stage.
+    """
     from placer.stream import StreamConfig
 
     given = {k: v for k, v in {"workers": workers, "prefetch": prefetch, "cache": cache}.items() if v is not None}
+    if planned is not None:
+        if workers is not None:
+            given["stage_workers"] = {}
+        return planned.model_copy(update=given) if given else planned
     return StreamConfig(**given) if given else None

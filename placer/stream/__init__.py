@@ -9,11 +9,47 @@ stages (any stage reading the source or another per-batch stage) and
 between stages (:mod:`placer.stream.runner`), CPU stages with parallel workers, a
 GPU stage on its own CUDA stream, batches kept in order; ``run.streams`` records
 throughput, each stage's busy, starved and blocked time, and the queues.
+
+:func:`plan_stream` (:mod:`placer.stream.planner`) chooses how a stream runs: it
+profiles it (:mod:`placer.stream.profile`), predicts the throughput of every
+candidate (:mod:`placer.stream.model`) and returns a
+:class:`~placer.data.stream.StreamPlan`.
+
+The runner's names (``StreamRun``, ``StreamFailed``) and the planner's are loaded on
+first use, so that ``import placer.stream.<module>`` works whichever of
+``placer.stream`` and ``placer.executor`` (which runs streams) is imported first.
 """
 
-from placer.stream.config import BatchInfo, StreamConfig
-from placer.stream.runner import StreamFailed, StreamRun
-from placer.stream.dropin import LoaderAdvice, LoaderSettings, MeasuredLoader, advise_loader, measure
+from importlib import import_module
+from typing import Any
 
-__all__ = ["BatchInfo", "StreamConfig", "StreamFailed", "StreamRun"]
-__all__ += ["LoaderAdvice", "LoaderSettings", "MeasuredLoader", "advise_loader", "measure"]
+from placer.stream.config import BatchInfo, StreamConfig
+
+_LAZY = {
+    "StreamFailed": "placer.stream.runner",
+    "StreamRun": "placer.stream.runner",
+    "interrupt": "placer.stream.runner",
+    "plan_stream": "placer.stream.planner",
+    "stream_config": "placer.stream.planner",
+    "profile_stream": "placer.stream.profile",
+    "predict": "placer.stream.model",
+    "LoaderAdvice": "placer.stream.dropin",
+    "LoaderSettings": "placer.stream.dropin",
+    "MeasuredLoader": "placer.stream.dropin",
+    "advise_loader": "placer.stream.dropin",
+    "measure": "placer.stream.dropin",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'placer.stream' has no attribute {name!r}")
+    return getattr(import_module(mod), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+__all__ = ["BatchInfo", "StreamConfig", *_LAZY]

@@ -1,0 +1,308 @@
+"""Predicting a stream's throughput from its profile: operational analysis, as in Plumber.
+
+May import: placer.data.stream, placer.stream.config. Pure arithmetic on a
+:class:`~placer.data.stream.StreamProfile`: no device, no measuring.
+
+A stream runs as a chain of nodes (source, copies where data changes location,
+per-batch stages, step), every node working on a different batch at once. In steady
+state each batch needs some seconds of each *resource*, and the stream goes no faster
+than its busiest resource allows:
+
+- **a CPU stage** with ``w`` thread workers: ``speedup(w) / t`` batches per second,
+  ``t`` its seconds per batch on one worker and ``speedup`` its measured scaling
+  (interpolated between measured worker counts, held at the last one beyond them);
+  the source and a step on the CPU run in one thread: ``1 / t``; a DataLoader
+  source with ``w`` worker processes: ``min(w, cores) / t`` (assumed linear; not
+  measured);
+- **an accelerator**: the stages on it share its time: ``1 / sum(t)`` over them;
+- **a link**: the copies into and out of one accelerator share it: ``1 / sum(copy s)``
+  (both directions on one link: a simple, cautious model);
+- **the cores**: every node that runs on the host (CPU stages, the source, copies into
+  a simulated device and stages on it, which run on the host too) uses the host CPU
+  seconds it was measured to use per batch; the cores supply ``os.cpu_count()``
+  seconds per second: ``cores / sum(cpu s)``. The threads that wait (the main thread,
+  a step driving a real GPU) are not charged;
+- **the GIL**: thread workers hold it for a share ``g`` of their time, estimated from
+  two workers' speed-up ``s2`` by Amdahl's law (``g = 2 / s2 - 1``); all thread
+  workers share one GIL: ``1 / sum(g * t)``.
+
+Throughput is the smallest rate; the resource that sets it is the bottleneck. With
+``workers=0`` nothing overlaps: one batch takes the sum of every node's seconds.
+A cache point after a deterministic stage removes it and every node before it from
+epochs after the first: the total over ``E`` epochs of ``B`` batches is
+``B / r_first + (E - 1) * B / r_later``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from placer.data.stream import StreamProfile
+from placer.stream.config import StreamConfig
+
+HOST = "host"
+
+
+@dataclass
+class ChainNode:
+    """A node of the modelled chain: a member of the stream, or a copy before one."""
+
+    name: str
+    kind: str
+    device: str
+    location: str
+    reads: list[str] = field(default_factory=list)
+    moves: list[str] = field(default_factory=list)
+    #: copies: where the moved values come from (their producers' location)
+    src: str = HOST
+
+    @property
+    def link(self) -> str:
+        """A copy's accelerator end (the link it loads)."""
+        return self.device if self.location != HOST else self.src
+
+
+@dataclass
+class Rate:
+    """One resource's limit: batches per second, and the seconds per batch it needs."""
+
+    name: str
+    kind: str
+    batches_per_s: float
+    seconds_per_batch: float
+    members: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Prediction:
+    """A stream's predicted throughput under one placement and configuration.
+
+    ``rates`` are the resources of the first epoch, slowest first; ``later_rates``
+    those of epochs after the first when a cache point removes nodes (else equal).
+    """
+
+    samples_per_s: float
+    batches_per_s: float
+    bottleneck: str
+    rates: list[Rate]
+    later_batches_per_s: float
+    later_bottleneck: str
+    total_s: float | None = None
+    epochs: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mean_samples_per_s(self) -> float:
+        """Samples per second over all epochs (the steady rate without epochs or batch counts)."""
+        return self.samples_per_s if self.total_s is None else self._samples / self.total_s
+
+    _samples: float = 0.0
+
+    def rate_of(self, member: str) -> Rate | None:
+        """The resource a member belongs to (its stage rate, or its accelerator)."""
+        return next((r for r in self.rates if member in r.members and r.kind in ("stage", "device")), None)
+
+
+def location(profile: StreamProfile, device: str) -> str:
+    """Where a device's data lives: the host for the CPU, else the device itself."""
+    return HOST if device == "cpu" else device
+
+
+def chain(profile: StreamProfile, placement: dict[str, str]) -> list[ChainNode]:
+    """The nodes of the stream under ``placement``, with copy nodes as the runner lays them out."""
+    src = profile.members[0]
+    nodes = [ChainNode(src, "source", "cpu", HOST)]
+    avail: dict[str, set[str]] = {src: {HOST}}
+    made: dict[str, str] = {src: HOST}
+    for m in profile.members[1:]:
+        st = profile.stage(m)
+        dev = placement.get(m, "cpu")
+        loc = location(profile, dev)
+        need = sorted({s for s in st.reads if loc not in avail[s]})
+        if need:
+            nodes.append(ChainNode(f"{m}:copy", "copy", dev, loc, moves=need, src=made[need[0]]))
+            for s in need:
+                avail[s].add(loc)
+        nodes.append(ChainNode(m, "step" if st.role == "step" else "batch", dev, loc, reads=list(st.reads)))
+        avail[m] = {loc}
+        made[m] = loc
+    return nodes
+
+
+def _copy_seconds(profile: StreamProfile, node: ChainNode, made: dict[str, str], pin_memory: bool,
+                  notes: list[str]) -> tuple[float, float]:
+    """Wall and host CPU seconds of a copy node per batch."""
+    wall = cpu = 0.0
+    for v in node.moves:
+        c = profile.copy_of(v, made[v], node.location)
+        if c is None:
+            notes.append(f"copy of {v!r} from {made[v]} to {node.location} was not measured; counted as free")
+            continue
+        mode = "pinned" if pin_memory else "pageable"
+        wall += c.seconds.get(mode, c.seconds.get("executor", 0.0))
+        cpu += c.cpu_seconds
+    return wall, cpu
+
+
+def node_costs(profile: StreamProfile, nodes: list[ChainNode], pin_memory: bool,
+               notes: list[str] | None = None) -> list[tuple[float, float]]:
+    """``(wall s, host CPU s)`` per batch of every node."""
+    notes = [] if notes is None else notes
+    where: dict[str, str] = {}
+    out = []
+    for n in nodes:
+        if n.kind == "copy":
+            out.append(_copy_seconds(profile, n, where, pin_memory, notes))
+            continue
+        st = profile.stage(n.name)
+        wall = st.seconds.get(n.device)
+        if wall is None:
+            raise KeyError(f"stage {n.name!r} was not measured on {n.device}")
+        out.append((wall, st.cpu_seconds.get(n.device, wall)))
+        where[n.name] = n.location
+    return out
+
+
+def gil_share(profile: StreamProfile, member: str) -> float:
+    """The share of its time a stage holds the GIL, from its two-worker speed-up (Amdahl)."""
+    st = profile.stage(member)
+    if not any(r.kind == "thread" and r.workers >= 2 for r in st.scaling):
+        return 0.0
+    s2 = max(st.speedup(2), 1e-9)
+    return min(1.0, max(0.0, 2.0 / s2 - 1.0))
+
+
+def rates(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
+          config: StreamConfig) -> list[Rate]:
+    """Every resource's rate for the nodes of one steady state, slowest first."""
+    out: list[Rate] = []
+    pooled: dict[tuple[str, str], list] = {}
+    host_cpu = gil = 0.0
+    host_members: list[str] = []
+    gil_members: list[str] = []
+    for n, (wall, cpu) in zip(nodes, costs):
+        sim = n.device in profile.simulated or (n.kind == "copy" and n.src in profile.simulated)
+        on_host = n.device == "cpu" or sim
+        if on_host:
+            host_cpu += cpu
+            host_members.append(n.name)
+        if n.kind == "copy":
+            pooled.setdefault(("link", n.link), [0.0, []])
+            pooled[("link", n.link)][0] += wall
+            pooled[("link", n.link)][1].append(n.name)
+        elif n.device != "cpu":
+            pooled.setdefault(("device", n.device), [0.0, []])
+            pooled[("device", n.device)][0] += wall
+            pooled[("device", n.device)][1].append(n.name)
+        else:
+            r = _cpu_rate(profile, n, wall, config)
+            out.append(r)
+            if n.kind == "batch" and config.kind_of(n.name) == "thread":
+                g = gil_share(profile, n.name)
+                if g > 0:
+                    gil += g * wall
+                    gil_members.append(n.name)
+    for (kind, dev), (secs, members) in pooled.items():
+        name = dev if kind == "device" else f"link {dev}"
+        out.append(Rate(name, kind, _inv(secs), secs, members))
+    if host_cpu > 0:
+        cores = max(1, profile.cores)
+        out.append(Rate("cores", "cores", cores / host_cpu, host_cpu / cores, host_members))
+    if len(gil_members) > 1:
+        out.append(Rate("GIL", "gil", _inv(gil), gil, gil_members))
+    return sorted(out, key=lambda r: r.batches_per_s)
+
+
+def _cpu_rate(profile: StreamProfile, n: ChainNode, wall: float, config: StreamConfig) -> Rate:
+    st = profile.stage(n.name)
+    if n.kind == "batch":
+        w = config.workers_of(n.name)
+        s = st.speedup(w, config.kind_of(n.name))
+    elif n.kind == "source" and profile.source_kind != "iterable":
+        w = _loader_workers(profile, config)
+        s = float(max(1, min(w, profile.cores))) if w > 0 else 1.0
+    else:
+        s = 1.0
+    return Rate(n.name, "stage", s * _inv(wall), wall / s if s else float("inf"), [n.name])
+
+
+def _loader_workers(profile: StreamProfile, config: StreamConfig) -> int:
+    """Worker processes of a Dataset or DataLoader source under ``config``."""
+    if config.sequential:
+        return 0
+    if profile.source in config.stage_workers:
+        return config.stage_workers[profile.source]
+    if profile.source_kind == "loader" and profile.loader is not None:
+        return profile.loader.num_workers
+    return 0
+
+
+def _inv(seconds: float) -> float:
+    return 1.0 / seconds if seconds > 0 else float("inf")
+
+
+def _steady(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
+            config: StreamConfig) -> tuple[float, str, list[Rate]]:
+    if not nodes:
+        return float("inf"), "", []
+    if config.sequential:
+        total = sum(w for w, _ in costs)
+        r = Rate("one batch at a time", "sequential", _inv(total), total, [n.name for n in nodes])
+        return r.batches_per_s, r.name, [r]
+    rs = rates(profile, nodes, costs, config)
+    return rs[0].batches_per_s, rs[0].name, rs
+
+
+def cache_index(nodes: list[ChainNode], cache: str | None) -> int | None:
+    return next((i for i, n in enumerate(nodes) if n.name == cache and n.kind != "copy"), None)
+
+
+def cache_bytes(profile: StreamProfile, nodes: list[ChainNode], at: int) -> int:
+    """Bytes of one batch kept by a cache after node ``at``: the values later nodes still read."""
+    made = {n.name for n in nodes[: at + 1] if n.kind != "copy"}
+    later = {v for n in nodes[at + 1:] for v in [*n.reads, *n.moves]}
+    total = 0
+    for v in made & later:
+        sizes = profile.stage(v).out_bytes
+        total += max(sizes.values()) if sizes else 0
+    return total
+
+
+def predict(profile: StreamProfile, placement: dict[str, str], config: StreamConfig,
+            epochs: int | None = None) -> Prediction:
+    """The predicted throughput (and total time over ``epochs``) of one placement and configuration.
+
+    Parameters
+    ----------
+    profile : StreamProfile
+    placement : dict
+        Member → device (members not named run on the CPU).
+    config : StreamConfig
+        Workers, worker kinds, pinned copies and the cache point (prefetch does not
+        enter the steady state: it only has to keep every worker fed).
+    epochs : int, optional
+        Epochs for the total time (default: the source's).
+    """
+    notes: list[str] = []
+    nodes = chain(profile, placement)
+    costs = node_costs(profile, nodes, config.pin_memory, notes)
+    bps, neck, rs = _steady(profile, nodes, costs, config)
+    later_bps, later_neck = bps, neck
+    at = cache_index(nodes, config.cache)
+    if at is not None:
+        batches = profile.batches_per_epoch or 0
+        if cache_bytes(profile, nodes, at) * batches > config.cache_bytes:
+            notes.append(f"the cache after {config.cache!r} would exceed {config.cache_bytes:,} bytes; "
+                         "later epochs recompute it")
+        else:
+            later_bps, later_neck, _ = _steady(profile, nodes[at + 1:], costs[at + 1:], config)
+    e = profile.epochs if epochs is None else epochs
+    spb = profile.samples_per_batch
+    pred = Prediction(samples_per_s=bps * spb, batches_per_s=bps, bottleneck=neck, rates=rs,
+                      later_batches_per_s=later_bps, later_bottleneck=later_neck, epochs=e, notes=notes)
+    if profile.batches_per_epoch:
+        b = profile.batches_per_epoch
+        later = (e - 1) * b / later_bps if later_bps != float("inf") else 0.0
+        pred.total_s = b / bps + later
+        pred._samples = e * b * spb
+    return pred

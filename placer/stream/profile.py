@@ -1,0 +1,458 @@
+"""Profiling a stream: each stage per batch on each device, copies, thread scaling, the consumer's rate.
+
+May import: numpy, networkx, placer.pipeline, placer.devices, placer.errors,
+placer.data.stream, placer.executor (to compute one-shot inputs) and
+placer.executor.transfer, placer.stream.*; torch inside functions (pinned and
+pageable copies on a real GPU).
+
+:func:`profile_stream` measures one stream at its real batch size:
+
+1. **one-shot inputs**: the stages that feed the stream once (a table, a
+   vocabulary) run once, on the CPU where they can;
+2. **a sweep per device**: the stream runs sequentially
+   (``StreamConfig(workers=0)``) for the first ``k`` batches with every stage that
+   can run on the device placed there, each node timed per batch (wall and host
+   CPU seconds); each per-batch value is copied to (or back from) every
+   accelerator as the stream's copy nodes do (on a real GPU also from pinned and
+   from pageable memory);
+3. **thread scaling**: every CPU batch stage runs on the batches it saw, on
+   1, 2, 4, ... threads at once; below :data:`~placer.data.stream.GIL_SPEEDUP`
+   times one thread's rate at two threads it is marked GIL-bound. A process
+   measurement is one more :class:`~placer.data.stream.ScalingRow` (``kind="process"``);
+4. **the differential test** (DS-Analyzer, FastFlow): the step's seconds per batch
+   in a sweep are its seconds on already-prepared batches of the right shapes, so
+   ``consumer_samples_per_s`` is the most the consumer could take.
+
+Everything is bounded by ``budget_s``: sweeps get 60 % of it, scaling the rest;
+each takes at least two batches or one round per worker count.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from typing import Any
+
+import networkx as nx
+
+from placer.data.stream import GIL_SPEEDUP, CopyProfile, LoaderSettings, ScalingRow, StageProfile, StreamProfile
+from placer.devices import Device, Inventory, discover, same_device
+from placer.errors import PlacerError
+from placer.executor.transfer import nbytes, to_location
+from placer.pipeline import BATCH_INFO, Pipeline
+from placer.stream.config import StreamConfig
+from placer.stream.nodes import Bundle, Node, batch_len, takes
+from placer.stream.runner import StreamRun
+from placer.stream.source import call_source, describe_source
+
+#: batches measured per device sweep (the first pays for warm-up and is not used)
+DEFAULT_BATCHES = 8
+#: thread counts tried for CPU stages (up to the cores' double, at least four)
+THREADS = (1, 2, 4, 8)
+HOST_DEVICE = Device(name="cpu", kind="cpu", label="host")
+
+
+def one_shot_inputs(pipeline: Pipeline, source: str, inventory: Inventory) -> dict[str, Any]:
+    """The outputs (on the host) of the one-shot stages a stream reads, computed once."""
+    from placer.executor import execute
+
+    members = set(pipeline.streams()[source])
+    need: set[str] = set()
+    for m in members:
+        need |= {a for a in nx.ancestors(pipeline.graph, m) if a not in members}
+    if not need:
+        return {}
+    sub = Pipeline(pipeline.name, size=pipeline.size, size_unit=pipeline.size_unit)
+    for n in pipeline.order():
+        if n in need:
+            sub.add(pipeline.stages[n])
+    accel = [d.name for d in inventory.devices if d.is_accelerator]
+    placement = {n: _runnable(pipeline, n, ["cpu", *accel]) for n in need}
+    run = execute(sub, placement, inventory=inventory)
+    return {n: to_location(run.outputs[n], HOST_DEVICE)[0] for n in need}
+
+
+def _runnable(pipeline: Pipeline, name: str, prefer: list[str]) -> str:
+    """The first device of ``prefer`` the stage may run on (its pin wins)."""
+    st = pipeline.stages[name]
+    if st.pin is not None:
+        return st.pin
+    for d in prefer:
+        if st.impl_for("cpu" if d == "cpu" else "gpu") is not None:
+            return d
+    return prefer[0]
+
+
+def can_run(pipeline: Pipeline, name: str, device: str) -> bool:
+    """Whether a member may be placed on ``device``: an implementation for it, and no pin elsewhere."""
+    st = pipeline.stages[name]
+    if st.role == "source":
+        return device == "cpu"
+    if st.pin is not None and not same_device(st.pin.strip().lower(), device):
+        return False
+    return st.impl_for("cpu" if device == "cpu" else "gpu") is not None
+
+
+class _Clock:
+    """Wall and process CPU seconds of a block."""
+
+    def __enter__(self):
+        self.w, self.c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.w
+        self.cpu = time.process_time() - self.c
+
+
+class _Sweep:
+    """One device sweep: the stream run sequentially, every node and copy timed per batch."""
+
+    def __init__(self, prof: _Profiler, device: str, placement: dict[str, str]):
+        self.prof, self.device, self.placement = prof, device, placement
+        inv = prof.inventory
+        self.devices = {m: inv.resolve(d, stage=m) for m, d in placement.items()}
+        cfg = StreamConfig(workers=0, max_batches=prof.batches)
+        self.run = StreamRun(prof.pipeline, prof.source, self.devices, prof.consts, cfg)
+        self.wall: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
+        self.inputs: dict[str, list[Bundle]] = {}
+        self.samples: list[int] = []
+
+    def go(self, budget_s: float | None) -> int:
+        run, t_end = self.run, _deadline(budget_s)
+        run.step.start()
+        it = run.bundles()
+        done = 0
+        while True:
+            with _Clock() as c:
+                b = next(it, None)
+            if b is None:
+                break
+            self._add(run.nodes[0].name, c)
+            value = b.values[self.prof.source]["host"]
+            self.samples.append(batch_len(value))
+            self.prof.observe(self.prof.source, "host", value, done)
+            for node in run.nodes[1:]:
+                self._one(node, b, done)
+            done += 1
+            if done >= 2 and time.perf_counter() > t_end:
+                break
+        return done
+
+    def _one(self, node: Node, b: Bundle, index: int) -> None:
+        if node.kind == "batch" and node.device.kind == "cpu":
+            self.inputs.setdefault(node.name, []).append(
+                Bundle(b.seq, b.info, {k: dict(v) for k, v in b.values.items()}))
+        with _Clock() as c:
+            self.run.work(node, b)
+        if node.kind == "copy":
+            return
+        self._add(node.name, c)
+        if node.kind == "batch":
+            self.prof.observe(node.name, node.location, b.values[node.name][node.location], index)
+
+    def _add(self, name: str, c: _Clock) -> None:
+        self.wall.setdefault(name, []).append(c.wall)
+        self.cpu.setdefault(name, []).append(max(0.0, c.cpu))
+
+
+def _deadline(budget_s: float | None) -> float:
+    return float("inf") if budget_s is None else time.perf_counter() + budget_s
+
+
+def steady(samples: list[float]) -> float:
+    """Seconds per batch: the lower quartile after the first batch (warm-up); noise only adds time."""
+    xs = sorted(samples[1:] if len(samples) >= 3 else samples[-1:])
+    return xs[(len(xs) - 1) // 4] if xs else 0.0
+
+
+class _Profiler:
+    """The state of one stream's profile: devices, sweeps, copies measured."""
+
+    def __init__(self, pipeline: Pipeline, source: str, inventory: Inventory, consts: dict[str, Any],
+                 batches: int, max_threads: int | None):
+        self.pipeline, self.source, self.inventory, self.consts = pipeline, source, inventory, consts
+        self.batches = batches
+        self.members = pipeline.streams()[source]
+        self.cores = os.cpu_count() or 1
+        self.max_threads = max_threads or max(4, min(8, 2 * self.cores))
+        self.accel = [d for d in inventory.devices if d.is_accelerator]
+        self.copies: dict[tuple[str, str, str], dict[str, list[float]]] = {}
+        self.copy_cpu: dict[tuple[str, str, str], list[float]] = {}
+        self.copy_bytes: dict[tuple[str, str, str], int] = {}
+        self.out_bytes: dict[str, dict[str, int]] = {}
+        self.notes: list[str] = []
+
+    def observe(self, value_of: str, loc: str, value: Any, index: int) -> None:
+        """Record a per-batch value's bytes, and time copying it to every other location."""
+        self.out_bytes.setdefault(value_of, {})[loc] = nbytes(value)
+        if not self._read_later(value_of) or index >= max(3, self.batches // 2):
+            return
+        targets = self.accel if loc == "host" else [HOST_DEVICE]
+        for dev in targets:
+            if dev.location == loc:
+                continue
+            key = (value_of, loc, dev.location)
+            with _Clock() as c:
+                to_location(value, dev)
+                dev.synchronize()
+            self.copies.setdefault(key, {}).setdefault("executor", []).append(c.wall)
+            self.copy_cpu.setdefault(key, []).append(max(0.0, c.cpu))
+            self.copy_bytes[key] = nbytes(value)
+            if loc == "host" and dev.is_gpu:
+                for mode, secs in _torch_copies(value, dev).items():
+                    self.copies[key].setdefault(mode, []).append(secs)
+
+    def _read_later(self, name: str) -> bool:
+        return any(name in self.pipeline.stages[m].inputs.values() for m in self.members)
+
+
+def _torch_copies(value: Any, device: Device) -> dict[str, float]:
+    """Seconds to copy a value's arrays to a real GPU from pageable and from pinned memory."""
+    import numpy as np
+    import torch
+
+    leaves: list = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, np.ndarray) and v.dtype != object:
+            leaves.append(torch.from_numpy(np.ascontiguousarray(v)))
+        elif isinstance(v, torch.Tensor) and v.device.type == "cpu":
+            leaves.append(v)
+
+    walk(value)
+    if not leaves:
+        return {}
+    dev = device.torch_device()
+    out = {}
+    pinned = [t.pin_memory() for t in leaves]
+    for mode, src, kw in (("pageable", leaves, {}), ("pinned", pinned, {"non_blocking": True})):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for t in src:
+            t.to(dev, **kw)
+        torch.cuda.synchronize(dev)
+        out[mode] = time.perf_counter() - t0
+    return out
+
+
+def thread_scaling(node: Node, inputs: list[Bundle], *, max_threads: int, budget_s: float | None,
+                   kind: str = "thread") -> list[ScalingRow]:
+    """Batches per second of ``node`` on 1, 2, 4, ... threads at once, over the batches it saw.
+
+    Each count runs for a slice of the budget (at least six batches' time of one
+    worker); counts stop rising once doubling the threads adds under 10 %.
+    """
+    counts = [n for n in THREADS if n <= max_threads]
+    one = _rate(node, inputs, 1, 0.05)
+    per = max(6.0 / one if one else 0.05, 0.05)
+    if budget_s is not None:
+        per = min(per, max(0.05, budget_s / len(counts)))
+    rows: list[ScalingRow] = []
+    base = None
+    for n in counts:
+        rate = _rate(node, inputs, n, per)
+        base = base or rate
+        rows.append(ScalingRow(kind=kind, workers=n, batches_per_s=rate, speedup=rate / base if base else 0.0))
+        if len(rows) >= 2 and rows[-1].speedup < 1.1 * rows[-2].speedup:
+            break
+    return rows
+
+
+def _rate(node: Node, inputs: list[Bundle], threads: int, seconds: float) -> float:
+    """Batches per second of ``threads`` threads calling ``node`` on ``inputs`` for about ``seconds``."""
+    done = [0] * threads
+    start = threading.Barrier(threads + 1)
+    t_end = [0.0]
+
+    def loop(i: int) -> None:
+        start.wait()
+        k = i
+        while time.perf_counter() < t_end[0] or done[i] == 0:
+            node.process(inputs[k % len(inputs)])
+            done[i] += 1
+            k += threads
+
+    workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    t0 = time.perf_counter()
+    t_end[0] = t0 + seconds
+    start.wait()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - t0
+    return sum(done) / elapsed if elapsed > 0 else 0.0
+
+
+def _placements(pipeline: Pipeline, members: list[str], devices: list[str]) -> dict[str, dict[str, str]]:
+    """A sweep's placement per device: each member on that device when it can run there."""
+    out = {}
+    for d in devices:
+        place = {m: (d if can_run(pipeline, m, d) else _runnable(pipeline, m, ["cpu", *devices]))
+                 for m in members}
+        if d == "cpu" or any(v == d for v in place.values()):
+            out[d] = place
+    return out
+
+
+def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: float | None = 10.0,
+                   inventory: Inventory | None = None, batches: int = DEFAULT_BATCHES,
+                   max_threads: int | None = None, consts: dict[str, Any] | None = None,
+                   devices: list[str] | None = None) -> StreamProfile:
+    """Measure one stream of ``pipeline`` on this machine's devices.
+
+    Parameters
+    ----------
+    pipeline : Pipeline
+    source : str, optional
+        The stream's source (default: the first stream).
+    budget_s : float or None
+        Seconds the measurements may take (None: ``batches`` per sweep, every count).
+    inventory : Inventory, optional
+        The devices (default: discovered).
+    batches : int
+        Batches per device sweep.
+    max_threads : int, optional
+        The most thread workers tried per CPU stage (default: twice the cores, 4 to 8).
+    consts : dict, optional
+        The stream's one-shot inputs on the host, when already computed.
+    devices : list of str, optional
+        Devices to measure (default: the CPU and every accelerator of the inventory).
+
+    Returns
+    -------
+    StreamProfile
+    """
+    t0 = time.perf_counter()
+    p = pipeline.validate()
+    streams = p.streams()
+    if not streams:
+        raise PlacerError(f"pipeline {p.name!r} has no stream to profile")
+    source = source or next(iter(streams))
+    inv = inventory or discover()
+    consts = one_shot_inputs(p, source, inv) if consts is None else consts
+    prof = _Profiler(p, source, inv, consts, max(1, batches), max_threads)
+    names = devices or ["cpu", *[d.name for d in prof.accel]]
+    places = _placements(p, prof.members, names)
+    sweep_budget = None if budget_s is None else 0.6 * budget_s / len(places)
+    sweeps = {}
+    for d, place in places.items():
+        sweeps[d] = _Sweep(prof, d, place)
+        sweeps[d].go(sweep_budget)
+    stages = _stages(prof, sweeps)
+    left = None if budget_s is None else max(0.0, budget_s - (time.perf_counter() - t0))
+    _scale(prof, sweeps.get("cpu"), stages, left)
+    return _assemble(prof, sweeps, stages, budget_s, time.perf_counter() - t0)
+
+
+def _stages(prof: _Profiler, sweeps: dict[str, _Sweep]) -> dict[str, StageProfile]:
+    p, members = prof.pipeline, prof.members
+    src = p.stages[prof.source]
+    varies = takes(src.impl_for("cpu").fn, BATCH_INFO)
+    out: dict[str, StageProfile] = {}
+    random_seen = varies
+    for m in members:
+        st = p.stages[m]
+        random_seen = random_seen or st.random
+        prof_m = StageProfile(name=m, role=st.role if st.role in ("source", "step") else "batch", kind=st.kind,
+                              devices=[d for d in sweeps if can_run(p, m, d)],
+                              reads=[s for s in st.inputs.values() if s in members], pin=st.pin,
+                              out_bytes=prof.out_bytes.get(m, {}), cacheable=not random_seen and st.role != "step")
+        for d, sw in sweeps.items():
+            if sw.placement[m] == d and m in sw.wall:
+                prof_m.seconds[d] = steady(sw.wall[m])
+                prof_m.cpu_seconds[d] = steady(sw.cpu[m])
+        out[m] = prof_m
+    return out
+
+
+def _scale(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile], budget_s: float | None) -> None:
+    """Thread scaling of every CPU batch stage, on the inputs the CPU sweep gave it."""
+    if sweep is None:
+        return
+    todo = [n for n in sweep.run.nodes if n.kind == "batch" and n.device.kind == "cpu" and sweep.inputs.get(n.name)]
+    for i, node in enumerate(todo):
+        share = None if budget_s is None else budget_s / (len(todo) - i)
+        t = time.perf_counter()
+        rows = thread_scaling(node, sweep.inputs[node.name], max_threads=prof.max_threads, budget_s=share)
+        if budget_s is not None:
+            budget_s = max(0.0, budget_s - (time.perf_counter() - t))
+        st = stages[node.name]
+        st.scaling = rows
+        two = next((r for r in rows if r.workers == 2), None)
+        st.gil_bound = None if two is None else two.speedup < GIL_SPEEDUP
+        if st.gil_bound:
+            prof.notes.append(f"{node.name}: 2 threads ran {two.speedup:.2f}x one thread (under {GIL_SPEEDUP}x): "
+                              "it holds the GIL (or the cores were busy); process workers would scale it")
+
+
+def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, StageProfile],
+              budget_s: float | None, spent: float) -> StreamProfile:
+    p = prof.pipeline
+    src = p.stages[prof.source]
+    step = stages[prof.members[-1]]
+    first = next(iter(sweeps.values()))
+    spb = sum(first.samples) / len(first.samples) if first.samples else 1.0
+    kind, loader, per_epoch = _source_facts(prof, spb)
+    devs = {"cpu": HOST_DEVICE, **{d.name: d for d in prof.accel}}
+    copies = [CopyProfile(value=v, src=a, dst=b, bytes=prof.copy_bytes[(v, a, b)],
+                          seconds={m: steady(xs) for m, xs in modes.items()},
+                          cpu_seconds=steady(prof.copy_cpu[(v, a, b)]))
+              for (v, a, b), modes in prof.copies.items()]
+    return StreamProfile(
+        pipeline=p.name, source=prof.source, step=prof.members[-1], members=list(prof.members), epochs=src.epochs,
+        batch_size=src.batch_size, samples_per_batch=spb, batches_per_epoch=per_epoch, source_kind=kind,
+        loader=loader, cores=prof.cores, devices=list(sweeps),
+        device_titles={d: devs[d].driver.title for d in sweeps if d in devs},
+        simulated=[d for d in sweeps if d in devs and devs[d].simulated],
+        real_gpus=[d for d in sweeps if d in devs and devs[d].is_gpu],
+        stages=[stages[m] for m in prof.members], copies=copies,
+        consumer_samples_per_s={d: spb / s for d, s in step.seconds.items() if s > 0},
+        measured_batches={d: len(sw.samples) for d, sw in sweeps.items()}, budget_s=budget_s, seconds=spent,
+        notes=prof.notes)
+
+
+def _source_facts(prof: _Profiler, spb: float) -> tuple[str, LoaderSettings | None, int | None]:
+    """What the source returns, a DataLoader's own settings, and the batches of one epoch."""
+    p = prof.pipeline
+    src = p.stages[prof.source]
+    consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
+    obj = call_source(src, consts, 0)
+    kind = describe_source(obj)
+    loader = None
+    if kind == "loader":
+        loader = LoaderSettings(num_workers=obj.num_workers, pin_memory=bool(obj.pin_memory),
+                                prefetch_factor=obj.prefetch_factor if obj.num_workers else None,
+                                batch_size=obj.batch_size)
+    per_epoch = None
+    if kind == "dataset":
+        per_epoch = math.ceil(len(obj) / (src.batch_size or 1))
+    elif hasattr(obj, "__len__"):
+        per_epoch = len(obj)
+    else:
+        per_epoch = _count(obj)
+    if per_epoch is None and p.size and src.batch_size:
+        per_epoch = math.ceil(p.size / src.batch_size)
+        prof.notes.append(f"batches per epoch taken from the size: {p.size} / {src.batch_size}")
+    return kind, loader, per_epoch
+
+
+def _count(obj: Any, limit_s: float = 1.0) -> int | None:
+    """Batches of an iterable, counted within ``limit_s`` (None when it takes longer)."""
+    t_end = time.perf_counter() + limit_s
+    n = 0
+    for _ in obj:
+        n += 1
+        if time.perf_counter() > t_end:
+            return None
+    return n

@@ -76,3 +76,22 @@ def test_numba_cuda_kernel_on_the_real_gpu():
     gpu = execute(p, "all=gpu")
     assert gpu.stage("dbl").device == "gpu:0"
     assert_outputs_close(cpu.final_outputs, gpu.final_outputs)
+
+
+def test_a_copy_without_pinning_stays_pageable():
+    dev = refresh().get("gpu:0")
+    a = np.arange(PIN_THRESHOLD // 4 * 2, dtype=np.float32)
+    moved, nb, pinned = to_location(a, dev, pin=False)
+    assert not pinned and nb == a.nbytes and moved.device.type == "cuda"
+
+
+@pytest.mark.parametrize("placement", ["all=gpu", "all=cpu,train=gpu", "all=cpu,augment=gpu"])
+def test_a_stream_on_a_real_gpu_matches_the_sequential_cpu_run(placement):
+    from placer.stream import StreamConfig
+
+    p = load_pipeline("pipelines/stream_images.py", 128)
+    base = execute(p, "all=cpu", stream=StreamConfig(workers=0))
+    for pin in (True, False):
+        run = execute(p, placement, stream=StreamConfig(workers=2, pin_memory=pin))
+        assert run.streams[0].batches == base.streams[0].batches
+        assert_outputs_close(base.final_outputs, run.final_outputs, rtol=2e-3, atol=2e-4)

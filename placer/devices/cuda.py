@@ -87,7 +87,7 @@ class CudaKind(DeviceKind):
         if is_tensor(leaf):
             if leaf.device == dev:
                 return leaf
-            if leaf.device.type == "cpu" and leaf.nelement() * leaf.element_size() >= PIN_THRESHOLD:
+            if state.pin and leaf.device.type == "cpu" and leaf.nelement() * leaf.element_size() >= PIN_THRESHOLD:
                 state.pinned = True
                 with torch.cuda.stream(state.stream) if state.stream is not None else contextlib.nullcontext():
                     return leaf.pin_memory().to(dev, non_blocking=True)

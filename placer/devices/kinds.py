@@ -37,12 +37,16 @@ class CopyState:
     ----------
     stream : object or None
         The stream to copy on (a kind may ignore it).
+    pin : bool
+        Whether the copy may stage large leaves through pinned memory (a stream's
+        ``pin_memory`` setting; True elsewhere).
     pinned : bool
         Set by a kind that staged a leaf through pinned (page-locked) memory.
     """
 
-    def __init__(self, stream: Any = None):
+    def __init__(self, stream: Any = None, pin: bool = True):
         self.stream = stream
+        self.pin = pin
         self.pinned = False
 
 

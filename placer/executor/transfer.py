@@ -67,8 +67,8 @@ def _map(value: Any, leaf) -> Any:
 
 
 # -- moving -----------------------------------------------------------------------------
-def to_location(value: Any, device: Device, *, stream=None) -> tuple[Any, int, bool]:
-    """Copy ``value`` into ``device``'s memory.
+def to_location(value: Any, device: Device, *, stream=None, pin: bool = True) -> tuple[Any, int, bool]:
+    """Copy ``value`` into ``device``'s memory (``pin=False``: never through pinned staging).
 
     Returns
     -------
@@ -77,7 +77,7 @@ def to_location(value: Any, device: Device, *, stream=None) -> tuple[Any, int, b
     """
     target = device.driver
     holders = _holders()
-    state = CopyState(stream)
+    state = CopyState(stream, pin)
     moved = [0]
 
     def leaf(v):

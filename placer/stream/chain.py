@@ -52,7 +52,8 @@ def build_nodes(pipeline: Pipeline, members: list[str], devices: dict[str, Devic
         reads = {a: s for a, s in st.inputs.items() if s in inside}
         need = sorted({s for s in reads.values() if dev.location not in avail[s]})
         if need:
-            nodes.append(Node(name=f"{m}:copy", kind="copy", device=dev, index=len(nodes), moves=need))
+            nodes.append(Node(name=f"{m}:copy", kind="copy", device=dev, index=len(nodes), moves=need,
+                              pin=config.pin_memory))
             for s in need:
                 avail[s].add(dev.location)
         kind = "step" if st.role == "step" else "batch"

@@ -79,6 +79,8 @@ class Node:
     worker_kind: str = "thread"
     stats: NodeStats = field(default_factory=NodeStats)
     takes_info: bool = False
+    #: a copy node: stage large copies into a GPU through pinned memory (``StreamConfig.pin_memory``)
+    pin: bool = True
     #: for process workers: the pool whose child processes run this stage (set by the runner)
     pool: Any = None
 
@@ -105,7 +107,7 @@ class Node:
         for name in self.moves:
             here = b.values[name]
             src = next(iter(here.values()))
-            value, nb, _ = to_location(src, self.device)
+            value, nb, _ = to_location(src, self.device, pin=self.pin)
             self.stats.copied_bytes += nb
             moved[name] = value
         return moved

@@ -53,6 +53,8 @@ class Advised:
     facts: Any = None
     timings: dict[str, float] = field(default_factory=dict)
     inventory: Any = None
+    #: for a pipeline with streams: each stream's plan (:class:`~placer.data.stream.StreamPlan`)
+    stream_plans: list[Any] = field(default_factory=list)
 
     def save(self, folder: str | Path) -> dict[str, Path]:
         """Write profile, plan, runs and facts as JSON files in ``folder``; return their paths."""
@@ -61,7 +63,8 @@ class Advised:
         folder = Path(folder)
         docs = {"profile": self.profile, "plan": self.plan, "run": self.run, "costs": self.costs,
                 "inventory": self.inventory,
-                **{f"run-{k}": v for k, v in self.baselines.items()}}
+                **{f"run-{k}": v for k, v in self.baselines.items()},
+                **{f"stream-plan-{sp.source}": sp for sp in self.stream_plans}}
         out = {}
         for name, obj in docs.items():
             if obj is None:
@@ -228,8 +231,9 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
     timed = _Timed(step)
     p = _as_built(pipeline, size)
     if p.streams():
-        raise PlacerError(f"pipeline {p.name!r} has streams ({', '.join(p.streams())}), which placer advise does "
-                          "not profile or plan yet; run it with placer run --placement")
+        if not isinstance(site, LocalSite):
+            raise PlacerError(f"pipeline {p.name!r} has streams, which run on one machine for now; drop --scheduler")
+        return _advise_stream(site, p, budget_s=budget_s, baselines=baselines, warmup=warmup, timed=timed)
     size = p.size if size is None else size
     local = isinstance(site, LocalSite)
     t = resolve_target(target, site.inventory()) if local else None
@@ -274,6 +278,29 @@ class Chosen(tuple):
     @property
     def why(self) -> str:
         return self[1]
+
+
+def _advise_stream(site: LocalSite, p: Pipeline, *, budget_s: float, baselines: bool, warmup: bool,
+                   timed: _Timed) -> Advised:
+    """The advise flow for a pipeline with streams: plan each stream, run the plan and the usual settings."""
+    from placer.report import collect
+    from placer.stream import StreamConfig
+    from placer.stream.planner import plan_streams, stream_config
+
+    inv = site.inventory()
+    plans = timed("profile and plan the streams", lambda: plan_streams(p, budget_s=budget_s, inventory=inv))
+    placement = {n: d for sp in plans for n, d in sp.placement.items()}
+    plan_run = timed("run plan", lambda: site.execute(p, placement, warmup=warmup, stream=stream_config(plans)))
+    runs: dict[str, Any] = {}
+    for alt in (plans[0].baselines if baselines else []):
+        cfg, where = StreamConfig(**alt.config), {**placement, **alt.placement}
+        runs[alt.name] = timed(f"run {alt.name}", lambda c=cfg, w=where: site.execute(p, w, warmup=warmup, stream=c))
+        alt.measured_samples_per_s = runs[alt.name].streams[0].samples_per_s
+    step_only = {sp.step: sp.consumer_samples_per_s for sp in plans if sp.consumer_samples_per_s}
+    facts = timed("facts", lambda: collect(run=plan_run, baselines=runs, pipeline=p, inventory=inv,
+                                           step_only=step_only, stream_plans=plans))
+    return Advised(pipeline=p, size=p.size, profile=None, plan=None, run=plan_run, baselines=runs,
+                   facts=facts, timings=timed.timings, inventory=inv, stream_plans=plans)
 
 
 def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite | ClusterSite | None = None,

@@ -153,15 +153,19 @@ class LocalSite:
         prof = self.measure(pipeline, size=size, budget_s=budget_s, **profile_options)
         return costs_from_profile(prof, size=size, describe=describe, inventory=self.inventory())
 
-    def execute(self, pipeline: Pipeline, placement: Mapping[str, str] | str, *, warmup: bool = False):
-        """Run ``placement`` here (once untimed first with ``warmup``) and return the measured run."""
+    def execute(self, pipeline: Pipeline, placement: Mapping[str, str] | str, *, warmup: bool = False,
+                stream: Any = None):
+        """Run ``placement`` here (once untimed first with ``warmup``) and return the measured run.
+
+        ``stream`` (a :class:`~placer.stream.StreamConfig`) says how the pipeline's streams run.
+        """
         from placer.executor import execute
 
         inv = self.inventory()
         spec = placement if isinstance(placement, str) else dict(placement)
         if warmup:
-            execute(pipeline, spec, executor=self.executor, inventory=inv)
-        return execute(pipeline, spec, executor=self.executor, inventory=inv, size=pipeline.size)
+            execute(pipeline, spec, executor=self.executor, inventory=inv, stream=stream)
+        return execute(pipeline, spec, executor=self.executor, inventory=inv, size=pipeline.size, stream=stream)
 
 
 class ClusterSite:

@@ -41,10 +41,12 @@ def progress_steps(show: bool):
 def summary_document(advised, path: Path | None) -> dict:
     """The JSON summary ``placer advise --json`` prints."""
     f = advised.facts
-    return {
+    placement = (advised.plan.placement if advised.plan is not None
+                 else {n: d for sp in advised.stream_plans for n, d in sp.placement.items()})
+    doc = {
         "pipeline": f.meta.pipeline,
         "size": f.meta.size,
-        "placement": advised.plan.placement,
+        "placement": placement,
         "headline": f.summary.headline,
         "options": [o.model_dump(include={"key", "predicted_s", "measured_s", "plan_speedup_predicted",
                                           "plan_speedup_measured", "note"}) for o in f.summary.options],
@@ -53,6 +55,26 @@ def summary_document(advised, path: Path | None) -> dict:
         "target": f.target.model_dump() if f.target else None,
         "report": str(path) if path else None,
         "timings_s": advised.timings,
+    }
+    if f.streams:
+        doc["streams"] = [stream_summary(s, sp) for s, sp in zip(f.streams, advised.stream_plans)]
+    return doc
+
+
+def stream_summary(s, plan) -> dict:
+    """One stream of ``placer advise --json``: the plan's settings, predicted and measured samples/s,
+    the bottleneck, the usual settings measured, and the what-if table."""
+    return {
+        "source": s.source, "step": s.step,
+        "settings": plan.model_dump(include={"placement", "workers", "stage_workers", "worker_kind", "prefetch",
+                                             "pin_memory", "cache"}),
+        "predicted_samples_per_s": s.predicted_samples_per_s,
+        "measured_samples_per_s": s.samples_per_s,
+        "bottleneck": s.bottleneck, "bottleneck_sentence": s.sentence,
+        "consumer_idle_fraction": s.consumer_idle_fraction,
+        "options": [o.model_dump(exclude={"speedup"}) for o in s.options],
+        "what_if": [o.model_dump(include={"name", "change", "predicted_samples_per_s", "speedup", "bottleneck"})
+                    for o in s.what_if],
     }
 
 

@@ -17,6 +17,7 @@ module                                 models
 :mod:`placer.data.plan`                ``Plan``, ``StageChoice``, ``Schedule``
 :mod:`placer.data.run`                 ``Run``, ``StageRecord``, ``TransferRecord``
 :mod:`placer.data.report`              ``ReportFacts`` (what a report shows)
+:mod:`placer.data.stream`              ``StreamProfile``, ``StreamPlan`` (a stream's measurements and plan)
 =====================================  ===================================================
 
 ``h200.json`` beside these modules is a device description shipped as package data.

@@ -210,6 +210,21 @@ class TargetPlan(BaseModel):
     crossover_size: dict[str, float | None] = Field(default_factory=dict)
 
 
+class StreamOption(BaseModel):
+    """A way to run a stream, as planned (predicted) and, where it was run, as measured."""
+
+    name: str
+    change: str = ""
+    predicted_samples_per_s: float | None = None
+    measured_samples_per_s: float | None = None
+    #: the plan's samples/s over this option's (above 1: the plan is faster)
+    plan_speedup_predicted: float | None = None
+    plan_speedup_measured: float | None = None
+    #: a what-if row: the change's predicted speed-up over its starting point (``change`` names it)
+    speedup: float | None = None
+    bottleneck: str = ""
+
+
 class StreamStageFacts(BaseModel):
     """One node of a stream (its source, a per-batch stage, a copy into a device, its step).
 
@@ -283,6 +298,12 @@ class StreamFacts(BaseModel):
     bottleneck: str = ""
     sentence: str = ""
     notes: list[str] = Field(default_factory=list)
+    #: from the stream's plan, when one was made: its predicted samples/s and reasons, the
+    #: plan against the usual settings, and what single changes would do
+    predicted_samples_per_s: float | None = None
+    plan_reasons: list[str] = Field(default_factory=list)
+    options: list[StreamOption] = Field(default_factory=list)
+    what_if: list[StreamOption] = Field(default_factory=list)
 
 
 class ReportFacts(BaseModel):

@@ -14,7 +14,7 @@ from a declared field.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from placer.data.costs import StageCost
@@ -35,12 +35,13 @@ from placer.data.report import (
     Timeline,
 )
 from placer.data.run import Run
+from placer.data.stream import StreamPlan
 from placer.devices import kind_for
 from placer.report.advice import advise
 from placer.report.check import check
 from placer.report.critical import bottleneck
 from placer.report.inputs import Inputs, ReportInputError, load_inputs
-from placer.report.streams import stream_facts
+from placer.report.streams import add_plan, stream_facts
 
 OPTION_TITLES = {
     "plan": "chosen plan",
@@ -64,6 +65,7 @@ def collect(
     target: Any = None,
     made_at: str | None = None,
     step_only: Mapping[str, float] | None = None,
+    stream_plans: Sequence[StreamPlan] = (),
 ) -> ReportFacts:
     """Build the facts of a report.
 
@@ -93,6 +95,11 @@ def collect(
         ``{step: samples per second}`` of a stream's step measured alone (fed from
         memory), when a profile measured it: the stream's bottleneck sentence and
         advice then compare the stream with it.
+    stream_plans : sequence of StreamPlan, optional
+        The plans the stream runs followed: each stream's facts then carry the
+        predicted samples/s, the reasons, the plan against the usual settings
+        (predicted, and measured where ``baselines`` holds a run of that name) and
+        the what-if table.
 
     Returns
     -------
@@ -131,6 +138,11 @@ def collect(
     )
     if inputs.run is not None and inputs.run.streams:
         facts.streams = [stream_facts(s, (step_only or {}).get(s.step)) for s in inputs.run.streams]
+        measured = {name: r.streams[0].samples_per_s for name, r in inputs.baselines.items() if r.streams}
+        for sp in stream_plans:
+            for sf in facts.streams:
+                if sf.source == sp.source:
+                    add_plan(sf, sp, measured)
     facts.bottleneck = bottleneck(facts)
     facts.advice = advise(facts)
     facts.summary.headline = headline(facts)

@@ -14,6 +14,7 @@ the time (preprocessing keeps up), and *balanced* otherwise. A run without worke
 Examples
 --------
 >>> from placer.data.run import StreamStageStats, StreamStats
+from placer.data.stream import StreamPlan
 >>> def node(name, kind, busy, starved, blocked, workers=1):
 ...     return StreamStageStats(name=name, kind=kind, device="cpu", workers=workers, worker_kind="thread",
 ...                             batches=10, busy_s=busy, starved_s=starved, blocked_s=blocked,
@@ -33,8 +34,11 @@ Examples
 
 from __future__ import annotations
 
-from placer.data.report import QueueFacts, StreamFacts, StreamStageFacts
+from collections.abc import Mapping
+
+from placer.data.report import QueueFacts, StreamFacts, StreamOption, StreamStageFacts
 from placer.data.run import StreamStageStats, StreamStats
+from placer.data.stream import StreamPlan
 
 #: the step waiting for data at least this share of its time makes a stream input-bound
 STARVED_SHARE = 0.2
@@ -205,3 +209,26 @@ def has_headroom(node: StreamStageFacts, rate: float) -> bool:
 def workers_text(s: StreamStageFacts) -> str:
     """``2 thread workers on cpu``."""
     return f"{s.workers} {s.worker_kind} worker{'s' if s.workers != 1 else ''} on {s.device}"
+
+
+def add_plan(facts: StreamFacts, plan: StreamPlan, measured: Mapping[str, float]) -> None:
+    """Put a stream plan's prediction, reasons, baselines and what-ifs into the stream's facts.
+
+    ``measured`` maps a baseline's name to the samples/s its run measured.
+    """
+    facts.predicted_samples_per_s = plan.predicted_samples_per_s
+    facts.plan_reasons = list(plan.reasons)
+    ours = facts.samples_per_s
+
+    def option(name: str, change: str, predicted: float | None, got: float | None, bottleneck: str) -> StreamOption:
+        return StreamOption(
+            name=name, change=change, predicted_samples_per_s=predicted, measured_samples_per_s=got,
+            plan_speedup_predicted=plan.predicted_samples_per_s / predicted if predicted else None,
+            plan_speedup_measured=ours / got if got and ours else None, bottleneck=bottleneck)
+
+    facts.options = [option("plan", "placer's plan", plan.predicted_samples_per_s, ours, plan.bottleneck)]
+    facts.options += [option(a.name, a.change, a.predicted_samples_per_s, measured.get(a.name), a.bottleneck)
+                      for a in plan.baselines]
+    facts.what_if = [StreamOption(name=a.name, change=a.change, predicted_samples_per_s=a.predicted_samples_per_s,
+                                  measured_samples_per_s=a.measured_samples_per_s, speedup=a.speedup,
+                                  bottleneck=a.bottleneck) for a in plan.what_if]

@@ -1,0 +1,54 @@
+"""``placer advise`` on a pipeline with a stream: plan it, run the plan and the usual settings, report.
+
+The stream has a stage that sleeps (it releases the GIL, so thread workers overlap it);
+the plan must give it workers and beat the sequential ``num_workers=0`` run measurably.
+"""
+
+from __future__ import annotations
+
+import json
+
+from placer.advisor import advise
+from placer.cli.advise import summary_document
+from placer.report import render_markdown
+from test_stream_plan import slow_stream
+
+
+def test_advise_plans_runs_and_reports_a_stream(tmp_path):
+    advised = advise(slow_stream(sleep_s=0.02, batches=24), budget_s=6.0, target="none", warmup=False)
+    assert advised.plan is None and len(advised.stream_plans) == 1
+    s = advised.facts.streams[0]
+    options = {o.name: o for o in s.options}
+    assert {"plan", "num_workers=0"} <= set(options)
+    assert all(o.measured_samples_per_s for o in s.options), "every usual setting was run"
+    assert options["num_workers=0"].plan_speedup_measured >= 1.3
+    assert s.predicted_samples_per_s and s.samples_per_s and s.plan_reasons
+    doc = summary_document(advised, tmp_path / "r.html")
+    stream = doc["streams"][0]
+    assert stream["settings"]["stage_workers"]["slow"] > 1
+    assert stream["predicted_samples_per_s"] > 0 and stream["measured_samples_per_s"] > 0
+    assert {"options", "what_if", "bottleneck", "bottleneck_sentence"} <= set(stream)
+    placement = json.loads(json.dumps(doc))["placement"]
+    assert set(placement) == {"rows", "slow", "total"} and placement["slow"] == "cpu"
+    md = render_markdown(advised.facts)
+    assert "placer's plan" in md and "num\\_workers=0" in md and "What if (predicted)" in md
+    saved = advised.save(tmp_path / "saved")
+    assert "stream-plan-rows" in saved and json.loads(saved["stream-plan-rows"].read_text())["source"] == "rows"
+
+
+def test_placer_advise_json_on_the_stream_gallery(tmp_path, sim_env):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "report.html"
+    res = subprocess.run([sys.executable, "-m", "placer", "advise", "pipelines/stream_images.py", "--size", "128",
+                          "--budget-s", "8", "--json", "-o", str(out)], capture_output=True, text=True,
+                         cwd=root, env=sim_env, timeout=600)
+    assert res.returncode == 0, res.stderr
+    stream = json.loads(res.stdout)["streams"][0]
+    assert stream["bottleneck"] in ("batches", "augment", "train") and stream["bottleneck"] in stream["bottleneck_sentence"]
+    assert stream["predicted_samples_per_s"] > 0 and stream["measured_samples_per_s"] > 0
+    assert [o["name"] for o in stream["options"]][:2] == ["plan", "num_workers=0"]
+    assert "What if" in out.read_text() or not stream["what_if"]

@@ -20,8 +20,8 @@ share the machine), for:
   ``batch_size=None``) and a plain training loop — interleaved in one run; the
   ratio is hand-written samples/s over the executor's.
 
-"placer's plan" has a column in the summary whose value is missing: streams are
-not planned yet. On a machine without a GPU the placement is all-CPU; with
+"placer's plan" is the stream planner's choice (``plan_stream``), measured like every
+grid cell and compared with the grid's best. On a machine without a GPU the placement is all-CPU; with
 ``--simulated`` the grid and the rule of thumb also run on ``gpu-sim``, the
 labelled simulated test device (GPU implementations on the CPU), never a GPU.
 
@@ -59,6 +59,8 @@ WORKERS = (1, 2, 4)
 #: worker kinds of the grid; a kind the executor gains is one more entry here
 WORKER_KINDS = ["thread"]
 PREFETCH = (1, 2, 4)
+#: seconds the stream planner may spend on each pipeline (profiling and verification)
+PLAN_BUDGET_S = 10.0
 REPS = 3
 
 
@@ -272,9 +274,24 @@ def measure_case(label: str, accs: list[str], reps: int, deadline: float) -> dic
     for rec in [*base.values(), *cells]:
         if rec.get("digest") is not None:
             rec["same_digest_as_sequential"] = rec["digest"] == ref
+    plan = measure_plan(p, reps, max_batches, ref)
     return {"label": label, "module": module, "size": size, "params": params, "max_batches": max_batches,
             "stream": stream_of(p), "baselines": base, "overhead": overhead(p, reps, max_batches), "grid": cells,
-            "plan": None}
+            "plan": plan}
+
+
+def measure_plan(p, reps: int, max_batches: int, ref: str) -> dict:
+    """placer's plan for the stream (profiled and planned here), and its measured samples/s."""
+    from placer.stream.planner import plan_stream, stream_config
+
+    t0 = time.perf_counter()
+    sp = plan_stream(p, budget_s=PLAN_BUDGET_S)
+    planning_s = time.perf_counter() - t0
+    fields = stream_config(sp).model_dump(include={"workers", "stage_workers", "worker_kind", "prefetch",
+                                                   "pin_memory", "cache"})
+    rec = best_of(lambda: run_executor(p, sp.placement, fields, max_batches), reps)
+    return {**rec, "placement": sp.placement, "config": fields, "predicted_samples_per_s": sp.predicted_samples_per_s,
+            "bottleneck": sp.bottleneck, "planning_s": planning_s, "same_digest_as_sequential": rec.get("digest") == ref}
 
 
 def _device_words(acc: str) -> str:
@@ -312,9 +329,18 @@ def summary_table(cases: list[dict], cores: int) -> list[str]:
             _rate(b[f"workers={cores}, pin_memory"]["samples_per_s"]),
             f"{_rate(rule[1]['samples_per_s'])} {rule[0][len('rule of thumb '):]}" if rule else "n/a (no accelerator)",
             _rate(best and best["samples_per_s"]), _cfg(best) if best else "n/a",
-            "— (not planned yet)", _rate(o["hand"]), _rate(o["executor"]),
+            _plan_cell(c, best), _rate(o["hand"]), _rate(o["executor"]),
             f"{o['ratio']:.2f}×" if o["ratio"] else "n/a"]) + " |")
     return lines
+
+
+def _plan_cell(case: dict, best: dict | None) -> str:
+    plan = case.get("plan")
+    if not plan or not plan.get("samples_per_s"):
+        return "n/a"
+    of_best = f", {plan['samples_per_s'] / best['samples_per_s']:.2f}× best" if best else ""
+    return (f"{_rate(plan['samples_per_s'])} (predicted {_rate(plan['predicted_samples_per_s'])}{of_best}"
+            f"{'' if plan.get('same_digest_as_sequential') else ', DIFFERS'})")
 
 
 def grid_table(case: dict) -> list[str]:
@@ -393,7 +419,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _notes(accs: list[str]) -> list[str]:
-    notes = ["placer's plan: missing — streams are not planned yet; the column is kept for it.",
+    notes = ["placer's plan: plan_stream with a %g s budget (profile, model, search, verification by short "
+             "runs), then measured like every cell; in brackets its predicted samples/s and its ratio to the "
+             "grid's best." % PLAN_BUDGET_S,
              "worker kinds measured: " + ", ".join(WORKER_KINDS) + " (process workers exist; add 'process' to "
              "WORKER_KINDS to measure them: each run then starts its worker processes).",
              "overhead: a hand-written loop (the same stage functions, called directly, in a torch DataLoader with "

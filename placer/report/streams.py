@@ -14,7 +14,6 @@ the time (preprocessing keeps up), and *balanced* otherwise. A run without worke
 Examples
 --------
 >>> from placer.data.run import StreamStageStats, StreamStats
-from placer.data.stream import StreamPlan
 >>> def node(name, kind, busy, starved, blocked, workers=1):
 ...     return StreamStageStats(name=name, kind=kind, device="cpu", workers=workers, worker_kind="thread",
 ...                             batches=10, busy_s=busy, starved_s=starved, blocked_s=blocked,

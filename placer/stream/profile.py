@@ -133,9 +133,11 @@ class _Sweep:
                 break
             self._add(run.nodes[0].name, c)
             value = b.values[self.prof.source]["host"]
-            self.samples.append(batch_len(value))
             self.prof.observe(self.prof.source, "host", value, done)
             for node in run.nodes[1:]:
+                if node.kind == "step":  # samples as the runner counts them: the step's first per-batch input
+                    src = next(iter(node.reads.values()))
+                    self.samples.append(batch_len(b.values[src][node.location]))
                 self._one(node, b, done)
             done += 1
             if done >= 2 and time.perf_counter() > t_end:

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -222,18 +221,6 @@ def build(size=None):
     return p
 '''
 
-#: ``placer run`` whose stream runs the stage in process workers (the command line has no option for it yet)
-WITH_PROCESSES = textwrap.dedent('''
-    import sys
-    import placer.cli.run as cli_run
-    from placer.stream import StreamConfig
-    cli_run._stream_config = lambda *a: StreamConfig(workers=2, worker_kind={"augment": "process"})
-    from placer.cli import main
-    sys.argv = ["placer", *sys.argv[1:]]
-    main()
-''')
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_ctrl_c_stops_placer_run_promptly_with_one_line_and_no_orphans(tmp_path, kind):
@@ -241,8 +228,9 @@ def test_ctrl_c_stops_placer_run_promptly_with_one_line_and_no_orphans(tmp_path,
     file.write_text(SLOW)
     marker = tmp_path / "marker"
     env = {**os.environ, "MARKER": str(marker), "PYTHONPATH": str(ROOT)}
-    start = [sys.executable, "-m", "placer"] if kind == "thread" else [sys.executable, "-c", WITH_PROCESSES]
-    proc = subprocess.Popen([*start, "run", str(file), "--placement", "all=cpu", "--workers", "2"],
+    extra = [] if kind == "thread" else ["--processes", "augment"]
+    proc = subprocess.Popen([sys.executable, "-m", "placer", "run", str(file), "--placement", "all=cpu",
+                             "--workers", "2", *extra],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90

@@ -30,6 +30,8 @@ def run(
     prefetch: int = typer.Option(None, "--prefetch", min=1, help="Streams: batches each queue holds (default 2)."),
     cache: str = typer.Option(None, "--cache", help="Streams: keep this deterministic stage's output in memory "
                                                     "after the first epoch."),
+    processes: str = typer.Option(None, "--processes", help="Streams: CPU stages (comma-separated) whose workers "
+                                                            "are processes, for pure-Python code that holds the GIL."),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
@@ -48,7 +50,7 @@ def run(
                 chosen = best_placement(p, p.size, site, reference=pipeline)
             spec, why = chosen
             planned = chosen.stream
-        stream = _stream_config(workers, prefetch, cache, planned)
+        stream = _stream_config(workers, prefetch, cache, planned, processes)
         result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream)
     except PlacerError as exc:
         fail(str(exc).splitlines()[0])
@@ -83,14 +85,19 @@ def run(
     c.print(f"outputs digest: {result.outputs_digest}")
 
 
-def _stream_config(workers: int | None, prefetch: int | None, cache: str | None, planned=None):
+def _stream_config(workers: int | None, prefetch: int | None, cache: str | None, planned=None,
+                   processes: str | None = None):
     """The stream settings: the plan's (when planned), with what the command line gives on top.
 
-    ``--workers`` given with a plan replaces the plan's workers of every stage.
+    ``--workers`` given with a plan replaces the plan's workers of every stage;
+    ``--processes`` makes the named stages' workers processes.
     """
     from placer.stream import StreamConfig
 
     given = {k: v for k, v in {"workers": workers, "prefetch": prefetch, "cache": cache}.items() if v is not None}
+    if processes:
+        kinds = dict(planned.worker_kind) if planned is not None else {}
+        given["worker_kind"] = {**kinds, **{n.strip(): "process" for n in processes.split(",") if n.strip()}}
     if planned is not None:
         if workers is not None:
             given["stage_workers"] = {}

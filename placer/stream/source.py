@@ -1,6 +1,6 @@
 """A stream's source: what its function returns, turned into batches for each epoch.
 
-May import: placer.pipeline, placer.stream.config; torch inside functions (only when
+May import: placer.pipeline, placer.stream.{config,nodes}; torch inside functions (only when
 the source returns a ``Dataset`` or a ``DataLoader``).
 
 A source function returns an iterable of batches (a generator, a list), a
@@ -13,28 +13,21 @@ given: the user's own settings are the baseline).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from typing import Any
 
 from placer.pipeline import BATCH_INFO, Stage
 from placer.stream.config import BatchInfo, StreamConfig
+from placer.stream.nodes import takes
 
 
 def call_source(stage: Stage, inputs: dict[str, Any], epoch: int) -> Any:
     """Call the source function for ``epoch`` (with ``batch_info`` when it takes it)."""
     impl = stage.impl_for("cpu")
     kwargs = {**inputs, **stage.params}
-    if BATCH_INFO in _params(impl.fn):
+    if takes(impl.fn, BATCH_INFO):
         kwargs[BATCH_INFO] = BatchInfo(epoch=epoch, index=-1, seq=-1)
     return impl.fn(**kwargs)
-
-
-def _params(fn: Any) -> set[str]:
-    try:
-        return set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return set()
 
 
 def describe_source(obj: Any) -> str:

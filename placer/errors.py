@@ -79,3 +79,11 @@ class CostModelError(PlacerError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; show it plainly
         return str(self.args[0]) if self.args else ""
+
+
+class OutputPathError(PlacerError):
+    """An output path cannot be written as a file (a directory, a link, a read-only folder, ...)."""
+
+
+class InputFileError(PlacerError, ValueError):
+    """An input file (JSON) cannot be read: missing, not UTF-8, not JSON, nested too deeply."""

@@ -7,7 +7,6 @@ them.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +16,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from placer.data.measures import TransferModel, Work
 from placer.devices import check_kind
 from placer.errors import PlacerError
-from placer.files import write_text_atomic
+from placer.files import read_json, write_text_atomic
 
 SCHEMA = "placer.profile/1"
 
@@ -126,15 +125,13 @@ class Profile(BaseModel):
     def load(cls, path: str | os.PathLike) -> Profile:
         """Read a profile file; raise :class:`~placer.errors.PlacerError` naming the problem."""
         p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise PlacerError(f"cannot read profile {str(p)!r}: {exc}; run `placer profile` again") from None
+        data = read_json(p, f"profile {str(p)!r}", "run `placer profile` again")
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise PlacerError(f"{str(p)!r} is not a placer profile (expected schema {SCHEMA!r})")
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
-            raise PlacerError(f"profile {str(p)!r}: field {where}: {first['msg']}") from None
+            fields = "; ".join(f"field {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+            raise PlacerError(f"profile {str(p)!r}: {fields}; run `placer profile` again") from None
+        except RecursionError:
+            raise PlacerError(f"profile {str(p)!r} is nested too deeply; run `placer profile` again") from None

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from placer.devices import Inventory
-from placer.errors import PlacerError
+from placer.errors import PlacerError, StageFailedError
 from placer.pipeline import Pipeline, as_pipeline
 from placer.site import ClusterSite, Costs, LocalSite, accelerators, open_site  # noqa: F401
 
@@ -245,11 +245,16 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
     def run(placement: Mapping[str, str]) -> Any:
         return site.execute(p, placement, warmup=warmup)
 
-    plan_run = timed("run plan", lambda: run(chosen.placement))
-    acc = next((d for d in costs.devices if d != "cpu"), None)
-    runs = _baseline_runs(p, plan_run, acc, run, timed) if baselines else {}
     table = costs.table(size, [*costs.devices, *costs.described])
     predictions = costs.predictions(size)
+    try:
+        plan_run = timed("run plan", lambda: run(chosen.placement))
+        acc = next((d for d in costs.devices if d != "cpu"), None)
+        runs = _baseline_runs(p, plan_run, acc, run, timed) if baselines else {}
+    except StageFailedError as exc:  # keep what was made: the caller may save it (`advise --save`)
+        exc.advised = Advised(pipeline=p, size=size, profile=costs.profile, plan=chosen, run=exc.run,
+                              costs=table, predictions=predictions, target=tgt, timings=timed.timings)
+        raise
     inv = costs.inventory if not local else site.inventory()
     facts = timed("facts", lambda: collect(plan=chosen, run=plan_run, baselines=runs, pipeline=p, costs=table,
                                            inventory=inv, predictions=predictions, target=tgt))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail
+from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds
 
 
 def profile_document(prof, model, size) -> dict:
@@ -42,15 +42,15 @@ def profile_document(prof, model, size) -> dict:
 @app.command("profile")
 def profile_cmd(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
-    size: int = typer.Option(None, "--size", help="The size to predict at; profiling goes up to a tenth of it."),
-    budget_s: float = typer.Option(60.0, "--budget-s", help="Time budget for the whole profile, in seconds."),
-    output: Path = typer.Option(None, "-o", "--output", help="Save the profile (JSON) here, for `placer plan --profile`."),
+    size: int = typer.Option(None, "--size", callback=positive_int, help="The size to predict at; profiling goes up to a tenth of it."),
+    budget_s: float = typer.Option(60.0, "--budget-s", callback=positive_seconds, help="Time budget for the whole profile, in seconds."),
+    output: Path = typer.Option(None, "-o", "--output", callback=output_path, help="Save the profile (JSON) here, for `placer plan --profile`."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
-    max_size: int = typer.Option(None, "--max-size", help="Largest size to profile (default: size / 10)."),
+    max_size: int = typer.Option(None, "--max-size", callback=positive_int, help="Largest size to profile (default: size / 10)."),
     devices: str = typer.Option(None, "--devices", help="Comma-separated devices to profile (default: all)."),
     describe: str = typer.Option(None, "--describe", help="Predict a device this machine lacks from its description "
                                  "(e.g. h200, or a JSON file); default: h200 when no GPU is profiled. 'none' to skip."),
-    threads: int = typer.Option(None, "--threads", help="Intra-op threads while profiling (default: as a run uses)."),
+    threads: int = typer.Option(None, "--threads", callback=positive_int, help="Intra-op threads while profiling (default: as a run uses)."),
     fresh: bool = typer.Option(False, "--fresh", help="Ignore cached measurements."),
 ) -> None:
     """Measure every stage of PIPELINE on every device at several sizes; fit and show the cost model."""
@@ -59,8 +59,6 @@ def profile_cmd(
     from placer.profile import ProfileCache
     from placer.site import LocalSite, costs_from_profile
 
-    if budget_s <= 0:
-        fail(f"--budget-s must be positive, got {budget_s}")
     try:
         left = budget_s - (time.perf_counter() - t_start) - 1.0  # keep a second for fitting and printing
         site = LocalSite(cache=None if not fresh else _fresh_cache(ProfileCache()))
@@ -70,9 +68,9 @@ def profile_cmd(
             "h200" if not any(d.get("kind") == "gpu" for d in prof.devices.values()) else None)
         model = costs_from_profile(prof, size=size, describe=want).model
     except PlacerError as exc:
-        fail(str(exc).splitlines()[0])
+        fail(error_line(exc))
     except (ValueError, TypeError, FileNotFoundError) as exc:
-        fail(f"{pipeline}: {exc}")
+        fail(f"{pipeline}: {error_line(exc)}")
     at = size or (max(prof.measured_sizes) if prof.measured_sizes else None)
     if output is not None:
         prof.save(output)

@@ -11,7 +11,10 @@ call kept apart, warm-up, device synchronisation inside the timed region, repeat
 until the median is stable. It records peak host and device memory and the bytes
 of every output, and (when no real GPU is profiled) counts each stage's work for
 predicting absent devices. Sizes grow until the next one would not fit in the time
-budget. The result is a :class:`~placer.data.profile.Profile`.
+budget, or in memory (the bytes measured at one size, scaled to the next, against
+:data:`MEMORY_SHARE` of the memory available); the first size is at most the
+pipeline's default size (:data:`FIRST_SIZE_MAX` without one), whatever ``size`` is
+asked for. The result is a :class:`~placer.data.profile.Profile`.
 
 Inside a cached profile each stage's entry is keyed by its code hash at the profiled
 sizes and the sizes themselves, so a changed stage re-measures that stage only and
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import hashlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -44,6 +48,12 @@ from placer.timing import measure
 #: geometric step between profiled sizes, and how many sizes at most
 GROWTH = 2
 MAX_POINTS = 6
+#: the first profiled size is at most the pipeline's default size (``build(None)``), or this
+#: when it has none, so ``--size 1000000000000`` starts small and grows while budget and memory last
+FIRST_SIZE_MAX = 10_000
+#: a size whose measured memory, scaled from the size before, would exceed this share of the
+#: host memory available is not profiled
+MEMORY_SHARE = 0.5
 #: timed work gathered per (stage, device, size) point before stopping (with at least
 #: three repeats): enough for a stable lower quartile, small next to a full run
 MIN_TIMED_S = 0.05
@@ -60,6 +70,56 @@ def plan_sizes(max_size: int, *, points: int = MAX_POINTS, growth: float = GROWT
         raise ValueError(f"the largest profiled size must be at least 1, got {max_size}")
     out = sorted({max(min_size, int(max_size / growth**k)) for k in range(points)})
     return [s for s in out if s >= min_size]
+
+
+def start_small(sizes: list[int], first_max: int, growth: float = GROWTH) -> list[int]:
+    """``sizes`` with smaller sizes before them, so that the first is at most ``first_max``.
+
+    >>> start_small([1000, 2000], 300)
+    [250, 500, 1000, 2000]
+    """
+    out = sorted(sizes)
+    while out and out[0] > max(first_max, 1):
+        out.insert(0, max(1, int(out[0] / growth)))
+    return out
+
+
+def _default_size(build: Callable) -> int | None:
+    """The pipeline's own size when built without one (its author's runnable default)."""
+    try:
+        size = build(None).size
+    except Exception:  # noqa: BLE001 - a build that needs a size has no default
+        return None
+    return int(size) if isinstance(size, (int, float)) and size >= 1 else None
+
+
+def available_memory() -> float | None:
+    """Bytes of host memory available now (None when unknown)."""
+    try:
+        import psutil
+
+        return float(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - psutil missing or unsupported here
+        try:
+            return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+
+
+def memory_note(prof: Profile, last: int, nxt: int) -> str | None:
+    """Why size ``nxt`` is not profiled, when the memory measured at ``last`` scaled up would not fit."""
+    held = peak = 0.0
+    for sp in prof.stages.values():
+        pts = [pt for dp in sp.devices.values() for pt in dp.points if pt.size == last]
+        if pts:
+            held += max(pt.output_bytes for pt in pts)
+            peak = max(peak, max(pt.peak_host_bytes for pt in pts))
+    need = (held + peak) * nxt / max(last, 1)
+    free = available_memory()
+    if free is None or need <= MEMORY_SHARE * free:
+        return None
+    return (f"stopped before size {nxt}: it would need about {need / 1e9:.1f} GB of memory "
+            f"(scaled from size {last}), more than {MEMORY_SHARE:.0%} of the {free / 1e9:.1f} GB available")
 
 
 def stage_key(versions: Iterable[str], sizes: Iterable[int]) -> str:
@@ -217,6 +277,7 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
     if sizes is None:
         top = max_size or (max(1, size // 10) if size else (probe.size or 1))
         sizes = plan_sizes(top) if probe.size is not None or size is not None else [probe.size or 1]
+        sizes = start_small(sizes, _default_size(build) or FIRST_SIZE_MAX)
     sizes = sorted(set(int(s) for s in sizes))
     store = None if cache is False else (cache or ProfileCache())
     cached = store.load(name, fp) if store else None
@@ -289,6 +350,11 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
                     if guess > budget.left:
                         notes.append(f"stopped before size {s}: it would take about {guess:.1f} s, "
                                      f"{max(budget.left, 0):.1f} s of the budget left")
+                        break
+                if last is not None:
+                    too_big = memory_note(prof, last[0], s)
+                    if too_big:
+                        notes.append(too_big)
                         break
                 t0 = time.perf_counter()
                 cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,

@@ -47,7 +47,7 @@ def _writable_in_place(mode: int) -> bool:
 def _existing(path: Path) -> os.stat_result | None:
     try:
         return os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
 
 

@@ -113,14 +113,17 @@ def advise_command(
         with display:
             advised = advise(pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
                              executor=executor, baselines=baselines, step=step, scheduler=scheduler)
+            if save is not None:  # before the report: a report that cannot be written loses nothing
+                advised.save(save)
             with step(f"writing the report to {output}"):
                 write_report(advised.facts, output, kind, pictures_dir=pictures)
     except PlacerError as exc:
         fail(error_line(exc) + _save_partial(exc, save))
     except (ValueError, KeyError) as exc:
         fail(f"{pipeline}: {error_line(exc).strip(chr(39))}")
-    if save is not None:
-        advised.save(save)
+    except OSError as exc:
+        kept = f"; the profile, plan and runs are saved in {save}" if save is not None else ""
+        fail(f"cannot write {exc.filename or output}: {exc.strerror or exc}{kept}")
     if as_json:
         print(json.dumps(summary_document(advised, output), indent=2))
         return

@@ -25,7 +25,8 @@ What each kind of output contributes:
 - ``dict``: its items, whatever the insertion order; ``list`` and ``tuple``: their
   items in order; ``set`` and ``frozenset``: their items, whatever the order;
 - dataclasses, pydantic models, pandas objects (columns, index, values), torch
-  modules (their ``state_dict``);
+  modules (their ``state_dict``), dask collections (their computed result), other
+  array-likes (``__array__``);
 - any other object: its class and its attributes (``__dict__`` or ``__slots__``),
   else its ``repr`` with memory addresses removed. Nothing is pickled.
 
@@ -148,6 +149,11 @@ def _container_token(value: Any, depth: int, stack: set[int]) -> str:
         return "seq[" + ",".join(_token(v, depth, stack) for v in value) + "]"
     if isinstance(value, (set, frozenset)):
         return "set{" + ",".join(sorted(_token(v, depth, stack) for v in value)) + "}"
+    if hasattr(value, "__dask_graph__") and callable(getattr(value, "compute", None)):  # lazy: its result
+        return _token(value.compute(), depth, stack)
+    array = _as_array(value)
+    if array is not None:  # cupy, jax, xarray, ...: digested as the numpy array they hold
+        return _array_token(array, depth, stack)
     name = f"{type(value).__module__}.{type(value).__qualname__}"
     parts = _parts(value)
     if parts is not None:
@@ -157,6 +163,17 @@ def _container_token(value: Any, depth: int, stack: set[int]) -> str:
     except Exception as exc:  # a broken __repr__ still gets a digest
         text = f"<repr failed: {type(exc).__name__}>"
     return name + "repr:" + _hash(_ADDRESS.sub("", text).encode("utf-8", "surrogatepass"))
+
+
+def _as_array(value: Any) -> np.ndarray | None:
+    """A non-pandas array-like (``__array__``) as a numpy array; None for anything else."""
+    if isinstance(value, type) or not hasattr(value, "__array__") or (type(value).__module__ or "").startswith("pandas"):
+        return None
+    try:
+        out = np.asarray(value)
+    except Exception:  # noqa: BLE001 - an __array__ that fails: digest the object otherwise
+        return None
+    return out if out.dtype.kind != "O" else None
 
 
 def _parts(value: Any) -> dict | None:
@@ -244,7 +261,7 @@ def _difference(x: Any, y: Any, rtol: float, atol: float, depth: int) -> tuple[s
     """``(where, what)`` of the first difference between ``x`` and ``y``, or None."""
     if depth > MAX_DEPTH:
         return None
-    x, y = to_numpy(x), to_numpy(y)
+    x, y = _host(x), _host(y)
     if isinstance(x, (float, complex, np.ndarray, np.generic)) and not isinstance(x, (str, bytes)):
         return _array_difference(x, y, rtol, atol)
     if type(x) is not type(y) and not (isinstance(x, (list, tuple)) and isinstance(y, (list, tuple))):
@@ -274,6 +291,17 @@ def _difference(x: Any, y: Any, rtol: float, atol: float, depth: int) -> tuple[s
     if _token(x) != _token(y):
         return "", f"values differ ({_short(x)} vs {_short(y)})"
     return None
+
+
+def _host(value: Any) -> Any:
+    """``value`` as the digest sees it: host numpy for array-likes, the result of a lazy collection."""
+    value = to_numpy(value)
+    if hasattr(value, "__dask_graph__") and callable(getattr(value, "compute", None)):
+        value = to_numpy(value.compute())
+    if isinstance(value, (np.ndarray, np.generic, str, bytes, int, float, complex, dict, list, tuple, set)):
+        return value
+    array = _as_array(value)
+    return value if array is None else array
 
 
 def _array_difference(x: Any, y: Any, rtol: float, atol: float) -> tuple[str, str] | None:

@@ -83,8 +83,11 @@ class CostModelError(PlacerError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class OutputPathError(PlacerError):
-    """An output path cannot be written as a file (a directory, a link, a read-only folder, ...)."""
+class OutputPathError(PlacerError, OSError):
+    """An output path cannot be written as a file (a directory, a link, a read-only folder, ...).
+
+    Also an ``OSError``, so code that handles a failed write handles this one too.
+    """
 
 
 class InputFileError(PlacerError, ValueError):

@@ -484,6 +484,34 @@ def test_deeply_nested_saved_plan_and_profile_are_refused_naming_the_file(tmp_pa
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A real run saved as JSON (``placer run -o``)."""
+    folder = tmp_path_factory.mktemp("saved")
+    f = write(folder / "marked.py", MARKED)
+    out = folder / "run.json"
+    assert cli("run", f, "--placement", "all=cpu", "-o", out).exit_code == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("makespan_s", -5.0, "makespan_s is -5.0"),
+    ("makespan_s", "NaN", "makespan_s is nan"),
+    ("seconds", float("inf"), "stages[0] ('load').seconds is inf"),
+    ("start_s", float("nan"), "stages[0] ('load').start_s is nan"),
+])
+def test_a_tampered_saved_run_is_refused_naming_the_file_and_field(tmp_path, saved_run, field, value, says):
+    doc = json.loads(json.dumps(saved_run))
+    (doc if field == "makespan_s" else doc["stages"][0])[field] = value
+    path = tmp_path / "tampered.json"
+    path.write_text(json.dumps(doc))
+    r = cli("report", "--run", path, "-o", tmp_path / "r.md")
+    assert r.exit_code == 1
+    line = one_error_line(r)
+    assert "tampered.json" in line and says in line
+    assert not (tmp_path / "r.md").exists()
+
+
 def dag_table(n: int) -> dict:
     """``n`` stages, each reading the two before it (not a chain), with a CPU and a GPU."""
     stages = [{"name": f"s{i}", "inputs": [f"s{j}" for j in (i - 1, i - 2) if j >= 0], "output_bytes": 1e6,

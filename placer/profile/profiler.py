@@ -149,6 +149,8 @@ def profile(
         not fit. None: no limit.
     devices : list of str, optional
         Devices to profile (default: every device of the inventory).
+    inventory : Inventory, optional
+        The devices there are (default: discovered on this machine).
     cache : ProfileCache, None or False
         Where cached entries are read and the result written (None: the default
         cache; False: no cache).

@@ -1,6 +1,6 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
-May import: placer.{pipeline,devices,loader,errors,site,report}, and
+May import: placer.{pipeline,devices,loader,errors,site,report,log}, and
 placer.executor.distributed's errors and placer.stream.planner inside functions. torch, dask and numba are
 reached only through the site (its profiler and executor).
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from placer.devices import Inventory
 from placer.errors import PlacerError
+from placer.log import get_logger
 from placer.pipeline import Pipeline, as_pipeline
 from placer.site import ClusterSite, Costs, LocalSite, accelerators, open_site  # noqa: F401
 
@@ -35,6 +36,8 @@ DEFAULT_BUDGET_S = 30.0
 RUN_BUDGET_S = 10.0
 #: devices that may be described for planning when absent (see placer/data/)
 TARGETS = ("h200",)
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -137,9 +140,11 @@ class _Timed:
 
     def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()
+        log.info("%s ...", name)
         with self.step(name):
             out = fn()
         self.timings[name] = time.perf_counter() - t0
+        log.info("%s: done in %.2f s", name, self.timings[name])
         return out
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from placer.cli.app import app, fail
+from placer.cli.options import build_param_option
 
 
 def progress_steps(show: bool):
@@ -79,6 +80,7 @@ def stream_summary(s, plan) -> dict:
 
 
 @app.command("advise")
+@build_param_option
 def advise_command(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
     size: int = typer.Option(None, "--size", help="Size to plan and run at (rows, batch, ...)."),

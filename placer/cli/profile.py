@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from placer.cli.app import app, fail
+from placer.cli.options import build_param_option
 
 
 def profile_document(prof, model, size) -> dict:
@@ -40,6 +41,7 @@ def profile_document(prof, model, size) -> dict:
 
 
 @app.command("profile")
+@build_param_option
 def profile_cmd(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
     size: int = typer.Option(None, "--size", help="The size to predict at; profiling goes up to a tenth of it."),

@@ -8,9 +8,11 @@ from pathlib import Path
 import typer
 
 from placer.cli.app import app, fail
+from placer.cli.options import build_param_option
 
 
 @app.command("run")
+@build_param_option
 def run(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
     size: int = typer.Option(None, "--size", help="Scale of the pipeline (rows, batch, ...)."),

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from placer.cli.app import app, fail
-from placer.cli.options import build_param_option
+from placer.cli.options import build_param_option, trace_option, write_trace_file
 
 
 def progress_steps(show: bool):
@@ -98,6 +98,7 @@ def advise_command(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
     scheduler: str = typer.Option(None, "--scheduler",
                                   help="Advise for a dask.distributed cluster at this address (tcp://HOST:PORT)."),
+    trace: Path = trace_option(),
 ) -> None:
     """Profile PIPELINE, plan it, run the plan and its alternatives, and write a report."""
     from placer.advisor import advise
@@ -121,6 +122,7 @@ def advise_command(
         fail(f"{pipeline}: {str(exc).strip(chr(39))}")
     if save is not None:
         advised.save(save)
+    write_trace_file(trace, {"plan": advised.run, **advised.baselines})
     if as_json:
         print(json.dumps(summary_document(advised, output), indent=2))
         return

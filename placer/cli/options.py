@@ -142,10 +142,13 @@ def trace_option() -> Any:
     return typer.Option(None, "--trace", help=TRACE_HELP, dir_okay=False)
 
 
-def write_trace_file(path: Path | None, run: Any, **names: Any) -> None:
-    """Write ``run``'s timeline to ``path`` as a Chrome trace (nothing when ``path`` is None)."""
-    if path is None or run is None:
+def write_trace_file(path: Path | None, runs: Any) -> None:
+    """Write the timeline of ``runs`` (a Run, or ``{label: Run}``) to ``path`` as a Chrome trace.
+
+    Nothing when ``path`` is None.
+    """
+    if path is None or not runs:
         return
     from placer.trace import write_trace
 
-    write_trace(run, path, **names)
+    write_trace(runs, path)

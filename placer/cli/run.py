@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from placer.cli.app import app, fail
-from placer.cli.options import build_param_option
+from placer.cli.options import build_param_option, trace_option, write_trace_file
 
 
 @app.command("run")
@@ -34,6 +34,7 @@ def run(
                                                     "after the first epoch."),
     processes: str = typer.Option(None, "--processes", help="Streams: CPU stages (comma-separated) whose workers "
                                                             "are processes, for pure-Python code that holds the GIL."),
+    trace: Path = trace_option(),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
@@ -59,6 +60,7 @@ def run(
     except (ValueError, TypeError) as exc:
         fail(f"{pipeline}: {exc}")
     doc = result.summary()
+    write_trace_file(trace, result)
     if output is not None:
         write_text_atomic(output, json.dumps(doc, indent=2))
     if as_json:

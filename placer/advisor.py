@@ -59,6 +59,23 @@ class Advised:
     #: for a pipeline with streams: each stream's plan (:class:`~placer.data.stream.StreamPlan`)
     stream_plans: list[Any] = field(default_factory=list)
 
+    def tables(self) -> dict[str, list[dict]]:
+        """The report's tables (``stages``, ``transfers``, ``what_if``) as lists of rows."""
+        return self.facts.tables()
+
+    def to_pandas(self, table: str = "stages"):
+        """One of the report's tables as a ``pandas.DataFrame``; see :meth:`placer.data.views.Views.to_pandas`.
+
+        Parameters
+        ----------
+        table : {"stages", "transfers", "what_if"}
+            Which table.
+        """
+        return self.facts.to_pandas(table)
+
+    def _repr_html_(self) -> str:
+        return self.facts._repr_html_()
+
     def save(self, folder: str | Path) -> dict[str, Path]:
         """Write profile, plan, runs and facts as JSON files in ``folder``; return their paths."""
         from placer.files import write_text_atomic

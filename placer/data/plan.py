@@ -1,6 +1,6 @@
 """A plan: a placement, its predicted schedule, and the reason for every choice.
 
-May import: pydantic, placer.files. Plain data: :mod:`placer.optimize` makes these,
+May import: pydantic, placer.files, placer.data.views. Plain data: :mod:`placer.optimize` makes these,
 the executor runs ``Plan.placement``, the report explains them.
 """
 
@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from placer.files import write_text_atomic
+
+from placer.data.views import Views
 
 
 class StageEvent(BaseModel):
@@ -63,7 +65,7 @@ class StageChoice(BaseModel):
     pinned: bool = False
 
 
-class Plan(BaseModel):
+class Plan(Views, BaseModel):
     """A placement (stage -> device), its predicted schedule, and the reason for every choice.
 
     Anyone may build one by hand; only ``placement`` is needed to run it.

@@ -1,6 +1,6 @@
 """What a run records: the timeline of stages and transfers, and the outputs' digest.
 
-May import: pydantic.
+May import: pydantic, placer.data.views (tables and the notebook view).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr
+
+from placer.data.views import Views
 
 
 # Plain dataclasses, not models: one is made per stage on the executor's hot path, and
@@ -106,7 +108,7 @@ class StreamStats(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-class Run(BaseModel):
+class Run(Views, BaseModel):
     """A finished (or failed) run of a pipeline under a placement.
 
     ``outputs`` (not serialised) holds every finished stage's output as produced;

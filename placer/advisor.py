@@ -86,6 +86,16 @@ class Advised:
                 **{f"run-{k}": v for k, v in self.baselines.items()},
                 **{f"stream-plan-{sp.source}": sp for sp in self.stream_plans}}
         out = {}
+        if self.profile is not None:  # the shape `placer profile -o` saves
+            import json
+
+            from placer.data.documents import profile_document
+            from placer.site import costs_from_profile
+
+            model = costs_from_profile(self.profile, size=self.size).model
+            doc = profile_document(self.profile, model, self.size)
+            out["profile"] = write_text_atomic(folder / "profile.json", json.dumps(doc, indent=1, default=str))
+            docs.pop("profile")
         for name, obj in docs.items():
             if obj is None:
                 continue

@@ -152,6 +152,11 @@ def load_builder(ref: str):
     return fn
 
 
+def current_build_params() -> dict[str, Any]:
+    """The keyword arguments :func:`build_params` gives every ``build()`` here (a copy)."""
+    return dict(_BUILD_PARAMS.get())
+
+
 def load_pipeline(ref: str, size: int | None = None, **params: Any) -> Pipeline:
     """Build the pipeline a reference names, at ``size``.
 

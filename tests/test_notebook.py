@@ -67,7 +67,8 @@ def test_run_views(a_run):
     df = a_run.to_pandas()
     assert list(df["stage"]) == ["make", "total"]
     assert (df["seconds"] >= 0).all() and set(df["device"]) == {"cpu"}
-    assert a_run.to_pandas("transfers").empty
+    copies = a_run.to_pandas("transfers")
+    assert copies.empty and {"src", "dst", "bytes"} <= set(copies.columns)
 
 
 def test_report_facts_and_advised_views(a_run):

@@ -184,6 +184,12 @@ def facts_html(facts: Any) -> str:
 
 _VIEWS = {"Plan": (plan_tables, plan_html), "Run": (run_tables, run_html),
           "ReportFacts": (facts_tables, facts_html)}
+#: the columns of a table with no rows (an empty DataFrame still says what it would hold)
+_EMPTY = {
+    "stages": ["stage", "device", "seconds"],
+    "transfers": ["data", "src", "dst", "bytes", "start_s", "seconds"],
+    "what_if": ["option", "predicted_s", "measured_s"],
+}
 
 
 def _views_of(obj: Any):
@@ -193,14 +199,15 @@ def _views_of(obj: Any):
     raise TypeError(f"{type(obj).__name__} has no table views")
 
 
-def to_pandas(rows: list[dict[str, Any]]):
-    """``rows`` as a ``pandas.DataFrame``; an ImportError naming the install command without pandas."""
+def to_pandas(rows: list[dict[str, Any]], columns: list[str] | None = None):
+    """``rows`` as a ``pandas.DataFrame`` (``columns`` when there are none); an ImportError naming the
+    install command without pandas."""
     try:
         import pandas as pd
     except ImportError as exc:
         raise ImportError("to_pandas() needs pandas, which placer does not install by itself: "
                           "pip install pandas (or pip install 'placer[pandas]')") from exc
-    return pd.DataFrame.from_records(rows)
+    return pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=columns or [])
 
 
 class Views:
@@ -230,7 +237,7 @@ class Views:
         tables = self.tables()
         if table not in tables:
             raise ValueError(f"unknown table {table!r}; use one of {', '.join(tables)}")
-        return to_pandas(tables[table])
+        return to_pandas(tables[table], _EMPTY.get(table))
 
     def _repr_html_(self) -> str:
         return _views_of(self)[1](self)

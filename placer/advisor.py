@@ -42,7 +42,39 @@ log = get_logger(__name__)
 
 @dataclass
 class Advised:
-    """Everything the advise flow produced; each part serialises to JSON."""
+    """Everything the advise flow produced; each part serialises to JSON.
+
+    In a notebook it displays as its report's summary; ``to_pandas()`` gives its tables.
+
+    Attributes
+    ----------
+    pipeline : Pipeline
+        The built pipeline.
+    size : int or None
+        The size planned and run at.
+    profile : Profile
+        The measurements (None for a pipeline with streams).
+    plan : Plan
+        The chosen placement with its reasons (None with streams: see ``stream_plans``).
+    run : Run
+        The measured run of the plan.
+    baselines : dict of str to Run
+        ``all_cpu``, ``all_gpu``, ``rule_of_thumb`` as measured (a stream's usual settings).
+    costs : CostTable
+        The cost table planned from.
+    predictions : dict
+        Stage → device → the prediction at ``size`` (value, label, error).
+    target : dict or None
+        The plan for a described absent device (predictions only).
+    facts : ReportFacts
+        What the report says.
+    timings : dict of str to float
+        Seconds each step took.
+    inventory : Inventory
+        The devices.
+    stream_plans : list of StreamPlan
+        Each stream's plan, for a pipeline with streams.
+    """
 
     pipeline: Pipeline
     size: int | None

@@ -61,7 +61,18 @@ STATE = "state"
 
 
 class Impl(BaseModel):
-    """One implementation of a stage: a callable and the data format it takes."""
+    """One implementation of a stage: a callable and the data format it takes.
+
+    Parameters
+    ----------
+    fn : callable
+        The implementation; its arguments are the stage's inputs and params.
+    api : {"torch", "numpy", "numba.cuda", "any"}
+        The data format it wants (see :data:`API`); inputs are converted to it.
+    takes_device : bool
+        Filled in from the signature: whether ``fn`` has a ``device`` parameter
+        (only then is ``device=`` passed).
+    """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
 

@@ -18,12 +18,17 @@ ENTRY_POINTS = ("advise", "execute", "profile", "plan", "report", "Pipeline", "S
 
 
 def documented_parameters(doc: str) -> set[str]:
-    """Names in the numpydoc ``Parameters`` section of ``doc`` (``a, b : type`` lines count each name)."""
-    m = re.search(r"^Parameters\n-+\n(.*?)(?:^\S[^\n]*\n-+\n|\Z)", doc, re.S | re.M)
-    if not m:
-        return set()
+    """Names in the numpydoc ``Parameters`` (or, for data, ``Attributes``) sections of ``doc``
+    (``a, b : type`` lines count each name)."""
     names = set()
-    for line in m.group(1).splitlines():
+    for m in re.finditer(r"^(?:Parameters|Attributes)\n-+\n(.*?)(?=^\S[^\n]*\n-+\n|\Z)", doc, re.S | re.M):
+        names |= _names(m.group(1))
+    return names
+
+
+def _names(section: str) -> set[str]:
+    names = set()
+    for line in section.splitlines():
         if line and not line[0].isspace():
             head = line.split(" : ")[0]
             names |= {n.strip().lstrip("*") for n in head.split(",") if n.strip()}
@@ -51,8 +56,13 @@ def test_entry_points_show_in_dir_and_all(name):
     assert name in placer.__all__
 
 
-@pytest.mark.parametrize("name", ENTRY_POINTS)
-def test_entry_points_document_every_parameter(name):
+# outputs_digest is documented in prose (its one parameter is the outputs)
+DOCUMENTED = sorted(n for n in placer.__all__ if n not in ("outputs_digest",) and not n.endswith("Error")
+                    and not n.endswith("Warning"))
+
+
+@pytest.mark.parametrize("name", DOCUMENTED)
+def test_public_names_document_every_parameter(name):
     obj = getattr(placer, name)
     doc = inspect.getdoc(obj.__entry__ if hasattr(obj, "__entry__") else obj)
     missing = [p for p in parameters(obj) if p not in documented_parameters(doc)]

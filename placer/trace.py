@@ -9,7 +9,7 @@ of the format (``{"traceEvents": [...], "displayTimeUnit": "ms"}``):
 
 - each run is a process (``pid``), named after the pipeline and the run's label
   (``plan``, ``all_cpu``, ...), so a plan and its baselines sit one above the other;
-- each lane that ran stages is a thread (``tid``): one per CPU worker lane
+- each lane that ran one-shot stages is a thread (``tid``): one per CPU worker lane
   (``cpu/0``, ``cpu/1``, ...), one per accelerator, and on a cluster one per worker
   and lane; each copy direction between two locations is a thread of its own (a
   link, ``link host → gpu:0``);
@@ -21,7 +21,7 @@ of the format (``{"traceEvents": [...], "displayTimeUnit": "ms"}``):
   (``"ph": "M"``) name the processes and threads and keep them in order.
 
 A run records a stream's stages over the whole stream (not batch by batch), so a
-stream shows as those stage-level spans.
+stream shows as stage-level spans, one track per stage (they overlap in time).
 
 Examples
 --------
@@ -84,7 +84,11 @@ def _run_events(run: Run, pid: int, label: str | None) -> list[dict[str, Any]]:
         return tids[key]
 
     for s in sorted(run.stages, key=lambda r: (r.worker or "", r.lane, r.start_s)):
-        t = tid(("lane", s.worker or "", s.lane), _lane_name(s.lane, s.device, s.worker))
+        if s.workers is not None:  # a stream's stages overlap in time: each gets a track of its own
+            t = tid(("stream", s.name), f"stream stage {s.name} ({s.device}, {s.workers} {s.worker_kind or 'thread'} "
+                                        f"worker{'s' if s.workers != 1 else ''})")
+        else:
+            t = tid(("lane", s.worker or "", s.lane), _lane_name(s.lane, s.device, s.worker))
         events.append({"name": s.name, "cat": "stage", "ph": "X", "ts": s.start_s * US,
                        "dur": max(s.end_s - s.start_s, 0.0) * US, "pid": pid, "tid": t, "args": _stage_args(s)})
     for c in sorted(run.transfers, key=lambda r: (r.src, r.dst, r.start_s)):

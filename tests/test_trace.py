@@ -43,13 +43,14 @@ def tracks(doc: dict) -> dict[tuple[int, int], str]:
 
 def two_device_run() -> Run:
     return Run(
-        pipeline="demo", size=100, placement={"load": "cpu", "side": "cpu", "train": "gpu:0"}, executor="threads",
-        workers=2, makespan_s=1.5,
+        pipeline="demo", size=100, placement={"load": "cpu", "side": "cpu", "train": "gpu:0", "score": "gpu:0"}, executor="threads",
+        workers=2, makespan_s=1.6,
         stages=[StageRecord(name="load", device="cpu", lane="cpu/0", start_s=0.0, end_s=0.25, seconds=0.25,
                             output_bytes=4096),
                 StageRecord(name="side", device="cpu", lane="cpu/1", start_s=0.0, end_s=0.5, seconds=0.5),
                 StageRecord(name="train", device="gpu:0", lane="gpu:0", start_s=0.3, end_s=1.5, seconds=1.2,
-                            busy_s=1.0, starved_s=0.2, blocked_s=0.0, workers=1, worker_kind="thread")],
+                            busy_s=1.0, starved_s=0.2, blocked_s=0.0, workers=1, worker_kind="thread"),
+                StageRecord(name="score", device="gpu:0", lane="gpu:0", start_s=1.5, end_s=1.6, seconds=0.1)],
         transfers=[TransferRecord(data="load", src="host", dst="gpu:0", direction="h2d", bytes=4096,
                                   start_s=0.25, end_s=0.3, seconds=0.05)])
 
@@ -58,7 +59,7 @@ def test_one_complete_event_per_stage_and_copy_in_microseconds():
     run = two_device_run()
     events = check_format(chrome_trace(run))
     stages = {e["name"]: e for e in events if e["cat"] == "stage"}
-    assert sorted(stages) == ["load", "side", "train"]
+    assert sorted(stages) == ["load", "score", "side", "train"]
     assert stages["train"]["ts"] == pytest.approx(0.3e6) and stages["train"]["dur"] == pytest.approx(1.2e6)
     assert stages["load"]["args"]["output_bytes"] == 4096
     assert stages["train"]["args"]["starved_s"] == 0.2  # a stream stage's accounting travels along
@@ -73,9 +74,10 @@ def test_each_cpu_worker_gpu_and_link_is_its_own_track():
     names = tracks(doc)
     track_of = {n: names[(e["pid"], e["tid"])] for n, e in events.items()}
     assert track_of["load"] == "cpu worker 0" and track_of["side"] == "cpu worker 1"
-    assert track_of["train"] == "gpu:0"
+    assert track_of["score"] == "gpu:0"
+    assert track_of["train"] == "stream stage train (gpu:0, 1 thread worker)"  # a stream stage: its own track
     assert track_of["copy load"] == "link host → gpu:0"
-    assert len(set(track_of.values())) == 4
+    assert len(set(track_of.values())) == 5
 
 
 def test_several_runs_are_several_processes_in_order(tmp_path):

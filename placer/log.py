@@ -46,6 +46,11 @@ def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(name if name == "placer" or name.startswith("placer.") else f"placer.{name}")
 
 
+def quiet() -> bool:
+    """True when only errors are to be shown (``placer -q``): progress displays stay off too."""
+    return logger.getEffectiveLevel() >= logging.ERROR
+
+
 def configure(verbosity: int = 0, stream=None) -> logging.Logger:
     """Show placer's log on ``stream`` (default stderr) at the level ``verbosity`` selects.
 
@@ -70,7 +75,7 @@ def configure(verbosity: int = 0, stream=None) -> logging.Logger:
     >>> get_logger("placer.demo").info("planned in %.1f s", 0.25)
     >>> out.getvalue()
     'placer: planned in 0.2 s\\n'
-    >>> _ = configure(0, out)
+    >>> log.removeHandler(log.handlers[-1]); log.setLevel(logging.NOTSET)  # as it was
     """
     level = LEVELS[max(-1, min(verbosity, 2))]
     for h in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:

@@ -167,6 +167,23 @@ def test_profiling_progress_shows_percent_and_eta_in_a_terminal(monkeypatch):
     assert "%" in shown and "ETA" in shown and "profiling slow" in shown
 
 
+def test_profiling_progress_is_silent_under_quiet(monkeypatch):
+    import placer
+    from placer.log import configure
+
+    import warnings
+
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    log = logging.getLogger("placer")
+    monkeypatch.setattr(log, "handlers", list(log.handlers))  # restored afterwards
+    monkeypatch.setattr(log, "level", log.level)
+    with warnings.catch_warnings():
+        configure(-1, io.StringIO())
+        placer.profile(_slow_pipeline, size=640, cache=False, budget_s=3, devices=["cpu"], progress=None)
+    assert term.getvalue() == ""
+
+
 def test_profiling_progress_is_silent_when_not_a_terminal(capsys):
     import placer
 

@@ -109,7 +109,9 @@ def advise_command(
         kind = infer_format(output, fmt)
     except ValueError as exc:
         fail(str(exc))
-    step, display = progress_steps(sys.stderr.isatty() and not as_json)
+    from placer.log import quiet
+
+    step, display = progress_steps(sys.stderr.isatty() and not as_json and not quiet())
     try:
         with display:
             advised = advise(pipeline, size=size, budget_s=budget_s, target=target, objective=objective,

@@ -108,7 +108,9 @@ def _now() -> str:
 
 def _progress(show: bool | None, total: int):
     if show is None:
-        show = sys.stderr.isatty()
+        from placer.log import quiet
+
+        show = sys.stderr.isatty() and not quiet()
     if not show:
         return contextlib.nullcontext(None)
     from rich.console import Console

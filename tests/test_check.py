@@ -75,6 +75,20 @@ def test_a_changed_placement_fails_and_names_the_stage():
     assert "placement changed: stage 'b' cpu -> gpu:0" in res.lines()
 
 
+def test_a_regression_counts_only_when_a_second_profile_confirms_it():
+    from placer.check import confirmed
+
+    base = prof(a=(0.1, 0.001), b=(0.1, 0.001))
+    burst = compare(base, CPU, prof(a=(0.35, 0.001), b=(0.1, 0.001)), {"a": "cpu", "b": "gpu:0"})
+    assert not burst.passed
+    calm = compare(base, CPU, prof(a=(0.11, 0.001), b=(0.1, 0.001)), CPU)
+    assert confirmed(burst, calm).passed  # one slow profile and one flipped plan: not confirmed
+    real = compare(base, CPU, prof(a=(0.3, 0.001), b=(0.1, 0.001)), {"a": "cpu", "b": "gpu:0"})
+    both = confirmed(burst, real)
+    assert not both.passed and both.slower[0].ratio == pytest.approx(3.0)  # the milder of 3.5x and 3x
+    assert [c.stage for c in both.placement_changes] == ["b"]
+
+
 def test_nothing_comparable_fails_instead_of_passing_blind():
     other = prof(a=(0.1, 0.001))
     other.stages["a"].devices["cpu"].points[0].size = 50  # no size in common

@@ -1,6 +1,6 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
-May import: placer.{pipeline,devices,loader,errors,site,report,digest}, and
+May import: placer.{pipeline,devices,loader,errors,site,report,digest,log}, and
 placer.executor.distributed's errors and placer.stream.planner inside functions. torch, dask and numba are
 reached only through the site (its profiler and executor).
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from placer.devices import Inventory
 from placer.errors import PlacerError, StageFailedError
+from placer.log import get_logger
 from placer.pipeline import Pipeline, as_pipeline
 from placer.site import ClusterSite, Costs, LocalSite, accelerators, open_site  # noqa: F401
 
@@ -36,10 +37,44 @@ RUN_BUDGET_S = 10.0
 #: devices that may be described for planning when absent (see placer/data/)
 TARGETS = ("h200",)
 
+log = get_logger(__name__)
+
 
 @dataclass
 class Advised:
-    """Everything the advise flow produced; each part serialises to JSON."""
+    """Everything the advise flow produced; each part serialises to JSON.
+
+    In a notebook it displays as its report's summary; ``to_pandas()`` gives its tables.
+
+    Attributes
+    ----------
+    pipeline : Pipeline
+        The built pipeline.
+    size : int or None
+        The size planned and run at.
+    profile : Profile
+        The measurements (None for a pipeline with streams).
+    plan : Plan
+        The chosen placement with its reasons (None with streams: see ``stream_plans``).
+    run : Run
+        The measured run of the plan.
+    baselines : dict of str to Run
+        ``all_cpu``, ``all_gpu``, ``rule_of_thumb`` as measured (a stream's usual settings).
+    costs : CostTable
+        The cost table planned from.
+    predictions : dict
+        Stage → device → the prediction at ``size`` (value, label, error).
+    target : dict or None
+        The plan for a described absent device (predictions only).
+    facts : ReportFacts
+        What the report says.
+    timings : dict of str to float
+        Seconds each step took.
+    inventory : Inventory
+        The devices.
+    stream_plans : list of StreamPlan
+        Each stream's plan, for a pipeline with streams.
+    """
 
     pipeline: Pipeline
     size: int | None
@@ -56,6 +91,23 @@ class Advised:
     #: for a pipeline with streams: each stream's plan (:class:`~placer.data.stream.StreamPlan`)
     stream_plans: list[Any] = field(default_factory=list)
 
+    def tables(self) -> dict[str, list[dict]]:
+        """The report's tables (``stages``, ``transfers``, ``what_if``) as lists of rows."""
+        return self.facts.tables()
+
+    def to_pandas(self, table: str = "stages"):
+        """One of the report's tables as a ``pandas.DataFrame``; see :meth:`placer.data.views.Views.to_pandas`.
+
+        Parameters
+        ----------
+        table : {"stages", "transfers", "what_if"}
+            Which table.
+        """
+        return self.facts.to_pandas(table)
+
+    def _repr_html_(self) -> str:
+        return self.facts._repr_html_()
+
     def save(self, folder: str | Path) -> dict[str, Path]:
         """Write profile, plan, runs and facts as JSON files in ``folder``; return their paths."""
         from placer.files import write_text_atomic
@@ -66,6 +118,16 @@ class Advised:
                 **{f"run-{k}": v for k, v in self.baselines.items()},
                 **{f"stream-plan-{sp.source}": sp for sp in self.stream_plans}}
         out = {}
+        if self.profile is not None:  # the shape `placer profile -o` saves
+            import json
+
+            from placer.data.documents import profile_document
+            from placer.site import costs_from_profile
+
+            model = costs_from_profile(self.profile, size=self.size).model
+            doc = profile_document(self.profile, model, self.size)
+            out["profile"] = write_text_atomic(folder / "profile.json", json.dumps(doc, indent=1, default=str))
+            docs.pop("profile")
         for name, obj in docs.items():
             if obj is None:
                 continue
@@ -137,9 +199,11 @@ class _Timed:
 
     def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()
+        log.info("%s ...", name)
         with self.step(name):
             out = fn()
         self.timings[name] = time.perf_counter() - t0
+        log.info("%s: done in %.2f s", name, self.timings[name])
         return out
 
 

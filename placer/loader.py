@@ -1,6 +1,6 @@
 """Loading a pipeline from a ``.py`` file or a ``module:function`` reference.
 
-May import: importlib, placer.pipeline, placer.errors.
+May import: importlib, contextvars, placer.pipeline, placer.errors.
 
 Where modules are looked up
 ---------------------------
@@ -40,11 +40,42 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from placer.errors import PlacerError, validation_line
 from placer.pipeline import Pipeline, as_pipeline
+
+#: keyword arguments every ``build()`` call gets (``placer run -p seed=1``); see :func:`build_params`
+_BUILD_PARAMS: ContextVar[dict[str, Any]] = ContextVar("placer_build_params", default={})
+
+
+@contextmanager
+def build_params(**params: Any) -> Iterator[dict[str, Any]]:
+    """Pass ``params`` to every ``build()`` that :func:`load_pipeline` calls inside the block.
+
+    This is how ``placer run|advise|plan|profile -p KEY=VALUE`` reaches the pipeline:
+    the profiler builds it at several sizes, and each build gets the parameters.
+    Keywords given to :func:`load_pipeline` itself win; blocks nest.
+
+    Parameters
+    ----------
+    **params
+        Keyword arguments for ``build()`` (``size`` is set by the caller).
+
+    Examples
+    --------
+    >>> with build_params(seed=1) as given:
+    ...     given
+    {'seed': 1}
+    """
+    merged = {**_BUILD_PARAMS.get(), **params}
+    token = _BUILD_PARAMS.set(merged)
+    try:
+        yield merged
+    finally:
+        _BUILD_PARAMS.reset(token)
 
 
 @contextmanager
@@ -173,10 +204,25 @@ def load_builder(ref: str):
     return fn
 
 
+def current_build_params() -> dict[str, Any]:
+    """The keyword arguments :func:`build_params` gives every ``build()`` here (a copy)."""
+    return dict(_BUILD_PARAMS.get())
+
+
 def load_pipeline(ref: str, size: int | None = None, **params: Any) -> Pipeline:
-    """Build the pipeline a reference names, at ``size``."""
+    """Build the pipeline a reference names, at ``size``.
+
+    Parameters
+    ----------
+    ref : str
+        A ``.py`` file exposing ``build(size=None, **params)``, or ``module:function``.
+    size : int, optional
+        Passed as ``size=`` when ``build`` takes it.
+    **params
+        More keyword arguments for ``build`` (on top of :func:`build_params`'s).
+    """
     build = load_builder(ref)
-    kwargs = dict(params)
+    kwargs = {**_BUILD_PARAMS.get(), **params}
     if "size" in inspect.signature(build).parameters:
         kwargs["size"] = size
     call = f"build({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"

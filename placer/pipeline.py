@@ -61,7 +61,18 @@ STATE = "state"
 
 
 class Impl(BaseModel):
-    """One implementation of a stage: a callable and the data format it takes."""
+    """One implementation of a stage: a callable and the data format it takes.
+
+    Parameters
+    ----------
+    fn : callable
+        The implementation; its arguments are the stage's inputs and params.
+    api : {"torch", "numpy", "numba.cuda", "any"}
+        The data format it wants (see :data:`API`); inputs are converted to it.
+    takes_device : bool
+        Filled in from the signature: whether ``fn`` has a ``device`` parameter
+        (only then is ``device=`` passed).
+    """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
 
@@ -90,6 +101,45 @@ class Stage(BaseModel):
 
     Inputs map the implementation's argument names to the producing stage's name;
     ``params`` are passed as keyword arguments too.
+
+    Parameters
+    ----------
+    name : str
+        Unique within its pipeline; other stages' ``inputs`` refer to it.
+    kind : {"cleaning", "preprocessing", "training", "inference", "other"}
+        What the stage does; reports, advice and the rule-of-thumb baseline use it.
+    fn : Impl, optional
+        The device-agnostic torch implementation (called with ``device=``).
+    cpu, gpu : Impl, optional
+        Device-specific implementations; each wins over ``fn`` on its device class.
+    inputs : dict of str to str
+        Argument name → the name of the stage whose output it receives.
+    pin : str, optional
+        A device the stage must run on (``"cpu"``, ``"gpu"``, ``"gpu:1"``).
+    params : dict
+        Keyword arguments passed on every call (part of the stage's code hash).
+    data_parallel : bool
+        The CPU implementation is row-wise along axis 0, so it may be split into partitions.
+    doc : str
+        One line for reports.
+    flops, bytes_moved : float, optional
+        Declared work counts, used to predict devices that are absent.
+    role : {"once", "source", "batch", "step"}
+        What the stage does in a stream (see :data:`Role`).
+    epochs : int
+        A source: passes over its data.
+    batch_size : int, optional
+        A source: samples per batch when its function returns a ``Dataset``.
+    init : callable, optional
+        A step: builds the state that persists across batches (``init(device=...)``).
+    random : bool
+        A per-batch stage whose output differs between epochs: never cached.
+
+    Examples
+    --------
+    >>> s = Stage(name="clean", kind="cleaning", fn=Impl(fn=lambda x, device: x), inputs={"x": "load"})
+    >>> s.inputs, s.fn.takes_device
+    ({'x': 'load'}, True)
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", validate_assignment=True)

@@ -1,6 +1,6 @@
 """Timing a callable: repeats, median and IQR, and the first call kept apart.
 
-May import: numpy, pydantic, placer.errors. Device synchronisation is passed in as a
+May import: numpy, pydantic, placer.errors, placer.warnings. Device synchronisation is passed in as a
 callable, so this module never imports torch or numba itself.
 
 A measurement is a set of repeats, never one number. :func:`measure` runs the
@@ -29,14 +29,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from placer.warnings import NoisyMeasurementWarning
+
 #: IQR/median above which a measurement is called noisy (as torch.utils.benchmark)
 NOISE_THRESHOLD = 0.1
 #: calls faster than this are timed in blocks of several calls
 BLOCK_TARGET_S = 1e-3
-
-
-class NoisyMeasurementWarning(UserWarning):
-    """A measurement's interquartile range exceeds 10% of its median."""
 
 
 class Measurement(BaseModel):

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from placer.cli.app import app, error_line, fail, output_folder, output_path, positive_int, positive_seconds, usage
+from placer.cli.options import build_param_option, trace_option, write_trace_file
 
 
 def progress_steps(show: bool):
@@ -79,6 +80,7 @@ def stream_summary(s, plan) -> dict:
 
 
 @app.command("advise")
+@build_param_option
 def advise_command(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
     size: int = typer.Option(None, "--size", callback=positive_int, help="Size to plan and run at (rows, batch, ...)."),
@@ -98,6 +100,7 @@ def advise_command(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
     scheduler: str = typer.Option(None, "--scheduler",
                                   help="Advise for a dask.distributed cluster at this address (tcp://HOST:PORT)."),
+    trace: Path = trace_option(),
 ) -> None:
     """Profile PIPELINE, plan it, run the plan and its alternatives, and write a report."""
     from placer.advisor import advise
@@ -108,7 +111,9 @@ def advise_command(
         kind = infer_format(output, fmt)
     except ValueError as exc:
         usage(str(exc))
-    step, display = progress_steps(sys.stderr.isatty() and not as_json)
+    from placer.log import quiet
+
+    step, display = progress_steps(sys.stderr.isatty() and not as_json and not quiet())
     try:
         with display:
             advised = advise(pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
@@ -117,6 +122,7 @@ def advise_command(
                 advised.save(save)
             with step(f"writing the report to {output}"):
                 write_report(advised.facts, output, kind, pictures_dir=pictures)
+            write_trace_file(trace, {"plan": advised.run, **advised.baselines})
     except PlacerError as exc:
         fail(error_line(exc) + _save_partial(exc, save))
     except (ValueError, KeyError) as exc:

@@ -151,11 +151,29 @@ def _on_interrupt(signum, frame) -> None:
     raise Interrupted()
 
 
+def _version(value: bool) -> None:
+    if value:
+        from placer import __version__
+
+        print(f"placer {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _every_command(ctx: typer.Context, show_traceback: bool = typer.Option(
-        False, "--traceback", help="On an error, also print its full traceback, your own code's frames included.")
+def _every_command(
+    ctx: typer.Context,
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print placer's version and exit."),
+    verbose: int = typer.Option(0, "-v", "--verbose", count=True,
+                                help="Log what each step does on stderr (-vv: debug detail)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Only errors on stderr: no log, no placer warnings."),
+    show_traceback: bool = typer.Option(
+        False, "--traceback", help="On an error, also print its full traceback, your own code's frames included."),
 ) -> None:
-    """Handle Ctrl-C while the command runs; the previous handler is back afterwards."""
+    """Set the log level; handle Ctrl-C while the command runs (the previous handler is back afterwards)."""
+    from placer.log import configure
+
+    configure(-1 if quiet else verbose)
     options.traceback = show_traceback
     if threading.current_thread() is not threading.main_thread():
         return

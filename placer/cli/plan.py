@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds, usage
+from placer.cli.options import build_param_option
 
 
 def _from_model(pipeline: str | None, profile_file: Path | None, size: int | None,
@@ -33,6 +34,7 @@ def _from_model(pipeline: str | None, profile_file: Path | None, size: int | Non
 
 
 @app.command("plan")
+@build_param_option
 def plan_command(
     pipeline: str = typer.Argument(None, help="A .py file exposing build(size=None, **params), or module:function."),
     size: int = typer.Option(None, "--size", callback=positive_int, help="Size to plan for (rows, batch, ...); for serving, the request's batch."),

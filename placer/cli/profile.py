@@ -9,42 +9,23 @@ from pathlib import Path
 import typer
 
 from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds
+from placer.cli.options import build_param_option
 
 
 def profile_document(prof, model, size) -> dict:
-    """The JSON document of ``placer profile --json``."""
-    return {
-        "pipeline": prof.pipeline,
-        "size": size,
-        "size_unit": prof.size_unit,
-        "fingerprint": prof.fingerprint,
-        "machine": prof.machine,
-        "devices": model.devices,
-        "budget_s": prof.budget_s,
-        "elapsed_s": prof.elapsed_s,
-        "sizes": prof.sizes,
-        "measured_sizes": prof.measured_sizes,
-        "labels": {
-            "measured": "a measurement on this machine at this size",
-            "predicted": "a fit to measurements on this machine, at a size not measured",
-            "roofline": "a roofline prediction for a device this machine lacks (not a measurement)",
-        },
-        "stages": model.summary(size),
-        "transfer": {d: tm.model_dump(mode="json") for d, tm in prof.transfer.items()},
-        "described_transfer": {
-            d: desc.transfer.model_dump(mode="json", exclude={"links": {"__all__": {"__all__": {"points"}}}})
-            for d, desc in model.described.items() if desc.transfer is not None
-        },
-        "notes": prof.notes,
-    }
+    """The JSON document ``placer profile --json`` prints and ``-o`` saves (schema: ``placer schema profile``)."""
+    from placer.data.documents import profile_document as document
+
+    return document(prof, model, size)
 
 
 @app.command("profile")
+@build_param_option
 def profile_cmd(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
     size: int = typer.Option(None, "--size", callback=positive_int, help="The size to predict at; profiling goes up to a tenth of it."),
     budget_s: float = typer.Option(60.0, "--budget-s", callback=positive_seconds, help="Time budget for the whole profile, in seconds."),
-    output: Path = typer.Option(None, "-o", "--output", callback=output_path, help="Save the profile (JSON) here, for `placer plan --profile`."),
+    output: Path = typer.Option(None, "-o", "--output", callback=output_path, help="Save the profile (JSON, as --json prints it) here, for `placer plan --profile`."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     max_size: int = typer.Option(None, "--max-size", callback=positive_int, help="Largest size to profile (default: size / 10)."),
     devices: str = typer.Option(None, "--devices", help="Comma-separated devices to profile (default: all)."),
@@ -56,6 +37,7 @@ def profile_cmd(
     """Measure every stage of PIPELINE on every device at several sizes; fit and show the cost model."""
     t_start = time.perf_counter()
     from placer.errors import PlacerError
+    from placer.files import write_text_atomic
     from placer.profile import ProfileCache
     from placer.site import LocalSite, costs_from_profile
 
@@ -72,9 +54,9 @@ def profile_cmd(
     except (ValueError, TypeError, FileNotFoundError) as exc:
         fail(f"{pipeline}: {error_line(exc)}")
     at = size or (max(prof.measured_sizes) if prof.measured_sizes else None)
-    if output is not None:
-        prof.save(output)
     doc = profile_document(prof, model, at)
+    if output is not None:  # one shape, printed or saved
+        write_text_atomic(output, json.dumps(doc, indent=1, default=str))
     if as_json:
         print(json.dumps(doc, indent=1, default=str))
         return

@@ -8,9 +8,11 @@ from pathlib import Path
 import typer
 
 from placer.cli.app import app, error_line, fail, output_path, positive_int
+from placer.cli.options import build_param_option, trace_option, write_trace_file
 
 
 @app.command("run")
+@build_param_option
 def run(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
     size: int = typer.Option(None, "--size", callback=positive_int, help="Scale of the pipeline (rows, batch, ...)."),
@@ -33,6 +35,7 @@ def run(
                                                     "after the first epoch."),
     processes: str = typer.Option(None, "--processes", help="Streams: CPU stages (comma-separated) whose workers "
                                                             "are processes, for pure-Python code that holds the GIL."),
+    trace: Path = trace_option(),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
@@ -61,6 +64,7 @@ def run(
     except (ValueError, TypeError) as exc:
         fail(f"{pipeline}: {error_line(exc)}")
     doc = result.summary()
+    write_trace_file(trace, result)
     if output is not None:
         write_text_atomic(output, json.dumps(doc, indent=2))
     if as_json:

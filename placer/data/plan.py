@@ -1,6 +1,6 @@
 """A plan: a placement, its predicted schedule, and the reason for every choice.
 
-May import: pydantic, placer.errors, placer.files. Plain data: :mod:`placer.optimize` makes these,
+May import: pydantic, placer.errors, placer.files, placer.data.views. Plain data: :mod:`placer.optimize` makes these,
 the executor runs ``Plan.placement``, the report explains them.
 """
 
@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from placer.errors import InputFileError
 from placer.files import read_json, write_text_atomic
+
+from placer.data.views import Views
 
 
 class StageEvent(BaseModel):
@@ -64,7 +66,7 @@ class StageChoice(BaseModel):
     pinned: bool = False
 
 
-class Plan(BaseModel):
+class Plan(Views, BaseModel):
     """A placement (stage -> device), its predicted schedule, and the reason for every choice.
 
     Anyone may build one by hand; only ``placement`` is needed to run it.

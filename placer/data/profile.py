@@ -123,9 +123,12 @@ class Profile(BaseModel):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Profile:
-        """Read a profile file; raise :class:`~placer.errors.PlacerError` naming the problem."""
+        """Read a profile file (a saved profile, or the document of ``placer profile -o``);
+        raise :class:`~placer.errors.PlacerError` naming the problem."""
         p = Path(path)
         data = read_json(p, f"profile {str(p)!r}", "run `placer profile` again")
+        if isinstance(data, dict) and isinstance(data.get("profile"), dict):
+            data = data["profile"]  # the document `placer profile -o/--json` writes holds the profile
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise PlacerError(f"{str(p)!r} is not a placer profile (expected schema {SCHEMA!r})")
         try:

@@ -1,6 +1,6 @@
 """The facts a report shows, as plain data: one pydantic model that is also the JSON format.
 
-May import: pydantic. Nothing else: every renderer (HTML, Markdown, JSON) reads a
+May import: pydantic, placer.data.views (tables and the notebook view). Nothing else: every renderer (HTML, Markdown, JSON) reads a
 :class:`ReportFacts`, and a saved ``report.json`` can be rendered again later.
 
 Seconds are wall-clock seconds; ``predicted`` numbers come from the cost model (or
@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_serializer
+
+from placer.data.views import Views
 
 SCHEMA = "placer.report/1"
 #: a device kind's name (:attr:`placer.devices.Device.kind`)
@@ -308,7 +310,7 @@ class StreamFacts(BaseModel):
     what_if: list[StreamOption] = Field(default_factory=list)
 
 
-class ReportFacts(BaseModel):
+class ReportFacts(Views, BaseModel):
     """Everything a report says. Its JSON is the report's ``json`` format."""
 
     schema_: str = Field(SCHEMA, alias="schema")

@@ -1,6 +1,6 @@
 """What a run records: the timeline of stages and transfers, and the outputs' digest.
 
-May import: pydantic.
+May import: pydantic, placer.data.views (tables and the notebook view).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
+
+from placer.data.views import Views
 
 
 # Plain dataclasses, not models: one is made per stage on the executor's hot path, and
@@ -112,11 +114,43 @@ def _check_seconds(where: str, value: float) -> None:
         raise ValueError(f"{where} is {value!r}; a run's times are finite and >= 0 (regenerate the file)")
 
 
-class Run(BaseModel):
+class Run(Views, BaseModel):
     """A finished (or failed) run of a pipeline under a placement.
 
     ``outputs`` (not serialised) holds every finished stage's output as produced;
-    ``final_outputs`` the sinks' outputs on the host.
+    ``final_outputs`` the sinks' outputs on the host. ``to_pandas()`` and the notebook
+    view come from :class:`~placer.data.views.Views`.
+
+    Attributes
+    ----------
+    pipeline : str
+        The pipeline's name.
+    size, size_unit
+        The size it was built at, and what that counts.
+    placement : dict of str to str
+        Stage → device it ran on.
+    executor : str
+        How stages were dispatched (``inline``, ``threads``, ``distributed``).
+    workers : int
+        CPU stages that could run at once.
+    makespan_s : float
+        Wall seconds from the first stage's start to the last one's end.
+    stages : list of StageRecord
+        Each stage's device, lane, start, end and seconds.
+    transfers : list of TransferRecord
+        Each copy between locations, with its bytes and seconds.
+    outputs_digest : str or None
+        A hash of the final outputs (:mod:`placer.digest`): equal on every placement.
+    devices : dict of str to str
+        Device → its description.
+    started_at : str
+        ISO time of the start.
+    versions : dict
+        Library versions (torch, numba, dask).
+    error, failed_stage : str or None
+        What failed and where (a failed run keeps the finished stages).
+    streams : list of StreamStats
+        One entry per stream: throughput, per-stage accounting, queues.
     """
 
     pipeline: str

@@ -18,7 +18,25 @@ from placer.errors import DeviceError, DeviceUnavailableError
 
 
 class Device(BaseModel):
-    """One device placer can run stages on; ``kind`` is a registered kind's name."""
+    """One device placer can run stages on; ``kind`` is a registered kind's name.
+
+    Attributes
+    ----------
+    name : str
+        What placements call it: ``cpu``, ``gpu:0``, ``gpu-sim``.
+    kind : str
+        A registered device kind (:func:`placer.devices.register_kind`): ``cpu``, ``gpu``, ``sim``.
+    label : str
+        A human description (model, cores, memory).
+    index : int, optional
+        The accelerator's index among its kind.
+    workers : int
+        Stages it may run at once (CPU: worker threads; accelerators: 1).
+    memory_bytes : int, optional
+        Its memory, when known.
+    backends : list of str
+        The APIs it runs (``torch``, ``numba.cuda``, ...).
+    """
 
     name: str
     kind: str
@@ -72,7 +90,17 @@ class Device(BaseModel):
 
 
 class Inventory(BaseModel):
-    """The devices of this machine and the reasons any GPU backend is unavailable."""
+    """The devices of this machine and the reasons any GPU backend is unavailable.
+
+    Attributes
+    ----------
+    devices : list of Device
+        The CPU first, then every accelerator found.
+    unavailable : dict of str to str
+        Backend → why it cannot be used here (no driver, no GPU, ...).
+    host : dict
+        The machine, CPU model, core count and library versions (part of the fingerprint).
+    """
 
     devices: list[Device]
     unavailable: dict[str, str] = Field(default_factory=dict)

@@ -195,6 +195,11 @@ def execute(
         How lanes run work (see :func:`choose_lanes`).
     workers : int, optional
         CPU stages that may run at once; default: the CPU device's workers.
+    inventory : Inventory, optional
+        The devices to run on (default: discovered on this machine).
+    size : int, optional
+        The size the pipeline was built at, recorded in the run (default: the
+        pipeline's own ``size``).
     scheduler : str or distributed.Client, optional
         Run on this dask.distributed cluster instead (an address such as
         ``tcp://10.0.0.5:8786``, or a Client); see

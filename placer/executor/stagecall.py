@@ -28,6 +28,24 @@ def call_stage(stage: Stage, device: Device, inputs: dict[str, Any], *, workers:
     synchronised before returning, and the output is put in canonical form for the
     device (see :func:`placer.executor.transfer.normalize_output`). ``extra``
     keywords (a stream's ``batch_info``, a step's ``state``) are passed as they are.
+
+    Parameters
+    ----------
+    stage : Stage
+        The stage to call.
+    device : Device
+        Where it runs; its kind picks the implementation (``cpu`` or ``gpu``).
+    inputs : dict
+        Argument name → value, already at ``device``'s location.
+    workers : int
+        CPU workers a ``data_parallel`` stage may split its rows over.
+    extra : dict, optional
+        More keywords passed as they are.
+
+    Returns
+    -------
+    object
+        The stage's output, in canonical form for the device.
     """
     impl = stage.impl_for(device.driver.implementation)
     if impl is None:

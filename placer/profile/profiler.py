@@ -1,6 +1,6 @@
 """The profiler: measured stage costs at several sizes, on every device.
 
-May import: numpy, pydantic, placer.{pipeline,devices,timing,errors,loader,data},
+May import: numpy, pydantic, placer.{pipeline,devices,timing,errors,loader,data,log},
 placer.costmodel.counts, placer.profile.{cache,memory,transfers}, placer.executor (to
 run stages and move data exactly as a run does).
 
@@ -42,8 +42,11 @@ from placer.profile.cache import ProfileCache
 from placer.profile.memory import PeakMemory
 from placer.profile.transfers import measure_transfers
 from placer.errors import PlacerError
+from placer.log import get_logger
 from placer.pipeline import Pipeline, Stage, as_pipeline
 from placer.timing import measure
+
+log = get_logger(__name__)
 
 #: geometric step between profiled sizes, and how many sizes at most
 GROWTH = 2
@@ -165,14 +168,18 @@ def _now() -> str:
 
 def _progress(show: bool | None, total: int):
     if show is None:
-        show = sys.stderr.isatty()
+        from placer.log import quiet
+
+        show = sys.stderr.isatty() and not quiet()
     if not show:
         return contextlib.nullcontext(None)
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=True)
+    # percent done, time spent, and the time left at the pace so far
+    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
 
 
 def profile(
@@ -209,6 +216,8 @@ def profile(
         not fit. None: no limit.
     devices : list of str, optional
         Devices to profile (default: every device of the inventory).
+    inventory : Inventory, optional
+        The devices there are (default: discovered on this machine).
     cache : ProfileCache, None or False
         Where cached entries are read and the result written (None: the default
         cache; False: no cache).
@@ -318,6 +327,8 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
         if old is not None and same_threads and old.key == keys[n] and all(d.name in old.devices for d in devs if _can_run(st, d)):
             reuse[n] = old
     todo = [n for n in probe.order() if n not in reuse]
+    log.info("profiling %s at sizes %s on %s: %d stages to measure, %d from the cache", name, list(builds),
+             ", ".join(d.name for d in devs), len(todo), len(reuse))
     for d in devs:
         if not d.is_accelerator:
             continue
@@ -339,7 +350,8 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
     measured: list[int] = []
     if todo:
         with _progress(progress, len(builds)) as bar:
-            task = bar.add_task(f"profiling {name}", total=len(builds) * len(todo)) if bar else None
+            # work grows with size: weigh each stage's tick by its size, so the ETA holds across sizes
+            task = bar.add_task(f"profiling {name}", total=sum(builds) * len(todo)) if bar else None
             last = None  # (size, seconds) of the previous size's pass
             order = list(builds)
             for i, (s, p) in enumerate(builds.items()):
@@ -358,7 +370,7 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
                         break
                 t0 = time.perf_counter()
                 cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
-                                     lambda: bar.advance(task) if bar else None)
+                                     lambda s=s: bar.advance(task, s) if bar else None)
                 measured.append(s)
                 # one-time costs (compilation, first imports) will not recur at the next size
                 last = (s, max(time.perf_counter() - t0 - cold, 1e-3))
@@ -425,6 +437,8 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                 notes.append(f"stage {n!r} on {d.name} at size {size} failed: {dp.error}")
                 continue
             cold_extra += max((cold or 0.0) - m.median_s, 0.0)
+            log.debug("stage %r on %s at size %s: median %.4g s, IQR %.2g s over %d repeats",
+                      n, d.name, size, m.median_s, m.iqr_s, m.reps)
             if m.noisy:
                 notes.append(f"stage {n!r} on {d.name} at size {size}: noisy (IQR/median "
                              f"{m.iqr_s / m.median_s:.0%} over {m.reps} repeats)")

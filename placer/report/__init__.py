@@ -1,11 +1,12 @@
 """Reports: facts about a plan and its run, as HTML, Markdown or JSON.
 
-May import: placer.report.*, placer.data, placer.devices (``Inventory``), placer.errors;
+May import: placer.report.*, placer.data, placer.entry, placer.devices (``Inventory``), placer.errors;
 matplotlib inside the plotting functions. Never torch, dask or numba: a report can be
 made anywhere from saved JSON.
 
 The flow is ``collect`` (inputs → :class:`ReportFacts`) then ``write_report``
-(facts → file). :func:`report` does both. Inputs are read into placer's models
+(facts → file). :func:`report` does both; the package is callable too:
+``placer.report(path, ...)`` is :func:`report`. Inputs are read into placer's models
 (``Plan``, ``Run``, ``CostTable``, ...) and refused, in one line naming the files, when
 a field is malformed or when they are not of one pipeline.
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from placer.data.report import ReportFacts
+from placer.entry import make_callable
 from placer.report.check import MismatchedInputsError
 from placer.report.collect import collect
 from placer.report.inputs import ReportInputError, load
@@ -103,3 +105,6 @@ def load_facts(path: str | os.PathLike) -> ReportFacts:
     """
     facts, _ = load(Path(path), ReportFacts, "report")
     return facts
+
+
+make_callable(__name__, report)  # ``placer.report(...)`` is report(...)

@@ -1,0 +1,192 @@
+"""Options every command shares: --version, -v/-q, -p/--param; the library's logging and progress."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from placer.cli.options import convert, parse_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def placer(*args, env=None, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=300)
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    r = placer("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"placer {version('placer')}"
+
+
+def test_verbose_logs_the_steps_and_quiet_hides_them(tmp_path):
+    args = ["plan", "pipelines/tabular.py", "--size", "2000", "--budget-s", "3", "--json"]
+    loud = placer("-v", *args)
+    assert loud.returncode == 0, loud.stderr
+    assert "placer: profiling tabular at sizes" in loud.stderr
+    json.loads(loud.stdout)  # the log goes to stderr: stdout stays one JSON document
+    quiet = placer("-q", *args)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "profiling tabular" not in quiet.stderr
+
+
+def test_the_library_never_prints():
+    found = []
+    for path in sorted((ROOT / "placer").rglob("*.py")):
+        if "cli" in path.relative_to(ROOT / "placer").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, "print() in the library (log instead): " + ", ".join(found)
+
+
+def test_the_library_logs_to_the_placer_logger(caplog):
+    import placer
+
+    p = placer.Pipeline("logged", size=8)
+    p.add(name="make", kind="cleaning", fn=lambda device, n=8: list(range(n)))
+    with caplog.at_level(logging.DEBUG, logger="placer"):
+        placer.profile(p, cache=False, budget_s=3, devices=["cpu"], progress=False)
+    names = {r.name for r in caplog.records}
+    assert "placer.profile.profiler" in names
+    assert any("stage 'make' on cpu" in r.getMessage() for r in caplog.records)
+
+
+def test_placer_warnings_share_one_base_category():
+    import warnings
+
+    import placer
+    from placer.profile import ProfileCacheWarning
+    from placer.timing import NoisyMeasurementWarning
+
+    assert issubclass(NoisyMeasurementWarning, placer.PlacerWarning)
+    assert issubclass(ProfileCacheWarning, placer.PlacerWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", placer.PlacerWarning)
+        with pytest.raises(ProfileCacheWarning):
+            warnings.warn("cache", ProfileCacheWarning)
+
+
+# -- -p/--param ------------------------------------------------------------------------------------
+def build(size=None, *, epochs: int = 3, lr: float = 0.1, fast: bool = False, name="x", seed: int | None = None):
+    return None
+
+
+def test_params_are_typed_from_build_annotations_and_defaults():
+    got = parse_params(build, ["epochs=5", "lr=1e-3", "fast=yes", "name=abc", "seed=7"])
+    assert got == {"epochs": 5, "lr": 0.001, "fast": True, "name": "abc", "seed": 7}
+    assert type(got["epochs"]) is int and type(got["lr"]) is float
+
+
+def test_an_unknown_param_names_it_and_what_build_accepts():
+    with pytest.raises(ValueError, match=r"no parameter 'epoch'; it accepts: epochs, lr, fast, name, seed"):
+        parse_params(build, ["epoch=5"])
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_params(build, ["epochs"])
+    with pytest.raises(ValueError, match="epochs takes int"):
+        parse_params(build, ["epochs=many"])
+
+
+def test_build_with_var_keywords_takes_any_name():
+    def open_build(size=None, **params):
+        return None
+
+    assert parse_params(open_build, ["k=[1, 2]", "s=text"]) == {"k": [1, 2], "s": "text"}
+    assert convert("off", bool) is False
+
+
+def test_run_passes_params_to_build_and_the_digest_follows_the_seed():
+    args = ["run", "pipelines/tabular.py", "--size", "2000", "--placement", "all=cpu", "--json"]
+    digests = {}
+    for seed in ("0", "1"):
+        r = placer(*args, "-p", f"seed={seed}")
+        assert r.returncode == 0, r.stderr
+        digests[seed] = json.loads(r.stdout)["outputs_digest"]
+    plain = placer(*args)
+    assert json.loads(plain.stdout)["outputs_digest"] == digests["0"]  # seed=0 is build()'s default
+    assert digests["1"] != digests["0"]
+
+
+def test_run_refuses_an_unknown_param_with_exit_2():
+    r = placer("run", "pipelines/tabular.py", "--placement", "all=cpu", "-p", "sed=1")
+    assert r.returncode == 2
+    assert "no parameter 'sed'" in r.stderr and "epochs, batch, lr, seed" in r.stderr
+
+
+def test_profile_builds_every_size_with_the_params(tmp_path):
+    pipe = tmp_path / "scaled.py"
+    pipe.write_text(
+        "from placer import Pipeline\n"
+        "def build(size=None, *, factor: int = 1):\n"
+        "    p = Pipeline('scaled', size=size or 64)\n"
+        "    p.add(name='make', kind='cleaning', fn=lambda device, n=(size or 64) * factor: list(range(n)))\n"
+        "    return p\n")
+    r = placer("profile", str(pipe), "--size", "640", "--budget-s", "3", "--devices", "cpu", "--json",
+               "-p", "factor=3")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["pipeline"] == "scaled" and doc["measured_sizes"]
+
+
+# -- progress --------------------------------------------------------------------------------------
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _slow_pipeline(size=None):
+    import time
+
+    import placer
+
+    n = size or 64
+    p = placer.Pipeline("slow", size=n)
+    p.add(name="wait", kind="cleaning", fn=lambda device, n=n: time.sleep(0.02 + n * 1e-4) or n)
+    return p
+
+
+def test_profiling_progress_shows_percent_and_eta_in_a_terminal(monkeypatch):
+    import placer
+
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    placer.profile(_slow_pipeline, size=640, cache=False, budget_s=4, devices=["cpu"], progress=None)
+    shown = term.getvalue()
+    assert "%" in shown and "ETA" in shown and "profiling slow" in shown
+
+
+def test_profiling_progress_is_silent_under_quiet(monkeypatch):
+    import placer
+    from placer.log import configure
+
+    import warnings
+
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    log = logging.getLogger("placer")
+    monkeypatch.setattr(log, "handlers", list(log.handlers))  # restored afterwards
+    monkeypatch.setattr(log, "level", log.level)
+    with warnings.catch_warnings():
+        configure(-1, io.StringIO())
+        placer.profile(_slow_pipeline, size=640, cache=False, budget_s=3, devices=["cpu"], progress=None)
+    assert term.getvalue() == ""
+
+
+def test_profiling_progress_is_silent_when_not_a_terminal(capsys):
+    import placer
+
+    placer.profile(_slow_pipeline, size=640, cache=False, budget_s=3, devices=["cpu"], progress=None)
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""

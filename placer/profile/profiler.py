@@ -485,38 +485,59 @@ def _iterators(inputs: dict[str, Any]) -> list[str]:
     return [a for a, v in inputs.items() if isinstance(v, Iterator)]
 
 
-def _fresh_inputs(p: Pipeline, n: str, host_inputs: dict[str, Any], cpu: Device, notes: list[str],
-                  sp: StageProfile) -> tuple[dict[str, Any], Callable[[], dict[str, Any]] | None]:
-    """Inputs for timing ``n`` and, when each call needs its own, a maker of fresh ones.
+def _reference_run(p: Pipeline, cpu: Device) -> tuple[dict[str, Any], dict[str, float], dict[str, list[str]]]:
+    """Run ``p`` once on the CPU, stage by stage as the inline executor does: the outputs, each
+    stage's seconds (its first call at this size) and, per stage, the inputs it changed in place.
+
+    A failing stage is run again through :func:`placer.executor.execute`, whose error names it."""
+    from placer.executor import call_stage, execute
+
+    outputs: dict[str, Any] = {}
+    first: dict[str, float] = {}
+    changed: dict[str, list[str]] = {}
+    for n in p.order():
+        st = p.stages[n]
+        ins = {a: outputs[src] for a, src in st.inputs.items()}
+        before = {a: data_signature(v) for a, v in ins.items() if not isinstance(v, Iterator)}
+        t0 = time.perf_counter()
+        try:
+            outputs[n] = call_stage(st, cpu, ins, workers=cpu.workers)
+        except Exception:  # noqa: BLE001 - the executor reports it, naming the stage
+            execute(p, "all=cpu", executor="inline")
+            raise
+        first[n] = time.perf_counter() - t0
+        moved = [a for a, sig in before.items() if data_signature(ins[a]) != sig]
+        if moved:
+            changed[n] = moved
+    return outputs, first, changed
+
+
+def _fresh_inputs(p: Pipeline, n: str, outputs: dict[str, Any], changed: dict[str, list[str]], cpu: Device,
+                  notes: list[str], sp: StageProfile) -> tuple[dict[str, Any], Callable[[], dict[str, Any]] | None]:
+    """Inputs for timing ``n`` as the run gave them and, when each call needs its own, a maker of fresh ones.
 
     An iterator input (a generator) was consumed by the run: each call gets a new one from
-    the producers. Otherwise one call on a copy shows whether the stage changes its input
-    in place; if it does, each call gets a deep copy of inputs made afresh."""
-    from placer.executor import call_stage
-
+    the producers. A stage that changed its input in place gets a deep copy of fresh
+    inputs for every call; a stage reading data a later stage changed gets fresh inputs once."""
     st = p.stages[n]
-    its = _iterators(host_inputs)
+    host_inputs = {a: outputs[src] for a, src in st.inputs.items()}
+    its = [a for a, v in host_inputs.items() if isinstance(v, Iterator)]
     if its:
         _warn_stage(sp, notes, f"stage {n!r} consumes an iterator ({', '.join(its)} from "
                     f"{', '.join(st.inputs[a] for a in its)}): each timed call gets a new one (its producers "
-                    "run again outside the timed region); a run gives it one pass only")
+                    "run again outside the timed region); in a run it gets one pass only")
         return _recompute(p, n, cpu), (lambda: _recompute(p, n, cpu))
-    try:
-        before = {a: data_signature(v) for a, v in host_inputs.items()}
-        trial = copy.deepcopy(host_inputs)
-    except Exception:  # noqa: BLE001 - an input that cannot be copied is timed as it is
+    own = changed.get(n, [])
+    if own:
+        _warn_stage(sp, notes, f"stage {n!r} changes its input {', '.join(own)} (from "
+                    f"{', '.join(st.inputs[a] for a in own)}) in place: each timed call gets a fresh copy "
+                    "(made outside the timed region); in a run, a later stage reading it sees the changed data")
+    dirty = {p.stages[m].inputs[a] for m, args in changed.items() for a in args}
+    if not own and not dirty & set(st.inputs.values()):
         return host_inputs, None
-    try:
-        call_stage(st, cpu, trial, workers=cpu.workers)
-    except Exception:  # noqa: BLE001 - the timed calls report the failure
-        return host_inputs, None
-    changed = [a for a, v in trial.items() if data_signature(v) != before.get(a)]
-    if not changed:
-        return host_inputs, None
-    _warn_stage(sp, notes, f"stage {n!r} changes its input {', '.join(changed)} (from "
-                f"{', '.join(st.inputs[a] for a in changed)}) in place: each timed call gets a fresh copy "
-                "(made outside the timed region); in a run, a later stage reading it sees the changed data")
     pristine = _recompute(p, n, cpu)
+    if not own:
+        return pristine, None
     return copy.deepcopy(pristine), (lambda: copy.deepcopy(pristine))
 
 
@@ -534,14 +555,12 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
     sharing ``size_budget`` seconds (None: no limit) between them.
 
     Returns the seconds spent on one-time costs (first calls beyond steady state)."""
-    from placer.executor import call_stage, execute
+    from placer.executor import call_stage
     from placer.executor.transfer import nbytes, to_location
 
     cpu_dev = next((d for d in devs if not d.is_accelerator), None) or discover().get("cpu")
     budget = _Budget(size_budget)
-    run = execute(p, "all=cpu", executor="inline")
-    outputs = run.outputs
-    first = {r.name: r.seconds for r in run.stages}
+    outputs, first, changed = _reference_run(p, cpu_dev)
     stages_left = len(todo) * max(1, len(devs))
     cold_extra = 0.0
     for n in todo:
@@ -551,7 +570,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
         in_bytes = float(sum(nbytes(v) for v in host_inputs.values()))
         out_bytes = float(nbytes(outputs[n]))
         sp.reference_s[size] = first[n]
-        host_inputs, fresh = _fresh_inputs(p, n, host_inputs, cpu_dev, notes, sp)
+        host_inputs, fresh = _fresh_inputs(p, n, outputs, changed, cpu_dev, notes, sp)
         for d in devs:
             if not _can_run(st, d):
                 continue

@@ -328,21 +328,30 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
             task = bar.add_task(f"profiling {name}", total=len(builds) * len(todo)) if bar else None
             last = None  # (size, seconds) of the previous size's pass
             order = list(builds)
+            top = order[-1]
+            skipped: list[int] = []
             for i, (s, p) in enumerate(builds.items()):
-                # later sizes cost more: give this one its share in proportion to its size
-                size_budget = budget.left * s / sum(order[i:]) if budget_s is not None else None
                 if last is not None and budget_s is not None:
-                    guess = last[1] * (s / last[0]) ** 1.2 * 1.3
+                    guess = _guess(last, s)
                     if guess > budget.left:
                         notes.append(f"stopped before size {s}: it would take about {guess:.1f} s, "
                                      f"{max(budget.left, 0):.1f} s of the budget left")
                         break
+                    if s != top and guess + _guess(last, top) > budget.left and _guess(last, top) <= budget.left:
+                        skipped.append(s)  # keep the budget for the size predictions are wanted at
+                        continue
+                # later sizes cost more: give this one its share in proportion to its size
+                rest = [x for x in order[i:] if x == s or x == top or last is None
+                        or _guess(last, x) + _guess(last, top) <= budget.left]
+                size_budget = budget.left * s / sum(rest) if budget_s is not None else None
                 t0 = time.perf_counter()
                 cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
                                      lambda: bar.advance(task) if bar else None)
                 measured.append(s)
                 # one-time costs (compilation, first imports) will not recur at the next size
                 last = (s, max(time.perf_counter() - t0 - cold, 1e-3))
+            if skipped:
+                notes.append(f"sizes {', '.join(map(str, skipped))} skipped to keep the budget for size {top}")
         if same_at and measured:
             _copy_points(prof, todo, measured[0], same_at)
     prof.measured_sizes = measured or sorted({pt.size for sp in reuse.values()
@@ -356,6 +365,11 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
     if store:
         store.save(prof)
     return prof
+
+
+def _guess(last: tuple[int, float], size: int) -> float:
+    """Seconds a pass at ``size`` should take, from the last pass ``(size, seconds)`` (with a margin)."""
+    return last[1] * (size / last[0]) ** 1.1 * 1.2
 
 
 def _size_independent(prints: dict[int, dict[str, str]]) -> list[int]:

@@ -215,7 +215,9 @@ class _Walker:
         # a compiled wrapper (numba's dispatcher) keeps the Python function as py_func
         fn = getattr(fn, "py_func", fn)
         f = _module_file(fn)
-        if not is_user_file(f):
+        # a function without a module file was defined in a script, a notebook or shipped by value
+        shipped = f is None and isinstance(fn, types.FunctionType)
+        if not shipped and not is_user_file(f):
             self.add("lib", getattr(fn, "__module__", None), getattr(fn, "__qualname__", type(fn).__name__))
             return
         self.module_source(f)
@@ -294,7 +296,7 @@ def source_id(pipeline: Any, stages: Iterable[Any] = ()) -> str:
                 f = None
         return str(Path(f).resolve()) if f else ref
     if callable(pipeline) and not hasattr(pipeline, "stages"):
-        f = _module_file(pipeline)
+        f = _module_file(getattr(pipeline, "build", pipeline))  # a wrapper keeps the user's build
         return str(Path(f).resolve()) if f else f"<{getattr(pipeline, '__qualname__', '?')}>"
     files = sorted({str(Path(f).resolve()) for st in stages for impl in (st.fn, st.cpu, st.gpu)
                     if impl is not None and (f := _module_file(getattr(impl.fn, 'py_func', impl.fn)))})

@@ -331,18 +331,19 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
             top = order[-1]
             skipped: list[int] = []
             for i, (s, p) in enumerate(builds.items()):
+                growth = _stage_fits(prof, todo) if last is not None else None
                 if last is not None and budget_s is not None:
-                    guess = _guess(last, s)
+                    guess, at_top = _guess(last, s, growth), _guess(last, top, growth)
                     if guess > budget.left:
                         notes.append(f"stopped before size {s}: it would take about {guess:.1f} s, "
                                      f"{max(budget.left, 0):.1f} s of the budget left")
                         break
-                    if s != top and guess + _guess(last, top) > budget.left and _guess(last, top) <= budget.left:
+                    if s != top and guess + at_top > budget.left and at_top <= budget.left:
                         skipped.append(s)  # keep the budget for the size predictions are wanted at
                         continue
                 # later sizes cost more: give this one its share in proportion to its size
                 rest = [x for x in order[i:] if x == s or x == top or last is None
-                        or _guess(last, x) + _guess(last, top) <= budget.left]
+                        or _guess(last, x, growth) + _guess(last, top, growth) <= budget.left]
                 size_budget = budget.left * s / sum(rest) if budget_s is not None else None
                 t0 = time.perf_counter()
                 cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
@@ -367,9 +368,30 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
     return prof
 
 
-def _guess(last: tuple[int, float], size: int) -> float:
-    """Seconds a pass at ``size`` should take, from the last pass ``(size, seconds)`` (with a margin)."""
+def _guess(last: tuple[int, float], size: int, stage_fits: Callable[[float], float] | None = None) -> float:
+    """Seconds a pass at ``size`` should take, from the last pass ``(size, seconds)``, with a margin.
+
+    ``stage_fits(n)`` (the stages' fitted times summed, once two sizes are measured) scales
+    the last pass by how the stages themselves grow, fixed costs included; without it the
+    pass is taken to grow a little faster than the size."""
+    if stage_fits is not None:
+        at_last = stage_fits(last[0])
+        if at_last > 0:
+            return last[1] * max(stage_fits(size) / at_last, 1.0) * 1.25
     return last[1] * (size / last[0]) ** 1.1 * 1.2
+
+
+def _stage_fits(prof: Profile, todo: list[str]) -> Callable[[float], float] | None:
+    """The sum of the stages' fitted times, as a function of size (None before two sizes are measured)."""
+    fits = []
+    for n in todo:
+        for dp in prof.stages[n].devices.values():
+            own = [p for p in dp.points if p.copied_from is None and p.median_s > 0]
+            if len({p.size for p in own}) >= 2:
+                fits.append(fit_size_model([p.size for p in own], [p.median_s for p in own]))
+    if not fits:
+        return None
+    return lambda n: float(sum(max(f(n), 0.0) for f in fits))
 
 
 def _size_independent(prints: dict[int, dict[str, str]]) -> list[int]:

@@ -23,7 +23,7 @@ Usage::
     python benchmarks/costmodel.py [--pipelines tabular,timeseries] [--threads 1]
         [--budget-s 30] [--max-size-div 10] [--record]
 
-``--record`` writes the output to ``benchmarks/results/costmodel-<host>-<date>[-divK].txt``.
+``--record`` writes the output to ``benchmarks/results/costmodel-<host>-<date>[-divK][-budgetS].txt``.
 """
 
 from __future__ import annotations
@@ -192,7 +192,8 @@ def main(argv=None) -> int:
         log("H200 roofline check: not run (no GPU on this machine)")
     if args.record:
         host = platform.node().split(".")[0] or "host"
-        tag = "" if args.max_size_div == 1 else f"-div{args.max_size_div}"
+        tag = ("" if args.max_size_div == 1 else f"-div{args.max_size_div}") + (
+            "" if args.budget_s == 30.0 else f"-budget{args.budget_s:g}")
         out = ROOT / "benchmarks" / "results" / f"costmodel-{host}-{dt.date.today().isoformat()}{tag}.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(buf.getvalue())

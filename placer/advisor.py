@@ -298,6 +298,8 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
         if not isinstance(site, LocalSite):
             raise PlacerError(f"pipeline {p.name!r} has streams, which run on one machine for now; drop --scheduler")
         return _advise_stream(site, p, budget_s=budget_s, baselines=baselines, warmup=warmup, timed=timed)
+    if isinstance(pipeline, Pipeline) and p.size is not None:
+        size = p.size  # a built pipeline runs (and is measured) at its own size, whatever is asked
     size = p.size if size is None else size
     local = isinstance(site, LocalSite)
     t = resolve_target(target, site.inventory()) if local else None

@@ -23,11 +23,11 @@ def profile_document(prof, model, size) -> dict:
 @build_param_option
 def profile_cmd(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
-    size: int = typer.Option(None, "--size", callback=positive_int, help="The size to predict at; profiling goes up to a tenth of it."),
+    size: int = typer.Option(None, "--size", callback=positive_int, help="The size to predict at; profiling measures up to it when the budget allows."),
     budget_s: float = typer.Option(60.0, "--budget-s", callback=positive_seconds, help="Time budget for the whole profile, in seconds."),
     output: Path = typer.Option(None, "-o", "--output", callback=output_path, help="Save the profile (JSON, as --json prints it) here, for `placer plan --profile`."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
-    max_size: int = typer.Option(None, "--max-size", callback=positive_int, help="Largest size to profile (default: size / 10)."),
+    max_size: int = typer.Option(None, "--max-size", callback=positive_int, help="Largest size to profile (default: --size)."),
     devices: str = typer.Option(None, "--devices", help="Comma-separated devices to profile (default: all)."),
     describe: str = typer.Option(None, "--describe", help="Predict a device this machine lacks from its description "
                                  "(e.g. h200, or a JSON file); default: h200 when no GPU is profiled. 'none' to skip."),
@@ -70,6 +70,31 @@ def _fresh_cache(cache):
     return cache
 
 
+def coverage_lines(prof, at) -> list[str]:
+    """Short lines: which stages were measured at ``at``, which extrapolated (with the error), the load seen."""
+    measured, extrapolated = [], []
+    for name, sp in prof.stages.items():
+        for dev, cov in sp.coverage.items():
+            err = cov.get("rel_error")
+            e = f" ±{err:.0%}" if isinstance(err, (int, float)) else ""
+            if cov.get("extrapolated"):
+                extrapolated.append(f"{name} on {dev}{e} ({cov.get('error_from')})")
+            elif cov.get("extrapolated") is False:
+                measured.append(f"{name} on {dev}{e}")
+    out = []
+    if measured:
+        out.append(f"measured at {at}: {', '.join(measured)}")
+    if extrapolated:
+        out.append(f"extrapolated to {at}: {', '.join(extrapolated)}")
+    ld = prof.machine_load or {}
+    if ld.get("load_start") is not None:
+        cpu = ld.get("cpu_per_wall")
+        out.append(f"load average {ld['load_start']:.1f} -> {ld.get('load_end') or 0:.1f} while profiling "
+                   f"({ld.get('cores') or '?'} cores)"
+                   + (f"; timed calls used {cpu:.2f} CPU s per wall s" if cpu is not None else ""))
+    return out
+
+
 def _print(prof, model, at, output) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -98,6 +123,8 @@ def _print(prof, model, at, output) -> None:
                 f"{link['d2h']['bandwidth_Bps'] / 1e9:.2f} GB/s")
     for d, desc in model.described.items():
         c.print(f"{d}: {desc.name} is described, not measured: its times are roofline predictions")
+    for line in coverage_lines(prof, at):
+        c.print(line)
     for note in prof.notes:
         c.print(f"note: {note}")
     if output is not None:

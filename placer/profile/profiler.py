@@ -56,7 +56,7 @@ from placer.profile.cache import ProfileCache
 from placer.profile.keys import data_signature, pipeline_fingerprint, source_id
 from placer.profile.memory import PeakMemory
 from placer.profile.transfers import measure_transfers
-from placer.errors import PlacerError
+from placer.errors import PlacerError, StageFailedError
 from placer.log import get_logger
 from placer.pipeline import Pipeline, Stage, as_pipeline
 from placer.timing import load_average, measure
@@ -421,8 +421,15 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
                         or _guess(last, x, growth) + _guess(last, top, growth) <= budget.left]
                 size_budget = budget.left * s / sum(rest) if budget_s is not None else None
                 t0 = time.perf_counter()
-                cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
-                                     lambda s=s: bar.advance(task, s) if bar else None)
+                try:
+                    cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
+                                         lambda s=s: bar.advance(task, s) if bar else None)
+                except StageFailedError as exc:
+                    if not measured:
+                        raise
+                    # keep what smaller sizes measured; the run at full size will say the same
+                    notes.append(f"stopped at size {s}: {str(exc).splitlines()[0]}")
+                    break
                 measured.append(s)
                 # one-time costs (compilation, first imports) will not recur at the next size
                 last = (s, max(time.perf_counter() - t0 - cold, 1e-3))

@@ -512,6 +512,25 @@ def test_a_tampered_saved_run_is_refused_naming_the_file_and_field(tmp_path, sav
     assert not (tmp_path / "r.md").exists()
 
 
+@pytest.mark.parametrize("content, says", [
+    ('{"name": 5}', "name: Input should be a valid string"),
+    ("[[[[", "not valid JSON"),
+    (None, "is a directory"),
+])
+def test_a_bad_device_description_file_is_named(tmp_path, content, says):
+    from placer.costmodel.roofline import load_description
+    from placer.errors import InputFileError
+
+    path = tmp_path / "desc.json"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    with pytest.raises(InputFileError) as info:
+        load_description(path)
+    assert str(path) in str(info.value) and says in str(info.value)
+
+
 def dag_table(n: int) -> dict:
     """``n`` stages, each reading the two before it (not a chain), with a CPU and a GPU."""
     stages = [{"name": f"s{i}", "inputs": [f"s{j}" for j in (i - 1, i - 2) if j >= 0], "output_bytes": 1e6,

@@ -424,6 +424,19 @@ def test_bad_option_values_are_usage_errors_before_any_work(marked, args, option
     assert not marked.with_suffix(".ran").exists()
 
 
+@pytest.mark.parametrize("spec, says, code", [
+    ("all=tpu", "unknown device 'tpu'", 1),  # a device error, as for a pin in the pipeline
+    ("=,,=", "names no device", 2),
+    ("ghost=cpu", "stage 'ghost', which the pipeline does not have", 2),
+    ("all", "is not stage=device", 2),
+    ("all=cpu,load=", "'load=' names no device", 2),
+])
+def test_bad_placements_are_refused_naming_the_item(marked, spec, says, code):
+    r = cli("run", marked, "--placement", spec)
+    assert r.exit_code == code and says in one_error_line(r)
+    assert not marked.with_suffix(".ran").exists()
+
+
 # -- 4. cost tables and saved JSON ----------------------------------------------------------------
 def table(**stage) -> dict:
     st = {"name": "load", "output_bytes": 1e6, "seconds": {"cpu": 0.1}}
@@ -510,6 +523,25 @@ def test_a_tampered_saved_run_is_refused_naming_the_file_and_field(tmp_path, sav
     line = one_error_line(r)
     assert "tampered.json" in line and says in line
     assert not (tmp_path / "r.md").exists()
+
+
+@pytest.mark.parametrize("content, says", [
+    ('{"name": 5}', "name: Input should be a valid string"),
+    ("[[[[", "not valid JSON"),
+    (None, "is a directory"),
+])
+def test_a_bad_device_description_file_is_named(tmp_path, content, says):
+    from placer.costmodel.roofline import load_description
+    from placer.errors import InputFileError
+
+    path = tmp_path / "desc.json"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    with pytest.raises(InputFileError) as info:
+        load_description(path)
+    assert str(path) in str(info.value) and says in str(info.value)
 
 
 def dag_table(n: int) -> dict:

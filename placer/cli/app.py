@@ -4,6 +4,12 @@ May import: typer, rich; placer.stream.runner only through ``sys.modules`` (to s
 running streams on Ctrl-C). Command modules import the library lazily inside the
 command, so that ``placer --help`` stays fast.
 
+Errors: :func:`fail` prints one ``placer: error:`` line and exits 1 (a failure) or, through
+:func:`usage`, 2 (a bad option value); ``placer --traceback COMMAND`` also prints the
+traceback, the user's own frames included. Option values and output paths are checked
+by the callbacks here (:func:`positive_int`, :func:`positive_seconds`,
+:func:`output_path`, :func:`output_folder`) before any work starts.
+
 Ctrl-C: while a command runs, the first SIGINT stops every running stream (its
 workers leave, its worker processes are killed), prints one line on stderr and
 ends the command with exit status 130 (128 + SIGINT), unwinding normally so that

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, error_line, fail, output_path, positive_int
+from placer.cli.app import app, error_line, fail, output_path, positive_int, usage
 from placer.cli.options import build_param_option, trace_option, write_trace_file
 
 
@@ -39,7 +39,7 @@ def run(
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
-    from placer.errors import PlacerError, StageFailedError
+    from placer.errors import PlacementError, PlacerError, StageFailedError
     from placer.executor import execute
     from placer.files import write_text_atomic
     from placer.loader import load_pipeline
@@ -59,6 +59,8 @@ def run(
     except StageFailedError as exc:
         saved = _save_failed(exc, output)
         fail(error_line(exc) + saved)
+    except PlacementError as exc:  # --placement that cannot be read or does not fit: a usage error
+        usage(error_line(exc))
     except PlacerError as exc:
         fail(error_line(exc))
     except (ValueError, TypeError) as exc:

@@ -56,6 +56,7 @@ def run(
         stream = _stream_config(workers, prefetch, cache, planned, processes)
         result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream)
     except PlacerError as exc:
+        write_trace_file(trace, getattr(exc, "run", None))  # a failed run's timeline up to the failure
         fail(str(exc).splitlines()[0])
     except (ValueError, TypeError) as exc:
         fail(f"{pipeline}: {exc}")

@@ -242,6 +242,7 @@ def advise(
     cache: Any = None,
     step: Callable[[str], Any] = _no_step,
     scheduler: Any = None,
+    progress: Any = None,
 ) -> Advised:
     """Profile, plan, run the plan and the baselines that can run here, and gather the facts.
 
@@ -276,6 +277,9 @@ def advise(
         Advise for a dask.distributed cluster instead of this machine: profile on
         its workers, plan over its devices with the network between workers
         charged (:mod:`placer.cluster`), and run the plan and the baselines there.
+    progress : rich.progress.Progress, optional
+        A live display to add the profiling task (percent done, ETA) to; profiling
+        on this machine only.
 
     Returns
     -------
@@ -283,12 +287,13 @@ def advise(
     """
     with open_site(scheduler, inventory=inventory, executor=executor, cache=cache) as site:
         return advise_on(site, pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
-                         baselines=baselines, warmup=warmup, step=step)
+                         baselines=baselines, warmup=warmup, step=step, progress=progress)
 
 
 def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: int | None = None,
               budget_s: float = DEFAULT_BUDGET_S, target: str | None = "auto", objective: str = "makespan",
-              baselines: bool = True, warmup: bool = True, step: Callable[[str], Any] = _no_step) -> Advised:
+              baselines: bool = True, warmup: bool = True, step: Callable[[str], Any] = _no_step,
+              progress: Any = None) -> Advised:
     """:func:`advise` at a :mod:`site <placer.site>`: this machine or a cluster, the same steps."""
     from placer.report import collect
 
@@ -303,8 +308,9 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
     size = p.size if size is None else size
     local = isinstance(site, LocalSite)
     t = resolve_target(target, site.inventory()) if local else None
+    shown = {"progress": progress} if local and progress is not None else {}
     costs = timed("profile" if local else "profile on the cluster",
-                  lambda: site.costs(pipeline, size=size, budget_s=budget_s, describe=t))
+                  lambda: site.costs(pipeline, size=size, budget_s=budget_s, describe=t, **shown))
     chosen = timed("plan", lambda: costs.plan(objective=objective, size=size))
     tgt = timed("target", lambda: target_step(costs, t, objective)) if t else None
 

@@ -105,6 +105,8 @@ class CheckResult(BaseModel):
     stages: list[StageChange] = Field(default_factory=list)
     #: stages the comparison could not cover (no common measurement), with why
     uncovered: list[str] = Field(default_factory=list)
+    #: no stage of the baseline could be compared (the check fails rather than pass blind)
+    blind: bool = False
     baseline_makespan_s: float | None = None
     current_makespan_s: float | None = None
     baseline_digest: str | None = None
@@ -212,11 +214,12 @@ def compare(baseline: Profile, baseline_placement: dict[str, str], current: Prof
                             min_seconds=min_seconds)
         (stages if isinstance(got, StageChange) else uncovered).append(got)
     uncovered += [f"stage {n!r} is new (not in the baseline)" for n in current.stages if n not in baseline_placement]
-    if baseline_placement and not stages:
+    blind = bool(baseline_placement) and not stages
+    if blind:
         uncovered.append("no stage of the baseline could be compared: the check fails (update the baseline)")
-    passed = not moved and not any(s.verdict == "slower" for s in stages) and bool(stages or not baseline_placement)
+    passed = not moved and not any(s.verdict == "slower" for s in stages) and not blind
     return CheckResult(pipeline=current.pipeline, passed=passed, placement_changes=moved, stages=stages,
-                       uncovered=uncovered, settings={"tolerance": tolerance, "noise_k": noise_k,
+                       uncovered=uncovered, blind=blind, settings={"tolerance": tolerance, "noise_k": noise_k,
                                                       "min_seconds": min_seconds})
 
 
@@ -295,9 +298,8 @@ def confirmed(first: CheckResult, second: CheckResult) -> CheckResult:
               for s in first.stages]
     both = {c.stage for c in second.placement_changes}
     moved = [c for c in first.placement_changes if c.stage in both]
-    passed = not moved and not any(s.verdict == "slower" for s in stages) and bool(stages or not first.stages)
-    return first.model_copy(update={"stages": stages, "placement_changes": moved,
-                                    "passed": passed and not (first.uncovered and not first.stages)})
+    passed = not moved and not any(s.verdict == "slower" for s in stages) and not first.blind
+    return first.model_copy(update={"stages": stages, "placement_changes": moved, "passed": passed})
 
 
 def check(pipeline: str, baseline: str | Path, *, size: int | None = None, budget_s: float | None = None,

@@ -167,6 +167,34 @@ def test_profiling_progress_shows_percent_and_eta_in_a_terminal(monkeypatch):
     assert "%" in shown and "ETA" in shown and "profiling slow" in shown
 
 
+def test_advise_shows_the_profiling_task_with_percent_and_eta(monkeypatch):
+    import placer
+    from placer.cli.advise import progress_steps
+
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    step, display = progress_steps(True)
+    with display:
+        placer.advise(_slow_pipeline(640), budget_s=4, baselines=False, target="none", step=step, progress=display,
+                      cache=False)
+    lines = [ln for ln in term.getvalue().replace("\r", "\n").splitlines() if "profiling slow" in ln]
+    assert any("%" in ln and "ETA" in ln for ln in lines), lines[-3:]
+
+
+def test_the_time_left_never_passes_the_budget():
+    import time
+
+    from placer.progress import time_left
+
+    class Task:
+        time_remaining = 600.0
+        fields = {"deadline": time.monotonic() + 5}
+
+    assert 4 < time_left(Task()) <= 5
+    Task.fields = {}
+    assert time_left(Task()) == 600.0
+
+
 def test_profiling_progress_is_silent_under_quiet(monkeypatch):
     import placer
     from placer.log import configure

@@ -95,3 +95,20 @@ def test_without_pandas_the_error_names_the_install_command(a_run, monkeypatch):
     with pytest.raises(ImportError, match=r"pip install pandas"):
         a_run.to_pandas()
     assert a_run.tables()["stages"][0]["stage"] == "make"  # the rows need no pandas
+
+
+def test_stream_plan_views():
+    from placer.data.stream import Alternative, StageDecision, StreamPlan
+
+    plan = StreamPlan(pipeline="imgs", source="images", step=EVIL, placement={"images": "cpu", EVIL: "gpu:0"},
+                      predicted_samples_per_s=1200.0, bottleneck="augment",
+                      stages=[StageDecision(name="augment", device="cpu", workers=2, seconds_per_batch=0.05,
+                                            batches_per_s=40.0, reason="CPU-bound")],
+                      baselines=[Alternative(name="num_workers=0", predicted_samples_per_s=400.0, speedup=3.0)],
+                      what_if=[Alternative(name="more workers", change="4 workers", predicted_samples_per_s=1800.0,
+                                           speedup=1.5)])
+    assert_safe(plan._repr_html_())
+    df = plan.to_pandas()
+    assert list(df["stage"]) == ["augment"] and df.loc[0, "workers"] == 2
+    alts = plan.to_pandas("what_if").set_index("option")
+    assert alts.loc["num_workers=0", "kind"] == "baseline" and alts.loc["more workers", "speedup"] == 1.5

@@ -106,6 +106,25 @@ def test_placer_run_trace_writes_one_complete_event_per_stage(tmp_path):
         assert e["dur"] == pytest.approx((s["end_s"] - s["start_s"]) * 1e6)
 
 
+def test_a_failed_run_traces_the_stages_up_to_the_failure(tmp_path):
+    (tmp_path / "fails.py").write_text(
+        "from placer import Pipeline\n"
+        "def boom(make, device):\n"
+        "    raise RuntimeError('bad row')\n"
+        "def build(size=None):\n"
+        "    p = Pipeline('fails')\n"
+        "    p.add(name='make', kind='cleaning', fn=lambda device: [1, 2])\n"
+        "    p.add(name='boom', kind='other', fn=boom, inputs=['make'])\n"
+        "    return p\n")
+    out = tmp_path / "t.json"
+    r = subprocess.run([sys.executable, "-m", "placer", "run", str(tmp_path / "fails.py"), "--placement", "all=cpu",
+                        "--trace", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode != 0 and "boom" in r.stderr
+    events = {e["name"]: e for e in check_format(json.loads(out.read_text()))}
+    assert events["make"]["args"]["status"] == "ok" and events["boom"]["args"]["status"] == "failed"
+    assert "bad row" in events["boom"]["args"]["error"]
+
+
 def test_a_run_with_copies_traces_them_on_a_link(tmp_path, sim_env):
     out = tmp_path / "t.json"
     r = subprocess.run([sys.executable, "-m", "placer", "run", "pipelines/tabular.py", "--size", "2000",

@@ -23,8 +23,10 @@ def progress_steps(show: bool):
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from placer.progress import columns
+
     bar = Progress(SpinnerColumn(finished_text="[green]✓"), TextColumn("{task.description}"),
-                   TimeElapsedColumn(), console=Console(stderr=True))
+                   TimeElapsedColumn(), *columns(), console=Console(stderr=True))
     labels = {"profile": "profiling stages on each device", "plan": "planning", "target": "planning for the target GPU",
               "run plan": "running the plan", "facts": "gathering the report's facts"}
 
@@ -117,7 +119,8 @@ def advise_command(
     try:
         with display:
             advised = advise(pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
-                             executor=executor, baselines=baselines, step=step, scheduler=scheduler)
+                             executor=executor, baselines=baselines, step=step, scheduler=scheduler,
+                             progress=display if hasattr(display, "add_task") else None)
             if save is not None:  # before the report: a report that cannot be written loses nothing
                 advised.save(save)
             with step(f"writing the report to {output}"):

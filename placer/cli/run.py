@@ -57,6 +57,7 @@ def run(
         stream = _stream_config(workers, prefetch, cache, planned, processes)
         result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream)
     except StageFailedError as exc:
+        write_trace_file(trace, getattr(exc, "run", None))  # a failed run's timeline up to the failure
         saved = _save_failed(exc, output)
         fail(error_line(exc) + saved)
     except PlacementError as exc:  # --placement that cannot be read or does not fit: a usage error

@@ -1,6 +1,6 @@
 """What planning a stream measures and decides: its profile and its plan.
 
-May import: pydantic.
+May import: pydantic, placer.data.views (tables and the notebook view).
 
 A :class:`StreamProfile` is what :mod:`placer.stream.profile` measured of one
 stream at its real batch size: each stage's seconds per batch on each device
@@ -22,6 +22,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, Field
+
+from placer.data.views import Views
 
 WorkerKind = Literal["thread", "process"]
 
@@ -217,7 +219,7 @@ class Verification(BaseModel):
         return self.measured_samples_per_s / self.predicted_samples_per_s if self.predicted_samples_per_s else 0.0
 
 
-class StreamPlan(BaseModel):
+class StreamPlan(Views, BaseModel):
     """How one stream should run, and why.
 
     ``workers``, ``stage_workers``, ``worker_kind``, ``prefetch``, ``pin_memory`` and

@@ -3,7 +3,8 @@
 May import: jinja2 (HTML), pandas (only inside :meth:`Views.to_pandas`, and optional).
 
 :class:`Views` is mixed into :class:`~placer.data.plan.Plan`,
-:class:`~placer.data.run.Run` and :class:`~placer.data.report.ReportFacts` (and the
+:class:`~placer.data.run.Run`, :class:`~placer.data.report.ReportFacts` and
+:class:`~placer.data.stream.StreamPlan` (and the
 advise flow's ``Advised`` hands on its facts' views):
 
 - ``obj.tables()``: every table as a list of rows (dicts), no extra dependency;
@@ -144,6 +145,20 @@ def facts_tables(facts: Any) -> dict[str, list[dict[str, Any]]]:
     return {"stages": stages, "transfers": transfers, "what_if": what_if}
 
 
+def stream_plan_tables(plan: Any) -> dict[str, list[dict[str, Any]]]:
+    """A :class:`~placer.data.stream.StreamPlan`'s members (device, workers, modelled rate, reason), no
+    transfers table (copies are members of the stream), and its baselines and what-ifs."""
+    stages = [{"stage": s.name, "device": s.device, "workers": s.workers, "worker_kind": s.worker_kind,
+               "seconds_per_batch": s.seconds_per_batch, "batches_per_s": s.batches_per_s, "reason": s.reason}
+              for s in plan.stages]
+    what_if = [{"option": "plan", "kind": "plan", "change": "", "predicted_samples_per_s": plan.predicted_samples_per_s,
+                "measured_samples_per_s": None, "speedup": None, "bottleneck": plan.bottleneck}]
+    what_if += [{"option": a.name, "kind": kind, "change": a.change, "predicted_samples_per_s": a.predicted_samples_per_s,
+                 "measured_samples_per_s": a.measured_samples_per_s, "speedup": a.speedup, "bottleneck": a.bottleneck}
+                for kind, alts in (("baseline", plan.baselines), ("what_if", plan.what_if)) for a in alts]
+    return {"stages": stages, "transfers": [], "what_if": what_if}
+
+
 # -- the HTML of each model ------------------------------------------------------------------------
 def _columns(rows: list[dict[str, Any]], drop: tuple[str, ...] = ()) -> list[str]:
     return [c for c in (rows[0] if rows else {}) if c not in drop]
@@ -173,6 +188,17 @@ def run_html(run: Any) -> str:
                     r["worker"] for r in t["stages"]) else ()), "rows": t["stages"]}], footer)
 
 
+def stream_plan_html(plan: Any) -> str:
+    t = stream_plan_tables(plan)
+    lines = [f"predicted {plan.predicted_samples_per_s:,.1f} samples/s ({plan.objective.replace('_', ' ')}); "
+             f"bottleneck {plan.bottleneck}",
+             f"prefetch {plan.prefetch}, pin_memory {plan.pin_memory}, cache {plan.cache or 'none'}"]
+    return html(f"Stream plan {plan.source} -> {plan.step} ({plan.pipeline})", lines,
+                [{"caption": "stages", "columns": _columns(t["stages"]), "rows": t["stages"]},
+                 {"caption": "baselines and what-ifs", "columns": _columns(t["what_if"]), "rows": t["what_if"]}],
+                plan.reasons)
+
+
 def facts_html(facts: Any) -> str:
     t = facts_tables(facts)
     lines = [facts.summary.headline] + ([facts.bottleneck.sentence] if facts.bottleneck else [])
@@ -183,7 +209,7 @@ def facts_html(facts: Any) -> str:
 
 
 _VIEWS = {"Plan": (plan_tables, plan_html), "Run": (run_tables, run_html),
-          "ReportFacts": (facts_tables, facts_html)}
+          "ReportFacts": (facts_tables, facts_html), "StreamPlan": (stream_plan_tables, stream_plan_html)}
 #: the columns of a table with no rows (an empty DataFrame still says what it would hold)
 _EMPTY = {
     "stages": ["stage", "device", "seconds"],

@@ -1,6 +1,6 @@
 """The profiler: measured stage costs at several sizes, on every device.
 
-May import: numpy, pydantic, placer.{pipeline,devices,timing,errors,loader,data,log},
+May import: numpy, pydantic, placer.{pipeline,devices,timing,errors,loader,data,log,progress},
 placer.costmodel.{counts,fit}, placer.profile.{cache,keys,memory,transfers},
 placer.executor (to run stages and move data exactly as a run does).
 
@@ -186,7 +186,9 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _progress(show: bool | None, total: int):
+def _progress(show: Any, total: int):
+    if hasattr(show, "add_task"):  # a live rich Progress (``placer advise``'s display): add the task to it
+        return contextlib.nullcontext(show)
     if show is None:
         from placer.log import quiet
 
@@ -194,12 +196,13 @@ def _progress(show: bool | None, total: int):
     if not show:
         return contextlib.nullcontext(None)
     from rich.console import Console
-    from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    # percent done, time spent, and the time left at the pace so far
-    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                    TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    from placer.progress import columns
+
+    # percent done, time spent, and the time left (at the pace so far, within the budget)
+    return Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), *columns(),
+                    console=Console(stderr=True), transient=True)
 
 
 def profile(
@@ -213,7 +216,7 @@ def profile(
     inventory: Inventory | None = None,
     cache: ProfileCache | None | Literal[False] = None,
     count_work_for_absent: bool | None = None,
-    progress: bool | None = None,
+    progress: Any = None,
     threads: int | None = None,
 ) -> Profile:
     """Measure every stage of ``pipeline`` on every device at several sizes.
@@ -245,8 +248,9 @@ def profile(
     count_work_for_absent : bool, optional
         Count FLOPs and bytes for absent-device predictions (default: when no real
         GPU is profiled).
-    progress : bool, optional
-        Show a progress bar (default: when stderr is a terminal).
+    progress : bool or rich.progress.Progress, optional
+        Show a progress bar with percent done and an ETA (default: when stderr is a
+        terminal); a live ``Progress`` gets the profiling task added to it instead.
     threads : int, optional
         Intra-op threads for torch and numba while profiling (default: leave them as
         the executor finds them, so timings match a run in this process). The count
@@ -395,7 +399,9 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
     if todo:
         with _progress(progress, len(builds)) as bar:
             # work grows with size: weigh each stage's tick by its size, so the ETA holds across sizes
-            task = bar.add_task(f"profiling {name}", total=sum(builds) * len(todo)) if bar else None
+            deadline = time.monotonic() + budget.left if budget_s is not None else None
+            task = (bar.add_task(f"profiling {name}", total=sum(builds) * len(todo), deadline=deadline)
+                    if bar else None)
             last = None  # (size, seconds) of the previous size's pass
             order = list(builds)
             top = order[-1]
@@ -407,6 +413,8 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
                     if guess > budget.left:
                         notes.append(f"stopped before size {s}: it would take about {guess:.1f} s, "
                                      f"{max(budget.left, 0):.1f} s of the budget left")
+                        if bar:
+                            bar.update(task, total=next(t.completed for t in bar.tasks if t.id == task))  # done: the bar fills
                         break
                     if s != top and guess + at_top > budget.left and at_top <= budget.left:
                         skipped.append(s)  # keep the budget for the size predictions are wanted at

@@ -544,6 +544,22 @@ def test_a_bad_device_description_file_is_named(tmp_path, content, says):
     assert str(path) in str(info.value) and says in str(info.value)
 
 
+@pytest.mark.parametrize("args", [
+    ["plan", "--profile", "{f}"],
+    ["report", "--from", "{f}", "-o", "{out}"],
+    ["report", "--run", "{f}", "-o", "{out}"],
+])
+def test_non_utf8_saved_files_are_refused_naming_them(tmp_path, args):
+    f = tmp_path / "binary.json"
+    f.write_bytes(bytes(range(256)) * 4)
+    out = tmp_path / "r.html"
+    r = cli(*[a.format(f=f, out=out) for a in args])
+    assert r.exit_code == 1
+    line = one_error_line(r)
+    assert "binary.json" in line and "UTF-8" in line
+    assert not out.exists()
+
+
 def dag_table(n: int) -> dict:
     """``n`` stages, each reading the two before it (not a chain), with a CPU and a GPU."""
     stages = [{"name": f"s{i}", "inputs": [f"s{j}" for j in (i - 1, i - 2) if j >= 0], "output_bytes": 1e6,

@@ -1,6 +1,6 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
-May import: placer.{pipeline,devices,loader,errors,site,report,log}, and
+May import: placer.{pipeline,devices,loader,errors,site,report,digest,log}, and
 placer.executor.distributed's errors and placer.stream.planner inside functions. torch, dask and numba are
 reached only through the site (its profiler and executor).
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from placer.devices import Inventory
-from placer.errors import PlacerError
+from placer.errors import PlacerError, StageFailedError
 from placer.log import get_logger
 from placer.pipeline import Pipeline, as_pipeline
 from placer.site import ClusterSite, Costs, LocalSite, accelerators, open_site  # noqa: F401
@@ -303,6 +303,8 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
         if not isinstance(site, LocalSite):
             raise PlacerError(f"pipeline {p.name!r} has streams, which run on one machine for now; drop --scheduler")
         return _advise_stream(site, p, budget_s=budget_s, baselines=baselines, warmup=warmup, timed=timed)
+    if isinstance(pipeline, Pipeline) and p.size is not None:
+        size = p.size  # a built pipeline runs (and is measured) at its own size, whatever is asked
     size = p.size if size is None else size
     local = isinstance(site, LocalSite)
     t = resolve_target(target, site.inventory()) if local else None
@@ -315,17 +317,48 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
     def run(placement: Mapping[str, str]) -> Any:
         return site.execute(p, placement, warmup=warmup)
 
-    plan_run = timed("run plan", lambda: run(chosen.placement))
-    acc = next((d for d in costs.devices if d != "cpu"), None)
-    runs = _baseline_runs(p, plan_run, acc, run, timed) if baselines else {}
     table = costs.table(size, [*costs.devices, *costs.described])
     predictions = costs.predictions(size)
+    try:
+        plan_run = timed("run plan", lambda: run(chosen.placement))
+        acc = next((d for d in costs.devices if d != "cpu"), None)
+        runs = _baseline_runs(p, plan_run, acc, run, timed) if baselines else {}
+    except StageFailedError as exc:  # keep what was made: the caller may save it (`advise --save`)
+        exc.advised = Advised(pipeline=p, size=size, profile=costs.profile, plan=chosen, run=exc.run,
+                              costs=table, predictions=predictions, target=tgt, timings=timed.timings)
+        raise
     inv = costs.inventory if not local else site.inventory()
     facts = timed("facts", lambda: collect(plan=chosen, run=plan_run, baselines=runs, pipeline=p, costs=table,
                                            inventory=inv, predictions=predictions, target=tgt))
+    check_outputs(facts, plan_run, runs)
     return Advised(pipeline=p, size=size, profile=costs.profile, plan=chosen, run=plan_run, baselines=runs,
                    costs=table, predictions=predictions, target=tgt, facts=facts, timings=timed.timings,
                    inventory=inv)
+
+
+def check_outputs(facts: Any, plan_run: Any, runs: Mapping[str, Any]) -> None:
+    """Compare the plan's outputs with every baseline's, elementwise within the digest's tolerance.
+
+    The report says the options "produced the same outputs" only when they do: a
+    difference sets ``facts.summary.digests_agree`` to False and names the option and
+    the first output that differs in ``outputs_differ``, even when the digests agree.
+    Runs whose outputs are not here (a saved run) keep the digest comparison.
+    """
+    from placer.digest import compare_outputs
+
+    mine = plan_run.final_outputs if plan_run is not None else {}
+    compared = False
+    for key, other in runs.items():
+        if other is plan_run or other is None or not mine or not other.final_outputs:
+            continue
+        compared = True
+        why = compare_outputs(mine, other.final_outputs)
+        if why is not None:
+            facts.summary.digests_agree = False
+            facts.summary.outputs_differ = f"{key.replace('_', '-')} differs from the plan: {why}"
+            return
+    if compared and facts.summary.digests_agree is False:
+        facts.summary.digests_agree = True  # digests on two sides of a rounding step; the values agree
 
 
 class Chosen(tuple):
@@ -369,6 +402,7 @@ def _advise_stream(site: LocalSite, p: Pipeline, *, budget_s: float, baselines: 
     step_only = {sp.step: sp.consumer_samples_per_s for sp in plans if sp.consumer_samples_per_s}
     facts = timed("facts", lambda: collect(run=plan_run, baselines=runs, pipeline=p, inventory=inv,
                                            step_only=step_only, stream_plans=plans))
+    check_outputs(facts, plan_run, runs)
     return Advised(pipeline=p, size=p.size, profile=None, plan=None, run=plan_run, baselines=runs,
                    facts=facts, timings=timed.timings, inventory=inv, stream_plans=plans)
 

@@ -8,6 +8,8 @@ message, together with what to do about it.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PlacerError(Exception):
     """Base class of every error placer raises on purpose."""
@@ -79,3 +81,40 @@ class CostModelError(PlacerError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; show it plainly
         return str(self.args[0]) if self.args else ""
+
+
+class OutputPathError(PlacerError, OSError):
+    """An output path cannot be written as a file (a directory, a link, a read-only folder, ...).
+
+    Also an ``OSError``, so code that handles a failed write handles this one too.
+    """
+
+
+class InputFileError(PlacerError, ValueError):
+    """An input file (JSON) cannot be read: missing, not UTF-8, not JSON, nested too deeply."""
+
+
+def validation_line(exc: BaseException) -> str | None:
+    """A pydantic ``ValidationError`` as one line naming every bad field; None for other exceptions.
+
+    ``1 validation error for Stage`` alone says nothing: this gives
+    ``Stage: name: Input should be a valid string (got 5)`` with each error.
+    """
+    errors = getattr(exc, "errors", None)
+    title = getattr(exc, "title", None)
+    if not callable(errors) or title is None or type(exc).__name__ != "ValidationError":
+        return None
+    parts = []
+    for err in errors():
+        where = ".".join(str(x) for x in err.get("loc", ()))
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        got = _short(err.get("input"))
+        parts.append(f"{where + ': ' if where else ''}{msg}" + (f" (got {got})" if got is not None else ""))
+    return f"{title}: " + "; ".join(parts)
+
+
+def _short(value: Any) -> str | None:
+    if isinstance(value, (dict, list)) or value is None:
+        return None
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

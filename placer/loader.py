@@ -21,6 +21,13 @@ stages keep using them, and a stage that imports such a module again at run time
 (``import helpers`` inside the stage function) gets the loaded one. A helper module
 that a stage imports for the first time at run time is not found there; import it at
 the top of the pipeline file.
+
+A folder with an ``__init__.py`` (``placer run mypipe``) is loaded from that file,
+under a generated name, so a folder named like a standard-library module (``json``,
+``queue``) loads the user's code, not the library's; so does ``module:function`` when
+the current directory has ``module.py`` and a module of that name is already imported.
+A pipeline file that calls ``sys.exit()`` while it is imported or inside ``build()`` is
+an error (it would otherwise end the command with nothing done).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from placer.errors import PlacerError
+from placer.errors import PlacerError, validation_line
 from placer.pipeline import Pipeline, as_pipeline
 
 #: keyword arguments every ``build()`` call gets (``placer run -p seed=1``); see :func:`build_params`
@@ -101,24 +108,68 @@ def _import_roots(path: Path) -> list[str]:
     return roots
 
 
+def _reason(exc: BaseException) -> str:
+    """``Type: message`` of a user's exception, a pydantic error in one line naming every field."""
+    line = validation_line(exc)
+    if line is not None:
+        return f"ValidationError: {line}"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _exit_error(ref: str, where: str, exc: SystemExit) -> PlacerError:
+    code = exc.code
+    return PlacerError(
+        f"pipeline file {ref!r} called sys.exit({code!r}) {where}; a pipeline file must define "
+        "build() and return the pipeline, not exit (move script code under `if __name__ == \"__main__\":`)"
+    )
+
+
 def _load_file(ref: str):
-    """The module of the pipeline file ``ref``, imported under a generated name."""
+    """The module of the pipeline file ``ref`` (or package folder), imported under a generated name."""
     path = Path(ref)
+    package = path.is_dir() and (path / "__init__.py").is_file()
+    if package:
+        path = path / "__init__.py"
+    elif path.is_dir():
+        raise PlacerError(f"{ref!r} is a folder without __init__.py; give the pipeline's .py file")
     if not path.is_file():
         raise PlacerError(f"pipeline file {ref!r} does not exist")
     # a name stable across processes (numba's on-disk cache looks functions up by module)
+    stem = path.parent.name if package else path.stem
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
-    modname = f"placer_user_{path.stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(modname, path)
+    modname = f"placer_user_{stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(
+        modname, path, submodule_search_locations=[str(path.parent)] if package else None)
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module
+    roots = _import_roots(path.parent if package else path)
     try:
-        with _first_on_path(*_import_roots(path)):
+        with _first_on_path(*roots):
             spec.loader.exec_module(module)
+    except SystemExit as exc:
+        sys.modules.pop(modname, None)
+        raise _exit_error(ref, "while it was imported", exc) from exc
     except Exception as exc:
         sys.modules.pop(modname, None)
-        raise PlacerError(f"pipeline file {ref!r} failed to import: {type(exc).__name__}: {exc}") from exc
+        raise PlacerError(f"pipeline file {ref!r} failed to import: {_reason(exc)}") from exc
     return module
+
+
+def _shadowed_local(mod: str) -> Path | None:
+    """The current directory's file or package for ``mod`` when an already imported module
+    of that name (the standard library's ``json``, say) would be found instead."""
+    top = mod.partition(".")[0]
+    loaded = sys.modules.get(top)
+    if loaded is None or "." in mod:
+        return None
+    here = Path.cwd()
+    for candidate in (here / f"{mod}.py", here / mod / "__init__.py"):
+        if candidate.is_file():
+            where = getattr(loaded, "__file__", None)
+            if where is None or Path(where).resolve() != candidate.resolve():
+                return candidate if candidate.name != "__init__.py" else candidate.parent
+    return None
 
 
 def _import_module(mod: str):
@@ -140,13 +191,14 @@ def _import_module(mod: str):
 
 def load_builder(ref: str):
     """The ``build`` function a reference names (a path to a .py file, or module:function)."""
-    if ref.endswith(".py") or Path(ref).is_file():
+    if ref.endswith(".py") or Path(ref).is_file() or Path(ref).is_dir():
         fn = getattr(_load_file(ref), "build", None)
         if fn is None:
             raise PlacerError(f"pipeline file {ref!r} has no build(size=None, **params) function")
         return fn
     mod, _, attr = ref.partition(":")
-    fn = getattr(_import_module(mod), attr or "build", None)
+    local = _shadowed_local(mod)
+    fn = getattr(_load_file(str(local)) if local is not None else _import_module(mod), attr or "build", None)
     if fn is None:
         raise PlacerError(f"module {mod!r} has no function {attr or 'build'!r}")
     return fn
@@ -173,15 +225,15 @@ def load_pipeline(ref: str, size: int | None = None, **params: Any) -> Pipeline:
     kwargs = {**_BUILD_PARAMS.get(), **params}
     if "size" in inspect.signature(build).parameters:
         kwargs["size"] = size
+    call = f"build({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
     try:
         built = build(**kwargs)
     except PlacerError:
         raise
+    except SystemExit as exc:
+        raise _exit_error(ref, f"inside {call}", exc) from exc
     except Exception as exc:
-        raise PlacerError(
-            f"{ref}: build({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) failed: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+        raise PlacerError(f"{ref}: {call} failed: {_reason(exc)}") from exc
     p = as_pipeline(built, name=Path(ref).stem if ref.endswith(".py") else ref)
     if p.size is None:
         p.size = size

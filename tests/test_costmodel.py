@@ -58,9 +58,24 @@ def test_fixed_overhead_is_kept_for_small_inputs():
 
 def test_few_points_are_marked_invalid():
     one = fit_size_model([100], [1e-3])
-    assert not one.valid and one(1000) == pytest.approx(1e-2)
+    # one size: exact there, part of it fixed cost, so 10x the size is under 10x the time
+    assert not one.valid and one(100) == pytest.approx(1e-3)
+    assert 1e-3 < one(1000) < 1e-2 and one.c > 0 and one.loo_error >= 1.0
     two = fit_size_model([100, 200], [1e-3, 2e-3])
     assert not two.valid and two(400) == pytest.approx(4e-3, rel=1e-3)
+
+
+def test_one_point_fit_does_not_scale_the_fixed_cost_with_size():
+    # batch 1 costs 1 ms, almost all of it fixed; batch 16 costs 1.5 ms
+    one = fit_size_model([1], [1e-3])
+    assert one(16) < 16e-3 / 1.8  # a line through the origin would say 16 ms
+    two = fit_size_model([1, 2], [1.0e-3, 1.03e-3])
+    assert two.form == "linear" and two(16) == pytest.approx(1.0e-3 + 15 * 0.03e-3, rel=1e-3)
+
+
+def test_two_points_that_grow_faster_than_the_size_fit_a_power():
+    two = fit_size_model([100, 200], [1e-3, 4e-3])
+    assert two.form == "power" and two(400) == pytest.approx(16e-3, rel=1e-2)
 
 
 @pytest.mark.parametrize("sizes, values", [([], []), ([1, 2], [1.0]), ([0, 1, 2], [1.0, 1.0, 1.0]),

@@ -118,7 +118,7 @@ def _picky_build(size=None):
 def test_profiler_measures_the_requested_size_when_no_smaller_size_builds():
     from placer.profile import profile
 
-    prof = profile(_picky_build, size=50, budget_s=2.0, cache=False, progress=False)
+    prof = profile(_picky_build, size=50, max_size=10, budget_s=2.0, cache=False, progress=False)
     assert prof.measured_sizes == [50] or 50 in prof.measured_sizes
     assert any("profiled at 50 itself" in n for n in prof.notes)
     with pytest.raises(ValueError, match="at least 40"):  # the build's own error, unchanged

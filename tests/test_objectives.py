@@ -135,7 +135,7 @@ def test_unknown_objective_names_the_known_ones(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(TABLE))
     r = CliRunner().invoke(app, ["plan", "--costs", str(path), "--objective", "gpu_seconds"])
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # a usage error
     assert "unknown --objective 'gpu_seconds'; use makespan, throughput or cost" in r.stderr
 
 

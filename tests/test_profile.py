@@ -128,7 +128,7 @@ def test_changed_stage_invalidates_only_its_entry(cache):
 
 def test_corrupt_profile_is_remeasured_with_a_warning(cache):
     first = _run(cache=cache, devices=["cpu"])
-    path = cache.path(first.pipeline, first.fingerprint)
+    path = cache.path(first.pipeline, first.fingerprint, first.source)
     path.write_text('{"schema": "placer.profile/1", "pipeline": ')  # truncated
     with pytest.warns(ProfileCacheWarning, match="re-measuring"):
         again = _run(cache=cache, devices=["cpu"])
@@ -138,7 +138,7 @@ def test_corrupt_profile_is_remeasured_with_a_warning(cache):
 
 def test_foreign_file_is_ignored_with_a_warning(cache):
     first = _run(cache=cache, devices=["cpu"])
-    path = cache.path(first.pipeline, first.fingerprint)
+    path = cache.path(first.pipeline, first.fingerprint, first.source)
     path.write_text(json.dumps({"schema": "something-else/3", "rows": [1, 2, 3]}))
     with pytest.warns(ProfileCacheWarning, match="not a placer profile"):
         again = _run(cache=cache, devices=["cpu"])
@@ -199,15 +199,45 @@ def test_cli_profile_json(tmp_path, sim_env):
     )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["size"] == 8000 and max(doc["measured_sizes"]) == 800
+    # a run at the size asked for fits the budget: it is measured, not extrapolated
+    assert doc["size"] == 8000 and max(doc["measured_sizes"]) == 8000
     cpu = doc["stages"]["double"]["cpu"]
     assert {"size", "median_s", "iqr_s", "reps"} <= set(cpu["points"][0])
-    assert cpu["model"]["form"] and cpu["prediction"]["label"] == "predicted"
+    assert cpu["model"]["form"] and cpu["prediction"]["label"] == "measured"
+    cov = doc["coverage"]["double"]["cpu"]
+    assert cov["extrapolated"] is False and 8000 in cov["measured"] and cov["error_from"] in ("spread", "none")
+    assert doc["load"]["load_start"] is not None and doc["load"]["cpu_per_wall"] > 0
     assert "first_call_s" in cpu and "peak_host_bytes" in cpu and cpu["output_bytes"]
     assert doc["stages"]["double"]["gpu:0"]["label"] == "roofline"
     assert "roofline" in doc["labels"]
     assert Profile.load(tmp_path / "saved.json").pipeline == "tinypipe"
     assert out.stderr.count("\r") == 0  # no progress bar when not on a terminal
+
+
+def test_cli_profile_says_what_was_extrapolated(tmp_path, sim_env):
+    mod = tmp_path / "tinypipe2.py"
+    mod.write_text(
+        "import numpy as np\nfrom placer import Pipeline\n"
+        "def build(size=None):\n"
+        "    n = int(size or 1000)\n"
+        "    p = Pipeline('tinypipe2', size=n)\n"
+        "    p.add(name='make', cpu=lambda n: np.ones((n, 4), np.float32), params={'n': n})\n"
+        "    p.add(name='double', fn=lambda make, device: make * 2, inputs=['make'])\n"
+        "    return p\n"
+    )
+    env = {**sim_env, "PLACER_CACHE_DIR": str(tmp_path / "cache")}
+    base = [sys.executable, "-c", "from placer.cli import main; main()", "profile", str(mod), "--size", "8000",
+            "--max-size", "800", "--budget-s", "60", "--devices", "cpu"]
+    out = subprocess.run([*base, "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    cov = doc["coverage"]["double"]["cpu"]
+    assert cov["extrapolated"] is True and cov["error_from"] == "leave-one-out" and cov["rel_error"] > 0
+    assert doc["stages"]["double"]["cpu"]["prediction"]["label"] == "predicted"
+    assert any("size 8000 was not measured" in n and "double" in n for n in doc["notes"])
+    text = subprocess.run(base, capture_output=True, text=True, env=env, timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert "extrapolated" in text.stdout and "load average" in text.stdout
 
 
 def test_cli_rejects_bad_budget(sim_env):

@@ -98,3 +98,61 @@ def test_real_clock_measurement_warns_only_when_asked():
 def test_bad_repeat_bounds_are_rejected():
     with pytest.raises(ValueError, match="min_reps"):
         measure(lambda: None, min_reps=5, max_reps=2)
+
+
+def test_stalled_repeats_are_detected_as_two_clusters():
+    quiet = Measurement(raw_times=[1.00, 1.01, 1.02, 1.00, 1.03])
+    stalled = Measurement(raw_times=[1.00, 1.01, 5.0, 1.02, 5.1, 1.00])  # some repeats lost a whole slice
+    assert not quiet.stalled and stalled.stalled
+    assert stalled.low_s == pytest.approx(1.0025, rel=1e-3)  # the fast cluster's lower quartile
+    spread = Measurement(raw_times=list(np.linspace(1.0, 2.0, 12)))  # broad but not split
+    assert not spread.stalled
+
+
+def test_a_stalled_measurement_is_timed_again_until_its_lower_quartile_settles():
+    clock = FakeClock()
+    n = []
+
+    def fn():  # every third call is delayed by a 4 ms stall
+        n.append(1)
+        clock.t += 0.001 + (0.004 if len(n) % 3 == 0 else 0.0)
+
+    m = measure(fn, clock=clock, cold=False, warmup=0, min_reps=3, max_reps=40, min_time_s=0.0,
+                max_time_s=10.0, warn=False)
+    assert m.reps > 3  # three repeats would have stopped at once
+    assert m.stalled and m.low_s == pytest.approx(0.001)
+
+    quiet = measure(lambda: setattr(clock, "t", clock.t + 0.001), clock=clock, cold=False, warmup=0,
+                    min_reps=3, max_reps=40, min_time_s=0.0, max_time_s=10.0, warn=False)
+    assert quiet.reps == 3  # quiet repeats stop at the minimum
+
+
+def test_cpu_time_and_load_are_recorded():
+    import time
+
+    def burn():
+        t0 = time.process_time()
+        while time.process_time() - t0 < 0.002:
+            pass
+
+    m = measure(burn, min_reps=3, max_time_s=0.1, warn=False)
+    assert m.cpu_s == pytest.approx(0.002, rel=0.5)
+    m2 = measure(lambda: time.sleep(0.003), min_reps=3, max_time_s=0.1, warn=False)
+    assert m2.cpu_s < 0.3 * m2.median_s  # waiting, not computing
+    assert m.load is None or m.load >= 0
+
+
+def test_setup_gives_every_timed_call_fresh_arguments():
+    made, seen = [], []
+
+    def setup():
+        made.append(object())
+        return made[-1]
+
+    measure(lambda x: seen.append(x), setup=setup, min_reps=3, max_reps=3, warn=False)
+    assert len(seen) >= 3 and len({id(x) for x in seen}) == len(seen)  # never the same object twice
+
+
+def test_single_repeat_is_flagged():
+    assert Measurement(raw_times=[1.0]).single_repeat
+    assert not Measurement(raw_times=[1.0, 1.1]).single_repeat

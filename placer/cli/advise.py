@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail
+from placer.cli.app import app, error_line, fail, output_folder, output_path, positive_int, positive_seconds, usage
 from placer.cli.options import build_param_option, trace_option, write_trace_file
 
 
@@ -85,18 +85,20 @@ def stream_summary(s, plan) -> dict:
 @build_param_option
 def advise_command(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
-    size: int = typer.Option(None, "--size", help="Size to plan and run at (rows, batch, ...)."),
-    output: Path = typer.Option(Path("placer-report.html"), "-o", "--output",
+    size: int = typer.Option(None, "--size", callback=positive_int, help="Size to plan and run at (rows, batch, ...)."),
+    output: Path = typer.Option(Path("placer-report.html"), "-o", "--output", callback=output_path,
                                 help="Report file (.html, .md or .json)."),
     fmt: str = typer.Option(None, "--format", help="html, md or json (default: from the file's suffix)."),
-    budget_s: float = typer.Option(30.0, "--budget-s", help="Profiling time budget in seconds (cached profiles are reused)."),
+    budget_s: float = typer.Option(30.0, "--budget-s", callback=positive_seconds, help="Profiling time budget in seconds (cached profiles are reused)."),
     target: str = typer.Option("auto", "--target",
                                help="Also plan for a GPU this machine lacks: h200, none, or auto (h200 when no GPU)."),
     objective: str = typer.Option("makespan", "--objective", help="makespan, throughput or cost."),
     executor: str = typer.Option("auto", "--executor", help="auto, inline or threads."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Also run all-CPU, all-GPU, rule of thumb."),
     pictures: bool = typer.Option(False, "--pictures", help="Markdown: also write the pictures as SVG files next to it."),
-    save: Path = typer.Option(None, "--save", help="Save profile, plan, runs and facts as JSON in this folder."),
+    save: Path = typer.Option(None, "--save", callback=output_folder,
+                              help="Save profile, plan, runs and facts as JSON in this folder (what was "
+                                   "made so far, when a run fails)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
     scheduler: str = typer.Option(None, "--scheduler",
                                   help="Advise for a dask.distributed cluster at this address (tcp://HOST:PORT)."),
@@ -110,7 +112,7 @@ def advise_command(
     try:
         kind = infer_format(output, fmt)
     except ValueError as exc:
-        fail(str(exc))
+        usage(str(exc))
     from placer.log import quiet
 
     step, display = progress_steps(sys.stderr.isatty() and not as_json and not quiet())
@@ -119,19 +121,36 @@ def advise_command(
             advised = advise(pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
                              executor=executor, baselines=baselines, step=step, scheduler=scheduler,
                              progress=display if hasattr(display, "add_task") else None)
+            if save is not None:  # before the report: a report that cannot be written loses nothing
+                advised.save(save)
             with step(f"writing the report to {output}"):
                 write_report(advised.facts, output, kind, pictures_dir=pictures)
+            write_trace_file(trace, {"plan": advised.run, **advised.baselines})
     except PlacerError as exc:
-        fail(str(exc).splitlines()[0])
+        fail(error_line(exc) + _save_partial(exc, save))
     except (ValueError, KeyError) as exc:
-        fail(f"{pipeline}: {str(exc).strip(chr(39))}")
-    if save is not None:
-        advised.save(save)
-    write_trace_file(trace, {"plan": advised.run, **advised.baselines})
+        fail(f"{pipeline}: {error_line(exc).strip(chr(39))}")
+    except OSError as exc:
+        kept = f"; the profile, plan and runs are saved in {save}" if save is not None else ""
+        fail(f"cannot write {exc.filename or output}: {exc.strerror or exc}{kept}")
     if as_json:
         print(json.dumps(summary_document(advised, output), indent=2))
         return
     _print(advised, output, save)
+
+
+def _save_partial(exc, save: Path | None) -> str:
+    """On a late failure, save what the flow made before it (profile, plan, the failed run) to ``--save``."""
+    partial = getattr(exc, "advised", None)
+    if partial is None:
+        return ""
+    if save is None:
+        return "; rerun with --save DIR to keep the profile and plan made before the failure"
+    try:
+        written = partial.save(save)
+    except OSError as err:
+        return f"; saving the profile and plan to {save} failed too ({err.strerror or err})"
+    return f"; kept {', '.join(sorted(written))} in {save}"
 
 
 def _print(advised, output: Path, save: Path | None) -> None:

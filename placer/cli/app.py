@@ -4,6 +4,12 @@ May import: typer, rich; placer.stream.runner only through ``sys.modules`` (to s
 running streams on Ctrl-C). Command modules import the library lazily inside the
 command, so that ``placer --help`` stays fast.
 
+Errors: :func:`fail` prints one ``placer: error:`` line and exits 1 (a failure) or, through
+:func:`usage`, 2 (a bad option value); ``placer --traceback COMMAND`` also prints the
+traceback, the user's own frames included. Option values and output paths are checked
+by the callbacks here (:func:`positive_int`, :func:`positive_seconds`,
+:func:`output_path`, :func:`output_folder`) before any work starts.
+
 Ctrl-C: while a command runs, the first SIGINT stops every running stream (its
 workers leave, its worker processes are killed), prints one line on stderr and
 ends the command with exit status 130 (128 + SIGINT), unwinding normally so that
@@ -13,9 +19,11 @@ once.
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
+import traceback
 
 import typer
 
@@ -27,14 +35,103 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+#: exit statuses (documented in the README): success, a failure, a usage error, Ctrl-C
+OK, FAILED, USAGE = 0, 1, 2
 #: the exit status of a command stopped by Ctrl-C
 INTERRUPTED = 128 + signal.SIGINT
 
 
-def fail(message: str, code: int = 1) -> None:
-    """Print one line to stderr and exit non-zero."""
+class _Options:
+    """Options of every command (``placer --traceback COMMAND``)."""
+
+    traceback = False
+
+
+options = _Options()
+
+
+def fail(message: str, code: int = FAILED) -> None:
+    """Print one line to stderr and exit non-zero.
+
+    With ``placer --traceback``, the traceback of the exception being handled (the
+    user's own code's frames included, through the chain of causes) comes first.
+    """
+    exc = sys.exc_info()[1]
+    if options.traceback and exc is not None:
+        traceback.print_exc(file=sys.stderr)
+    elif _from_user_code(exc):
+        message += " (`placer --traceback ...` shows your code's traceback)"
     print(f"placer: error: {message}", file=sys.stderr)
     raise typer.Exit(code)
+
+
+def _from_user_code(exc: BaseException | None) -> bool:
+    """Whether ``exc`` wraps an exception raised outside placer (a stage's, a pipeline file's)."""
+    from placer.errors import PlacerError
+
+    cause = getattr(exc, "__cause__", None)
+    return cause is not None and not isinstance(cause, (PlacerError, SystemExit, typer.Exit))
+
+
+def usage(message: str) -> None:
+    """A bad option value: one line, exit status 2."""
+    fail(message, USAGE)
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for an exception: its message's first line (pydantic errors: every field, in one line)."""
+    from placer.errors import validation_line
+
+    line = validation_line(exc)
+    if line is not None:
+        return line
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+# -- option checks (``callback=`` of typer options): each refuses in one line, exit 2 ----------------
+def _name(param) -> str:
+    return max(getattr(param, "opts", None) or [f"--{getattr(param, 'name', 'value')}"], key=len)
+
+
+def positive_int(ctx: typer.Context, param, value):
+    """A size or count: a whole number > 0 (or not given)."""
+    if value is not None and value <= 0:
+        usage(f"{_name(param)} must be a positive whole number, got {value}; leave it out for the default")
+    return value
+
+
+def positive_seconds(ctx: typer.Context, param, value):
+    """Seconds: a finite number > 0 (or not given); refuses nan and inf."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        usage(f"{_name(param)} must be a finite number of seconds > 0, got {value:g}")
+    return value
+
+
+def output_path(ctx: typer.Context, param, value):
+    """An output file: checked before any work starts (see :func:`placer.files.check_output`)."""
+    if value is not None:
+        from placer.errors import OutputPathError
+        from placer.files import check_output
+
+        try:
+            check_output(value, _name(param))
+        except OutputPathError as exc:
+            usage(str(exc))
+    return value
+
+
+def output_folder(ctx: typer.Context, param, value):
+    """An output folder: a directory, or one that can be made, checked before any work starts."""
+    if value is not None:
+        from placer.errors import OutputPathError
+        from placer.files import check_output_folder
+
+        try:
+            check_output_folder(value, _name(param))
+        except OutputPathError as exc:
+            usage(str(exc))
+    return value
 
 
 class Interrupted(SystemExit):
@@ -76,11 +173,14 @@ def _every_command(
     verbose: int = typer.Option(0, "-v", "--verbose", count=True,
                                 help="Log what each step does on stderr (-vv: debug detail)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Only errors on stderr: no log, no placer warnings."),
+    show_traceback: bool = typer.Option(
+        False, "--traceback", help="On an error, also print its full traceback, your own code's frames included."),
 ) -> None:
     """Set the log level; handle Ctrl-C while the command runs (the previous handler is back afterwards)."""
     from placer.log import configure
 
     configure(-1 if quiet else verbose)
+    options.traceback = show_traceback
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.signal(signal.SIGINT, _on_interrupt)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail
+from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds, usage
 from placer.cli.options import build_param_option
 
 
@@ -37,22 +37,22 @@ def _from_model(pipeline: str | None, profile_file: Path | None, size: int | Non
 @build_param_option
 def plan_command(
     pipeline: str = typer.Argument(None, help="A .py file exposing build(size=None, **params), or module:function."),
-    size: int = typer.Option(None, "--size", help="Size to plan for (rows, batch, ...); for serving, the request's batch."),
+    size: int = typer.Option(None, "--size", callback=positive_int, help="Size to plan for (rows, batch, ...); for serving, the request's batch."),
     profile_file: Path = typer.Option(None, "--profile", help="Plan from this saved profile."),
     costs: Path = typer.Option(None, "--costs", help="Plan from this cost table (JSON, see docs/costs.md)."),
     objective: str = typer.Option("makespan", "--objective", help="makespan, throughput or cost."),
     method: str = typer.Option("auto", "--method", help="auto, exact or heuristic."),
-    deadline_s: float = typer.Option(None, "--deadline-s", help="With --objective cost: the makespan to meet."),
-    output: Path = typer.Option(None, "-o", "--output", help="Also save the plan as JSON here."),
+    deadline_s: float = typer.Option(None, "--deadline-s", callback=positive_seconds, help="With --objective cost: the makespan to meet."),
+    output: Path = typer.Option(None, "-o", "--output", callback=output_path, help="Also save the plan as JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON document."),
     scheduler: str = typer.Option(
         None, "--scheduler",
         help="Plan for the dask.distributed cluster at this address (tcp://HOST:PORT): profile on its "
              "workers, measure the network between them, plan over its devices.",
     ),
-    budget_s: float = typer.Option(None, "--budget-s", help="Profiling time budget in seconds (with PIPELINE; "
+    budget_s: float = typer.Option(None, "--budget-s", callback=positive_seconds, help="Profiling time budget in seconds (with PIPELINE; "
                                    "with --scheduler, on each worker). Default 60, or 30 on a cluster."),
-    save_costs: Path = typer.Option(None, "--save-costs", help="Also save the cost table planned from (JSON; "
+    save_costs: Path = typer.Option(None, "--save-costs", callback=output_path, help="Also save the cost table planned from (JSON; "
                                     "plan from it again with --costs)."),
 ) -> None:
     """Choose a device for every stage of PIPELINE, and say why."""
@@ -63,17 +63,15 @@ def plan_command(
     try:
         get_objective(objective)
     except UnknownObjectiveError:
-        fail(f"unknown --objective {objective!r}; use {known()}")
+        usage(f"unknown --objective {objective!r}; use {known()}")
     if method not in ("auto", "exact", "heuristic"):
-        fail(f"unknown --method {method!r}; use auto, exact or heuristic")
+        usage(f"unknown --method {method!r}; use auto, exact or heuristic")
     if costs is not None and profile_file is not None:
-        fail("give either --costs or --profile, not both")
+        usage("give either --costs or --profile, not both")
     if costs is None and profile_file is None and pipeline is None:
-        fail("give a PIPELINE, --profile FILE or --costs FILE")
+        usage("give a PIPELINE, --profile FILE or --costs FILE")
     if scheduler is not None and (costs is not None or profile_file is not None or pipeline is None):
-        fail("--scheduler profiles PIPELINE on the cluster; give a PIPELINE and drop --costs and --profile")
-    if budget_s is not None and budget_s <= 0:
-        fail(f"--budget-s must be positive, got {budget_s:g}")
+        usage("--scheduler profiles PIPELINE on the cluster; give a PIPELINE and drop --costs and --profile")
     if pipeline is not None and costs is None and profile_file is None and scheduler is None:
         streamed = _stream_pipeline(pipeline, size)
         if streamed is not None:
@@ -96,9 +94,9 @@ def plan_command(
         if costs is not None:
             result = plan(table, objective=objective, method=method, deadline_s=deadline_s, size=size)
     except PlacerError as exc:
-        fail(str(exc).splitlines()[0])
+        fail(error_line(exc))
     except (KeyError, ValueError) as exc:
-        fail(str(exc).strip("'\""))
+        fail(error_line(exc).strip("'\""))
     if output is not None:
         result.save(output)
     if save_costs is not None:
@@ -175,7 +173,7 @@ def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool)
     try:
         plans = plan_streams(p, budget_s=20.0 if budget_s is None else budget_s)
     except PlacerError as exc:
-        fail(str(exc).splitlines()[0])
+        fail(error_line(exc))
     docs = [json.loads(plan.to_json()) for plan in plans]
     text = json.dumps(docs[0] if len(docs) == 1 else docs, indent=1)
     if output is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail
+from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds
 from placer.cli.options import build_param_option
 
 
@@ -23,15 +23,15 @@ def profile_document(prof, model, size) -> dict:
 @build_param_option
 def profile_cmd(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
-    size: int = typer.Option(None, "--size", help="The size to predict at; profiling goes up to a tenth of it."),
-    budget_s: float = typer.Option(60.0, "--budget-s", help="Time budget for the whole profile, in seconds."),
-    output: Path = typer.Option(None, "-o", "--output", help="Save the profile (JSON, as --json prints it) here, for `placer plan --profile`."),
+    size: int = typer.Option(None, "--size", callback=positive_int, help="The size to predict at; profiling measures up to it when the budget allows."),
+    budget_s: float = typer.Option(60.0, "--budget-s", callback=positive_seconds, help="Time budget for the whole profile, in seconds."),
+    output: Path = typer.Option(None, "-o", "--output", callback=output_path, help="Save the profile (JSON, as --json prints it) here, for `placer plan --profile`."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
-    max_size: int = typer.Option(None, "--max-size", help="Largest size to profile (default: size / 10)."),
+    max_size: int = typer.Option(None, "--max-size", callback=positive_int, help="Largest size to profile (default: --size)."),
     devices: str = typer.Option(None, "--devices", help="Comma-separated devices to profile (default: all)."),
     describe: str = typer.Option(None, "--describe", help="Predict a device this machine lacks from its description "
                                  "(e.g. h200, or a JSON file); default: h200 when no GPU is profiled. 'none' to skip."),
-    threads: int = typer.Option(None, "--threads", help="Intra-op threads while profiling (default: as a run uses)."),
+    threads: int = typer.Option(None, "--threads", callback=positive_int, help="Intra-op threads while profiling (default: as a run uses)."),
     fresh: bool = typer.Option(False, "--fresh", help="Ignore cached measurements."),
 ) -> None:
     """Measure every stage of PIPELINE on every device at several sizes; fit and show the cost model."""
@@ -41,8 +41,6 @@ def profile_cmd(
     from placer.profile import ProfileCache
     from placer.site import LocalSite, costs_from_profile
 
-    if budget_s <= 0:
-        fail(f"--budget-s must be positive, got {budget_s}")
     try:
         left = budget_s - (time.perf_counter() - t_start) - 1.0  # keep a second for fitting and printing
         site = LocalSite(cache=None if not fresh else _fresh_cache(ProfileCache()))
@@ -52,9 +50,9 @@ def profile_cmd(
             "h200" if not any(d.get("kind") == "gpu" for d in prof.devices.values()) else None)
         model = costs_from_profile(prof, size=size, describe=want).model
     except PlacerError as exc:
-        fail(str(exc).splitlines()[0])
+        fail(error_line(exc))
     except (ValueError, TypeError, FileNotFoundError) as exc:
-        fail(f"{pipeline}: {exc}")
+        fail(f"{pipeline}: {error_line(exc)}")
     at = size or (max(prof.measured_sizes) if prof.measured_sizes else None)
     doc = profile_document(prof, model, at)
     if output is not None:  # one shape, printed or saved
@@ -70,6 +68,31 @@ def _fresh_cache(cache):
     cache.load = lambda *a, **k: None
     cache.load_transfer = lambda *a, **k: None
     return cache
+
+
+def coverage_lines(prof, at) -> list[str]:
+    """Short lines: which stages were measured at ``at``, which extrapolated (with the error), the load seen."""
+    measured, extrapolated = [], []
+    for name, sp in prof.stages.items():
+        for dev, cov in sp.coverage.items():
+            err = cov.get("rel_error")
+            e = f" ±{err:.0%}" if isinstance(err, (int, float)) else ""
+            if cov.get("extrapolated"):
+                extrapolated.append(f"{name} on {dev}{e} ({cov.get('error_from')})")
+            elif cov.get("extrapolated") is False:
+                measured.append(f"{name} on {dev}{e}")
+    out = []
+    if measured:
+        out.append(f"measured at {at}: {', '.join(measured)}")
+    if extrapolated:
+        out.append(f"extrapolated to {at}: {', '.join(extrapolated)}")
+    ld = prof.machine_load or {}
+    if ld.get("load_start") is not None:
+        cpu = ld.get("cpu_per_wall")
+        out.append(f"load average {ld['load_start']:.1f} -> {ld.get('load_end') or 0:.1f} while profiling "
+                   f"({ld.get('cores') or '?'} cores)"
+                   + (f"; timed calls used {cpu:.2f} CPU s per wall s" if cpu is not None else ""))
+    return out
 
 
 def _print(prof, model, at, output) -> None:
@@ -100,6 +123,8 @@ def _print(prof, model, at, output) -> None:
                 f"{link['d2h']['bandwidth_Bps'] / 1e9:.2f} GB/s")
     for d, desc in model.described.items():
         c.print(f"{d}: {desc.name} is described, not measured: its times are roofline predictions")
+    for line in coverage_lines(prof, at):
+        c.print(line)
     for note in prof.notes:
         c.print(f"note: {note}")
     if output is not None:

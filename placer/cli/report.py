@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail
+from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds, usage
 
 
 def parse_baselines(items: list[str] | None) -> dict[str, Path]:
@@ -27,10 +27,10 @@ def parse_baselines(items: list[str] | None) -> dict[str, Path]:
 @app.command("report")
 def report_command(
     pipeline: str = typer.Argument(None, help="A .py file exposing build(size=None, **params), or module:function."),
-    output: Path = typer.Option(..., "-o", "--output", help="Report file (.html, .md or .json)."),
-    size: int = typer.Option(None, "--size", help="Size to plan and run at (rows, batch, ...)."),
+    output: Path = typer.Option(..., "-o", "--output", callback=output_path, help="Report file (.html, .md or .json)."),
+    size: int = typer.Option(None, "--size", callback=positive_int, help="Size to plan and run at (rows, batch, ...)."),
     fmt: str = typer.Option(None, "--format", help="html, md or json (default: from the file's suffix)."),
-    budget_s: float = typer.Option(30.0, "--budget-s", help="Profiling time budget in seconds."),
+    budget_s: float = typer.Option(30.0, "--budget-s", callback=positive_seconds, help="Profiling time budget in seconds."),
     target: str = typer.Option("auto", "--target", help="h200, none, or auto (h200 when this machine has no GPU)."),
     plan: Path = typer.Option(None, "--plan", help="Report on this saved plan (JSON) instead of planning."),
     run: Path = typer.Option(None, "--run", help="Report on this saved run (JSON)."),
@@ -52,7 +52,7 @@ def report_command(
 
     saved = any(x is not None for x in (plan, run, costs)) or bool(baseline)
     if sum([pipeline is not None, saved, facts is not None]) != 1:
-        fail("give exactly one of: a PIPELINE, saved results (--plan/--run/--baseline/--costs), or --from REPORT.json")
+        usage("give exactly one of: a PIPELINE, saved results (--plan/--run/--baseline/--costs), or --from REPORT.json")
     try:
         kind = infer_format(output, fmt)
         if facts is not None:
@@ -66,7 +66,7 @@ def report_command(
             advised = advise(pipeline, size=size, budget_s=budget_s, target=target)
             write_report(advised.facts, output, kind, pictures_dir=pictures)
     except PlacerError as exc:
-        fail(str(exc).splitlines()[0])
+        fail(error_line(exc))
     except (ValueError, KeyError) as exc:
-        fail(str(exc).strip("'\""))
+        fail(error_line(exc).strip("'\""))
     print(f"report written to {output}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail
+from placer.cli.app import app, error_line, fail, output_path, positive_int, usage
 from placer.cli.options import build_param_option, trace_option, write_trace_file
 
 
@@ -15,11 +15,12 @@ from placer.cli.options import build_param_option, trace_option, write_trace_fil
 @build_param_option
 def run(
     pipeline: str = typer.Argument(..., help="A .py file exposing build(size=None, **params), or module:function."),
-    size: int = typer.Option(None, "--size", help="Scale of the pipeline (rows, batch, ...)."),
+    size: int = typer.Option(None, "--size", callback=positive_int, help="Scale of the pipeline (rows, batch, ...)."),
     placement: str = typer.Option(None, "--placement", help="all=cpu, all=gpu, or stage=device,... (default: the plan; "
                                   "for a stream: its planned devices, workers, prefetch and cache)."),
     executor: str = typer.Option("auto", "--executor", help="auto, inline or threads."),
-    output: Path = typer.Option(None, "-o", "--output", help="Also save the run record as JSON here."),
+    output: Path = typer.Option(None, "-o", "--output", callback=output_path,
+                                help="Also save the run record as JSON here (a failed run's too)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     scheduler: str = typer.Option(
         None, "--scheduler",
@@ -38,7 +39,7 @@ def run(
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
-    from placer.errors import PlacerError
+    from placer.errors import PlacementError, PlacerError, StageFailedError
     from placer.executor import execute
     from placer.files import write_text_atomic
     from placer.loader import load_pipeline
@@ -55,11 +56,16 @@ def run(
             planned = chosen.stream
         stream = _stream_config(workers, prefetch, cache, planned, processes)
         result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream)
-    except PlacerError as exc:
+    except StageFailedError as exc:
+        saved = _save_failed(exc, output)
         write_trace_file(trace, getattr(exc, "run", None))  # a failed run's timeline up to the failure
-        fail(str(exc).splitlines()[0])
+        fail(error_line(exc) + saved)
+    except PlacementError as exc:  # --placement that cannot be read or does not fit: a usage error
+        usage(error_line(exc))
+    except PlacerError as exc:
+        fail(error_line(exc))
     except (ValueError, TypeError) as exc:
-        fail(f"{pipeline}: {exc}")
+        fail(f"{pipeline}: {error_line(exc)}")
     doc = result.summary()
     write_trace_file(trace, result)
     if output is not None:
@@ -88,6 +94,19 @@ def run(
         c.print(f"stream {s.source} -> {s.step}: {s.batches} batches, {s.samples_per_s:,.1f} samples/s; "
                 f"the step waited for data {s.consumer_idle_fraction:.0%} of the time")
     c.print(f"outputs digest: {result.outputs_digest}")
+
+
+def _save_failed(exc, output: Path | None) -> str:
+    """Write a failed run's record (its error, failed stage and partial timeline) to ``-o``; say so."""
+    from placer.files import write_text_atomic
+
+    if output is None or getattr(exc, "run", None) is None:
+        return ""
+    try:
+        write_text_atomic(output, json.dumps(exc.run.summary(), indent=2))
+    except OSError as err:
+        return f" (the failed run's record could not be saved to {output}: {err.strerror or err})"
+    return f" (the failed run's record is saved in {output})"
 
 
 def _stream_config(workers: int | None, prefetch: int | None, cache: str | None, planned=None,

@@ -55,6 +55,12 @@ LINEAR_MARGIN = 0.3
 FORWARD_SLACK = 0.3
 #: a prediction beyond this factor outside the measured range is flagged
 FAR_FACTOR = 10.0
+#: with one measured size, the share of its time taken to be fixed cost (dispatch,
+#: launches, Python): neither all of it (nothing would scale) nor none of it (the fixed
+#: cost would scale with size, as a line through the origin does)
+ONE_POINT_FIXED_SHARE = 0.5
+#: relative error of a prediction away from the only measured size
+ONE_POINT_ERROR = 1.0
 
 
 class SizeFit(BaseModel):
@@ -229,6 +235,18 @@ def _forward_error(form: str, n: np.ndarray, y: np.ndarray) -> float | None:
     return float(np.sqrt(np.mean(np.square(errs)))) if errs else None
 
 
+def _two_sizes(n: np.ndarray, y: np.ndarray, forms: Sequence[str], rng: dict) -> SizeFit:
+    """Too few points to validate a form: the line with a fixed cost through them, unless
+    they grow faster than the size (then ``a*n**b``)."""
+    if "linear" in forms:
+        a, b, c = _fit_form("linear", n, y)
+        resid = np.abs(_eval("linear", a, b, c, n) - y) / y
+        if float(resid.max()) <= 0.05:
+            return SizeFit(form="linear", a=a, b=b, c=c, valid=False, **rng)
+    a, b, c = _fit_form("power", n, y)
+    return SizeFit(form="power", a=a, b=b, c=c, valid=False, **rng)
+
+
 def fit_size_model(
     sizes: Sequence[float],
     values: Sequence[float],
@@ -249,9 +267,12 @@ def fit_size_model(
     SizeFit
         The form with the least leave-one-out relative error among those whose
         forward error (predicting the two largest sizes from the smaller ones)
-        stays within twice that error or :data:`FORWARD_SLACK`. With one point the
-        model is proportional to ``n`` through that point; with two, ``power`` is
-        exact; both are marked ``valid=False`` with error :data:`UNKNOWN_ERROR`.
+        stays within twice that error or :data:`FORWARD_SLACK`. With one size the
+        model is ``a*n + c`` through that point with :data:`ONE_POINT_FIXED_SHARE`
+        of its time fixed (never a line through the origin, which would scale the
+        fixed cost with size), error :data:`ONE_POINT_ERROR`; with two sizes the
+        line through both (``power`` when the points grow faster than the size), error
+        :data:`UNKNOWN_ERROR`. Both are marked ``valid=False``.
 
     Raises
     ------
@@ -268,12 +289,13 @@ def fit_size_model(
     y = np.maximum(y, 1e-12)  # a zero (e.g. no bytes) would make relative error undefined
     rng = dict(n_min=float(n.min()), n_max=float(n.max()), n_points=len(n))
     if len(np.unique(n)) == 1:
-        # one size: assume proportional scaling, the usual case for data stages
-        return SizeFit(form="linear", a=float(np.median(y) / n[0]), c=0.0, valid=False, **rng)
+        # one size: part fixed cost, part proportional; exact at that size only
+        y0 = float(np.median(y))
+        return SizeFit(form="linear", a=(1.0 - ONE_POINT_FIXED_SHARE) * y0 / n[0], c=ONE_POINT_FIXED_SHARE * y0,
+                       loo_error=ONE_POINT_ERROR, valid=False, **rng)
     usable = [f for f in forms if len(n) >= N_PARAMS[f] + 2]
     if not usable:
-        a, b, c = _fit_form("power", n, y)
-        return SizeFit(form="power", a=a, b=b, c=c, valid=False, **rng)
+        return _two_sizes(n, y, forms, rng)
     cands = {f: _loo_error(f, n, y) for f in usable}
     fwd = {f: _forward_error(f, n, y) for f in usable}
     # a form that fails to extrapolate within its own range is not trusted beyond it

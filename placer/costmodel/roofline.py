@@ -1,6 +1,6 @@
 """Device descriptions and the roofline model, for devices this machine lacks.
 
-May import: json, importlib.resources, pydantic, placer.costmodel.{bus,counts,fit}.
+May import: json, importlib.resources, pydantic, placer.costmodel.{bus,counts,fit}, placer.errors.
 Never torch.
 
 A :class:`DeviceDescription` gives a device's peak rates (floating-point operations
@@ -37,11 +37,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from placer.costmodel.bus import TransferModel
 from placer.costmodel.counts import Work
 from placer.costmodel.fit import Prediction
+from placer.errors import InputFileError, validation_line
 
 
 class CalibrationPoint(BaseModel):
@@ -139,7 +140,7 @@ def load_description(name_or_path: str | Path) -> DeviceDescription:
     """
     p = Path(name_or_path)
     if p.suffix == ".json" or p.exists():
-        return DeviceDescription.model_validate_json(p.read_text())
+        return _from_file(p)
     key = str(name_or_path).lower().replace("nvidia-", "").replace("nvidia ", "")
     try:
         text = _data().joinpath(f"{key}.json").read_text()
@@ -150,6 +151,23 @@ def load_description(name_or_path: str | Path) -> DeviceDescription:
             "or give a path to a description JSON file"
         ) from exc
     return DeviceDescription.model_validate(json.loads(text))
+
+
+def _from_file(p: Path) -> DeviceDescription:
+    """A description file; :class:`~placer.errors.InputFileError` names the file and the bad fields."""
+    where = f"device description {str(p)!r}"
+    try:
+        data = json.loads(p.read_bytes().decode("utf-8"))
+    except IsADirectoryError:
+        raise InputFileError(f"{where} is a directory; give the JSON file's path") from None
+    except OSError as exc:
+        raise InputFileError(f"cannot read {where}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputFileError(f"{where} is not valid JSON ({type(exc).__name__}: {exc}); fix it") from None
+    try:
+        return DeviceDescription.model_validate(data)
+    except ValidationError as exc:
+        raise InputFileError(f"{where}: {validation_line(exc)}; see the shipped placer/data/h200.json") from None
 
 
 def _data():

@@ -27,26 +27,44 @@ Examples
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import networkx as nx
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    BeforeValidator,
     PrivateAttr,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from placer.devices import check_kind, get_kind, is_device_name, kind_of, same_device, valid_names
-from placer.errors import CostTableError
-from placer.files import write_text_atomic
+from placer.errors import CostTableError, PlacerError
+from placer.files import parse_json, read_json, write_text_atomic
+
+
+def _a_number(v: Any) -> Any:
+    """Refuse what pydantic would coerce to a number but a person did not mean as one."""
+    if isinstance(v, bool):
+        raise ValueError(f"{str(v).lower()} is a boolean, not a number; give a number")
+    if isinstance(v, str):
+        raise ValueError(f"{v!r} is a string, not a number; give the number without quotes")
+    return v
+
+
+#: a finite number (never a boolean or a string)
+Number = Annotated[float, BeforeValidator(_a_number), Field(allow_inf_nan=False)]
+#: bytes: a finite number >= 0
+Bytes = Annotated[float, BeforeValidator(_a_number), Field(ge=0, allow_inf_nan=False)]
+#: a whole number (never a boolean)
+Count = Annotated[int, BeforeValidator(_a_number)]
 
 
 class DeviceSpec(BaseModel):
@@ -61,9 +79,9 @@ class DeviceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: str
-    workers: int = Field(1, ge=1)
-    memory_bytes: float | None = Field(None, gt=0)
-    price_per_hour: float = Field(0.0, ge=0)
+    workers: Count = Field(1, ge=1)
+    memory_bytes: Number | None = Field(None, gt=0)
+    price_per_hour: Number = Field(0.0, ge=0)
     label: str = ""
 
     @field_validator("kind")
@@ -77,8 +95,8 @@ class Direction(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    latency_s: float = Field(ge=0)
-    bandwidth_Bps: float = Field(gt=0)
+    latency_s: Number = Field(ge=0)
+    bandwidth_Bps: Number = Field(gt=0)
 
     def seconds(self, nbytes: float) -> float:
         """Seconds to copy ``nbytes`` in this direction."""
@@ -102,13 +120,13 @@ class StageCost(BaseModel):
     name: str = Field(min_length=1)
     kind: Literal["cleaning", "preprocessing", "training", "inference", "other"] = "other"
     inputs: list[str] = Field(default_factory=list)
-    input_bytes: float = Field(0.0, ge=0)
-    output_bytes: float = Field(0.0, ge=0)
-    seconds: dict[str, float | None] = Field(default_factory=dict)
-    peak_bytes: dict[str, float] = Field(default_factory=dict)
+    input_bytes: Bytes = 0.0
+    output_bytes: Bytes = 0.0
+    seconds: dict[str, Annotated[float, BeforeValidator(_a_number)] | None] = Field(default_factory=dict)
+    peak_bytes: dict[str, Bytes] = Field(default_factory=dict)
     pin: str | None = None
     #: each step depends on the previous one (sequential work); used in explanations
-    loop_carried: bool = False
+    loop_carried: StrictBool = False
 
 
 class CostTable(BaseModel):
@@ -127,7 +145,7 @@ class CostTable(BaseModel):
     link: Link | None = None
     network: Direction | None = None
     stages: list[StageCost]
-    size: float | None = None
+    size: Number | None = Field(None, gt=0)
     size_unit: str = "rows"
 
     _by_name: dict[str, StageCost] = PrivateAttr(default_factory=dict)
@@ -146,23 +164,33 @@ class CostTable(BaseModel):
     def from_json(cls, text: str, *, source: str = "cost table") -> CostTable:
         """Parse JSON text; raise :class:`CostTableError` with one readable line per problem."""
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CostTableError(f"{source}: not valid JSON ({exc}); fix the syntax") from None
+            data = parse_json(text, source, "fix the syntax")
+        except PlacerError as exc:
+            raise CostTableError(str(exc)) from None
+        return cls.from_data(data, source=source)
+
+    @classmethod
+    def from_data(cls, data: Any, *, source: str = "cost table") -> CostTable:
+        """Validate parsed JSON; raise :class:`CostTableError` naming the stage and field, and the fix."""
+        if not isinstance(data, dict):
+            raise CostTableError(f"{source}: must be a JSON object with devices and stages, "
+                                 f"got {type(data).__name__}")
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
             raise CostTableError(f"{source}: {describe(exc, data)}") from None
+        except RecursionError:
+            raise CostTableError(f"{source}: nested too deeply to read; fix or regenerate it") from None
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CostTable:
         """Read a cost table file (JSON)."""
         p = Path(path)
         try:
-            text = p.read_text()
-        except OSError as exc:
-            raise CostTableError(f"cannot read cost table {str(p)!r}: {exc.strerror}") from None
-        return cls.from_json(text, source=str(p))
+            data = read_json(p, f"cost table {str(p)!r}" if not p.is_file() else str(p), "fix the syntax")
+        except PlacerError as exc:
+            raise CostTableError(str(exc)) from None
+        return cls.from_data(data, source=str(p))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the table as JSON, atomically (a reader never sees half a file)."""
@@ -344,7 +372,8 @@ def describe(exc: ValidationError, data=None) -> str:
                 loc[0] = "stage"
             except (KeyError, IndexError, TypeError):
                 pass
-        where = " ".join(str(x) for x in loc[:2]) + "".join(f".{x}" for x in loc[2:])
+        sep = " " if loc and loc[0] == "stage" else "."
+        where = sep.join(str(x) for x in loc[:2]) + "".join(f".{x}" for x in loc[2:])
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {msg}" if where else msg)
     return "; ".join(lines)

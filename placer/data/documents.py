@@ -58,6 +58,10 @@ class ProfileDocument(BaseModel):
         Accelerator → its measured host↔device transfer model.
     described_transfer : dict
         A described (absent) device → its transfer model from the description.
+    coverage : dict
+        Stage → what was measured and what was extrapolated, with the error estimate.
+    load : dict
+        The load average seen while profiling.
     profile : Profile
         The measurements themselves (schema ``placer.profile/1``).
     """
@@ -77,6 +81,8 @@ class ProfileDocument(BaseModel):
     stages: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
     transfer: dict[str, Any] = Field(default_factory=dict)
     described_transfer: dict[str, Any] = Field(default_factory=dict)
+    coverage: dict[str, Any] = Field(default_factory=dict)
+    load: dict[str, float | None] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
     profile: Profile
 
@@ -119,6 +125,8 @@ def profile_document(prof: Profile, model: Any, size: int | float | None) -> dic
             d: desc.transfer.model_dump(mode="json", exclude={"links": {"__all__": {"__all__": {"points"}}}})
             for d, desc in model.described.items() if desc.transfer is not None
         },
+        "coverage": {n: sp.coverage for n, sp in prof.stages.items()},
+        "load": prof.machine_load,
         "notes": prof.notes,
         "profile": prof.model_dump(mode="json", by_alias=True),
     }

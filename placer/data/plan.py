@@ -1,6 +1,6 @@
 """A plan: a placement, its predicted schedule, and the reason for every choice.
 
-May import: pydantic, placer.files, placer.data.views. Plain data: :mod:`placer.optimize` makes these,
+May import: pydantic, placer.errors, placer.files, placer.data.views. Plain data: :mod:`placer.optimize` makes these,
 the executor runs ``Plan.placement``, the report explains them.
 """
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from placer.files import write_text_atomic
+from placer.errors import InputFileError
+from placer.files import read_json, write_text_atomic
 
 from placer.data.views import Views
 
@@ -102,5 +103,12 @@ class Plan(Views, BaseModel):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Plan:
-        with open(path) as f:
-            return cls.model_validate_json(f.read())
+        """Read a saved plan; :class:`~placer.errors.InputFileError` names the file and the bad fields."""
+        data = read_json(path, f"plan {str(path)!r}", "save the plan again with `placer plan -o`")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            fields = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+            raise InputFileError(f"plan {str(path)!r}: {fields}; save the plan again with `placer plan -o`") from None
+        except RecursionError:
+            raise InputFileError(f"plan {str(path)!r} is nested too deeply; save the plan again") from None

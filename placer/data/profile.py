@@ -7,20 +7,26 @@ them.
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from placer.data.measures import TransferModel, Work
 from placer.devices import check_kind
 from placer.errors import PlacerError
-from placer.files import write_text_atomic
+from placer.files import read_json, write_text_atomic
 
 SCHEMA = "placer.profile/1"
+#: a profile file nested deeper than this is refused before it is parsed
+MAX_DEPTH = 64
+#: a measured time above this (seconds per call) is not plausible
+MAX_SECONDS = 1e6
 
+Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
+Bytes = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 
 class Point(BaseModel):
@@ -28,20 +34,34 @@ class Point(BaseModel):
 
     ``median_s``/``iqr_s`` summarise ``raw_times`` (seconds per call, steady state);
     ``first_call_s`` is the first call at this size on this device in this process.
+    Times are finite and non-negative (a file saying otherwise is refused). ``stalled``
+    marks repeats that came in stall-sized steps or split into two clusters (a busy
+    machine); ``single_repeat`` a point timed once, whose spread is unknown.
+    ``cpu_s`` is the process CPU time per call over the timed repeats (``cpu_s``
+    above the wall time: several cores busy; far below: waiting on a device or a lock).
     """
 
-    size: int
-    median_s: float
-    iqr_s: float
-    reps: int
-    number_per_run: int = 1
-    raw_times: list[float]
-    first_call_s: float | None = None
+    model_config = ConfigDict(extra="allow")
+
+    size: int = Field(ge=1)
+    median_s: Seconds
+    iqr_s: Seconds
+    reps: int = Field(ge=1)
+    number_per_run: int = Field(1, ge=1)
+    raw_times: list[Seconds] = Field(min_length=1)
+    first_call_s: Seconds | None = None
     noisy: bool = False
-    peak_host_bytes: float = 0.0
-    peak_device_bytes: float | None = None
-    input_bytes: float = 0.0
-    output_bytes: float = 0.0
+    stalled: bool = False
+    single_repeat: bool = False
+    cpu_s: Seconds | None = None
+    #: a size-independent pipeline: the size whose measurement this point repeats
+    copied_from: int | None = None
+    #: the load average (1 minute) when the point was measured
+    load: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+    peak_host_bytes: Bytes = 0.0
+    peak_device_bytes: Bytes | None = None
+    input_bytes: Bytes = 0.0
+    output_bytes: Bytes = 0.0
 
 
 class DeviceProfile(BaseModel):
@@ -81,6 +101,18 @@ class StageProfile(BaseModel):
     #: device classes the stage has implementations for, and its pin (from the pipeline)
     device_classes: list[str] = Field(default_factory=lambda: ["cpu", "gpu"])
     pin: str | None = None
+    #: how the stage was measured: ``{"measured": [sizes], "target_size": N,
+    #: "extrapolated": bool, "rel_error": float, "error_from": "leave-one-out"|"spread"|"none"}``
+    coverage: dict[str, Any] = Field(default_factory=dict)
+    #: warnings about the stage found while profiling (mutates its input, consumes an iterator)
+    warnings: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _reference_plausible(self) -> StageProfile:
+        for n, t in self.reference_s.items():
+            if not (n >= 1 and 0.0 <= t <= MAX_SECONDS):  # NaN fails both
+                raise ValueError(f"reference time {t!r} at size {n} is not a plausible time")
+        return self
 
 
 class Profile(BaseModel):
@@ -115,6 +147,10 @@ class Profile(BaseModel):
     stages: dict[str, StageProfile] = Field(default_factory=dict)
     transfer: dict[str, TransferModel] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
+    #: where the pipeline came from (its file's full path), so same-named files never share a cache entry
+    source: str = ""
+    #: the machine's load while profiling: ``{"load_start", "load_end", "cpu_per_wall"}``
+    machine_load: dict[str, float | None] = Field(default_factory=dict)
 
     model_config = {"populate_by_name": True}
 
@@ -127,10 +163,8 @@ class Profile(BaseModel):
         """Read a profile file (a saved profile, or the document of ``placer profile -o``);
         raise :class:`~placer.errors.PlacerError` naming the problem."""
         p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise PlacerError(f"cannot read profile {str(p)!r}: {exc}; run `placer profile` again") from None
+        again = "; run `placer profile` again"
+        data = read_json(p, f"profile {str(p)!r}", "run `placer profile` again")
         if isinstance(data, dict) and isinstance(data.get("profile"), dict):
             data = data["profile"]  # the document `placer profile -o/--json` writes holds the profile
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
@@ -138,6 +172,23 @@ class Profile(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
-            raise PlacerError(f"profile {str(p)!r}: field {where}: {first['msg']}") from None
+            errs = exc.errors()
+            parts = [f"field {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in errs[:3]]
+            more = f" (and {len(errs) - 3} more)" if len(errs) > 3 else ""
+            raise PlacerError(f"profile {str(p)!r}: {'; '.join(parts)}{more}{again}") from None
+        except RecursionError:
+            raise PlacerError(f"profile {str(p)!r} is nested too deeply{again}") from None
+
+
+def too_deep(text: str, limit: int) -> bool:
+    """Whether JSON ``text`` nests arrays/objects more than ``limit`` deep (strings skipped)."""
+    depth = 0
+    for ch in _BRACKETS.findall(_STRINGS.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        if depth > limit:
+            return True
+    return False
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[\[\]{}]")

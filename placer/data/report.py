@@ -84,6 +84,8 @@ class Summary(BaseModel):
     options: list[Option]
     headline: str = ""
     digests_agree: bool | None = None
+    #: where the measured options' outputs first differ beyond the digest's tolerance ("" when they agree)
+    outputs_differ: str = ""
 
 
 class DagNode(BaseModel):

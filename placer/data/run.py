@@ -5,10 +5,11 @@ May import: pydantic, placer.data.views (tables and the notebook view).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from placer.data.views import Views
 
@@ -108,6 +109,11 @@ class StreamStats(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
+def _check_seconds(where: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{where} is {value!r}; a run's times are finite and >= 0 (regenerate the file)")
+
+
 class Run(Views, BaseModel):
     """A finished (or failed) run of a pipeline under a placement.
 
@@ -165,6 +171,24 @@ class Run(Views, BaseModel):
     failed_stage: str | None = None
     #: one entry per stream the pipeline has (empty for a one-shot pipeline)
     streams: list[StreamStats] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _plausible(self) -> Run:
+        """A saved run read back: durations finite and >= 0, start and end times finite (a tampered
+        or corrupt file is refused; start times may be a little negative on a cluster, clocks differ).
+
+        Runs the executor makes are built without validation, so this costs nothing on the hot path.
+        """
+        _check_seconds("makespan_s", self.makespan_s)
+        for kind, recs in (("stages", self.stages), ("transfers", self.transfers)):
+            for i, rec in enumerate(recs):
+                what = f"{kind}[{i}] ({getattr(rec, 'name', None) or rec.data!r})"
+                _check_seconds(f"{what}.seconds", rec.seconds)
+                for name in ("start_s", "end_s"):
+                    if not math.isfinite(getattr(rec, name)):
+                        raise ValueError(f"{what}.{name} is {getattr(rec, name)!r}; give a finite time "
+                                         "(regenerate the file)")
+        return self
 
     # plain defaults (no factories): constructing a Run stays cheap on the hot path
     _outputs: dict[str, Any] | None = PrivateAttr(default=None)

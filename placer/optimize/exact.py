@@ -99,6 +99,10 @@ def equivalent_devices(pb: Problem) -> list[int]:
     return rep
 
 
+class _OutOfNodes(Exception):
+    """The search visited its budget of nodes."""
+
+
 class _Search:
     """Depth-first branch and bound; see the module docstring for the bounds.
 
@@ -106,7 +110,8 @@ class _Search:
     :class:`~placer.optimize.objectives.Partial` its objective's bound reads.
     """
 
-    def __init__(self, pb: Problem, objective: Objective, deadline_s: float | None, incumbent):
+    def __init__(self, pb: Problem, objective: Objective, deadline_s: float | None, incumbent,
+                 node_limit: int | None = None):
         self.pb, self.objective, self.deadline_s = pb, objective, deadline_s
         self.best_value, self.best = incumbent
         self.bl = tails(pb)
@@ -126,9 +131,15 @@ class _Search:
         self.rest_cost = list(itertools.accumulate(reversed(cheap + [0.0])))[::-1]
         self.work = 0.0
         self.nodes = 0
+        self.node_limit = node_limit
+        #: False when the node budget ran out: the best placement found is not proven optimal
+        self.complete = True
 
     def run(self) -> tuple[float, list[int] | None]:
-        self._visit(0, 0.0, 0.0)
+        try:
+            self._visit(0, 0.0, 0.0)
+        except _OutOfNodes:
+            self.complete = False
         return self.best_value, self.best
 
     def span_bound(self) -> float:
@@ -143,6 +154,8 @@ class _Search:
     def _visit(self, v: int, path_lb: float, spent: float) -> None:
         pb = self.pb
         self.nodes += 1
+        if self.node_limit is not None and self.nodes > self.node_limit:
+            raise _OutOfNodes()
         if v == pb.n:
             self.placed, self.path_lb, self.spent = v, path_lb, spent
             self._leaf()
@@ -220,12 +233,20 @@ def branch_and_bound(
     *,
     deadline_s: float | None = None,
     incumbent: tuple[float, list[int] | None] = (INF, None),
+    node_limit: int | None = None,
+    complete: list[bool] | None = None,
 ) -> tuple[float, list[int] | None]:
     """The optimal placement (value, device index per stage); ``(inf, None)`` if none is feasible.
 
-    ``incumbent`` is a known placement and its value; a good one prunes more.
+    ``incumbent`` is a known placement and its value; a good one prunes more. With
+    ``node_limit``, the search stops after that many nodes with the best placement
+    found so far; ``complete`` (a list) then gets False appended, else True.
     """
-    return _Search(pb, get_objective(objective), deadline_s, incumbent).run()
+    search = _Search(pb, get_objective(objective), deadline_s, incumbent, node_limit)
+    out = search.run()
+    if complete is not None:
+        complete.append(search.complete)
+    return out
 
 
 def exhaustive(

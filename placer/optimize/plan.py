@@ -38,6 +38,11 @@ from placer.optimize.simulate import schedule
 
 #: branch and bound when at most this many stages have more than one allowed device
 EXACT_LIMIT = 16
+#: ``method="exact"`` on more stages than this (a non-chain) plans with the heuristic, with a warning:
+#: the depth-first search would outgrow Python's stack
+EXACT_MAX_STAGES = 400
+#: branch and bound stops after this many search nodes with the best placement so far, with a warning
+EXACT_NODE_LIMIT = 2_000_000
 #: among equally good placements, prefer the least work, up to this many stages
 POLISH_LIMIT = 200
 #: a registered objective's name (:func:`placer.optimize.objectives.names`)
@@ -46,37 +51,52 @@ Method = Literal["auto", "exact", "heuristic"]
 
 
 def search(
-    pb: Problem, objective: str | objectives.Objective, method: str, deadline_s: float | None
+    pb: Problem, objective: str | objectives.Objective, method: str, deadline_s: float | None,
+    warnings: list[str] | None = None,
 ) -> tuple[str, str, float, list[int]]:
     """``(method, algorithm, value, device index per stage)`` of the best placement found.
 
     Among equally good placements of up to ``POLISH_LIMIT`` stages, the one with
-    less compute and copy time is preferred (see :func:`heuristic.polish`).
+    less compute and copy time is preferred (see :func:`heuristic.polish`). Warnings
+    (an exact search that fell back or stopped early) are appended to ``warnings``.
     """
-    used, algorithm, value, place = _search(pb, objective, method, deadline_s)
+    used, algorithm, value, place = _search(pb, objective, method, deadline_s, warnings)
     if value < INF and pb.n <= POLISH_LIMIT:
         place = polish(pb, place, objective, deadline_s)
     return used, algorithm, value, place
 
 
 def _search(pb: Problem, objective: str | objectives.Objective, method: str,
-            deadline_s: float | None):
+            deadline_s: float | None, warnings: list[str] | None = None):
     objective = get_objective(objective)
+    warnings = [] if warnings is None else warnings
     if method not in ("auto", "exact", "heuristic"):
         raise ValueError(f"unknown method {method!r}; use auto, exact or heuristic")
     free = sum(1 for al in pb.allowed if len(al) > 1)
+    chain_ok = objective.chain_dp and pb.is_chain()
     if method == "auto":
-        chain_ok = objective.chain_dp and pb.is_chain()
         method = "exact" if (chain_ok or free <= EXACT_LIMIT) else "heuristic"
-    if method == "exact" and objective.chain_dp and pb.is_chain():
+    if method == "exact" and chain_ok:
         value, place = chain_dp(pb)
         return "exact", "dynamic programming over the chain", value, place
+    if method == "exact" and pb.n > EXACT_MAX_STAGES:
+        warnings.append(f"--method exact: {pb.n} stages are more than the exact search handles "
+                        f"({EXACT_MAX_STAGES}); planned with the heuristic instead")
+        method = "heuristic"
     (excess, h_value), h_place = heuristic(pb, objective, deadline_s=deadline_s)
     if method == "heuristic":
         value = h_value if excess == 0 else INF
         return "heuristic", "HEFT list scheduling + local search", value, h_place
     incumbent = (h_value, h_place) if excess == 0 else (INF, None)
-    value, place = branch_and_bound(pb, objective, deadline_s=deadline_s, incumbent=incumbent)
+    complete: list[bool] = []
+    value, place = branch_and_bound(pb, objective, deadline_s=deadline_s, incumbent=incumbent,
+                                    node_limit=EXACT_NODE_LIMIT, complete=complete)
+    if not all(complete):
+        warnings.append(f"--method exact: {free} stages with a choice; the search stopped after "
+                        f"{EXACT_NODE_LIMIT:,} nodes, so this placement is the best found, not proven optimal "
+                        "(--method heuristic plans large pipelines faster)")
+        return "exact", "branch and bound (stopped early: not proven optimal)", value, (
+            place if place is not None else h_place)
     return "exact", "branch and bound", value, place if place is not None else h_place
 
 
@@ -122,7 +142,8 @@ def plan(
     objective = get_objective(objective)
     size = costs.size if size is None else size
     pb = Problem(costs)
-    used, algorithm, value, place = search(pb, objective, method, deadline_s)
+    warnings: list[str] = []
+    used, algorithm, value, place = search(pb, objective, method, deadline_s, warnings)
     if value == INF:
         fastest = search(pb, "makespan", "auto", None)[2]
         raise InfeasibleError(
@@ -130,7 +151,6 @@ def plan(
             f"{fastest:.4g} s: raise --deadline-s or drop it"
         )
     sched = schedule(pb, place)
-    warnings = []
     if deadline_s is not None and sched.makespan_s > deadline_s * (1 + 1e-9):
         warnings.append(
             f"the plan's predicted makespan {sched.makespan_s:.4g} s misses the deadline of "

@@ -1,52 +1,81 @@
 """The profiler: measured stage costs at several sizes, on every device.
 
 May import: numpy, pydantic, placer.{pipeline,devices,timing,errors,loader,data,log,progress},
-placer.costmodel.counts, placer.profile.{cache,memory,transfers}, placer.executor (to
-run stages and move data exactly as a run does).
+placer.costmodel.{counts,fit}, placer.profile.{cache,keys,memory,transfers},
+placer.executor (to run stages and move data exactly as a run does).
 
 :func:`profile` builds the pipeline at geometric sizes, runs it once on the CPU at
 each size (so every stage gets real inputs of that size), then times every stage
 on every device on those inputs with :func:`placer.timing.measure`: a cold first
 call kept apart, warm-up, device synchronisation inside the timed region, repeats
-until the median is stable. It records peak host and device memory and the bytes
-of every output, and (when no real GPU is profiled) counts each stage's work for
-predicting absent devices. Sizes grow until the next one would not fit in the time
-budget. The result is a :class:`~placer.data.profile.Profile`.
+until the lower quartile is stable (longer on a busy machine whose repeats stall).
+It records peak host and device memory, the bytes of every output, the CPU time of
+the timed calls and the load average, and (when no real GPU is profiled) counts
+each stage's work for predicting absent devices.
 
-Inside a cached profile each stage's entry is keyed by its code hash at the profiled
-sizes and the sizes themselves, so a changed stage re-measures that stage only and
-another machine never reads this one's numbers.
+Sizes grow geometrically up to the size predictions are wanted at, and stop when the
+next one would not fit in the time budget: when a run at that size fits, it is
+measured rather than extrapolated. Each stage's ``coverage`` says what was measured,
+what was extrapolated and with what error. A built pipeline is profiled at its own
+size (the size recorded is the size measured); a ``build(size)`` whose stages and
+data do not change with ``size`` is profiled at one size, with a note.
+
+Each timed call gets inputs as the stage found them in the run: a stage that changes
+its input in place is given a fresh copy for every call, and one that consumes an
+iterator or generator gets a new one (its producers called again), both outside the
+timed region and with a warning naming the stage.
+
+Inside a cached profile each stage's entry is keyed by its fingerprint
+(:func:`placer.profile.keys.stage_fingerprint`: its code, the user code it calls,
+the data it is given) at the profiled sizes and the sizes themselves; the file is
+named after the pipeline's full path. A changed stage or helper re-measures that
+stage only, and another machine never reads this one's numbers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as _dt
 import hashlib
+import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 
 from placer.costmodel.counts import count_work, tensor_bytes_work
+from placer.costmodel.fit import fit_size_model
 from placer.data.measures import Work
 from placer.data.profile import SCHEMA, DeviceProfile, Point, Profile, StageProfile, WorkPoint  # noqa: F401
 from placer.devices import SIM, Device, Inventory, discover
 from placer.profile.cache import ProfileCache
+from placer.profile.keys import data_signature, pipeline_fingerprint, source_id
 from placer.profile.memory import PeakMemory
 from placer.profile.transfers import measure_transfers
-from placer.errors import PlacerError
+from placer.errors import PlacerError, StageFailedError
 from placer.log import get_logger
 from placer.pipeline import Pipeline, Stage, as_pipeline
-from placer.timing import measure
+from placer.timing import load_average, measure
+
+
+class StageInputWarning(UserWarning):
+    """A stage changes its input in place or consumes an iterator: each timed call gets fresh inputs."""
 
 log = get_logger(__name__)
 
 #: geometric step between profiled sizes, and how many sizes at most
 GROWTH = 2
 MAX_POINTS = 6
+#: the first profiled size is at most the pipeline's default size (``build(None)``), or this
+#: when it has none, so ``--size 1000000000000`` starts small and grows while budget and memory last
+FIRST_SIZE_MAX = 10_000
+#: a size whose measured memory, scaled from the size before, would exceed this share of the
+#: host memory available is not profiled
+MEMORY_SHARE = 0.5
 #: timed work gathered per (stage, device, size) point before stopping (with at least
 #: three repeats): enough for a stable lower quartile, small next to a full run
 MIN_TIMED_S = 0.05
@@ -63,6 +92,56 @@ def plan_sizes(max_size: int, *, points: int = MAX_POINTS, growth: float = GROWT
         raise ValueError(f"the largest profiled size must be at least 1, got {max_size}")
     out = sorted({max(min_size, int(max_size / growth**k)) for k in range(points)})
     return [s for s in out if s >= min_size]
+
+
+def start_small(sizes: list[int], first_max: int, growth: float = GROWTH) -> list[int]:
+    """``sizes`` with smaller sizes before them, so that the first is at most ``first_max``.
+
+    >>> start_small([1000, 2000], 300)
+    [250, 500, 1000, 2000]
+    """
+    out = sorted(sizes)
+    while out and out[0] > max(first_max, 1):
+        out.insert(0, max(1, int(out[0] / growth)))
+    return out
+
+
+def _default_size(build: Callable) -> int | None:
+    """The pipeline's own size when built without one (its author's runnable default)."""
+    try:
+        size = build(None).size
+    except Exception:  # noqa: BLE001 - a build that needs a size has no default
+        return None
+    return int(size) if isinstance(size, (int, float)) and size >= 1 else None
+
+
+def available_memory() -> float | None:
+    """Bytes of host memory available now (None when unknown)."""
+    try:
+        import psutil
+
+        return float(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - psutil missing or unsupported here
+        try:
+            return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+
+
+def memory_note(prof: Profile, last: int, nxt: int) -> str | None:
+    """Why size ``nxt`` is not profiled, when the memory measured at ``last`` scaled up would not fit."""
+    held = peak = 0.0
+    for sp in prof.stages.values():
+        pts = [pt for dp in sp.devices.values() for pt in dp.points if pt.size == last]
+        if pts:
+            held += max(pt.output_bytes for pt in pts)
+            peak = max(peak, max(pt.peak_host_bytes for pt in pts))
+    need = (held + peak) * nxt / max(last, 1)
+    free = available_memory()
+    if free is None or need <= MEMORY_SHARE * free:
+        return None
+    return (f"stopped before size {nxt}: it would need about {need / 1e9:.1f} GB of memory "
+            f"(scaled from size {last}), more than {MEMORY_SHARE:.0%} of the {free / 1e9:.1f} GB available")
 
 
 def stage_key(versions: Iterable[str], sizes: Iterable[int]) -> str:
@@ -89,17 +168,18 @@ class _Budget:
         return float("inf") if self.seconds is None else self.seconds - self.elapsed
 
 
-def _builder(pipeline: Any) -> tuple[Callable[[int], Pipeline], str]:
+def _builder(pipeline: Any) -> tuple[Callable[[int | None], Pipeline], str, str, bool]:
+    """``(build, name, source, fixed)``: ``fixed`` for a built pipeline (one size only)."""
     if isinstance(pipeline, str):
         from placer.loader import load_pipeline
 
         name = Path(pipeline).stem if pipeline.endswith(".py") else pipeline
-        return (lambda n: load_pipeline(pipeline, n)), name
+        return (lambda n: load_pipeline(pipeline, n)), name, source_id(pipeline), False
     if callable(pipeline) and not isinstance(pipeline, Pipeline):
         probe = as_pipeline(pipeline(None))
-        return (lambda n: as_pipeline(pipeline(n))), probe.name
+        return (lambda n: as_pipeline(pipeline(n))), probe.name, source_id(pipeline), False
     p = as_pipeline(pipeline)
-    return (lambda n: p), p.name
+    return (lambda n: p), p.name, source_id(p, p.stages.values()), True
 
 
 def _now() -> str:
@@ -145,13 +225,14 @@ def profile(
     ----------
     pipeline : str, callable or Pipeline
         A pipeline file or ``module:function`` (see :mod:`placer.loader`), a
-        ``build(size)`` function, or a built pipeline (profiled at its one size).
+        ``build(size)`` function, or a built pipeline (profiled at its own size,
+        ``pipeline.size``, and recorded at that size).
     size : int, optional
-        The size predictions are wanted at. By default profiling goes up to a
-        tenth of it.
+        The size predictions are wanted at. Profiling goes up to it when the budget
+        allows (measured, not extrapolated).
     max_size : int, optional
-        The largest size to profile (default ``size // 10``, or the pipeline's
-        own size when ``size`` is not given).
+        The largest size to profile (default ``size``, or the pipeline's own size
+        when ``size`` is not given).
     sizes : list of int, optional
         Exact sizes to profile (overrides ``max_size``).
     budget_s : float or None
@@ -219,7 +300,8 @@ def cpu_threads(n: int | None):
 def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, cache, count_work_for_absent,
              progress, threads) -> Profile:
     budget = _Budget(budget_s)
-    build, name = _builder(pipeline)
+    load_start = load_average()
+    build, name, source, fixed = _builder(pipeline)
     inv = inventory or discover()
     fp = inv.fingerprint()
     devs = [inv.resolve(d) for d in devices] if devices else list(inv.devices)
@@ -227,29 +309,37 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
         count_work_for_absent = not any(d.is_gpu for d in devs)
     probe = build(size)
     unit = getattr(probe, "size_unit", None) or "rows"
-    if sizes is None:
-        top = max_size or (max(1, size // 10) if size else (probe.size or 1))
+    notes: list[str] = []
+    if fixed:
+        # a built pipeline runs at its own size whatever is asked: record that size
+        own = probe.size or size or 1
+        if sizes is not None and list(sizes) != [own]:
+            notes.append(f"pipeline {name!r} is already built (size {own}): profiled at that size only")
+        if size is not None and probe.size is not None and size != probe.size:
+            notes.append(f"asked for size {size}, but the built pipeline has size {probe.size}: "
+                         f"measured and recorded at {probe.size}; pass a build(size) function to profile other sizes")
+        sizes = [own]
+    elif sizes is None:
+        top = max_size or size or probe.size or 1
         sizes = plan_sizes(top) if probe.size is not None or size is not None else [probe.size or 1]
+        sizes = start_small(sizes, _default_size(build) or FIRST_SIZE_MAX)
     sizes = sorted(set(int(s) for s in sizes))
     store = None if cache is False else (cache or ProfileCache())
-    cached = store.load(name, fp) if store else None
-    versions = {n: set() for n in probe.stages}
+    cached = store.load(name, fp, source) if store else None
     builds: dict[int, Pipeline] = {}
-    notes: list[str] = []
+    prints: dict[int, dict[str, str]] = {}
     for s in sizes:
         try:
-            builds[s] = build(s)
+            builds[s] = probe if fixed else build(s)
         except (ValueError, PlacerError) as exc:
             notes.append(f"size {s} skipped: build failed: {exc}")
             continue
-        for n, st in builds[s].stages.items():
-            versions.setdefault(n, set()).add(st.code_hash())
+        prints[s] = pipeline_fingerprint(builds[s].stages.values())
     if not builds and size and size not in sizes:
         # every smaller size failed to build: measure at the requested size itself
         try:
             builds[size] = build(size)
-            for n, st in builds[size].stages.items():
-                versions.setdefault(n, set()).add(st.code_hash())
+            prints[size] = pipeline_fingerprint(builds[size].stages.values())
             notes.append(f"no size below {size} could be built; profiled at {size} itself")
         except (ValueError, PlacerError) as exc:
             notes.append(f"size {size} skipped: build failed: {exc}")
@@ -258,16 +348,31 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
             f"pipeline {name!r}: no profiling size could be built ({'; '.join(notes)}); "
             "profile at a larger --size or let build() accept smaller sizes"
         )
-    keys = {n: stage_key(v, builds) for n, v in versions.items()}
-    prof = Profile(pipeline=name, fingerprint=fp, machine={**inv.host, "threads": threads}, sizes=list(builds),
+    same_at = _size_independent(prints)
+    if same_at:
+        keep = max(builds)
+        notes.append(f"build() gives the same stages and data at every size ({', '.join(map(str, same_at))}): "
+                     f"profiled at size {keep} only, and its times stand for every size; make build() use "
+                     "its size argument to profile how the stages scale")
+        builds = {keep: builds[keep]}
+    versions = {n: set() for n in probe.stages}
+    for s in builds:
+        for n, v in prints[s].items():
+            versions.setdefault(n, set()).add(v)
+    keys = {n: stage_key(v, [*builds, *same_at]) for n, v in versions.items()}
+    prof = Profile(pipeline=name, fingerprint=fp, machine={**inv.host, "threads": threads},
+                   sizes=sorted({*builds, *same_at}),
                    devices={d.name: d.model_dump(include={"kind", "label", "workers", "memory_bytes"}) for d in devs},
-                   target_size=size, size_unit=unit, budget_s=budget_s, created_at=_now(), notes=notes)
+                   target_size=size if not fixed else probe.size or size, size_unit=unit, budget_s=budget_s,
+                   created_at=_now(), notes=notes, source=source)
     notes = prof.notes  # pydantic copied the list
     reuse = {}
     for n, st in probe.stages.items():
         old = cached.stages.get(n) if cached else None
         same_threads = cached is not None and cached.machine.get("threads") == threads
-        if old is not None and same_threads and old.key == keys[n] and all(d.name in old.devices for d in devs if _can_run(st, d)):
+        if (old is not None and same_threads and old.key == keys[n]
+                and all(d.name in old.devices and (old.devices[d.name].points or old.devices[d.name].error)
+                        for d in devs if _can_run(st, d))):
             reuse[n] = old
     todo = [n for n in probe.order() if n not in reuse]
     log.info("profiling %s at sizes %s on %s: %d stages to measure, %d from the cache", name, list(builds),
@@ -299,33 +404,275 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
                     if bar else None)
             last = None  # (size, seconds) of the previous size's pass
             order = list(builds)
+            top = order[-1]
+            skipped: list[int] = []
             for i, (s, p) in enumerate(builds.items()):
-                # later sizes cost more: give this one its share in proportion to its size
-                size_budget = budget.left * s / sum(order[i:]) if budget_s is not None else None
+                growth = _stage_fits(prof, todo) if last is not None else None
                 if last is not None and budget_s is not None:
-                    guess = last[1] * (s / last[0]) ** 1.2 * 1.3
+                    guess, at_top = _guess(last, s, growth), _guess(last, top, growth)
                     if guess > budget.left:
                         notes.append(f"stopped before size {s}: it would take about {guess:.1f} s, "
                                      f"{max(budget.left, 0):.1f} s of the budget left")
                         if bar:
                             bar.update(task, total=next(t.completed for t in bar.tasks if t.id == task))  # done: the bar fills
                         break
+                    if s != top and guess + at_top > budget.left and at_top <= budget.left:
+                        skipped.append(s)  # keep the budget for the size predictions are wanted at
+                        continue
+                if last is not None:
+                    too_big = memory_note(prof, last[0], s)
+                    if too_big:
+                        notes.append(too_big)
+                        break
+                # later sizes cost more: give this one its share in proportion to its size
+                rest = [x for x in order[i:] if x == s or x == top or last is None
+                        or _guess(last, x, growth) + _guess(last, top, growth) <= budget.left]
+                size_budget = budget.left * s / sum(rest) if budget_s is not None else None
                 t0 = time.perf_counter()
-                cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
-                                     lambda s=s: bar.advance(task, s) if bar else None)
+                try:
+                    cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
+                                         lambda s=s: bar.advance(task, s) if bar else None)
+                except StageFailedError as exc:
+                    if not measured:
+                        raise
+                    # keep what smaller sizes measured; the run at full size will say the same
+                    notes.append(f"stopped at size {s}: {str(exc).splitlines()[0]}")
+                    break
                 measured.append(s)
                 # one-time costs (compilation, first imports) will not recur at the next size
                 last = (s, max(time.perf_counter() - t0 - cold, 1e-3))
+            if skipped:
+                notes.append(f"sizes {', '.join(map(str, skipped))} skipped to keep the budget for size {top}")
+        if same_at and measured:
+            _copy_points(prof, todo, measured[0], same_at)
     prof.measured_sizes = measured or sorted({pt.size for sp in reuse.values()
-                                              for dp in sp.devices.values() for pt in dp.points})
+                                              for dp in sp.devices.values() for pt in dp.points
+                                              if pt.copied_from is None})
+    for sp in prof.stages.values():
+        sp.coverage = coverage(sp, prof.target_size)
+    _flag_extrapolation(prof, notes)
     prof.elapsed_s = budget.elapsed
+    prof.machine_load = _load_seen(prof, load_start)
     if store:
         store.save(prof)
     return prof
 
 
+def _guess(last: tuple[int, float], size: int, stage_fits: Callable[[float], float] | None = None) -> float:
+    """Seconds a pass at ``size`` should take, from the last pass ``(size, seconds)``, with a margin.
+
+    ``stage_fits(n)`` (the stages' fitted times summed, once two sizes are measured) scales
+    the last pass by how the stages themselves grow, fixed costs included; without it the
+    pass is taken to grow a little faster than the size."""
+    if stage_fits is not None:
+        at_last = stage_fits(last[0])
+        if at_last > 0:
+            return last[1] * max(stage_fits(size) / at_last, 1.0) * 1.25
+    return last[1] * (size / last[0]) ** 1.1 * 1.2
+
+
+def _stage_fits(prof: Profile, todo: list[str]) -> Callable[[float], float] | None:
+    """The sum of the stages' fitted times, as a function of size (None before two sizes are measured)."""
+    fits = []
+    for n in todo:
+        for dp in prof.stages[n].devices.values():
+            own = [p for p in dp.points if p.copied_from is None and p.median_s > 0]
+            if len({p.size for p in own}) >= 2:
+                fits.append(fit_size_model([p.size for p in own], [p.median_s for p in own]))
+    if not fits:
+        return None
+    return lambda n: float(sum(max(f(n), 0.0) for f in fits))
+
+
+def _size_independent(prints: dict[int, dict[str, str]]) -> list[int]:
+    """The sizes, when every size built the very same stages and data (else [])."""
+    if len(prints) < 2:
+        return []
+    first = next(iter(prints.values()))
+    return sorted(prints) if all(v == first for v in prints.values()) else []
+
+
+def _copy_points(prof: Profile, todo: list[str], at: int, sizes: list[int]) -> None:
+    """A size-independent pipeline: the measurement at ``at`` stands for each of ``sizes``."""
+    for n in todo:
+        sp = prof.stages[n]
+        for dp in sp.devices.values():
+            base = [p for p in dp.points if p.size == at]
+            for s in sizes:
+                if s != at:
+                    dp.points += [p.model_copy(update={"size": s, "copied_from": at}) for p in base]
+        if at in sp.reference_s:
+            for s in sizes:
+                sp.reference_s.setdefault(s, sp.reference_s[at])
+        sp.work += [w.model_copy(update={"size": s}) for w in sp.work if w.size == at for s in sizes if s != at]
+
+
+def coverage(sp: StageProfile, target: int | None) -> dict[str, Any]:
+    """Per device: the sizes measured, whether ``target`` was measured or is extrapolated, and
+    the error estimate (the spread at the target when measured there, else leave-one-out).
+
+    >>> from placer.data.profile import DeviceProfile, Point
+    >>> pts = [Point(size=n, median_s=1e-3 * n, iqr_s=0.0, reps=3, raw_times=[1e-3 * n] * 3) for n in (1, 2, 4, 8)]
+    >>> sp = StageProfile(name="s", key="k", devices={"cpu": DeviceProfile(device="cpu", kind="cpu", points=pts)})
+    >>> c = coverage(sp, 16)["cpu"]
+    >>> c["extrapolated"], c["error_from"], c["measured"]
+    (True, 'leave-one-out', [1, 2, 4, 8])
+    """
+    out: dict[str, Any] = {}
+    for dev, dp in sp.devices.items():
+        own = [p for p in dp.points if p.copied_from is None and p.median_s > 0]
+        sizes = sorted({p.size for p in own})
+        entry: dict[str, Any] = {"measured": sizes, "target_size": target,
+                                 "single_repeat": sorted({p.size for p in own if p.reps == 1}),
+                                 "stalled": sorted({p.size for p in own if p.stalled})}
+        if not own:
+            entry.update(extrapolated=None, rel_error=None, error_from="none")
+            out[dev] = entry
+            continue
+        at = [p for p in dp.points if target is not None and p.size == target]
+        if target is None or at:
+            p = at[0] if at else max(own, key=lambda q: q.size)
+            spread = p.iqr_s / p.median_s if p.reps > 1 and p.median_s > 0 else None
+            entry.update(extrapolated=False, rel_error=spread, error_from="spread" if spread is not None else "none")
+        else:
+            fit = fit_size_model([p.size for p in own], [_low(p) for p in own])
+            x = fit.extrapolation(target)
+            entry.update(extrapolated=True, rel_error=fit.predict(target).rel_error,
+                         error_from="leave-one-out" if fit.valid else "none (too few sizes)",
+                         extrapolation=x, form=fit.form)
+        out[dev] = entry
+    return out
+
+
+def _low(p: Point) -> float:
+    raw = [t for t in p.raw_times if t > 0]
+    if len(raw) >= 3:
+        import numpy as np
+
+        return float(min(np.percentile(raw, 25), p.median_s))
+    return p.median_s
+
+
+def _flag_extrapolation(prof: Profile, notes: list[str]) -> None:
+    """One note for the stages whose target size was extrapolated, and for single repeats."""
+    ext = sorted({n for n, sp in prof.stages.items() for c in sp.coverage.values() if c.get("extrapolated")})
+    if ext and prof.target_size:
+        top = max(prof.measured_sizes or [0])
+        notes.append(f"size {prof.target_size} was not measured (largest measured: {top}): "
+                     f"{', '.join(ext)} extrapolated; a larger --budget-s measures it")
+    single = sorted({f"{n} on {d} at {s}" for n, sp in prof.stages.items() for d, c in sp.coverage.items()
+                     for s in c.get("single_repeat", [])})
+    if single:
+        notes.append(f"timed once, spread unknown (not to be trusted alone): {'; '.join(single[:6])}"
+                     + (f" and {len(single) - 6} more" if len(single) > 6 else ""))
+
+
+def _load_seen(prof: Profile, load_start: float | None) -> dict[str, float | None]:
+    """The load average before and after, and the timed calls' CPU seconds per wall second."""
+    cpu = wall = 0.0
+    for sp in prof.stages.values():
+        for dp in sp.devices.values():
+            for p in dp.points:
+                if p.cpu_s is not None and p.copied_from is None:
+                    calls = p.reps * p.number_per_run
+                    cpu += p.cpu_s * calls
+                    wall += sum(p.raw_times) * p.number_per_run
+    return {"load_start": load_start, "load_end": load_average(),
+            "cpu_per_wall": cpu / wall if wall > 0 else None, "cores": prof.machine.get("cores")}
+
+
 def _can_run(stage: Stage, device: Device) -> bool:
     return stage.impl_for(device.driver.implementation) is not None
+
+
+def _ancestors(p: Pipeline, name: str) -> list[str]:
+    """Stages ``name`` depends on, in run order."""
+    need, todo = set(), [name]
+    while todo:
+        for src in p.stages[todo.pop()].inputs.values():
+            if src not in need:
+                need.add(src)
+                todo.append(src)
+    return [n for n in p.order() if n in need]
+
+
+def _recompute(p: Pipeline, name: str, cpu: Device) -> dict[str, Any]:
+    """Fresh host inputs of ``name``: its producers run again from the sources, on the CPU."""
+    from placer.executor import call_stage
+
+    out: dict[str, Any] = {}
+    for n in _ancestors(p, name):
+        st = p.stages[n]
+        out[n] = call_stage(st, cpu, {a: out[src] for a, src in st.inputs.items()}, workers=cpu.workers)
+    return {a: out[src] for a, src in p.stages[name].inputs.items()}
+
+
+def _iterators(inputs: dict[str, Any]) -> list[str]:
+    return [a for a, v in inputs.items() if isinstance(v, Iterator)]
+
+
+def _reference_run(p: Pipeline, cpu: Device) -> tuple[dict[str, Any], dict[str, float], dict[str, list[str]]]:
+    """Run ``p`` once on the CPU, stage by stage as the inline executor does: the outputs, each
+    stage's seconds (its first call at this size) and, per stage, the inputs it changed in place.
+
+    A failing stage is run again through :func:`placer.executor.execute`, whose error names it."""
+    from placer.executor import call_stage, execute
+
+    outputs: dict[str, Any] = {}
+    first: dict[str, float] = {}
+    changed: dict[str, list[str]] = {}
+    for n in p.order():
+        st = p.stages[n]
+        ins = {a: outputs[src] for a, src in st.inputs.items()}
+        before = {a: data_signature(v) for a, v in ins.items() if not isinstance(v, Iterator)}
+        t0 = time.perf_counter()
+        try:
+            outputs[n] = call_stage(st, cpu, ins, workers=cpu.workers)
+        except Exception:  # noqa: BLE001 - the executor reports it, naming the stage
+            execute(p, "all=cpu", executor="inline")
+            raise
+        first[n] = time.perf_counter() - t0
+        moved = [a for a, sig in before.items() if data_signature(ins[a]) != sig]
+        if moved:
+            changed[n] = moved
+    return outputs, first, changed
+
+
+def _fresh_inputs(p: Pipeline, n: str, outputs: dict[str, Any], changed: dict[str, list[str]], cpu: Device,
+                  notes: list[str], sp: StageProfile) -> tuple[dict[str, Any], Callable[[], dict[str, Any]] | None]:
+    """Inputs for timing ``n`` as the run gave them and, when each call needs its own, a maker of fresh ones.
+
+    An iterator input (a generator) was consumed by the run: each call gets a new one from
+    the producers. A stage that changed its input in place gets a deep copy of fresh
+    inputs for every call; a stage reading data a later stage changed gets fresh inputs once."""
+    st = p.stages[n]
+    host_inputs = {a: outputs[src] for a, src in st.inputs.items()}
+    its = [a for a, v in host_inputs.items() if isinstance(v, Iterator)]
+    if its:
+        _warn_stage(sp, notes, f"stage {n!r} consumes an iterator ({', '.join(its)} from "
+                    f"{', '.join(st.inputs[a] for a in its)}): each timed call gets a new one (its producers "
+                    "run again outside the timed region); in a run it gets one pass only")
+        return _recompute(p, n, cpu), (lambda: _recompute(p, n, cpu))
+    own = changed.get(n, [])
+    if own:
+        _warn_stage(sp, notes, f"stage {n!r} changes its input {', '.join(own)} (from "
+                    f"{', '.join(st.inputs[a] for a in own)}) in place: each timed call gets a fresh copy "
+                    "(made outside the timed region); in a run, a later stage reading it sees the changed data")
+    dirty = {p.stages[m].inputs[a] for m, args in changed.items() for a in args}
+    if not own and not dirty & set(st.inputs.values()):
+        return host_inputs, None
+    pristine = _recompute(p, n, cpu)
+    if not own:
+        return pristine, None
+    return copy.deepcopy(pristine), (lambda: copy.deepcopy(pristine))
+
+
+def _warn_stage(sp: StageProfile, notes: list[str], msg: str) -> None:
+    if msg not in sp.warnings:
+        sp.warnings.append(msg)
+    if msg not in notes:
+        notes.append(msg)
+        warnings.warn(msg, StageInputWarning, stacklevel=4)
 
 
 def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], prof: Profile,
@@ -334,14 +681,12 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
     sharing ``size_budget`` seconds (None: no limit) between them.
 
     Returns the seconds spent on one-time costs (first calls beyond steady state)."""
-    from placer.executor import call_stage, execute
+    from placer.executor import call_stage
     from placer.executor.transfer import nbytes, to_location
 
     cpu_dev = next((d for d in devs if not d.is_accelerator), None) or discover().get("cpu")
     budget = _Budget(size_budget)
-    run = execute(p, "all=cpu", executor="inline")
-    outputs = run.outputs
-    first = {r.name: r.seconds for r in run.stages}
+    outputs, first, changed = _reference_run(p, cpu_dev)
     stages_left = len(todo) * max(1, len(devs))
     cold_extra = 0.0
     for n in todo:
@@ -351,6 +696,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
         in_bytes = float(sum(nbytes(v) for v in host_inputs.values()))
         out_bytes = float(nbytes(outputs[n]))
         sp.reference_s[size] = first[n]
+        host_inputs, fresh = _fresh_inputs(p, n, outputs, changed, cpu_dev, notes, sp)
         for d in devs:
             if not _can_run(st, d):
                 continue
@@ -359,19 +705,23 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
             stages_left -= 1
             try:
                 on_host = not d.is_accelerator
-                inputs = host_inputs if on_host else {a: to_location(v, d)[0] for a, v in host_inputs.items()}
+                place = (lambda ins: ins) if on_host else (
+                    lambda ins, d=d: {a: to_location(v, d)[0] for a, v in ins.items()})
+                inputs = place(host_inputs)
+                setup = None if fresh is None else (lambda place=place: place(fresh()))
                 workers = cpu_dev.workers if on_host else 1
-                call = lambda: call_stage(st, d, inputs, workers=workers)  # noqa: E731
+                call = lambda ins, d=d, workers=workers: call_stage(st, d, ins, workers=workers)  # noqa: E731
                 cold = None
                 if on_host:
                     cold = first[n]  # the reference run was this size's first call
                 else:
                     t0 = time.perf_counter()
-                    call()
+                    call(inputs)
                     cold = time.perf_counter() - t0
                 with PeakMemory(d) as mem:
-                    call()  # warm-up, instrumented for memory
-                m = measure(call, cold=False, warmup=0, min_reps=3, max_reps=30,
+                    call(inputs if setup is None else setup())  # warm-up, instrumented for memory
+                m = measure(call if setup is not None else (lambda: call(inputs)), setup=setup,
+                            cold=False, warmup=0, min_reps=3, max_reps=30,
                             min_time_s=min(MIN_TIMED_S, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),
                             label=f"stage {n!r} on {d.name} at size {size}", warn=False)
             except Exception as exc:  # noqa: BLE001 - recorded; other stages still profiled
@@ -381,15 +731,21 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
             cold_extra += max((cold or 0.0) - m.median_s, 0.0)
             log.debug("stage %r on %s at size %s: median %.4g s, IQR %.2g s over %d repeats",
                       n, d.name, size, m.median_s, m.iqr_s, m.reps)
-            if m.noisy:
-                notes.append(f"stage {n!r} on {d.name} at size {size}: noisy (IQR/median "
-                             f"{m.iqr_s / m.median_s:.0%} over {m.reps} repeats)")
+            stalled = m.stalled
+            if m.noisy or stalled:
+                what = "stalled repeats (a slower cluster: the machine was busy)" if stalled else "noisy"
+                notes.append(f"stage {n!r} on {d.name} at size {size}: {what}, IQR/median "
+                             f"{m.iqr_s / m.median_s:.0%} over {m.reps} repeats"
+                             + (f", load average {m.load:.1f}" if m.load is not None else "")
+                             + "; fitted to the lower quartile")
             dp.points.append(Point(size=size, median_s=m.median_s, iqr_s=m.iqr_s, reps=m.reps,
                                    number_per_run=m.number_per_run, raw_times=m.raw_times,
-                                   first_call_s=cold, noisy=m.noisy, peak_host_bytes=mem.host,
-                                   peak_device_bytes=mem.dev, input_bytes=in_bytes, output_bytes=out_bytes))
+                                   first_call_s=cold, noisy=m.noisy, stalled=stalled,
+                                   single_repeat=m.single_repeat, cpu_s=m.cpu_s, load=m.load,
+                                   peak_host_bytes=mem.host, peak_device_bytes=mem.dev,
+                                   input_bytes=in_bytes, output_bytes=out_bytes))
         if count:
-            work = _count(st, host_inputs, in_bytes, out_bytes)
+            work = _count(st, host_inputs if fresh is None else fresh(), in_bytes, out_bytes)
             if work is not None:
                 sp.work.append(WorkPoint(size=size, work=work))
             else:

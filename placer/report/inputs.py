@@ -1,7 +1,7 @@
 """Reading the objects a report is made from, live or saved as JSON, into placer's models.
 
 May import: json, pathlib, pydantic, placer.data, placer.devices (``Inventory`` only),
-placer.errors.
+placer.errors, placer.files.
 
 Every input becomes its typed model (:class:`~placer.data.plan.Plan`,
 :class:`~placer.data.run.Run`, :class:`~placer.data.costs.CostTable`,
@@ -38,6 +38,7 @@ from placer.data.report import TargetPlan
 from placer.data.run import Run
 from placer.devices import Inventory
 from placer.errors import PlacerError
+from placer.files import parse_json
 
 M = TypeVar("M", bound=BaseModel)
 #: longest repr of a bad value quoted in an error
@@ -124,7 +125,7 @@ def load(obj: Any, model: type[M], what: str) -> tuple[M | None, str | None]:
             return validate(_parse(text, what, "the text given"), model, what, f"the {what} text given"), None
         path = Path(obj)
         try:
-            text = path.read_text()
+            text = path.read_bytes()
         except OSError as exc:
             raise ReportInputError(f"cannot read the {what} file {str(path)!r}: {exc.strerror}") from None
         data = _parse(text, what, str(path))
@@ -143,6 +144,8 @@ def validate(data: Any, model: type[M], what: str, origin: str) -> M:
         obj = model.model_validate(data)
     except ValidationError as exc:
         raise ReportInputError(f"{origin} is not a valid {what}: {describe(exc, data)}") from None
+    except RecursionError:
+        raise ReportInputError(f"{origin} is nested too deeply to be a {what}; regenerate it") from None
     extra = unknown_field(data, obj.model_dump(mode="json", by_alias=True))
     if extra is not None:
         raise ReportInputError(
@@ -228,11 +231,11 @@ def _singular(key: str) -> str:
     return key[:-1] if key.endswith("s") else key
 
 
-def _parse(text: str, what: str, source: str) -> dict[str, Any]:
+def _parse(text: str | bytes, what: str, source: str) -> dict[str, Any]:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ReportInputError(f"the {what} in {source} is not valid JSON ({exc}); fix or regenerate it") from None
+        data = parse_json(text, f"the {what} in {source}")
+    except PlacerError as exc:
+        raise ReportInputError(str(exc)) from None
     if not isinstance(data, dict):
         raise ReportInputError(f"the {what} in {source} must be a JSON object, got {type(data).__name__}")
     return data

@@ -1,11 +1,14 @@
 """Rendering facts as HTML, Markdown or JSON, through jinja2 templates.
 
-May import: jinja2, markupsafe, placer.data.report, placer.files, placer.report.{plots,advice}.
+May import: jinja2, markupsafe, urllib.parse, placer.data.report, placer.files, placer.report.{plots,advice}.
 
 HTML is one self-contained file: CSS inline, pictures as inline SVG, no script,
-no font, image or style sheet fetched from anywhere. Every user-supplied string
-(stage names, docstrings, parameters) is escaped by jinja2's autoescaping in HTML
-and by :func:`md_escape` in Markdown.
+no font, image or style sheet fetched from anywhere. Every string that comes from
+the user or from saved files (stage, pipeline and device names, docstrings,
+parameters, notes, meta fields such as the machine, versions, executor and size
+unit) is escaped by jinja2's autoescaping in HTML and by :func:`md_escape` in
+Markdown; picture links are URL-encoded. ``tests/test_hostile.py`` renders facts
+whose every string is hostile and checks that none comes through raw.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import quote
 
 import jinja2
 from markupsafe import Markup
@@ -162,5 +166,5 @@ def write_report(facts: ReportFacts, path: str | os.PathLike, fmt: str | None = 
         folder = path.with_name(f"{path.stem}_files")
         for name, svg in pictures(facts).items():
             write_text_atomic(folder / f"{name}.svg", svg)
-            links[name] = f"{folder.name}/{name}.svg"
+            links[name] = quote(f"{folder.name}/{name}.svg")  # a link target: spaces, brackets encoded
     return write_text_atomic(path, render_markdown(facts, links))

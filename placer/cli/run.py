@@ -59,6 +59,7 @@ def run(
     except StageFailedError as exc:
         write_trace_file(trace, getattr(exc, "run", None))  # a failed run's timeline up to the failure
         saved = _save_failed(exc, output)
+        write_trace_file(trace, getattr(exc, "run", None))  # a failed run's timeline up to the failure
         fail(error_line(exc) + saved)
     except PlacementError as exc:  # --placement that cannot be read or does not fit: a usage error
         usage(error_line(exc))

@@ -34,22 +34,22 @@ that kills ``distributed.scheduler.allowed-failures`` workers (default 3) fails
 with ``KilledWorker``. ``retries`` re-runs a stage that *raised*; it is 0 by
 default because a deterministic stage that raises once raises again.
 
-Stage functions travel with each task, pickled by cloudpickle; functions from
-modules that are not installed packages (a pipeline ``.py`` file, a test module,
-``__main__``) are pickled by value, so workers need placer and the libraries the
-stages import (torch, numpy, ...), not the pipeline's file.
+Stage functions travel with each task, pickled by cloudpickle by reference; the
+modules that are not installed packages (a pipeline ``.py`` file, a helper or test
+module) are sent to every worker as source first and executed there under their own
+names (:mod:`placer.executor.shipping`), so workers need placer and the libraries
+the stages import (torch, numpy, ...), not the pipeline's file. A stage that cannot
+be pickled is refused before anything runs, naming the stage and the object.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-import sysconfig
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -57,6 +57,14 @@ from pydantic import BaseModel, Field
 from placer.devices import SIM, Device, Inventory, is_real_gpu, test_devices_enabled
 from placer.errors import DeviceError, DeviceUnavailableError
 from placer.executor.engine import ThreadLanes
+from placer.executor.shipping import (
+    ModuleSource,
+    ShippingError,
+    dumps_stage,
+    installed,
+    ship_modules,
+    stage_objects,
+)
 from placer.pipeline import Pipeline
 
 #: the worker resource that marks a GPU worker (dask-cuda's convention)
@@ -289,39 +297,36 @@ def _placed_device(pipeline: Pipeline, placement: Any, stage: str) -> str:
 
 
 # -- shipping stages -------------------------------------------------------------------
-def _installed(module_name: str) -> bool:
-    """Whether a module comes with Python or an installed distribution (pickled by name)."""
-    top = module_name.split(".")[0]
-    if top in ("placer", "builtins") or top in sys.builtin_module_names:
-        return True
-    mod = sys.modules.get(module_name)
-    file = getattr(mod, "__file__", None)
-    if not file:
-        return True  # namespace or built-in: nothing to ship
-    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    path = Path(file).resolve()
-    return any(path.is_relative_to(Path(r).resolve()) for r in roots)
-
-
 def ship_by_value(fns: Sequence[Any]) -> None:
-    """Have cloudpickle pickle these functions' modules by value when they are not installed."""
+    """Have cloudpickle pickle these functions' modules by value when they are not installed.
+
+    For one fresh process that takes the parent's ``sys.path`` (a stream's process
+    workers); dask workers get the modules as source instead (:mod:`placer.executor.shipping`).
+    """
     import cloudpickle
 
     registered = set(cloudpickle.list_registry_pickle_by_value())
     for fn in fns:
         name = getattr(fn, "__module__", None)
-        if name and name != "__main__" and name not in registered and not _installed(name):
+        if name and name != "__main__" and name not in registered and not installed(name):
             cloudpickle.register_pickle_by_value(sys.modules[name])
             registered.add(name)
 
 
-def stage_payloads(pipeline: Pipeline) -> dict[str, bytes]:
-    """Each stage, pickled for the workers (its module by value when not installed)."""
-    import cloudpickle
+def stage_payloads(pipeline: Pipeline, modules: Sequence[ModuleSource] = ()) -> dict[str, bytes]:
+    """Each stage, pickled for the workers, which have ``modules`` (see :func:`ship_code`).
 
-    ship_by_value([impl.fn for st in pipeline.stages.values()
-                    for impl in (st.fn, st.cpu, st.gpu) if impl is not None])
-    return {n: cloudpickle.dumps(st) for n, st in pipeline.stages.items()}
+    Raises
+    ------
+    ShippingError
+        Naming the stage and the object that cannot be pickled.
+    """
+    return {n: dumps_stage(st, modules) for n, st in pipeline.stages.items()}
+
+
+def ship_code(client: Any, pipeline: Pipeline) -> list[ModuleSource]:
+    """Install the pipeline's modules that are not installed on the cluster's workers."""
+    return ship_modules(client, stage_objects(pipeline.stages.values()))
 
 
 # -- what runs on the workers ------------------------------------------------------------
@@ -521,7 +526,7 @@ def run_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, workers: in
         devices = resolve_on_cluster(p, placement, inv)
         w = int(workers or inv.get("cpu").workers)
         acc = sorted({d.name for d in devices.values() if d.is_accelerator})
-        lanes = DaskLanes(client, w, acc, stage_payloads(p), retries=retries)
+        lanes = DaskLanes(client, w, acc, stage_payloads(p, ship_code(client, p)), retries=retries)
         placed = {n: d.name for n, d in devices.items()}
         with Prepared(p, placed, inventory=inv, workers=w, size=size, lanes=lanes) as prepared:
             return prepared.run()
@@ -538,6 +543,7 @@ __all__ = [
     "ClusterProfileError",
     "DaskLanes",
     "SchedulerUnreachableError",
+    "ShippingError",
     "WorkerInfo",
     "cluster_devices",
     "cluster_workers",
@@ -545,6 +551,7 @@ __all__ = [
     "cost_devices",
     "resolve_on_cluster",
     "run_on_cluster",
+    "ship_code",
     "stage_payloads",
     "worker_device",
 ]

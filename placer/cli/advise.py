@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail
+from placer.cli.app import app, fail, scheduler_address
 
 
 def progress_steps(show: bool):
@@ -94,7 +94,7 @@ def advise_command(
     pictures: bool = typer.Option(False, "--pictures", help="Markdown: also write the pictures as SVG files next to it."),
     save: Path = typer.Option(None, "--save", help="Save profile, plan, runs and facts as JSON in this folder."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
-    scheduler: str = typer.Option(None, "--scheduler",
+    scheduler: str = typer.Option(None, "--scheduler", callback=scheduler_address,
                                   help="Advise for a dask.distributed cluster at this address (tcp://HOST:PORT)."),
 ) -> None:
     """Profile PIPELINE, plan it, run the plan and its alternatives, and write a report."""

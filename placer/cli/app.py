@@ -37,6 +37,18 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def scheduler_address(value: str | None) -> str | None:
+    """``--scheduler``: checked before the command starts; a malformed address is a usage error (exit 2)."""
+    if value is None:
+        return None
+    from placer.executor.distributed import SchedulerAddressError, check_address
+
+    try:
+        return check_address(value)
+    except SchedulerAddressError as exc:
+        fail(str(exc), code=2)
+
+
 class Interrupted(SystemExit):
     """Ctrl-C: the command unwinds and the process exits with status 130.
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail
+from placer.cli.app import app, fail, scheduler_address
 
 
 def _from_model(pipeline: str | None, profile_file: Path | None, size: int | None,
@@ -44,7 +44,7 @@ def plan_command(
     output: Path = typer.Option(None, "-o", "--output", help="Also save the plan as JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON document."),
     scheduler: str = typer.Option(
-        None, "--scheduler",
+        None, "--scheduler", callback=scheduler_address,
         help="Plan for the dask.distributed cluster at this address (tcp://HOST:PORT): profile on its "
              "workers, measure the network between them, plan over its devices.",
     ),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail
+from placer.cli.app import app, fail, scheduler_address
 
 
 @app.command("run")
@@ -20,7 +20,7 @@ def run(
     output: Path = typer.Option(None, "-o", "--output", help="Also save the run record as JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     scheduler: str = typer.Option(
-        None, "--scheduler",
+        None, "--scheduler", callback=scheduler_address,
         help="Run on the dask.distributed cluster at this address (tcp://HOST:PORT); GPU stages "
              "go to workers started with --resources GPU=1.",
     ),

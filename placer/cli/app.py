@@ -1,14 +1,15 @@
 """The typer application every ``placer`` command registers on.
 
-May import: typer, rich; placer.stream.runner only through ``sys.modules`` (to stop
-running streams on Ctrl-C). Command modules import the library lazily inside the
-command, so that ``placer --help`` stays fast.
+May import: typer, rich; placer.stream.runner and placer.executor.engine only through
+``sys.modules`` (to stop running streams and stages on Ctrl-C). Command modules import
+the library lazily inside the command, so that ``placer --help`` stays fast.
 
 Ctrl-C: while a command runs, the first SIGINT stops every running stream (its
-workers leave, its worker processes are killed), prints one line on stderr and
-ends the command with exit status 130 (128 + SIGINT), unwinding normally so that
-threads and child processes are cleaned up; a second SIGINT ends the process at
-once.
+workers leave, its worker processes are killed) and every stage running on any lane
+(:func:`placer.executor.engine.interrupt`), prints one line on stderr naming the
+stages that were running, and ends the command with exit status 130 (128 + SIGINT),
+unwinding normally so that threads and child processes are cleaned up; a second
+SIGINT ends the process at once.
 """
 
 from __future__ import annotations
@@ -65,8 +66,14 @@ def _on_interrupt(signum, frame) -> None:
     runner = sys.modules.get("placer.stream.runner")
     if runner is not None:
         runner.interrupt()
+    engine = sys.modules.get("placer.executor.engine")
+    running = engine.interrupt() if engine is not None else []
+    said = "placer: interrupted"
+    if running:
+        said += (f" while stage{'s' if len(running) > 1 else ''} {', '.join(map(repr, running))} "
+                 f"{'were' if len(running) > 1 else 'was'} running (stopped; finished stages' outputs are kept)")
     try:
-        print("placer: interrupted", file=sys.stderr, flush=True)
+        print(said, file=sys.stderr, flush=True)
     except (OSError, RuntimeError):
         pass  # stderr closed, or busy in this very thread
     raise Interrupted()

@@ -594,6 +594,16 @@ class DaskLanes(ThreadLanes):
         got = {n: v[0] for n, v in zip(names, values)}
         return dict(got), got
 
+    def abandon(self, stage: str, ident: int) -> None:
+        """Stage ``stage`` is being stopped: its lane thread too, and its task on the cluster is cancelled."""
+        super().abandon(stage, ident)
+        prefix = f"placer-{self.run_id}-{stage}"
+        with self._lock:
+            futs = [f for f in self._futures if f.key == prefix or str(f.key).startswith(prefix + "-")]
+        if futs:
+            with contextlib.suppress(Exception):
+                self.client.cancel(futs, force=True)
+
     def close(self) -> None:
         super().close()
         with self._lock:
@@ -610,7 +620,7 @@ def _has_gpu_worker(client: Any) -> bool:
 
 # -- running ------------------------------------------------------------------------------
 def run_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, workers: int | None = None,
-                   size: int | None = None, retries: int = 0):
+                   size: int | None = None, retries: int = 0, stage_timeout: float | None = None):
     """Run ``pipeline`` on the dask cluster at ``scheduler`` (an address or a Client).
 
     What :func:`placer.executor.execute` does with ``scheduler=``: the devices are
@@ -635,7 +645,8 @@ def run_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, workers: in
         acc = sorted({d.name for d in devices.values() if d.is_accelerator})
         lanes = DaskLanes(client, w, acc, stage_payloads(p, ship_code(client, p)), retries=retries)
         placed = {n: d.name for n, d in devices.items()}
-        with Prepared(p, placed, inventory=inv, workers=w, size=size, lanes=lanes) as prepared:
+        with Prepared(p, placed, inventory=inv, workers=w, size=size, lanes=lanes,
+                      stage_timeout=stage_timeout) as prepared:
             return prepared.run()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail, scheduler_address
+from placer.cli.app import app, fail, scheduler_address, stage_timeout_option
 
 
 def progress_steps(show: bool):
@@ -96,10 +96,12 @@ def advise_command(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
     scheduler: str = typer.Option(None, "--scheduler", callback=scheduler_address,
                                   help="Advise for a dask.distributed cluster at this address (tcp://HOST:PORT)."),
+    stage_timeout_s: float = stage_timeout_option(),
 ) -> None:
     """Profile PIPELINE, plan it, run the plan and its alternatives, and write a report."""
     from placer.advisor import advise
     from placer.errors import PlacerError
+    from placer.executor import stage_timeout
     from placer.report import infer_format, write_report
 
     try:
@@ -108,7 +110,7 @@ def advise_command(
         fail(str(exc))
     step, display = progress_steps(sys.stderr.isatty() and not as_json)
     try:
-        with display:
+        with display, stage_timeout(stage_timeout_s):
             advised = advise(pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
                              executor=executor, baselines=baselines, step=step, scheduler=scheduler)
             with step(f"writing the report to {output}"):

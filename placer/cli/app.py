@@ -50,6 +50,19 @@ def scheduler_address(value: str | None) -> str | None:
         fail(str(exc), code=2)
 
 
+def _positive_seconds(value: float | None) -> float | None:
+    if value is not None and not (0 < value < float("inf")):
+        fail(f"--stage-timeout must be a positive number of seconds, got {value}", code=2)
+    return value
+
+
+def stage_timeout_option():
+    """``--stage-timeout SECONDS``: a stage that runs longer is stopped and the command fails naming it."""
+    return typer.Option(None, "--stage-timeout", callback=_positive_seconds, metavar="SECONDS",
+                        help="Stop a stage that runs longer than this and fail naming it; finished stages' "
+                             "outputs are kept (default: none; profiling bounds each stage by the budget).")
+
+
 class Interrupted(SystemExit):
     """Ctrl-C: the command unwinds and the process exits with status 130.
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, fail, scheduler_address
+from placer.cli.app import app, fail, scheduler_address, stage_timeout_option
 
 
 @app.command("run")
@@ -32,26 +32,29 @@ def run(
                                                     "after the first epoch."),
     processes: str = typer.Option(None, "--processes", help="Streams: CPU stages (comma-separated) whose workers "
                                                             "are processes, for pure-Python code that holds the GIL."),
+    stage_timeout_s: float = stage_timeout_option(),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
     from placer.errors import PlacerError
-    from placer.executor import execute
+    from placer.executor import execute, stage_timeout
     from placer.files import write_text_atomic
     from placer.loader import load_pipeline
     from placer.site import open_site
 
     try:
-        p = load_pipeline(pipeline, size)
-        why = planned = None
-        spec = placement
-        if spec is None:
-            with open_site(scheduler) as site:
-                chosen = best_placement(p, p.size, site, reference=pipeline)
-            spec, why = chosen
-            planned = chosen.stream
-        stream = _stream_config(workers, prefetch, cache, planned, processes)
-        result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream)
+        with stage_timeout(stage_timeout_s):
+            p = load_pipeline(pipeline, size)
+            why = planned = None
+            spec = placement
+            if spec is None:
+                with open_site(scheduler) as site:
+                    chosen = best_placement(p, p.size, site, reference=pipeline)
+                spec, why = chosen
+                planned = chosen.stream
+            stream = _stream_config(workers, prefetch, cache, planned, processes)
+            result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream,
+                             stage_timeout=stage_timeout_s)
     except PlacerError as exc:
         fail(str(exc).splitlines()[0])
     except (ValueError, TypeError) as exc:

@@ -53,13 +53,18 @@ def stop_thread(ident: int) -> bool:
     return done == 1
 
 
-def timeout_message(stage: str, seconds: float, why: str = "the stage timeout") -> str:
+#: why a stage has a time limit, unless told more precisely
+LIMIT_WHY = "the stage timeout: --stage-timeout, or while profiling the budget"
+
+
+def timeout_message(stage: str, seconds: float, why: str = LIMIT_WHY) -> str:
+    """The error text for a stage that ran out of time."""
     return (f"stage {stage!r} did not finish within {seconds:g} s ({why}) and was stopped; "
-            "raise the timeout (--stage-timeout SECONDS) or make the stage faster")
+            "raise the limit (--stage-timeout SECONDS, --budget-s) or make the stage faster")
 
 
 @contextlib.contextmanager
-def time_limit(seconds: float | None, stage: str, *, why: str = "the stage timeout") -> Iterator[None]:
+def time_limit(seconds: float | None, stage: str, *, why: str = LIMIT_WHY) -> Iterator[None]:
     """Stop the block with :class:`StageTimeoutError` when it runs longer than ``seconds`` (None: no limit).
 
     The block runs in the calling thread; a timer thread raises :class:`StopStage`

@@ -292,7 +292,7 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
                         break
                 t0 = time.perf_counter()
                 cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
-                                     lambda: bar.advance(task) if bar else None)
+                                     lambda: bar.advance(task) if bar else None, bound=profiling_bound(budget_s))
                 measured.append(s)
                 # one-time costs (compilation, first imports) will not recur at the next size
                 last = (s, max(time.perf_counter() - t0 - cold, 1e-3))
@@ -304,22 +304,44 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
     return prof
 
 
+def profiling_bound(budget_s: float | None) -> float | None:
+    """The longest one stage call may take while profiling: the stage timeout when one is set, else the budget.
+
+    So a stage that hangs stops the profile about when the budget runs out (with an
+    error naming it), never long after; a budget under :data:`MIN_BOUND_S` still
+    gives each call that long.
+    """
+    from placer.executor.stagecall import default_stage_timeout
+
+    given = default_stage_timeout()
+    if given is not None:
+        return given
+    return None if budget_s is None else max(float(budget_s), MIN_BOUND_S)
+
+
+#: the shortest bound on one stage call while profiling (see :func:`profiling_bound`)
+MIN_BOUND_S = 5.0
+
+
 def _can_run(stage: Stage, device: Device) -> bool:
     return stage.impl_for(device.driver.implementation) is not None
 
 
 def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], prof: Profile,
-                  size_budget: float | None, count: bool, notes: list[str], tick: Callable[[], Any]) -> float:
+                  size_budget: float | None, count: bool, notes: list[str], tick: Callable[[], Any],
+                  bound: float | None = None) -> float:
     """Run ``p`` once on the CPU, then measure each stage in ``todo`` on each device,
-    sharing ``size_budget`` seconds (None: no limit) between them.
+    sharing ``size_budget`` seconds (None: no limit) between them. A stage call that
+    runs longer than ``bound`` seconds is stopped (see :func:`profiling_bound`).
 
     Returns the seconds spent on one-time costs (first calls beyond steady state)."""
     from placer.executor import call_stage, execute
+    from placer.executor.stagecall import time_limit
     from placer.executor.transfer import nbytes, to_location
 
     cpu_dev = next((d for d in devs if not d.is_accelerator), None) or discover().get("cpu")
     budget = _Budget(size_budget)
-    run = execute(p, "all=cpu", executor="inline")
+    run = execute(p, "all=cpu", executor="inline", stage_timeout=bound)
     outputs = run.outputs
     first = {r.name: r.seconds for r in run.stages}
     stages_left = len(todo) * max(1, len(devs))
@@ -343,17 +365,20 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                 workers = cpu_dev.workers if on_host else 1
                 call = lambda: call_stage(st, d, inputs, workers=workers)  # noqa: E731
                 cold = None
-                if on_host:
-                    cold = first[n]  # the reference run was this size's first call
-                else:
-                    t0 = time.perf_counter()
-                    call()
-                    cold = time.perf_counter() - t0
-                with PeakMemory(d) as mem:
-                    call()  # warm-up, instrumented for memory
-                m = measure(call, cold=False, warmup=0, min_reps=3, max_reps=30,
-                            min_time_s=min(MIN_TIMED_S, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),
-                            label=f"stage {n!r} on {d.name} at size {size}", warn=False)
+                # the calls below: a cold one, a warm-up and at least three timed repeats
+                limit = None if bound is None else bound + 5 * first[n] + 2.0
+                with time_limit(limit, n, why="profiling bounds each stage by the budget"):
+                    if on_host:
+                        cold = first[n]  # the reference run was this size's first call
+                    else:
+                        t0 = time.perf_counter()
+                        call()
+                        cold = time.perf_counter() - t0
+                    with PeakMemory(d) as mem:
+                        call()  # warm-up, instrumented for memory
+                    m = measure(call, cold=False, warmup=0, min_reps=3, max_reps=30,
+                                min_time_s=min(MIN_TIMED_S, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),
+                                label=f"stage {n!r} on {d.name} at size {size}", warn=False)
             except Exception as exc:  # noqa: BLE001 - recorded; other stages still profiled
                 dp.error = f"{type(exc).__name__}: {exc}"
                 notes.append(f"stage {n!r} on {d.name} at size {size} failed: {dp.error}")

@@ -118,8 +118,8 @@ class Prepared:
         if self._streams or failure is not None:
             stage_recs, failure = self._expand_streams(stage_recs, outputs, failure)
         collect = getattr(self.lanes, "collect", None)
-        if collect is not None:  # lanes whose outputs live elsewhere bring the final ones here
-            outputs, final = collect(outputs, final)
+        if collect is not None:  # lanes whose outputs live elsewhere bring the final ones here (all, on failure)
+            outputs, final = collect(outputs, final, everything=failure is not None)
         run = self._record(started, stage_recs, transfer_recs, makespan, outputs)
         if failure is not None:
             name, exc = failure

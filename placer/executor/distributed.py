@@ -580,19 +580,22 @@ class DaskLanes(ThreadLanes):
         info = self._wait_meta(fut, key, gpu)
         return fut, int(info.pop("bytes")), bool(info.pop("pinned")), info
 
-    def collect(self, outputs: dict[str, Any], final: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Gather the final outputs (and nothing else) to the client."""
-        names = [n for n in final if final[n] is not None]
+    def collect(self, outputs: dict[str, Any], final: dict[str, Any], *,
+                everything: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Gather the final outputs (and nothing else) to the client; with ``everything`` (a failed
+        run), every finished stage's output, so that none is lost."""
+        held = outputs if everything else final
+        names = [n for n in held if held[n] is not None]
         if not names:
             return {}, {}
         try:
-            values = self.client.gather([final[n] for n in names])
+            values = self.client.gather([held[n] for n in names])
         except Exception:
-            if scheduler_lost(self.client):
+            if scheduler_lost(self.client) or everything:
                 return {}, {}  # the run's own failure (or the lost scheduler) is what gets reported
             raise
         got = {n: v[0] for n, v in zip(names, values)}
-        return dict(got), got
+        return dict(got), {n: got[n] for n in final if n in got}
 
     def abandon(self, stage: str, ident: int) -> None:
         """Stage ``stage`` is being stopped: its lane thread too, and its task on the cluster is cancelled."""

@@ -29,7 +29,7 @@ from typing import Any
 
 from placer.devices import Device, Inventory, discover
 from placer.digest import outputs_digest
-from placer.errors import PlacerError, StageFailedError
+from placer.errors import StageFailedError
 from placer.executor.engine import Engine, InlineLanes, ThreadLanes
 from placer.data.run import Run, StageRecord, StreamStats, TransferRecord
 from placer.executor.stagecall import StageTimeoutError, call_stage, default_stage_timeout, stage_timeout
@@ -215,7 +215,9 @@ def execute(
         Run on this dask.distributed cluster instead (an address such as
         ``tcp://10.0.0.5:8786``, or a Client); see
         :mod:`placer.executor.distributed`. ``run.outputs`` then holds only the
-        final outputs: the others stay on the workers and are released.
+        final outputs: the others stay on the workers and are released. A
+        pipeline with streams runs here, with its streams' CPU per-batch stages as
+        tasks on the cluster (:mod:`placer.stream.dask_workers`).
     stream : StreamConfig, optional
         How the pipeline's streams run: workers per stage, prefetch depth, pinned
         copies, a cache point (default: :class:`~placer.stream.StreamConfig`'s).
@@ -245,8 +247,10 @@ def execute(
         from placer.executor.distributed import run_on_cluster
 
         if as_pipeline(pipeline).validate().streams():
-            raise PlacerError("a pipeline with streams runs on one machine for now; drop --scheduler")
+            from placer.stream.dask_workers import run_stream_on_cluster
 
+            return run_stream_on_cluster(pipeline, placement, scheduler, stream=stream, executor=executor,
+                                         workers=workers, size=size, stage_timeout=stage_timeout)
         return run_on_cluster(pipeline, placement, scheduler, workers=workers, size=size,
                               stage_timeout=stage_timeout)
     with Prepared(pipeline, placement, executor=executor, workers=workers,

@@ -543,14 +543,12 @@ class DaskLanes(ThreadLanes):
 
     def _result(self, fut: Any, needs_gpu: bool) -> Any:
         no_gpu_since = None
+        done = done_event(fut)
         while True:
-            try:
-                return fut.result(timeout=1.0)
-            except TimeoutError:
-                if fut.done():  # the task itself raised TimeoutError
-                    return fut.result()
-                if not needs_gpu:
-                    continue
+            if done.wait(1.0):
+                return fut.result()
+            if not needs_gpu:
+                continue
             if _has_gpu_worker(self.client):
                 no_gpu_since = None
             elif no_gpu_since is None:
@@ -616,6 +614,17 @@ class DaskLanes(ThreadLanes):
                 self.client.cancel(futs)
 
 
+def done_event(fut: Any) -> threading.Event:
+    """An event set when ``fut`` finishes (however it finishes).
+
+    Waiting on it, rather than ``fut.result(timeout=...)``, avoids distributed's
+    ``sync`` losing a result whose short timeout raced with its arrival.
+    """
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    return done
+
+
 def _has_gpu_worker(client: Any) -> bool:
     info = client.scheduler_info(n_workers=-1)
     return any((w.get("resources") or {}).get(GPU_RESOURCE, 0) >= 1 for w in info.get("workers", {}).values())
@@ -672,6 +681,7 @@ __all__ = [
     "cluster_devices",
     "cluster_workers",
     "connect",
+    "done_event",
     "cost_devices",
     "resolve_on_cluster",
     "run_on_cluster",

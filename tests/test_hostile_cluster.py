@@ -165,6 +165,18 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
+def _busy(dask_worker) -> list:
+    return [str(ts.key) for ts in dask_worker.state.tasks.values() if ts.state in ("executing", "cancelled")]
+
+
+def assert_no_stage_runs_on_the_workers(client, within: float = 30.0) -> None:
+    """No worker thread still runs a stage (the sleepy stage would for 60 s if it were not stopped)."""
+    deadline = time.monotonic() + within
+    while any(client.run(_busy).values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(client.run(_busy).values()), client.run(_busy)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -180,6 +192,68 @@ def test_every_bundled_pipeline_gives_the_local_digest_on_the_cluster(client, na
     remote = execute(p, "all=cpu", scheduler=client)
     assert remote.outputs_digest == local
     assert all(s.worker in client.scheduler_info(n_workers=-1)["workers"] for s in remote.stages)
+
+
+#: every bundled stream pipeline at a small size (size, params)
+STREAMS = {
+    "stream_images": (96, {"batch": 16, "epochs": 2}),
+    "stream_tabular": (96, {"batch": 24, "epochs": 2}),
+    "stream_inference": (96, {"batch": 24, "epochs": 1}),
+    "stream_cache": (48, {"batch": 16, "epochs": 2, "passes": 1}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_every_stream_pipeline_offloads_its_cpu_stages_with_the_sequential_digest(client, name):
+    from placer.stream import StreamConfig
+
+    size, params = STREAMS[name]
+    p = load_pipeline(str(ROOT / "pipelines" / f"{name}.py"), size, **params)
+    sequential = execute(p, "all=cpu", stream=StreamConfig(workers=0))
+    remote = execute(p, "all=cpu", scheduler=client)
+    assert remote.outputs_digest == sequential.outputs_digest
+    kinds = {s.name: s.worker_kind for s in remote.stages}
+    per_batch = [m for ms in p.validate().streams().values() for m in ms[1:-1]]
+    assert per_batch and all(kinds[m] == "dask" for m in per_batch), kinds
+    threads = sum(w["nthreads"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
+    assert all(s.workers == threads for s in remote.stages if s.name in per_batch)
+
+
+def test_a_dask_worker_kind_without_a_cluster_is_refused_naming_the_stage():
+    from placer.stream import StreamConfig
+
+    size, params = STREAMS["stream_inference"]
+    p = load_pipeline(str(ROOT / "pipelines" / "stream_inference.py"), size, **params)
+    with pytest.raises(StageFailedError, match="stage 'preprocess' has dask workers, but no cluster.*--scheduler"):
+        execute(p, "all=cpu", stream=StreamConfig(worker_kind={"preprocess": "dask"}))
+
+
+def test_a_stream_stage_failing_on_the_cluster_names_the_batch_and_keeps_the_state(client, tmp_path):
+    from placer import Pipeline
+    from placer.stream import StreamConfig
+
+    import numpy as np
+
+    p = Pipeline("failing-stream")
+
+    @p.source()
+    def numbers():
+        return [np.full(4, float(i)) for i in range(6)]
+
+    @p.stage()
+    def double(numbers, batch_info):
+        if batch_info.index == 3:
+            raise ValueError("bad batch")
+        return numbers * 2
+
+    @p.step(kind="inference", init=lambda: {"sum": 0.0})
+    def total(double, state):
+        state["sum"] += float(double.sum())
+
+    with pytest.raises(StageFailedError, match="stage 'double' failed.*batch 3.*bad batch") as err:
+        execute(p, "all=cpu", scheduler=client, stream=StreamConfig(workers=2))
+    assert err.value.stage == "double"
+    assert err.value.outputs["total"] == {"sum": 2 * 4 * (0 + 1 + 2)}  # the step's state after the batches done
 
 
 def test_requests_cli_on_the_cluster_prints_the_local_digest(cluster, client):
@@ -382,10 +456,7 @@ def test_ctrl_c_on_a_cluster_run_cancels_the_task_and_leaves_the_cluster_usable(
     out, err = finish(proc, 60)
     assert proc.returncode == 130, err
     assert one_error_line(err).startswith("placer: interrupted while stage 'nap' was running")
-    deadline = time.monotonic() + 30
-    while client.processing() and any(client.processing().values()) and time.monotonic() < deadline:
-        time.sleep(0.1)  # the client went away: the scheduler forgets its tasks
-    assert not any(client.processing().values())
+    assert_no_stage_runs_on_the_workers(client)
     assert client.submit(sum, [1, 2], pure=False).result(timeout=60) == 3
 
 
@@ -447,7 +518,8 @@ def test_stage_timeout_on_the_cluster_cancels_the_task(client, files, monkeypatc
     with pytest.raises(StageFailedError, match="stage 'nap' did not finish within 8 s") as err:
         execute(p, "all=cpu", scheduler=client, stage_timeout=8.0)  # room for a loaded worker's first task
     assert list(err.value.outputs) == ["first"]
-    assert client.submit(sum, [2, 3], pure=False).result(timeout=90) == 5  # the worker is free again
+    assert_no_stage_runs_on_the_workers(client)  # the 60 s stage was stopped there, not left running
+    assert client.submit(sum, [2, 3], pure=False).result(timeout=90) == 5
 
 
 def test_a_hung_stage_stops_profiling_near_the_budget(files, tmp_path):

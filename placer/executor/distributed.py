@@ -71,6 +71,8 @@ from placer.pipeline import Pipeline
 GPU_RESOURCE = "GPU"
 #: seconds to wait for the scheduler when connecting by address
 CONNECT_TIMEOUT_S = 10.0
+#: seconds between a worker's checks whether the stage task it runs was cancelled
+CANCEL_POLL_S = 0.2
 #: seconds to wait for a client to close (a lost scheduler must not hold the exit up)
 CLOSE_TIMEOUT_S = 2.0
 
@@ -465,11 +467,47 @@ def _remote_stage(payload: bytes, device: str, inputs: dict[str, tuple[Any, dict
     dev = worker_device(device)
     args = {a: v[0] for a, v in inputs.items()}
     t0 = time.time()
-    out = call_stage(stage, dev, args, workers=w.state.nthreads)
+    with stop_when_cancelled(w):
+        out = call_stage(stage, dev, args, workers=w.state.nthreads)
     t1 = time.time()
     lane = device if dev.is_accelerator else "cpu"
     return out, {"worker": w.address, "lane": f"{lane}@{w.address}", "wall_start": t0, "wall_end": t1,
                  "output_bytes": nbytes(out)}
+
+
+class TaskCancelled(Exception):
+    """Raised in a worker's thread whose stage task was cancelled (a timeout, Ctrl-C, a lost client)."""
+
+
+@contextlib.contextmanager
+def stop_when_cancelled(worker: Any) -> Iterator[None]:
+    """Stop the stage running in this worker thread once its task is cancelled.
+
+    dask cannot stop a task that runs; without this, a cancelled stage would hold
+    its worker's thread until it ended by itself. A watcher thread polls the task's
+    state every :data:`CANCEL_POLL_S` seconds and raises :class:`TaskCancelled` in
+    this thread (see :func:`~placer.executor.stagecall.stop_thread`).
+    """
+    from placer.executor.stagecall import stop_thread
+
+    key = worker.get_current_task()
+    ident, lock, done = threading.get_ident(), threading.Lock(), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(CANCEL_POLL_S):
+            ts = worker.state.tasks.get(key)
+            if ts is None or ts.state in ("cancelled", "released", "forgotten"):
+                with lock:
+                    if not done.is_set():
+                        stop_thread(ident, TaskCancelled)
+                return
+
+    threading.Thread(target=watch, name=f"placer-watch-{key}", daemon=True).start()
+    try:
+        yield
+    finally:
+        with lock:
+            done.set()
 
 
 def _remote_move(value: tuple[Any, dict], device: str) -> tuple[Any, dict]:

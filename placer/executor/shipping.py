@@ -268,7 +268,14 @@ def ship_modules(client: Any, objects: Iterable[Any]) -> list[ModuleSource]:
         return []
     key = hashlib.sha1("".join(f"{m.name}:{m.digest};" for m in modules).encode()).hexdigest()[:12]
     name = f"placer-modules-{key}"
-    client.register_plugin(shipped_modules(name, modules), name=name)
+    try:
+        client.register_plugin(shipped_modules(name, modules), name=name)
+    except Exception as exc:  # noqa: BLE001 - a worker could not even load the plugin
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ShippingError(
+            f"the dask workers could not take the pipeline's modules ({', '.join(m.name for m in modules)}): "
+            f"{type(exc).__name__}: {first}; the workers need the same placer version as this machine"
+        ) from None
     for worker, failed in sorted(client.run(_failures, name).items()):
         if failed:
             mod, why = next(iter(failed.items()))

@@ -45,11 +45,11 @@ class StopStage(BaseException):
     """Raised asynchronously in a thread whose stage must stop (see :func:`stop_thread`)."""
 
 
-def stop_thread(ident: int) -> bool:
-    """Raise :class:`StopStage` in the thread ``ident`` at its next Python instruction."""
+def stop_thread(ident: int, exc: type[BaseException] = StopStage) -> bool:
+    """Raise ``exc`` (a class; :class:`StopStage` by default) in the thread ``ident`` at its next Python instruction."""
     import ctypes
 
-    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(StopStage))
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
     return done == 1
 
 

@@ -156,6 +156,14 @@ class DaskPool:
                                     stage=self.name)
         return fut.result()
 
+    def note(self, node: Any) -> str:
+        """What the stream's notes say about this stage's dask workers."""
+        t = self.times
+        return (f"{node.name!r}: {self.count} dask worker{'s' if self.count != 1 else ''} on the cluster, the stage "
+                f"sent to them in {t.start_s:.2f} s before the stream's clock; of its {node.stats.busy_s:.2f} s "
+                f"busy, {t.compute_s:.2f} s computing on the workers, {t.round_trip_s - t.compute_s:.2f} s "
+                "moving batches and waiting for the scheduler")
+
     def close(self) -> None:
         """Cancel the batches still on the cluster and release the stage."""
         with self._lock:

@@ -400,6 +400,8 @@ class StreamRun:
 
 
 def _pool_note(pool: ProcessPool, node: Node) -> str:
+    if hasattr(pool, "note"):
+        return pool.note(node)
     t = pool.times
     return (f"{node.name!r}: {pool.count} worker process{'es' if pool.count != 1 else ''} started in "
             f"{t.start_s:.2f} s, before the stream's clock; of its {node.stats.busy_s:.2f} s busy, "

@@ -157,6 +157,17 @@ def run_cli(*args: str, env=None, timeout: float = 120) -> subprocess.CompletedP
     return subprocess.run(placer_cmd(*args), capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
 
 
+def invoke(*args: str):
+    """The command run in this process (for usage errors, which stop before any work)."""
+    from typer.testing import CliRunner
+
+    from placer.cli.app import app
+
+    import placer.cli  # noqa: F401 - registers the commands
+
+    return CliRunner().invoke(app, list(args))
+
+
 def one_error_line(err: str) -> str:
     """stderr holds exactly one line, placer's error, and no traceback."""
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
@@ -330,8 +341,8 @@ def test_an_unpicklable_param_is_named_by_the_cli(cluster, tmp_path):
     ("tcp://127.0.0.1:99999", "port outside"),
 ])
 def test_a_malformed_scheduler_address_is_a_usage_error_at_once(files, address, says):
-    out = run_cli("run", str(files / "sleepy.py"), "--placement", "all=cpu", "--scheduler", address, timeout=60)
-    assert out.returncode == 2
+    out = invoke("run", str(files / "sleepy.py"), "--placement", "all=cpu", "--scheduler", address)
+    assert out.exit_code == 2
     line = one_error_line(out.stderr)
     assert says in line and "tcp://HOST:PORT" in line and repr(address) in line
     assert out.stdout == ""
@@ -339,9 +350,17 @@ def test_a_malformed_scheduler_address_is_a_usage_error_at_once(files, address, 
 
 @pytest.mark.parametrize("command", ["plan", "advise"])
 def test_plan_and_advise_check_the_address_too(files, command):
-    out = run_cli(command, str(files / "sleepy.py"), "--scheduler", "http://127.0.0.1:8787", timeout=60)
-    assert out.returncode == 2
+    out = invoke(command, str(files / "sleepy.py"), "--scheduler", "http://127.0.0.1:8787")
+    assert out.exit_code == 2
     assert "web (dashboard) address" in one_error_line(out.stderr)
+
+
+def test_a_malformed_address_in_a_fresh_process_exits_promptly_without_a_client_traceback(files):
+    """The case that used to hang 20 s in ``Client.__del__``: a real process, to see what it prints at exit."""
+    out = run_cli("run", str(files / "sleepy.py"), "--placement", "all=cpu", "--scheduler", "not an address",
+                  timeout=60)
+    assert out.returncode == 2
+    assert "contains spaces" in one_error_line(out.stderr)
 
 
 def test_the_library_refuses_a_malformed_address_without_a_client():
@@ -508,8 +527,8 @@ def test_stage_timeout_on_the_cli_exits_1_naming_the_stage(files, tmp_path):
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
 def test_a_stage_timeout_that_is_not_a_positive_number_is_a_usage_error(files, value):
-    out = run_cli("run", str(files / "sleepy.py"), "--stage-timeout", value, timeout=60)
-    assert out.returncode == 2
+    out = invoke("run", str(files / "sleepy.py"), "--stage-timeout", value)
+    assert out.exit_code == 2
     assert "--stage-timeout must be a positive number" in one_error_line(out.stderr)
 
 

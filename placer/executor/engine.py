@@ -50,6 +50,7 @@ recorded span. Other lanes call :func:`~placer.executor.stagecall.call_stage` an
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -340,10 +341,11 @@ class _Run:
                 end_s=now, seconds=max(0.0, now - self.started.get(n, now)), output_bytes=0, status="failed",
                 error=f"interrupted ({type(exc).__name__})"))
         shown = [n for n in names if n not in self.e.streams]
-        exc.running = shown  # type: ignore[attr-defined]
-        exc.outputs = dict(self.outputs)  # type: ignore[attr-defined]
-        exc.placer_partial = (self.outputs, self.final, self.stage_recs, self.transfer_recs,  # type: ignore[attr-defined]
-                              (names[0], exc) if names else None, now)
+        with contextlib.suppress(AttributeError, TypeError):  # an exception type without a __dict__
+            exc.running = shown  # type: ignore[attr-defined]
+            exc.outputs = dict(self.outputs)  # type: ignore[attr-defined]
+            exc.placer_partial = (self.outputs, self.final, self.stage_recs,  # type: ignore[attr-defined]
+                                  self.transfer_recs, (names[0], exc) if names else None, now)
 
     def abandon(self, n: str, ident: int, *, inject: bool) -> None:
         """Give up on stage ``n`` (thread ``ident``): stop its thread, let its lane go on without it."""

@@ -330,10 +330,15 @@ def unpicklable_stage(stage: Stage, exc: BaseException) -> ShippingError:
         path, obj = found
         what = f"{path} (a {type(obj).__module__}.{type(obj).__qualname__})"
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    in_main = any(getattr(impl.fn, "__module__", None) == "__main__" for impl in (stage.fn, stage.cpu, stage.gpu)
+                  if impl is not None)
+    where = ("move the stage's functions from the script into a module it imports (modules are sent to the "
+             "workers as source; a script's own functions are pickled)" if in_main else
+             "keep it in a module-level global of the pipeline's file (that module is imported on each "
+             "worker, not pickled)")
     return ShippingError(
         f"stage {stage.name!r} cannot be sent to the dask workers: {what} cannot be pickled ({first}); "
-        "create it inside the stage function, keep it in a module-level global of the pipeline's file "
-        "(that module is imported on each worker, not pickled), or pass only picklable params",
+        f"create it inside the stage function, {where}, or pass only picklable params",
         stage=stage.name,
     )
 

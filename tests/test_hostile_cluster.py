@@ -541,14 +541,23 @@ def test_stage_timeout_on_the_cluster_cancels_the_task(client, files, monkeypatc
     assert client.submit(sum, [2, 3], pure=False).result(timeout=90) == 5
 
 
-def test_a_hung_stage_stops_profiling_near_the_budget(files, tmp_path):
-    """The default bound in profiling is the budget (at least 5 s): a 60 s stage is stopped at 5 s."""
+def test_profile_honours_the_stage_timeout(files, tmp_path):
     env, _ = sleepy_env(tmp_path)
     env["PLACER_CACHE_DIR"] = str(tmp_path / "cache")
-    t = time.monotonic()
-    out = run_cli("profile", str(files / "sleepy.py"), "--budget-s", "2", "--fresh", env=env, timeout=90)
-    took = time.monotonic() - t
+    out = run_cli("profile", str(files / "sleepy.py"), "--budget-s", "2", "--fresh", "--stage-timeout", "2",
+                  env=env, timeout=90)
     assert out.returncode == 1
-    line = one_error_line(out.stderr)
-    assert "stage 'nap' did not finish within 5 s" in line
-    assert took < 55  # far below the stage's 60 s (startup on a loaded machine included)
+    assert "stage 'nap' did not finish within 2 s" in one_error_line(out.stderr)
+
+
+def test_without_a_timeout_profiling_bounds_a_hung_stage_by_its_budget(files, tmp_path, monkeypatch):
+    """The default bound is twice the budget (at least MIN_BOUND_S, lowered here): the 60 s stage stops at 1 s."""
+    from placer.profile import profile, profiler
+
+    monkeypatch.setattr(profiler, "MIN_BOUND_S", 1.0)
+    monkeypatch.setenv("SLEEPY_SECONDS", "60")
+    t = time.monotonic()
+    with pytest.raises(StageFailedError, match="stage 'nap' did not finish within 1 s") as err:
+        profile(str(files / "sleepy.py"), budget_s=0.5, cache=False, progress=False)
+    assert time.monotonic() - t < 30  # stopped, not waited for (60 s)
+    assert err.value.stage == "nap"

@@ -305,22 +305,23 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
 
 
 def profiling_bound(budget_s: float | None) -> float | None:
-    """The longest one stage call may take while profiling: the stage timeout when one is set, else the budget.
+    """The longest one stage call may take while profiling: the stage timeout when one is set,
+    else twice the budget, and at least :data:`MIN_BOUND_S`.
 
-    So a stage that hangs stops the profile about when the budget runs out (with an
-    error naming it), never long after; a budget under :data:`MIN_BOUND_S` still
-    gives each call that long.
+    So a stage that hangs ends the profile with an error naming it soon after the
+    budget runs out, never many budgets later, while a slow first call (imports,
+    compilation) on a small budget still gets its time.
     """
     from placer.executor.stagecall import default_stage_timeout
 
     given = default_stage_timeout()
     if given is not None:
         return given
-    return None if budget_s is None else max(float(budget_s), MIN_BOUND_S)
+    return None if budget_s is None else max(2.0 * float(budget_s), MIN_BOUND_S)
 
 
 #: the shortest bound on one stage call while profiling (see :func:`profiling_bound`)
-MIN_BOUND_S = 5.0
+MIN_BOUND_S = 30.0
 
 
 def _can_run(stage: Stage, device: Device) -> bool:

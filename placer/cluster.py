@@ -1,6 +1,6 @@
 """Planning for a dask.distributed cluster: its devices, its network, its plan.
 
-May import: placer.executor.distributed, placer.devices, placer.pipeline, placer.site, pydantic;
+May import: placer.executor.distributed, placer.executor.shipping, placer.devices, placer.pipeline, placer.site, pydantic;
 distributed, placer.loader, placer.profile, placer.costmodel and placer.optimize inside
 functions.
 
@@ -29,9 +29,11 @@ from placer.executor.distributed import (
     cluster_workers,
     connect,
     cost_devices,
-    ship_by_value,
+    ShippingError,
+    ship_code,
     stage_payloads,
 )
+from placer.executor.shipping import by_reference, ship_modules
 from placer.pipeline import Pipeline
 from placer.site import Costs
 
@@ -145,8 +147,12 @@ class _Builder:
         return p
 
 
-def _pipeline_payload(pipeline: Any) -> bytes:
-    """The pipeline (reference, ``build`` function or built Pipeline), pickled for a worker."""
+def _pipeline_payload(pipeline: Any, client: Any) -> bytes:
+    """The pipeline (reference, ``build`` function or built Pipeline), pickled for ``client``'s workers.
+
+    Its modules that are not installed are sent to the workers as source first
+    (:func:`~placer.executor.distributed.ship_code`), so that it pickles by reference.
+    """
     import cloudpickle
 
     from placer.loader import load_builder
@@ -154,15 +160,24 @@ def _pipeline_payload(pipeline: Any) -> bytes:
 
     if isinstance(pipeline, str):
         build = load_builder(pipeline)
-        ship_by_value([build])
         obj: Any = _Builder(build, Path(pipeline).stem if pipeline.endswith(".py") else pipeline)
     elif callable(pipeline) and not isinstance(pipeline, Pipeline):
-        ship_by_value([pipeline])
-        obj = pipeline
+        build = obj = pipeline
     else:
         obj = as_pipeline(pipeline)
-        stage_payloads(obj)  # registers the stages' modules
-    return cloudpickle.dumps(obj)
+        modules = ship_code(client, obj)
+        stage_payloads(obj, modules)  # refuses a stage that cannot be pickled, naming it
+        with by_reference(modules):
+            return cloudpickle.dumps(obj)
+    modules = ship_modules(client, [build])
+    with by_reference(modules):
+        try:
+            return cloudpickle.dumps(obj)
+        except Exception as exc:  # noqa: BLE001 - explained, naming the function
+            raise ShippingError(
+                f"the pipeline's build function {getattr(build, '__qualname__', build)!r} cannot be sent to "
+                f"the dask workers ({type(exc).__name__}: {exc}); define it in a pipeline file"
+            ) from None
 
 
 def _remote_profile(payload: bytes, devices: list[str], size: int | None, budget_s: float | None,
@@ -256,8 +271,8 @@ def cluster_costs(
     """
     from placer.costmodel.model import CostModel
 
-    payload = _pipeline_payload(pipeline)
     with connect(scheduler) as client:
+        payload = _pipeline_payload(pipeline, client)
         workers = cluster_workers(client)
         inv = cluster_devices(client, workers)
         jobs = _profile_jobs(workers, inv)

@@ -201,14 +201,16 @@ class ClusterSite:
         self._inventory = costs.inventory
         return costs
 
-    def execute(self, pipeline: Pipeline, placement: Mapping[str, str] | str, *, warmup: bool = False):
-        """Run ``placement`` on the cluster (once untimed first with ``warmup``)."""
+    def execute(self, pipeline: Pipeline, placement: Mapping[str, str] | str, *, warmup: bool = False,
+                stream: Any = None):
+        """Run ``placement`` on the cluster (once untimed first with ``warmup``); a stream's CPU per-batch
+        stages run there as tasks, with ``stream`` (a :class:`~placer.stream.StreamConfig`) on top."""
         from placer.executor import execute
 
         spec = placement if isinstance(placement, str) else dict(placement)
         if warmup:
-            execute(pipeline, spec, scheduler=self.client)
-        return execute(pipeline, spec, scheduler=self.client, size=pipeline.size)
+            execute(pipeline, spec, scheduler=self.client, stream=stream)
+        return execute(pipeline, spec, scheduler=self.client, size=pipeline.size, stream=stream)
 
 
 def costs_from_profile(prof: Any, *, size: int | None = None, describe: str | None = None,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, error_line, fail, output_folder, output_path, positive_int, positive_seconds, usage
+from placer.cli.app import (app, error_line, fail, output_folder, output_path, positive_int, positive_seconds,
+                            scheduler_address, stage_timeout_option, usage)
 from placer.cli.options import build_param_option, trace_option, write_trace_file
 
 
@@ -100,13 +101,15 @@ def advise_command(
                               help="Save profile, plan, runs and facts as JSON in this folder (what was "
                                    "made so far, when a run fails)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
-    scheduler: str = typer.Option(None, "--scheduler",
+    scheduler: str = typer.Option(None, "--scheduler", callback=scheduler_address,
                                   help="Advise for a dask.distributed cluster at this address (tcp://HOST:PORT)."),
     trace: Path = trace_option(),
+    stage_timeout_s: float = stage_timeout_option(),
 ) -> None:
     """Profile PIPELINE, plan it, run the plan and its alternatives, and write a report."""
     from placer.advisor import advise
     from placer.errors import PlacerError
+    from placer.executor import stage_timeout
     from placer.report import infer_format, write_report
 
     try:
@@ -117,7 +120,7 @@ def advise_command(
 
     step, display = progress_steps(sys.stderr.isatty() and not as_json and not quiet())
     try:
-        with display:
+        with display, stage_timeout(stage_timeout_s):
             advised = advise(pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
                              executor=executor, baselines=baselines, step=step, scheduler=scheduler,
                              progress=display if hasattr(display, "add_task") else None)

@@ -1,8 +1,8 @@
 """The typer application every ``placer`` command registers on.
 
-May import: typer, rich; placer.stream.runner only through ``sys.modules`` (to stop
-running streams on Ctrl-C). Command modules import the library lazily inside the
-command, so that ``placer --help`` stays fast.
+May import: typer, rich; placer.stream.runner and placer.executor.engine only through
+``sys.modules`` (to stop running streams and stages on Ctrl-C). Command modules import
+the library lazily inside the command, so that ``placer --help`` stays fast.
 
 Errors: :func:`fail` prints one ``placer: error:`` line and exits 1 (a failure) or, through
 :func:`usage`, 2 (a bad option value); ``placer --traceback COMMAND`` also prints the
@@ -11,10 +11,11 @@ by the callbacks here (:func:`positive_int`, :func:`positive_seconds`,
 :func:`output_path`, :func:`output_folder`) before any work starts.
 
 Ctrl-C: while a command runs, the first SIGINT stops every running stream (its
-workers leave, its worker processes are killed), prints one line on stderr and
-ends the command with exit status 130 (128 + SIGINT), unwinding normally so that
-threads and child processes are cleaned up; a second SIGINT ends the process at
-once.
+workers leave, its worker processes are killed) and every stage running on any lane
+(:func:`placer.executor.engine.interrupt`), prints one line on stderr naming the
+stages that were running, and ends the command with exit status 130 (128 + SIGINT),
+unwinding normally so that threads and child processes are cleaned up; a second
+SIGINT ends the process at once.
 """
 
 from __future__ import annotations
@@ -134,6 +135,25 @@ def output_folder(ctx: typer.Context, param, value):
     return value
 
 
+def scheduler_address(value: str | None) -> str | None:
+    """``--scheduler``: checked before the command starts; a malformed address is a usage error (exit 2)."""
+    if value is None:
+        return None
+    from placer.executor.distributed import SchedulerAddressError, check_address
+
+    try:
+        return check_address(value)
+    except SchedulerAddressError as exc:
+        usage(str(exc))
+
+
+def stage_timeout_option():
+    """``--stage-timeout SECONDS``: a stage that runs longer is stopped and the command fails naming it."""
+    return typer.Option(None, "--stage-timeout", callback=positive_seconds, metavar="SECONDS",
+                        help="Stop a stage that runs longer than this and fail naming it; finished stages' "
+                             "outputs are kept (default: none; profiling bounds each stage by the budget).")
+
+
 class Interrupted(SystemExit):
     """Ctrl-C: the command unwinds and the process exits with status 130.
 
@@ -150,8 +170,14 @@ def _on_interrupt(signum, frame) -> None:
     runner = sys.modules.get("placer.stream.runner")
     if runner is not None:
         runner.interrupt()
+    engine = sys.modules.get("placer.executor.engine")
+    running = engine.interrupt() if engine is not None else []
+    said = "placer: interrupted"
+    if running:
+        said += (f" while stage{'s' if len(running) > 1 else ''} {', '.join(map(repr, running))} "
+                 f"{'were' if len(running) > 1 else 'was'} running (stopped; finished stages' outputs are kept)")
     try:
-        print("placer: interrupted", file=sys.stderr, flush=True)
+        print(said, file=sys.stderr, flush=True)
     except (OSError, RuntimeError):
         pass  # stderr closed, or busy in this very thread
     raise Interrupted()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds, usage
+from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds, scheduler_address, usage
 from placer.cli.options import build_param_option
 
 
@@ -46,7 +46,7 @@ def plan_command(
     output: Path = typer.Option(None, "-o", "--output", callback=output_path, help="Also save the plan as JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON document."),
     scheduler: str = typer.Option(
-        None, "--scheduler",
+        None, "--scheduler", callback=scheduler_address,
         help="Plan for the dask.distributed cluster at this address (tcp://HOST:PORT): profile on its "
              "workers, measure the network between them, plan over its devices.",
     ),

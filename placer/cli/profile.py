@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds
+from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds, stage_timeout_option
 from placer.cli.options import build_param_option
 
 
@@ -33,10 +33,12 @@ def profile_cmd(
                                  "(e.g. h200, or a JSON file); default: h200 when no GPU is profiled. 'none' to skip."),
     threads: int = typer.Option(None, "--threads", callback=positive_int, help="Intra-op threads while profiling (default: as a run uses)."),
     fresh: bool = typer.Option(False, "--fresh", help="Ignore cached measurements."),
+    stage_timeout_s: float = stage_timeout_option(),
 ) -> None:
     """Measure every stage of PIPELINE on every device at several sizes; fit and show the cost model."""
     t_start = time.perf_counter()
     from placer.errors import PlacerError
+    from placer.executor import stage_timeout
     from placer.files import write_text_atomic
     from placer.profile import ProfileCache
     from placer.site import LocalSite, costs_from_profile
@@ -44,8 +46,9 @@ def profile_cmd(
     try:
         left = budget_s - (time.perf_counter() - t_start) - 1.0  # keep a second for fitting and printing
         site = LocalSite(cache=None if not fresh else _fresh_cache(ProfileCache()))
-        prof = site.measure(pipeline, size=size, max_size=max_size, budget_s=max(left, 0.5),
-                            devices=devices.split(",") if devices else None, threads=threads, progress=None)
+        with stage_timeout(stage_timeout_s):
+            prof = site.measure(pipeline, size=size, max_size=max_size, budget_s=max(left, 0.5),
+                                devices=devices.split(",") if devices else None, threads=threads, progress=None)
         want = None if (describe or "").lower() == "none" else describe or (
             "h200" if not any(d.get("kind") == "gpu" for d in prof.devices.values()) else None)
         model = costs_from_profile(prof, size=size, describe=want).model

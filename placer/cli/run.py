@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, error_line, fail, output_path, positive_int, usage
+from placer.cli.app import app, error_line, fail, output_path, positive_int, scheduler_address, stage_timeout_option, usage
 from placer.cli.options import build_param_option, trace_option, write_trace_file
 
 
@@ -23,7 +23,7 @@ def run(
                                 help="Also save the run record as JSON here (a failed run's too)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     scheduler: str = typer.Option(
-        None, "--scheduler",
+        None, "--scheduler", callback=scheduler_address,
         help="Run on the dask.distributed cluster at this address (tcp://HOST:PORT); GPU stages "
              "go to workers started with --resources GPU=1.",
     ),
@@ -36,30 +36,32 @@ def run(
     processes: str = typer.Option(None, "--processes", help="Streams: CPU stages (comma-separated) whose workers "
                                                             "are processes, for pure-Python code that holds the GIL."),
     trace: Path = trace_option(),
+    stage_timeout_s: float = stage_timeout_option(),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
     from placer.errors import PlacementError, PlacerError, StageFailedError
-    from placer.executor import execute
+    from placer.executor import execute, stage_timeout
     from placer.files import write_text_atomic
     from placer.loader import load_pipeline
     from placer.site import open_site
 
     try:
-        p = load_pipeline(pipeline, size)
-        why = planned = None
-        spec = placement
-        if spec is None:
-            with open_site(scheduler) as site:
-                chosen = best_placement(p, p.size, site, reference=pipeline)
-            spec, why = chosen
-            planned = chosen.stream
-        stream = _stream_config(workers, prefetch, cache, planned, processes)
-        result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream)
+        with stage_timeout(stage_timeout_s):
+            p = load_pipeline(pipeline, size)
+            why = planned = None
+            spec = placement
+            if spec is None:
+                with open_site(scheduler) as site:
+                    chosen = best_placement(p, p.size, site, reference=pipeline)
+                spec, why = chosen
+                planned = chosen.stream
+            stream = _stream_config(workers, prefetch, cache, planned, processes)
+            result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream,
+                             stage_timeout=stage_timeout_s)
     except StageFailedError as exc:
         write_trace_file(trace, getattr(exc, "run", None))  # a failed run's timeline up to the failure
         saved = _save_failed(exc, output)
-        write_trace_file(trace, getattr(exc, "run", None))  # a failed run's timeline up to the failure
         fail(error_line(exc) + saved)
     except PlacementError as exc:  # --placement that cannot be read or does not fit: a usage error
         usage(error_line(exc))

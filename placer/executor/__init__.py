@@ -29,10 +29,10 @@ from typing import Any
 
 from placer.devices import Device, Inventory, discover
 from placer.digest import outputs_digest
-from placer.errors import PlacerError, StageFailedError
+from placer.errors import StageFailedError
 from placer.executor.engine import Engine, InlineLanes, ThreadLanes
 from placer.data.run import Run, StageRecord, StreamStats, TransferRecord
-from placer.executor.stagecall import call_stage
+from placer.executor.stagecall import StageTimeoutError, call_stage, default_stage_timeout, stage_timeout
 from placer.executor.streams import collapse, member_records
 from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline, as_pipeline
@@ -48,6 +48,7 @@ __all__ = [
     "choose_lanes",
     "execute",
     "prepare",
+    "stage_timeout",
     "to_location",
 ]
 
@@ -83,7 +84,7 @@ class Prepared:
 
     def __init__(self, pipeline: Any, placement: Any = None, *, executor: str = "auto",
                  workers: int | None = None, inventory: Inventory | None = None, size: int | None = None,
-                 lanes: Any = None, stream: StreamConfig | None = None):
+                 lanes: Any = None, stream: StreamConfig | None = None, stage_timeout: float | None = None):
         p = as_pipeline(pipeline)
         p.validate()
         self.pipeline = p
@@ -94,7 +95,9 @@ class Prepared:
         self._streams: list[StreamStats] = []
         run_p, run_devices = collapse(p, self.devices, stream or StreamConfig(), cpu, self._streams)
         self.lanes = lanes if lanes is not None else choose_lanes(run_p, run_devices, executor, self.workers)
-        self.engine = Engine(run_p, run_devices, self.lanes)
+        timeout = stage_timeout if stage_timeout is not None else default_stage_timeout()
+        self.engine = Engine(run_p, run_devices, self.lanes, timeout_s=timeout,
+                             streams=[n for n in run_p.stages if n not in p.stages or p.stages[n].role == "step"])
         self.size = size if size is not None else p.size
         self._placement = {n: d.name for n, d in self.devices.items()}
         self._labels = {d.name: d.label for d in self.devices.values()}
@@ -105,12 +108,38 @@ class Prepared:
         """Run once; see :func:`execute` for what is returned and raised."""
         started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self._streams.clear()
-        outputs, final, stage_recs, transfer_recs, failure, makespan = self.engine.run()
+        try:
+            outputs, final, stage_recs, transfer_recs, failure, makespan = self.engine.run()
+        except BaseException as exc:  # interrupted: the partial record travels with the exception
+            partial = getattr(exc, "placer_partial", None)
+            if partial is not None:
+                exc.run = self._record(started, *partial[2:4], partial[5], partial[0])
+            raise
         if self._streams or failure is not None:
             stage_recs, failure = self._expand_streams(stage_recs, outputs, failure)
         collect = getattr(self.lanes, "collect", None)
-        if collect is not None:  # lanes whose outputs live elsewhere bring the final ones here
-            outputs, final = collect(outputs, final)
+        if collect is not None:  # lanes whose outputs live elsewhere bring the final ones here (all, on failure)
+            outputs, final = collect(outputs, final, everything=failure is not None)
+        run = self._record(started, stage_recs, transfer_recs, makespan, outputs)
+        if failure is not None:
+            name, exc = failure
+            run.error = f"{type(exc).__name__}: {exc}"
+            run.failed_stage = name
+            own = isinstance(exc, (StreamFailed, StageTimeoutError))
+            what = str(exc) if own else f"stage {name!r} failed: {type(exc).__name__}: {exc}"
+            raise StageFailedError(
+                what.replace(f"stage {name!r} failed", f"stage {name!r} failed on {self.devices[name].name}", 1),
+                stage=name,
+                outputs=dict(outputs),
+                run=run,
+            ) from exc
+        run._final = final
+        if digest:
+            run.outputs_digest = outputs_digest(final)
+        return run
+
+    def _record(self, started: str, stage_recs: list, transfer_recs: list, makespan: float, outputs: dict) -> Run:
+        """The run record (no digest yet) of what the engine reported."""
         stage_recs.sort(key=_start)
         transfer_recs.sort(key=_start)
         run = Run.model_construct(
@@ -122,20 +151,6 @@ class Prepared:
             error=None, failed_stage=None, streams=list(self._streams),
         )
         run._outputs = outputs
-        if failure is not None:
-            name, exc = failure
-            run.error = f"{type(exc).__name__}: {exc}"
-            run.failed_stage = name
-            what = str(exc) if isinstance(exc, StreamFailed) else f"stage {name!r} failed: {type(exc).__name__}: {exc}"
-            raise StageFailedError(
-                what.replace(f"stage {name!r} failed", f"stage {name!r} failed on {self.devices[name].name}", 1),
-                stage=name,
-                outputs=dict(outputs),
-                run=run,
-            ) from exc
-        run._final = final
-        if digest:
-            run.outputs_digest = outputs_digest(final)
         return run
 
     def _expand_streams(self, recs: list, outputs: dict, failure: Any) -> tuple[list, Any]:
@@ -181,6 +196,7 @@ def execute(
     size: int | None = None,
     scheduler: Any = None,
     stream: StreamConfig | None = None,
+    stage_timeout: float | None = None,
 ) -> Run:
     """Run ``pipeline`` with every stage on the device the placement gives it.
 
@@ -204,11 +220,18 @@ def execute(
         Run on this dask.distributed cluster instead (an address such as
         ``tcp://10.0.0.5:8786``, or a Client); see
         :mod:`placer.executor.distributed`. ``run.outputs`` then holds only the
-        final outputs: the others stay on the workers and are released.
+        final outputs: the others stay on the workers and are released. A
+        pipeline with streams runs here, with its streams' CPU per-batch stages as
+        tasks on the cluster (:mod:`placer.stream.dask_workers`).
     stream : StreamConfig, optional
         How the pipeline's streams run: workers per stage, prefetch depth, pinned
         copies, a cache point (default: :class:`~placer.stream.StreamConfig`'s).
         ``run.streams`` then holds each stream's throughput and accounting.
+    stage_timeout : float, optional
+        Seconds a one-shot stage may run before it is stopped and the run fails
+        with :class:`~placer.executor.stagecall.StageTimeoutError` (named in the
+        :class:`StageFailedError`); finished stages' outputs are kept. Default:
+        the one set by :func:`stage_timeout` around the call, else none.
 
     Returns
     -------
@@ -219,16 +242,22 @@ def execute(
     Raises
     ------
     StageFailedError
-        When a stage raises; ``.outputs`` keeps what finished before, ``.run`` the
-        partial timeline.
+        When a stage raises or overruns ``stage_timeout``; ``.outputs`` keeps what
+        finished before, ``.run`` the partial timeline.
+    KeyboardInterrupt
+        On Ctrl-C: the stages running on every lane are stopped; the exception
+        carries ``.running`` (their names), ``.outputs`` (what finished) and ``.run``.
     """
     if scheduler is not None:
         from placer.executor.distributed import run_on_cluster
 
         if as_pipeline(pipeline).validate().streams():
-            raise PlacerError("a pipeline with streams runs on one machine for now; drop --scheduler")
+            from placer.stream.dask_workers import run_stream_on_cluster
 
-        return run_on_cluster(pipeline, placement, scheduler, workers=workers, size=size)
+            return run_stream_on_cluster(pipeline, placement, scheduler, stream=stream, executor=executor,
+                                         workers=workers, size=size, stage_timeout=stage_timeout)
+        return run_on_cluster(pipeline, placement, scheduler, workers=workers, size=size,
+                              stage_timeout=stage_timeout)
     with Prepared(pipeline, placement, executor=executor, workers=workers,
-                  inventory=inventory, size=size, stream=stream) as prepared:
+                  inventory=inventory, size=size, stream=stream, stage_timeout=stage_timeout) as prepared:
         return prepared.run()

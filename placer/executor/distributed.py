@@ -34,22 +34,22 @@ that kills ``distributed.scheduler.allowed-failures`` workers (default 3) fails
 with ``KilledWorker``. ``retries`` re-runs a stage that *raised*; it is 0 by
 default because a deterministic stage that raises once raises again.
 
-Stage functions travel with each task, pickled by cloudpickle; functions from
-modules that are not installed packages (a pipeline ``.py`` file, a test module,
-``__main__``) are pickled by value, so workers need placer and the libraries the
-stages import (torch, numpy, ...), not the pipeline's file.
+Stage functions travel with each task, pickled by cloudpickle by reference; the
+modules that are not installed packages (a pipeline ``.py`` file, a helper or test
+module) are sent to every worker as source first and executed there under their own
+names (:mod:`placer.executor.shipping`), so workers need placer and the libraries
+the stages import (torch, numpy, ...), not the pipeline's file. A stage that cannot
+be pickled is refused before anything runs, naming the stage and the object.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-import sysconfig
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -57,12 +57,24 @@ from pydantic import BaseModel, Field
 from placer.devices import SIM, Device, Inventory, is_real_gpu, test_devices_enabled
 from placer.errors import DeviceError, DeviceUnavailableError
 from placer.executor.engine import ThreadLanes
+from placer.executor.shipping import (
+    ModuleSource,
+    ShippingError,
+    dumps_stage,
+    installed,
+    ship_modules,
+    stage_objects,
+)
 from placer.pipeline import Pipeline
 
 #: the worker resource that marks a GPU worker (dask-cuda's convention)
 GPU_RESOURCE = "GPU"
 #: seconds to wait for the scheduler when connecting by address
 CONNECT_TIMEOUT_S = 10.0
+#: seconds between a worker's checks whether the stage task it runs was cancelled
+CANCEL_POLL_S = 0.2
+#: seconds to wait for a client to close (a lost scheduler must not hold the exit up)
+CLOSE_TIMEOUT_S = 2.0
 
 
 class ClusterError(DeviceError):
@@ -73,11 +85,52 @@ class SchedulerUnreachableError(ClusterError):
     """No dask scheduler answered at the address within the timeout."""
 
 
+class SchedulerAddressError(ClusterError, ValueError):
+    """The scheduler address is malformed (a usage error: nothing was contacted)."""
+
+
 class ClusterProfileError(ClusterError):
     """Profiling the pipeline on a worker failed (planning for the cluster)."""
 
 
 # -- connecting -----------------------------------------------------------------------
+def check_address(scheduler: str) -> str:
+    """``scheduler`` as an address dask can connect to (``tcp://`` by default), checked without connecting.
+
+    Raises
+    ------
+    SchedulerAddressError
+        Naming what is wrong (no port, an ``http://`` dashboard address, an unknown
+        scheme) and the form to use.
+    """
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import backends
+
+    address = scheduler.strip() if isinstance(scheduler, str) else scheduler
+    form = "give the scheduler's address as tcp://HOST:PORT (the one `dask scheduler` prints; default port 8786)"
+    if not isinstance(address, str) or not address:
+        raise SchedulerAddressError(f"scheduler address {scheduler!r} is empty or not a string; {form}")
+    if any(c.isspace() for c in address):
+        raise SchedulerAddressError(f"scheduler address {address!r} contains spaces; {form}")
+    scheme, loc = parse_address(address, strict=False)
+    if scheme in ("http", "https"):
+        raise SchedulerAddressError(
+            f"scheduler address {address!r} is a web (dashboard) address; the scheduler itself listens "
+            f"on another port: {form}")
+    if scheme not in backends:
+        raise SchedulerAddressError(
+            f"scheduler address {address!r} has the unknown scheme {scheme!r} (dask knows "
+            f"{', '.join(sorted(backends))}); {form}")
+    if scheme != "inproc":
+        try:
+            host, port = parse_host_port(loc)
+        except (ValueError, TypeError) as exc:
+            raise SchedulerAddressError(f"scheduler address {address!r} is not HOST:PORT ({exc}); {form}") from None
+        if not host or not 0 < int(port) < 65536:
+            raise SchedulerAddressError(f"scheduler address {address!r} has no host or a port outside 1-65535; {form}")
+    return address if "://" in address else f"{scheme}://{address}"
+
+
 @contextlib.contextmanager
 def connect(scheduler: Any, *, timeout: float | None = None) -> Iterator[Any]:
     """A :class:`distributed.Client` for ``scheduler`` (an address or a Client).
@@ -87,33 +140,90 @@ def connect(scheduler: Any, *, timeout: float | None = None) -> Iterator[Any]:
 
     Raises
     ------
+    SchedulerAddressError
+        When the address is malformed (checked before anything is contacted).
     SchedulerUnreachableError
         When no scheduler answers at the address within ``timeout`` seconds.
     """
     from distributed import Client
 
     if isinstance(scheduler, Client):
-        yield scheduler
+        with _lost_scheduler(scheduler, str(scheduler.scheduler.address)):
+            yield scheduler
         return
-    if not isinstance(scheduler, str) or not scheduler.strip():
-        raise ClusterError(
+    if not isinstance(scheduler, str):
+        raise SchedulerAddressError(
             f"scheduler must be an address like tcp://HOST:8786 or a distributed.Client, "
             f"got {scheduler!r}"
         )
-    address = scheduler.strip()
+    address = check_address(scheduler)
     timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
+    with _quiet_client_log():
+        try:
+            client = Client(address, timeout=timeout, set_as_default=False)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise SchedulerUnreachableError(
+                f"cannot reach the dask scheduler at {address} within {timeout:g} s "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no answer'}); "
+                "start one with `dask scheduler` and check the address and port"
+            ) from None
+        try:
+            with _lost_scheduler(client, address):
+                yield client
+        finally:
+            with contextlib.suppress(Exception):
+                client.close(timeout=CLOSE_TIMEOUT_S)
+
+
+class SchedulerLostError(ClusterError):
+    """The connection to the scheduler was lost while placer used the cluster."""
+
+
+def scheduler_lost(client: Any) -> bool:
+    """Whether ``client`` has lost its scheduler (reconnecting, or closed because it could not)."""
+    return getattr(client, "status", "running") in ("connecting", "closing", "closed")
+
+
+@contextlib.contextmanager
+def _lost_scheduler(client: Any, address: str) -> Iterator[None]:
+    """Any error raised in the block after the scheduler went away becomes one :class:`SchedulerLostError`."""
     try:
-        client = Client(address, timeout=timeout, set_as_default=False)
-    except (OSError, TimeoutError) as exc:
-        raise SchedulerUnreachableError(
-            f"cannot reach the dask scheduler at {address} within {timeout:g} s "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no answer'}); "
-            "start one with `dask scheduler` and check the address and port"
-        ) from None
+        yield
+    except SchedulerLostError:
+        raise
+    except Exception as exc:
+        if not scheduler_lost(client):
+            raise
+        stage = getattr(exc, "stage", None)
+        during = f" while stage {stage!r} ran" if stage else ""
+        err = SchedulerLostError(
+            f"lost the connection to the dask scheduler at {address}{during}; the run stopped "
+            "(the outputs held on the workers are gone with it); check that the scheduler is running "
+            "and run again",
+            stage=stage,
+        )
+        err.run = getattr(exc, "run", None)
+        raise err from None
+
+
+class _DropClientErrors:
+    """A logging filter: drops distributed.client's own report of a lost scheduler (placer raises one error)."""
+
+    def filter(self, record: Any) -> bool:
+        return record.levelno < 40  # ERROR and above: the reconnect failure, said once by placer instead
+
+
+@contextlib.contextmanager
+def _quiet_client_log() -> Iterator[None]:
+    import logging
+
+    log = logging.getLogger("distributed.client")
+    f = _DropClientErrors()
+    log.addFilter(f)
     try:
-        yield client
+        yield
     finally:
-        client.close()
+        log.removeFilter(f)
 
 
 # -- what the cluster has --------------------------------------------------------------
@@ -289,39 +399,36 @@ def _placed_device(pipeline: Pipeline, placement: Any, stage: str) -> str:
 
 
 # -- shipping stages -------------------------------------------------------------------
-def _installed(module_name: str) -> bool:
-    """Whether a module comes with Python or an installed distribution (pickled by name)."""
-    top = module_name.split(".")[0]
-    if top in ("placer", "builtins") or top in sys.builtin_module_names:
-        return True
-    mod = sys.modules.get(module_name)
-    file = getattr(mod, "__file__", None)
-    if not file:
-        return True  # namespace or built-in: nothing to ship
-    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    path = Path(file).resolve()
-    return any(path.is_relative_to(Path(r).resolve()) for r in roots)
-
-
 def ship_by_value(fns: Sequence[Any]) -> None:
-    """Have cloudpickle pickle these functions' modules by value when they are not installed."""
+    """Have cloudpickle pickle these functions' modules by value when they are not installed.
+
+    For one fresh process that takes the parent's ``sys.path`` (a stream's process
+    workers); dask workers get the modules as source instead (:mod:`placer.executor.shipping`).
+    """
     import cloudpickle
 
     registered = set(cloudpickle.list_registry_pickle_by_value())
     for fn in fns:
         name = getattr(fn, "__module__", None)
-        if name and name != "__main__" and name not in registered and not _installed(name):
+        if name and name != "__main__" and name not in registered and not installed(name):
             cloudpickle.register_pickle_by_value(sys.modules[name])
             registered.add(name)
 
 
-def stage_payloads(pipeline: Pipeline) -> dict[str, bytes]:
-    """Each stage, pickled for the workers (its module by value when not installed)."""
-    import cloudpickle
+def stage_payloads(pipeline: Pipeline, modules: Sequence[ModuleSource] = ()) -> dict[str, bytes]:
+    """Each stage, pickled for the workers, which have ``modules`` (see :func:`ship_code`).
 
-    ship_by_value([impl.fn for st in pipeline.stages.values()
-                    for impl in (st.fn, st.cpu, st.gpu) if impl is not None])
-    return {n: cloudpickle.dumps(st) for n, st in pipeline.stages.items()}
+    Raises
+    ------
+    ShippingError
+        Naming the stage and the object that cannot be pickled.
+    """
+    return {n: dumps_stage(st, modules) for n, st in pipeline.stages.items()}
+
+
+def ship_code(client: Any, pipeline: Pipeline) -> list[ModuleSource]:
+    """Install the pipeline's modules that are not installed on the cluster's workers."""
+    return ship_modules(client, stage_objects(pipeline.stages.values()))
 
 
 # -- what runs on the workers ------------------------------------------------------------
@@ -360,11 +467,47 @@ def _remote_stage(payload: bytes, device: str, inputs: dict[str, tuple[Any, dict
     dev = worker_device(device)
     args = {a: v[0] for a, v in inputs.items()}
     t0 = time.time()
-    out = call_stage(stage, dev, args, workers=w.state.nthreads)
+    with stop_when_cancelled(w):
+        out = call_stage(stage, dev, args, workers=w.state.nthreads)
     t1 = time.time()
     lane = device if dev.is_accelerator else "cpu"
     return out, {"worker": w.address, "lane": f"{lane}@{w.address}", "wall_start": t0, "wall_end": t1,
                  "output_bytes": nbytes(out)}
+
+
+class TaskCancelled(Exception):
+    """Raised in a worker's thread whose stage task was cancelled (a timeout, Ctrl-C, a lost client)."""
+
+
+@contextlib.contextmanager
+def stop_when_cancelled(worker: Any) -> Iterator[None]:
+    """Stop the stage running in this worker thread once its task is cancelled.
+
+    dask cannot stop a task that runs; without this, a cancelled stage would hold
+    its worker's thread until it ended by itself. A watcher thread polls the task's
+    state every :data:`CANCEL_POLL_S` seconds and raises :class:`TaskCancelled` in
+    this thread (see :func:`~placer.executor.stagecall.stop_thread`).
+    """
+    from placer.executor.stagecall import stop_thread
+
+    key = worker.get_current_task()
+    ident, lock, done = threading.get_ident(), threading.Lock(), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(CANCEL_POLL_S):
+            ts = worker.state.tasks.get(key)
+            if ts is None or ts.state in ("cancelled", "released", "forgotten"):
+                with lock:
+                    if not done.is_set():
+                        stop_thread(ident, TaskCancelled)
+                return
+
+    threading.Thread(target=watch, name=f"placer-watch-{key}", daemon=True).start()
+    try:
+        yield
+    finally:
+        with lock:
+            done.set()
 
 
 def _remote_move(value: tuple[Any, dict], device: str) -> tuple[Any, dict]:
@@ -438,14 +581,12 @@ class DaskLanes(ThreadLanes):
 
     def _result(self, fut: Any, needs_gpu: bool) -> Any:
         no_gpu_since = None
+        done = done_event(fut)
         while True:
-            try:
-                return fut.result(timeout=1.0)
-            except TimeoutError:
-                if fut.done():  # the task itself raised TimeoutError
-                    return fut.result()
-                if not needs_gpu:
-                    continue
+            if done.wait(1.0):
+                return fut.result()
+            if not needs_gpu:
+                continue
             if _has_gpu_worker(self.client):
                 no_gpu_since = None
             elif no_gpu_since is None:
@@ -475,12 +616,32 @@ class DaskLanes(ThreadLanes):
         info = self._wait_meta(fut, key, gpu)
         return fut, int(info.pop("bytes")), bool(info.pop("pinned")), info
 
-    def collect(self, outputs: dict[str, Any], final: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Gather the final outputs (and nothing else) to the client."""
-        names = [n for n in final if final[n] is not None]
-        values = self.client.gather([final[n] for n in names])
+    def collect(self, outputs: dict[str, Any], final: dict[str, Any], *,
+                everything: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Gather the final outputs (and nothing else) to the client; with ``everything`` (a failed
+        run), every finished stage's output, so that none is lost."""
+        held = outputs if everything else final
+        names = [n for n in held if held[n] is not None]
+        if not names:
+            return {}, {}
+        try:
+            values = self.client.gather([held[n] for n in names])
+        except Exception:
+            if scheduler_lost(self.client) or everything:
+                return {}, {}  # the run's own failure (or the lost scheduler) is what gets reported
+            raise
         got = {n: v[0] for n, v in zip(names, values)}
-        return dict(got), got
+        return dict(got), {n: got[n] for n in final if n in got}
+
+    def abandon(self, stage: str, ident: int) -> None:
+        """Stage ``stage`` is being stopped: its lane thread too, and its task on the cluster is cancelled."""
+        super().abandon(stage, ident)
+        prefix = f"placer-{self.run_id}-{stage}"
+        with self._lock:
+            futs = [f for f in self._futures if f.key == prefix or str(f.key).startswith(prefix + "-")]
+        if futs:
+            with contextlib.suppress(Exception):
+                self.client.cancel(futs, force=True)
 
     def close(self) -> None:
         super().close()
@@ -491,6 +652,17 @@ class DaskLanes(ThreadLanes):
                 self.client.cancel(futs)
 
 
+def done_event(fut: Any) -> threading.Event:
+    """An event set when ``fut`` finishes (however it finishes).
+
+    Waiting on it, rather than ``fut.result(timeout=...)``, avoids distributed's
+    ``sync`` losing a result whose short timeout raced with its arrival.
+    """
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    return done
+
+
 def _has_gpu_worker(client: Any) -> bool:
     info = client.scheduler_info(n_workers=-1)
     return any((w.get("resources") or {}).get(GPU_RESOURCE, 0) >= 1 for w in info.get("workers", {}).values())
@@ -498,7 +670,7 @@ def _has_gpu_worker(client: Any) -> bool:
 
 # -- running ------------------------------------------------------------------------------
 def run_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, workers: int | None = None,
-                   size: int | None = None, retries: int = 0):
+                   size: int | None = None, retries: int = 0, stage_timeout: float | None = None):
     """Run ``pipeline`` on the dask cluster at ``scheduler`` (an address or a Client).
 
     What :func:`placer.executor.execute` does with ``scheduler=``: the devices are
@@ -521,9 +693,10 @@ def run_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, workers: in
         devices = resolve_on_cluster(p, placement, inv)
         w = int(workers or inv.get("cpu").workers)
         acc = sorted({d.name for d in devices.values() if d.is_accelerator})
-        lanes = DaskLanes(client, w, acc, stage_payloads(p), retries=retries)
+        lanes = DaskLanes(client, w, acc, stage_payloads(p, ship_code(client, p)), retries=retries)
         placed = {n: d.name for n, d in devices.items()}
-        with Prepared(p, placed, inventory=inv, workers=w, size=size, lanes=lanes) as prepared:
+        with Prepared(p, placed, inventory=inv, workers=w, size=size, lanes=lanes,
+                      stage_timeout=stage_timeout) as prepared:
             return prepared.run()
 
 
@@ -537,14 +710,20 @@ __all__ = [
     "ClusterError",
     "ClusterProfileError",
     "DaskLanes",
+    "SchedulerAddressError",
+    "SchedulerLostError",
     "SchedulerUnreachableError",
+    "ShippingError",
     "WorkerInfo",
+    "check_address",
     "cluster_devices",
     "cluster_workers",
     "connect",
+    "done_event",
     "cost_devices",
     "resolve_on_cluster",
     "run_on_cluster",
+    "ship_code",
     "stage_payloads",
     "worker_device",
 ]

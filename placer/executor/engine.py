@@ -26,6 +26,18 @@ everything in the calling thread (the low-overhead path, exact for chains);
 thread of its own, and links their own threads, so a CPU stage and a GPU stage run
 at the same time.
 
+Stopping. With ``timeout_s``, a stage that runs longer fails with
+:class:`~placer.executor.stagecall.StageTimeoutError` and its thread is stopped
+(:func:`~placer.executor.stagecall.stop_thread`); stages already running finish,
+nothing new starts, and the outputs of finished stages are kept. When the thread
+running the engine is interrupted (``KeyboardInterrupt``, or the CLI's Ctrl-C
+handler after :func:`interrupt`), the stages running on every lane are stopped and
+abandoned at once, and the same exception is raised again carrying
+``running`` (the stages that were running), ``outputs`` and ``placer_partial`` (what
+:class:`~placer.executor.Prepared` turns into the partial run record). Lane threads
+are daemon threads, so a stopped stage stuck in a long C call never holds the
+process's exit up.
+
 Lanes whose work runs elsewhere (:class:`~placer.executor.distributed.DaskLanes` runs
 it on dask workers) also say how a stage is called and how a value is moved:
 ``run_stage(stage, device, args, *, workers) -> (output, info)`` and
@@ -38,21 +50,25 @@ recorded span. Other lanes call :func:`~placer.executor.stagecall.call_stage` an
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from placer.devices import Device
 from placer.data.run import StageRecord, TransferRecord
-from placer.executor.stagecall import call_stage
+from placer.executor.stagecall import StageTimeoutError, StopStage, call_stage, stop_thread, timeout_message
 from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import Pipeline
 from placer.schedule import ReadyQueues, copy_targets, dispatch_order
 
 HOST = "host"
+#: seconds between checks for an interrupt while the engine waits for an event
+_POLL_S = 0.2
+#: how long closing the lanes waits for a stopped stage's thread to leave (it is a daemon thread)
+STOP_GRACE_S = 2.0
 
 
 class InlineLanes:
@@ -73,6 +89,57 @@ class InlineLanes:
         pass
 
 
+class _Pool:
+    """``n`` daemon threads running tasks from one queue; a stopped thread is replaced by a fresh one."""
+
+    def __init__(self, n: int, prefix: str):
+        self.prefix, self.queue = prefix, queue.SimpleQueue()
+        self.threads: list[threading.Thread] = []
+        self.abandoned: set[int] = set()
+        self._count = 0
+        for _ in range(n):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        t = threading.Thread(target=self._work, name=f"{self.prefix}_{self._count}", daemon=True)
+        self._count += 1
+        self.threads.append(t)
+        t.start()
+
+    def _work(self) -> None:
+        me = threading.get_ident()
+        while me not in self.abandoned:
+            try:
+                task = self.queue.get()
+                if task is None:
+                    return
+                task()
+            except BaseException:  # noqa: BLE001 - tasks report their own errors; a stop may land here
+                continue
+
+    def submit(self, task: Callable[[], None]) -> None:
+        self.queue.put(task)
+
+    def abandon(self, ident: int) -> None:
+        """The thread ``ident`` is being stopped: it leaves after its task, and a new one takes its place."""
+        if ident in {t.ident for t in self.threads} and ident not in self.abandoned:
+            self.abandoned.add(ident)
+            self._spawn()
+
+    def close(self, wait: bool = True) -> None:
+        """End the threads; with ``wait``, join them (a stopped one for at most :data:`STOP_GRACE_S`)."""
+        live = [t for t in self.threads if t.ident not in self.abandoned]
+        for _ in live:
+            self.queue.put(None)
+        if wait:
+            for t in live:
+                t.join()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for t in self.threads:
+                if t.ident in self.abandoned:
+                    t.join(max(0.0, deadline - time.monotonic()))
+
+
 class ThreadLanes:
     """A thread pool per lane: ``workers`` threads for the CPU, one per accelerator."""
 
@@ -80,10 +147,10 @@ class ThreadLanes:
 
     def __init__(self, workers: int, accelerators: list[str]):
         self.workers = workers
-        self._pools = {"cpu": ThreadPoolExecutor(workers, thread_name_prefix="placer-cpu")}
+        self._pools = {"cpu": _Pool(workers, "placer-cpu")}
         for a in accelerators:
-            self._pools[a] = ThreadPoolExecutor(1, thread_name_prefix=f"placer-{a}")
-        self._pools["link"] = ThreadPoolExecutor(max(2, 2 * len(accelerators)), thread_name_prefix="placer-link")
+            self._pools[a] = _Pool(1, f"placer-{a}")
+        self._pools["link"] = _Pool(max(2, 2 * len(accelerators)), "placer-link")
 
     def submit(self, lane: str, task: Callable[[], None]) -> None:
         self._pools[lane].submit(task)
@@ -94,9 +161,35 @@ class ThreadLanes:
             return "cpu/" + name.rsplit("_", 1)[-1]
         return lane
 
+    def abandon(self, stage: str, ident: int) -> None:
+        """Stage ``stage`` in thread ``ident`` is being stopped; its lane gets a fresh thread."""
+        for p in self._pools.values():
+            p.abandon(ident)
+
     def close(self) -> None:
         for p in self._pools.values():
-            p.shutdown(wait=True)
+            p.close(wait=True)
+
+
+#: the runs in progress in this process (see :func:`interrupt`)
+_ACTIVE: set[_Run] = set()
+_ACTIVE_LOCK = threading.Lock()
+
+
+def interrupt() -> list[str]:
+    """Mark every run in progress as interrupted; return the one-shot stages running now.
+
+    Called by a Ctrl-C handler before it raises in the main thread, so that the
+    engine treats what it raises as a stop (not as the stage's own error) and the
+    handler can say what was running.
+    """
+    with _ACTIVE_LOCK:
+        runs = list(_ACTIVE)
+    names: list[str] = []
+    for r in runs:
+        r.stop_requested = True
+        names += r.running_names()
+    return names
 
 
 class Engine:
@@ -107,8 +200,12 @@ class Engine:
     :meth:`run` does little more than call the stages.
     """
 
-    def __init__(self, pipeline: Pipeline, devices: dict[str, Device], lanes):
+    def __init__(self, pipeline: Pipeline, devices: dict[str, Device], lanes, *, timeout_s: float | None = None,
+                 streams: Any = ()):
         self.p = pipeline
+        self.timeout_s = timeout_s
+        #: stages that run a whole stream (stopped by the stream's own interrupt, not timed out)
+        self.streams = set(streams)
         self.devices = devices
         self.lanes = lanes
         self.stages = pipeline.stages
@@ -172,23 +269,101 @@ class _Run:
         self.wall0 = time.time() - (self.perf() - self.t_start)
         self.run_stage = getattr(engine.lanes, "run_stage", None)
         self.move = getattr(engine.lanes, "transfer", None)
+        self.lock = threading.RLock()
+        self.started: dict[str, float] = {}
+        self.timers: dict[str, threading.Timer] = {}
+        #: stage -> the thread running it, while it runs
+        self.running: dict[str, int] = {}
+        #: stages stopped (timed out or interrupted): their late events are dropped
+        self.abandoned: set[str] = set()
+        self.stop_requested = False
+        self.stopped_inline: str | None = None
+
+    def running_names(self) -> list[str]:
+        with self.lock:
+            return [n for n in self.running if n not in self.e.streams and n not in self.abandoned]
 
     def loop(self):
         """Dispatch, take every event that has come in, repeat until nothing is in flight."""
-        e, events = self.e, self.events
-        lanes, arg_keys, avail = e.lanes, e.arg_keys, self.avail
-        while True:
-            if self.failure is None:
-                for lane, n in self.queues.pop_startable():
-                    self.inflight += 1
-                    lanes.submit(lane, self.stage_task(n, {a: avail[k] for a, k in arg_keys[n]}))
-            if self.inflight == 0:
-                break
-            self.handle(events.get())
-            while not events.empty():  # every event already in is handled before the next dispatch
-                self.handle(events.get())
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self)
+        try:
+            while True:
+                try:
+                    if not self.step():
+                        break
+                except StopStage:
+                    continue  # a stop meant for an inline stage that had just finished: its timeout event follows
+                except BaseException as exc:
+                    self.abort(exc)
+                    raise
+        finally:
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(self)
         makespan = self.perf() - self.t_start
         return self.outputs, self.final, self.stage_recs, self.transfer_recs, self.failure, makespan
+
+    def step(self) -> bool:
+        """Dispatch what can start, then handle the events that came in; False when nothing is in flight."""
+        e, events, avail = self.e, self.events, self.avail
+        if self.failure is None:
+            for lane, n in self.queues.pop_startable():
+                self.inflight += 1
+                e.lanes.submit(lane, self.stage_task(n, {a: avail[k] for a, k in e.arg_keys[n]}))
+        if self.inflight == 0:
+            return False
+        self.handle(self.next_event())
+        while not events.empty():  # every event already in is handled before the next dispatch
+            self.handle(events.get())
+        return True
+
+    def next_event(self) -> tuple:
+        """The next event, waiting in short slices so that an interrupt reaches this thread at once."""
+        while True:
+            try:
+                return self.events.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+
+    def abort(self, exc: BaseException) -> None:
+        """The run is interrupted: stop every stage running on any lane, record them, keep what finished."""
+        now = self.perf() - self.t_start
+        with self.lock:
+            running = dict(self.running)
+            if self.stopped_inline is not None:
+                running[self.stopped_inline] = threading.main_thread().ident
+            names = [n for n in running if n not in self.abandoned]
+            for n in names:
+                self.abandon(n, running[n], inject=running[n] != threading.main_thread().ident)
+        for n in names:
+            self.stage_recs.append(StageRecord(
+                name=n, device=self.e.devices[n].name, lane=self.e.lane_of[n], start_s=self.started.get(n, now),
+                end_s=now, seconds=max(0.0, now - self.started.get(n, now)), output_bytes=0, status="failed",
+                error=f"interrupted ({type(exc).__name__})"))
+        shown = [n for n in names if n not in self.e.streams]
+        with contextlib.suppress(AttributeError, TypeError):  # an exception type without a __dict__
+            exc.running = shown  # type: ignore[attr-defined]
+            exc.outputs = dict(self.outputs)  # type: ignore[attr-defined]
+            exc.placer_partial = (self.outputs, self.final, self.stage_recs,  # type: ignore[attr-defined]
+                                  self.transfer_recs, (names[0], exc) if names else None, now)
+
+    def abandon(self, n: str, ident: int, *, inject: bool) -> None:
+        """Give up on stage ``n`` (thread ``ident``): stop its thread, let its lane go on without it."""
+        self.abandoned.add(n)
+        if n not in self.e.streams and inject:
+            stop_thread(ident)
+        hook = getattr(self.e.lanes, "abandon", None)
+        if hook is not None:
+            hook(n, ident)
+
+    def time_out(self, n: str) -> None:
+        """Timer thread: stage ``n`` overran the timeout; stop it and tell the loop."""
+        with self.lock:
+            ident = self.running.get(n)
+            if ident is None or n in self.abandoned:
+                return
+            self.abandon(n, ident, inject=True)
+        self.events.put(("timeout", n, None, self.started.get(n, 0.0), self.perf() - self.t_start, None, None))
 
     # -- tasks ------------------------------------------------------------------------------
     def stage_task(self, n: str, args: dict[str, Any]):
@@ -198,17 +373,48 @@ class _Run:
         workers = lanes.workers
         run_stage = self.run_stage
         if run_stage is not None:
-            return _remote_stage_task(run_stage, events, n, st, dev, args, workers, perf, t_start, self.wall0)
+            return _remote_stage_task(self, run_stage, events, n, st, dev, args, workers, perf, t_start, self.wall0)
 
         def task():
             t0 = perf() - t_start
+            self.begin(n, t0)
             try:
                 out = call_stage(st, dev, args, workers=workers)
-                events.put(("stage", n, out, t0, perf() - t_start, lanes.lane_name(lane), None))
+                event = ("stage", n, out, t0, perf() - t_start, lanes.lane_name(lane), None)
             except BaseException as exc:  # noqa: BLE001 - reported, then re-raised by execute
-                events.put(("stage", n, None, t0, perf() - t_start, lanes.lane_name(lane), exc))
+                if self.is_stop(exc):
+                    self.stopped_inline = n
+                    raise  # an interrupt in the thread running the engine (the inline lane): the loop stops the run
+                event = ("stage", n, None, t0, perf() - t_start, lanes.lane_name(lane), exc)
+            finally:
+                self.end(n)
+            events.put(event)
 
         return task
+
+    def begin(self, n: str, t0: float) -> None:
+        """Stage ``n`` starts in this thread (with its timer, when there is a timeout)."""
+        with self.lock:
+            self.running[n] = threading.get_ident()
+            self.started[n] = t0
+        if self.e.timeout_s is not None and n not in self.e.streams:
+            timer = threading.Timer(self.e.timeout_s, self.time_out, (n,))
+            timer.daemon = True
+            self.timers[n] = timer
+            timer.start()
+
+    def end(self, n: str) -> None:
+        with self.lock:
+            self.running.pop(n, None)
+            timer = self.timers.pop(n, None)
+        if timer is not None:
+            timer.cancel()
+
+    def is_stop(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised in this thread by a stage, stops the whole run (an interrupt)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        return isinstance(exc, KeyboardInterrupt) or (self.stop_requested and not isinstance(exc, Exception))
 
     def transfer_task(self, src: str, value: Any, frm: str, to: str):
         """The task that copies ``src``'s output from location ``frm`` to ``to``."""
@@ -232,8 +438,12 @@ class _Run:
     def handle(self, event: tuple) -> None:
         """One event: a stage or a copy ended."""
         kind, key, value, t0, t1, extra, exc = event
+        if kind == "stage" and key in self.abandoned:
+            return  # a stopped stage's late report: it was counted when it was stopped
         self.inflight -= 1
-        if kind == "stage":
+        if kind == "timeout":
+            self.timed_out(key, t0, t1)
+        elif kind == "stage":
             self.stage_done(key, value, t0, t1, extra, exc)
         else:
             self.transfer_done(key, value, t0, t1, extra, exc)
@@ -265,6 +475,16 @@ class _Run:
                 self.inflight += 1
                 e.lanes.submit("link", self.transfer_task(n, value, here, to))
         self.arrive((n, here), value)
+
+    def timed_out(self, n: str, t0: float, t1: float) -> None:
+        e = self.e
+        self.queues.release(e.lane_of[n])
+        err = StageTimeoutError(timeout_message(n, e.timeout_s), stage=n, seconds=e.timeout_s)
+        self.stage_recs.append(StageRecord(
+            name=n, device=e.devices[n].name, lane=e.lane_of[n], start_s=t0, end_s=t1, seconds=t1 - t0,
+            output_bytes=0, status="failed", error=_describe(err)))
+        if self.failure is None:
+            self.failure = (n, err)
 
     def transfer_done(self, key: tuple, value: Any, t0: float, t1: float, extra: Any,
                       exc: BaseException | None) -> None:
@@ -303,19 +523,23 @@ def _span(t0: float, t1: float, info: dict, wall0: float) -> tuple[float, float]
     return a, min(max(info["wall_end"] - wall0, a), t1)
 
 
-def _remote_stage_task(run_stage, events, n, st, dev, args, workers, perf, t_start, wall0):
+def _remote_stage_task(run, run_stage, events, n, st, dev, args, workers, perf, t_start, wall0):
     """A stage task for lanes with ``run_stage`` (see the module's docstring)."""
 
     def task():
         t0 = perf() - t_start
+        run.begin(n, t0)
         try:
             out, info = run_stage(st, dev, args, workers=workers)
             a, b = _span(t0, perf() - t_start, info, wall0)
-            events.put(("stage", n, out, a, b, info, None))
+            event = ("stage", n, out, a, b, info, None)
         except BaseException as exc:  # noqa: BLE001 - reported, then re-raised by execute
             info = dict(getattr(exc, "placer_info", None) or {})
             info.setdefault("lane", dev.name if dev.kind != "cpu" else "cpu")
-            events.put(("stage", n, None, t0, perf() - t_start, info, exc))
+            event = ("stage", n, None, t0, perf() - t_start, info, exc)
+        finally:
+            run.end(n)
+        events.put(event)
 
     return task
 

@@ -1,22 +1,120 @@
-"""Calling one stage's implementation on one device.
+"""Calling one stage's implementation on one device, and bounding how long it may take.
 
-May import: numpy, placer.pipeline, placer.devices, placer.executor.transfer; dask
-inside functions.
+May import: numpy, placer.pipeline, placer.devices, placer.errors, placer.executor.transfer;
+dask and ctypes inside functions.
+
+Stopping a stage. Python cannot kill a thread, but it can raise an exception in one
+(``PyThreadState_SetAsyncExc``): :func:`stop_thread` raises :class:`StopStage` there,
+which lands at the thread's next Python instruction, so a stage stops within one
+iteration of its Python loop, or as soon as the numpy/torch call it is inside
+returns (a long C call, such as one ``time.sleep``, finishes first). ``StopStage``
+derives from ``BaseException``, so a stage's own ``except Exception`` does not
+swallow it. :func:`time_limit` uses it to end a call that overruns its seconds
+with :class:`StageTimeoutError`; the engine uses it to stop the stages running when
+a run is interrupted or a stage overruns ``stage_timeout``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from placer.devices import Device
-from placer.errors import PipelineError
+from placer.errors import PipelineError, PlacerError
 from placer.executor.transfer import adapt, normalize_output, synchronize
 from placer.pipeline import Stage
 
 #: a data-parallel stage is split only when each partition gets at least this many rows
 MIN_ROWS_PER_PARTITION = 4096
+
+
+class StageTimeoutError(PlacerError):
+    """A stage ran longer than it was allowed to, and was stopped."""
+
+    def __init__(self, message: str, *, stage: str, seconds: float):
+        super().__init__(message, stage=stage)
+        self.seconds = seconds
+
+
+class StopStage(BaseException):
+    """Raised asynchronously in a thread whose stage must stop (see :func:`stop_thread`)."""
+
+
+def stop_thread(ident: int, exc: type[BaseException] = StopStage) -> bool:
+    """Raise ``exc`` (a class; :class:`StopStage` by default) in the thread ``ident`` at its next Python instruction."""
+    import ctypes
+
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
+    return done == 1
+
+
+#: why a stage has a time limit, unless told more precisely
+LIMIT_WHY = "the stage timeout: --stage-timeout, or while profiling the budget"
+
+
+def timeout_message(stage: str, seconds: float, why: str = LIMIT_WHY) -> str:
+    """The error text for a stage that ran out of time."""
+    return (f"stage {stage!r} did not finish within {seconds:g} s ({why}) and was stopped; "
+            "raise the limit (--stage-timeout SECONDS, --budget-s) or make the stage faster")
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None, stage: str, *, why: str = LIMIT_WHY) -> Iterator[None]:
+    """Stop the block with :class:`StageTimeoutError` when it runs longer than ``seconds`` (None: no limit).
+
+    The block runs in the calling thread; a timer thread raises :class:`StopStage`
+    in it when time is up, which this turns into the error.
+    """
+    if seconds is None:
+        yield
+        return
+    ident, lock = threading.get_ident(), threading.Lock()
+    state = {"armed": True, "fired": False}
+
+    def fire() -> None:
+        with lock:
+            if state["armed"]:
+                state["fired"] = stop_thread(ident)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        try:
+            yield
+        finally:
+            with lock:
+                state["armed"] = False
+            timer.cancel()
+    except StopStage:
+        if not state["fired"]:
+            raise
+        raise StageTimeoutError(timeout_message(stage, seconds, why), stage=stage, seconds=seconds) from None
+
+
+_DEFAULT_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar("stage_timeout", default=None)
+
+
+@contextlib.contextmanager
+def stage_timeout(seconds: float | None) -> Iterator[None]:
+    """Inside the block, runs and profiling bound every stage to ``seconds`` unless told otherwise."""
+    if seconds is not None and not (seconds > 0 and seconds != float("inf")):
+        raise ValueError(f"the stage timeout must be a positive number of seconds, got {seconds!r}")
+    token = _DEFAULT_TIMEOUT.set(seconds)
+    try:
+        yield
+    finally:
+        _DEFAULT_TIMEOUT.reset(token)
+
+
+def default_stage_timeout() -> float | None:
+    """The stage timeout set by :func:`stage_timeout` around this call (None: none)."""
+    return _DEFAULT_TIMEOUT.get()
 
 
 def call_stage(stage: Stage, device: Device, inputs: dict[str, Any], *, workers: int = 1,

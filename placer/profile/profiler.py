@@ -431,7 +431,8 @@ def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, c
                 t0 = time.perf_counter()
                 try:
                     cold = _profile_size(p, s, todo, devs, prof, size_budget, count_work_for_absent, notes,
-                                         lambda s=s: bar.advance(task, s) if bar else None)
+                                         lambda s=s: bar.advance(task, s) if bar else None,
+                                         bound=profiling_bound(budget_s))
                 except StageFailedError as exc:
                     if not measured:
                         raise
@@ -581,6 +582,26 @@ def _load_seen(prof: Profile, load_start: float | None) -> dict[str, float | Non
             "cpu_per_wall": cpu / wall if wall > 0 else None, "cores": prof.machine.get("cores")}
 
 
+def profiling_bound(budget_s: float | None) -> float | None:
+    """The longest one stage call may take while profiling: the stage timeout when one is set,
+    else twice the budget, and at least :data:`MIN_BOUND_S`.
+
+    So a stage that hangs ends the profile with an error naming it soon after the
+    budget runs out, never many budgets later, while a slow first call (imports,
+    compilation) on a small budget still gets its time.
+    """
+    from placer.executor.stagecall import default_stage_timeout
+
+    given = default_stage_timeout()
+    if given is not None:
+        return given
+    return None if budget_s is None else max(2.0 * float(budget_s), MIN_BOUND_S)
+
+
+#: the shortest bound on one stage call while profiling (see :func:`profiling_bound`)
+MIN_BOUND_S = 30.0
+
+
 def _can_run(stage: Stage, device: Device) -> bool:
     return stage.impl_for(device.driver.implementation) is not None
 
@@ -611,12 +632,15 @@ def _iterators(inputs: dict[str, Any]) -> list[str]:
     return [a for a, v in inputs.items() if isinstance(v, Iterator)]
 
 
-def _reference_run(p: Pipeline, cpu: Device) -> tuple[dict[str, Any], dict[str, float], dict[str, list[str]]]:
+def _reference_run(p: Pipeline, cpu: Device, bound: float | None = None
+                   ) -> tuple[dict[str, Any], dict[str, float], dict[str, list[str]]]:
     """Run ``p`` once on the CPU, stage by stage as the inline executor does: the outputs, each
     stage's seconds (its first call at this size) and, per stage, the inputs it changed in place.
+    A stage call longer than ``bound`` seconds is stopped (:class:`StageTimeoutError`).
 
     A failing stage is run again through :func:`placer.executor.execute`, whose error names it."""
     from placer.executor import call_stage, execute
+    from placer.executor.stagecall import StageTimeoutError, time_limit
 
     outputs: dict[str, Any] = {}
     first: dict[str, float] = {}
@@ -627,9 +651,12 @@ def _reference_run(p: Pipeline, cpu: Device) -> tuple[dict[str, Any], dict[str, 
         before = {a: data_signature(v) for a, v in ins.items() if not isinstance(v, Iterator)}
         t0 = time.perf_counter()
         try:
-            outputs[n] = call_stage(st, cpu, ins, workers=cpu.workers)
+            with time_limit(bound, n, why="profiling bounds each stage by the budget"):
+                outputs[n] = call_stage(st, cpu, ins, workers=cpu.workers)
+        except StageTimeoutError:
+            raise
         except Exception:  # noqa: BLE001 - the executor reports it, naming the stage
-            execute(p, "all=cpu", executor="inline")
+            execute(p, "all=cpu", executor="inline", stage_timeout=bound)
             raise
         first[n] = time.perf_counter() - t0
         moved = [a for a, sig in before.items() if data_signature(ins[a]) != sig]
@@ -676,17 +703,20 @@ def _warn_stage(sp: StageProfile, notes: list[str], msg: str) -> None:
 
 
 def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], prof: Profile,
-                  size_budget: float | None, count: bool, notes: list[str], tick: Callable[[], Any]) -> float:
+                  size_budget: float | None, count: bool, notes: list[str], tick: Callable[[], Any],
+                  bound: float | None = None) -> float:
     """Run ``p`` once on the CPU, then measure each stage in ``todo`` on each device,
-    sharing ``size_budget`` seconds (None: no limit) between them.
+    sharing ``size_budget`` seconds (None: no limit) between them. A stage call that
+    runs longer than ``bound`` seconds is stopped (see :func:`profiling_bound`).
 
     Returns the seconds spent on one-time costs (first calls beyond steady state)."""
     from placer.executor import call_stage
+    from placer.executor.stagecall import time_limit
     from placer.executor.transfer import nbytes, to_location
 
     cpu_dev = next((d for d in devs if not d.is_accelerator), None) or discover().get("cpu")
     budget = _Budget(size_budget)
-    outputs, first, changed = _reference_run(p, cpu_dev)
+    outputs, first, changed = _reference_run(p, cpu_dev, bound)
     stages_left = len(todo) * max(1, len(devs))
     cold_extra = 0.0
     for n in todo:
@@ -712,18 +742,21 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                 workers = cpu_dev.workers if on_host else 1
                 call = lambda ins, d=d, workers=workers: call_stage(st, d, ins, workers=workers)  # noqa: E731
                 cold = None
-                if on_host:
-                    cold = first[n]  # the reference run was this size's first call
-                else:
-                    t0 = time.perf_counter()
-                    call(inputs)
-                    cold = time.perf_counter() - t0
-                with PeakMemory(d) as mem:
-                    call(inputs if setup is None else setup())  # warm-up, instrumented for memory
-                m = measure(call if setup is not None else (lambda: call(inputs)), setup=setup,
-                            cold=False, warmup=0, min_reps=3, max_reps=30,
-                            min_time_s=min(MIN_TIMED_S, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),
-                            label=f"stage {n!r} on {d.name} at size {size}", warn=False)
+                # the calls below: a cold one, a warm-up and at least three timed repeats
+                limit = None if bound is None else bound + 5 * first[n] + 2.0
+                with time_limit(limit, n, why="profiling bounds each stage by the budget"):
+                    if on_host:
+                        cold = first[n]  # the reference run was this size's first call
+                    else:
+                        t0 = time.perf_counter()
+                        call(inputs)
+                        cold = time.perf_counter() - t0
+                    with PeakMemory(d) as mem:
+                        call(inputs if setup is None else setup())  # warm-up, instrumented for memory
+                    m = measure(call if setup is not None else (lambda: call(inputs)), setup=setup,
+                                cold=False, warmup=0, min_reps=3, max_reps=30,
+                                min_time_s=min(MIN_TIMED_S, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),
+                                label=f"stage {n!r} on {d.name} at size {size}", warn=False)
             except Exception as exc:  # noqa: BLE001 - recorded; other stages still profiled
                 dp.error = f"{type(exc).__name__}: {exc}"
                 notes.append(f"stage {n!r} on {d.name} at size {size} failed: {dp.error}")

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-WorkerKind = Literal["thread", "process"]
+WorkerKind = Literal["thread", "process", "dask"]
 
 
 class StreamConfig(BaseModel):
@@ -26,8 +26,9 @@ class StreamConfig(BaseModel):
     stage_workers : dict
         Workers of one stage (overrides ``workers``).
     worker_kind : dict
-        ``thread`` (the default: code that releases the GIL, numpy and torch) or
-        ``process`` per stage.
+        ``thread`` (the default: code that releases the GIL, numpy and torch),
+        ``process``, or ``dask`` (tasks on the cluster in use, see
+        :mod:`placer.stream.dask_workers`) per stage.
     prefetch : int
         Batches each queue between two stages holds: the bound on batches in flight
         (backpressure) and how far ahead the source reads.

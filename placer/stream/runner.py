@@ -214,10 +214,13 @@ class StreamRun:
     def _start_pools(self) -> None:
         """Start the child processes of every stage with process workers."""
         for node in self.nodes:
-            if node.worker_kind != "process":
+            if node.worker_kind not in ("process", "dask"):
                 continue
-            pool = ProcessPool(node.name, StageCall(node.stage, node.device, node.consts, node.takes_info),
-                               node.workers, self.stop)
+            kind = ProcessPool
+            if node.worker_kind == "dask":
+                from placer.stream.dask_workers import DaskPool as kind
+            pool = kind(node.name, StageCall(node.stage, node.device, node.consts, node.takes_info),
+                        node.workers, self.stop)
             try:
                 pool.start()
             except WorkerStopped:
@@ -397,6 +400,8 @@ class StreamRun:
 
 
 def _pool_note(pool: ProcessPool, node: Node) -> str:
+    if hasattr(pool, "note"):
+        return pool.note(node)
     t = pool.times
     return (f"{node.name!r}: {pool.count} worker process{'es' if pool.count != 1 else ''} started in "
             f"{t.start_s:.2f} s, before the stream's clock; of its {node.stats.busy_s:.2f} s busy, "

@@ -529,7 +529,7 @@ def test_stage_timeout_on_the_cli_exits_1_naming_the_stage(files, tmp_path):
 def test_a_stage_timeout_that_is_not_a_positive_number_is_a_usage_error(files, value):
     out = invoke("run", str(files / "sleepy.py"), "--stage-timeout", value)
     assert out.exit_code == 2
-    assert "--stage-timeout must be a positive number" in one_error_line(out.stderr)
+    assert "--stage-timeout must be a finite number of seconds > 0" in one_error_line(out.stderr)
 
 
 def test_stage_timeout_on_the_cluster_cancels_the_task(client, files, monkeypatch):

@@ -653,8 +653,8 @@ def _reference_run(p: Pipeline, cpu: Device, bound: float | None = None
         try:
             with time_limit(bound, n, why="profiling bounds each stage by the budget"):
                 outputs[n] = call_stage(st, cpu, ins, workers=cpu.workers)
-        except StageTimeoutError:
-            raise
+        except StageTimeoutError as exc:
+            raise StageFailedError(str(exc), stage=n, outputs=dict(outputs)) from exc
         except Exception:  # noqa: BLE001 - the executor reports it, naming the stage
             execute(p, "all=cpu", executor="inline", stage_timeout=bound)
             raise

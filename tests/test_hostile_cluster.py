@@ -561,3 +561,43 @@ def test_without_a_timeout_profiling_bounds_a_hung_stage_by_its_budget(files, tm
         profile(str(files / "sleepy.py"), budget_s=0.5, cache=False, progress=False)
     assert time.monotonic() - t < 30  # stopped, not waited for (60 s)
     assert err.value.stage == "nap"
+
+
+def test_an_interrupt_stops_a_stream_whose_stage_runs_on_the_cluster(client):
+    """The stream runs in a lane thread (threads executor); its batches are cluster tasks of 2 s each."""
+    import _thread
+
+    from placer import Pipeline
+
+    p = Pipeline("slow-stream")
+
+    @p.source()
+    def items():
+        return list(range(50))
+
+    @p.stage()
+    def slow(items):
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            time.sleep(0.01)
+        return items
+
+    @p.step(kind="inference")
+    def out(slow):
+        return slow
+
+    from placer.devices import discover
+
+    discover()
+    before = {t.ident for t in threading.enumerate()}
+    timer = threading.Timer(4.0, _thread.interrupt_main)
+    timer.start()
+    t = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        execute(p, "all=cpu", scheduler=client, executor="threads")
+    assert time.monotonic() - t < 50  # 50 batches of 2 s were not waited for
+    timer.join()
+    assert_no_stage_runs_on_the_workers(client, within=10)
+    left = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()
+            and t.name.startswith("placer")]
+    assert not left, left

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -335,6 +336,10 @@ class _Run:
             names = [n for n in running if n not in self.abandoned]
             for n in names:
                 self.abandon(n, running[n], inject=running[n] != threading.main_thread().ident)
+        if any(n in self.e.streams for n in names):
+            runner = sys.modules.get("placer.stream.runner")
+            if runner is not None:
+                runner.interrupt()  # a stream stops its own workers (threads, processes, cluster tasks)
         for n in names:
             self.stage_recs.append(StageRecord(
                 name=n, device=self.e.devices[n].name, lane=self.e.lane_of[n], start_s=self.started.get(n, now),

@@ -84,9 +84,14 @@ def _stage_call(token: str, payload: bytes) -> StageCall:
 
 def run_batch(token: str, payload: bytes, inputs: dict[str, Any], info: BatchInfo) -> tuple[Any, float]:
     """Run on a worker: the stage on one batch; its output and the seconds it computed."""
+    from distributed import get_worker
+
+    from placer.executor.distributed import stop_when_cancelled
+
     call = _stage_call(token, payload)
     t = time.perf_counter()
-    out = call(inputs, info)
+    with stop_when_cancelled(get_worker()):  # a stopped stream leaves no batch running on the worker
+        out = call(inputs, info)
     return out, time.perf_counter() - t
 
 

@@ -1,7 +1,7 @@
 """The cost table: what the optimizer knows about a pipeline, as plain data.
 
-May import: networkx, pydantic, placer.errors, placer.files, placer.devices (its
-name functions, to read device names and check kinds). Never torch, dask or numba.
+May import: networkx, pydantic, placer.errors, placer.files, placer.data.measures (the
+copy curve), placer.devices (its name functions, to read device names and check kinds). Never torch, dask or numba.
 
 A cost table lists the devices, the host<->device link, optionally the network
 between the machines (workers) the devices are on, and for every stage its
@@ -45,6 +45,7 @@ from pydantic import (
 )
 
 from placer.devices import check_kind, get_kind, is_device_name, kind_of, same_device, valid_names
+from placer.data.measures import curve_seconds
 from placer.errors import CostTableError
 from placer.files import write_text_atomic
 
@@ -73,16 +74,29 @@ class DeviceSpec(BaseModel):
 
 
 class Direction(BaseModel):
-    """One direction of a link (host<->device, or the network): ``latency_s + bytes / bandwidth_Bps``."""
+    """One direction of a link (host<->device, or the network): ``latency_s + bytes / bandwidth_Bps``,
+    or, with ``points`` (``[bytes, seconds]`` pairs, as a cost model writes them), the copy curve
+    through them (:func:`placer.data.measures.curve_seconds`: log-log between points)."""
 
     model_config = ConfigDict(extra="forbid")
 
     latency_s: float = Field(ge=0)
     bandwidth_Bps: float = Field(gt=0)
+    points: list[tuple[float, float]] = Field(default_factory=list)
+
+    @field_validator("points")
+    @classmethod
+    def _positive(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        bad = [p for p in v if not (p[0] > 0 and p[1] > 0 and math.isfinite(p[0]) and math.isfinite(p[1]))]
+        if bad:
+            raise ValueError(f"points: {bad[0]} is not a positive [bytes, seconds] pair; fix or drop it")
+        return sorted(v)
 
     def seconds(self, nbytes: float) -> float:
         """Seconds to copy ``nbytes`` in this direction."""
-        return self.latency_s + nbytes / self.bandwidth_Bps
+        if not self.points:
+            return self.latency_s + nbytes / self.bandwidth_Bps
+        return curve_seconds(self.points, nbytes, self.latency_s, self.bandwidth_Bps)
 
 
 class Link(BaseModel):

@@ -11,6 +11,7 @@ from placer.cli import plan as _plan  # noqa: E402,F401
 from placer.cli import profile as _profile  # noqa: E402,F401
 from placer.cli import report as _report  # noqa: E402,F401
 from placer.cli import advise as _advise  # noqa: E402,F401
+from placer.cli import describe as _describe  # noqa: E402,F401
 
 
 def main() -> None:

@@ -87,7 +87,8 @@ def advise_command(
     fmt: str = typer.Option(None, "--format", help="html, md or json (default: from the file's suffix)."),
     budget_s: float = typer.Option(30.0, "--budget-s", help="Profiling time budget in seconds (cached profiles are reused)."),
     target: str = typer.Option("auto", "--target",
-                               help="Also plan for a GPU this machine lacks: h200, none, or auto (h200 when no GPU)."),
+                               help="Also plan for another machine: h200 (an H200 and its 16-core host), a JSON "
+                                    "file from `placer describe`, none, or auto (h200 when no GPU)."),
     objective: str = typer.Option("makespan", "--objective", help="makespan, throughput or cost."),
     executor: str = typer.Option("auto", "--executor", help="auto, inline or threads."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Also run all-CPU, all-GPU, rule of thumb."),

@@ -9,7 +9,9 @@ element each op writes (elementwise work, which that counter leaves out). Bytes 
 every aten op of the bytes of its tensor arguments and results: the traffic of a
 device that keeps nothing in cache between kernels, which is how a GPU runs a
 chain of small kernels. Operations issued counts aten ops, an upper bound on
-kernel launches.
+kernel launches; synchronisations counts the ops whose result the host must wait
+for on a GPU (:data:`SYNCING`: ``.item()``, data-dependent shapes such as a
+boolean-mask compaction).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def count_work(fn: Callable[[], Any]) -> tuple[Any, Work]:
     from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import FlopCounterMode
 
-    tally = {"bytes": 0, "ops": 0, "elems": 0, "prec": {}}
+    tally = {"bytes": 0, "ops": 0, "syncs": 0, "elems": 0, "prec": {}}
 
     class _Bytes(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -51,6 +53,7 @@ def count_work(fn: Callable[[], Any]) -> tuple[Any, Work]:
                             p = _PREC.get(str(t.dtype).replace("torch.", ""), "fp32")
                             tally["prec"][p] = tally["prec"].get(p, 0) + nb
                 tally["ops"] += 1
+                tally["syncs"] += func.__name__.split(".")[0] in SYNCING
                 for t in tree_flatten(out)[0]:
                     if isinstance(t, torch.Tensor) and t.is_floating_point():
                         tally["elems"] += t.nelement()
@@ -65,11 +68,18 @@ def count_work(fn: Callable[[], Any]) -> tuple[Any, Work]:
         flops=flops + float(tally["elems"]),
         bytes=float(tally["bytes"]),
         ops=max(1, tally["ops"]),
+        syncs=tally["syncs"],
         precision=prec,
         source="counted",
     )
     return result, work
 
+
+#: aten ops whose result the host waits for on a GPU (a synchronisation each)
+SYNCING = {
+    "_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "unique", "_unique", "_unique2",
+    "unique_consecutive", "unique_dim", "equal", "is_nonzero", "repeat_interleave", "_assert_async",
+}
 
 #: aten ops that move no data (views, metadata)
 _FREE = {

@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-Label = Literal["measured", "predicted", "roofline"]
+Label = Literal["measured", "predicted", "roofline", "scaled"]
 Direction = Literal["h2d", "d2h"]
 Mode = Literal["pinned", "pageable", "fresh", "staged"]
 #: host→device copies of at least this many bytes are staged through pinned memory
@@ -79,9 +79,11 @@ class Prediction(BaseModel):
         The predicted quantity (seconds or bytes).
     rel_error : float
         Estimated relative error (one standard deviation, roughly).
-    label : {"measured", "predicted", "roofline"}
+    label : {"measured", "predicted", "roofline", "scaled"}
         ``measured``: at a measured size; ``predicted``: from a fit to measurements
-        of this device; ``roofline``: from work counts and a device description.
+        of this device; ``roofline``: from work counts and a device description;
+        ``scaled``: measured (or fitted) on this machine's CPU and scaled to a
+        described target's CPU by ops measured on both.
     extrapolation : float
         How far outside the measured sizes (1.0 inside; 10.0 means ten times
         beyond the largest or below the smallest).
@@ -112,6 +114,9 @@ class Work(BaseModel):
         Bytes read and written, summed over operations.
     ops : int
         Operations issued (≈ kernel launches on a GPU).
+    syncs : int
+        Operations that wait for the device's result on the host (``.item()``,
+        boolean-mask compaction, ``nonzero``): a synchronisation each on a GPU.
     precision : str
         The floating-point type that dominates (``fp32``, ``bf16``, ``fp16``, ``fp64``).
     host_s : float
@@ -125,6 +130,7 @@ class Work(BaseModel):
     flops: float = 0.0
     bytes: float = 0.0
     ops: int = 1
+    syncs: int = 0
     precision: str = "fp32"
     source: str = "counted"
     #: host-side time of the stage when it is dispatch-bound: its measured CPU time at

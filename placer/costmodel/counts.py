@@ -8,10 +8,10 @@ Floating-point operations come from ``torch.utils.flop_counter.FlopCounterMode``
 element each op writes (elementwise work, which that counter leaves out). Bytes moved is the sum over
 every aten op of the bytes of its tensor arguments and results: the traffic of a
 device that keeps nothing in cache between kernels, which is how a GPU runs a
-chain of small kernels. Operations issued counts aten ops, an upper bound on
-kernel launches; synchronisations counts the ops whose result the host must wait
-for on a GPU (:data:`SYNCING`: ``.item()``, data-dependent shapes such as a
-boolean-mask compaction).
+chain of small kernels. Operations issued counts the kernels aten ops launch (one
+each, several for the sorts and scans of :data:`LAUNCHES`); synchronisations counts
+the ops whose result the host must wait for on a GPU (:data:`SYNCING`: ``.item()``,
+data-dependent shapes such as a boolean-mask compaction).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def count_work(fn: Callable[[], Any]) -> tuple[Any, Work]:
                         if t.is_floating_point():
                             p = _PREC.get(str(t.dtype).replace("torch.", ""), "fp32")
                             tally["prec"][p] = tally["prec"].get(p, 0) + nb
-                tally["ops"] += 1
-                tally["syncs"] += func.__name__.split(".")[0] in SYNCING
+                tally["ops"] += LAUNCHES.get(func.__name__.split(".")[0], 1)
+                tally["syncs"] += _syncs(func.__name__.split(".")[0], leaves)
                 for t in tree_flatten(out)[0]:
                     if isinstance(t, torch.Tensor) and t.is_floating_point():
                         tally["elems"] += t.nelement()
@@ -75,11 +75,25 @@ def count_work(fn: Callable[[], Any]) -> tuple[Any, Work]:
     return result, work
 
 
+#: aten ops that launch several kernels on a GPU (radix sorts, scans, compactions): launches each
+LAUNCHES = {"sort": 6, "argsort": 6, "topk": 4, "unique": 6, "_unique": 6, "_unique2": 6, "unique_consecutive": 4,
+            "nonzero": 3, "cumsum": 2, "cumprod": 2}
+
 #: aten ops whose result the host waits for on a GPU (a synchronisation each)
 SYNCING = {
     "_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "unique", "_unique", "_unique2",
     "unique_consecutive", "unique_dim", "equal", "is_nonzero", "repeat_interleave", "_assert_async",
 }
+
+def _syncs(name: str, leaves: list) -> bool:
+    """Whether an op makes the host wait for the device: a :data:`SYNCING` op, or indexing
+    (or writing) through a boolean mask, whose result's size is only known on the device."""
+    if name in SYNCING:
+        return True
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        return any(getattr(t, "dtype", None) is not None and str(t.dtype) == "torch.bool" for t in leaves)
+    return False
+
 
 #: aten ops that move no data (views, metadata)
 _FREE = {

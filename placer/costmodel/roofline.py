@@ -9,12 +9,14 @@ per stage) and its host link, plus efficiency factors calibrated from measuremen
 :meth:`DeviceDescription.predict` turns a :class:`~placer.costmodel.counts.Work`
 into seconds::
 
-    t = stage_overhead_s + max(ops * op_overhead_s + syncs * sync_s, host_factor * host_s)
+    t = stage_overhead_s + host_factor * host_s + ops * op_overhead_s + syncs * sync_s
         + max(flops / (peak_flops[precision] * compute_eff),
               bytes / (mem_bandwidth_Bps * memory_eff))
 
-``ops`` are the kernel launches the stage makes per call and ``syncs`` the times
-it waits for the device (``.item()``, a boolean-mask compaction), both counted by
+The host pays its own Python and dispatch (``host_s``), then a launch per kernel
+and a wait per synchronisation, before the device's work hides any of it: ``ops``
+are the kernel launches the stage makes per call and ``syncs`` the times it waits
+for the device (``.item()``, a boolean-mask compaction), both counted by
 :func:`~placer.costmodel.counts.count_work`: a loop of many small steps is never
 predicted faster than its launches and synchronisations allow. ``host_s`` is the
 stage's CPU time at a tiny input (from the profile, scaled to the target's CPU
@@ -125,7 +127,7 @@ class DeviceDescription(BaseModel):
         prec = precision or work.precision
         compute = work.flops / (self.peak(prec) * self.compute_eff)
         memory = work.bytes / (self.mem_bandwidth_Bps * self.memory_eff)
-        fixed = max(work.ops * self.op_overhead_s + work.syncs * self.sync_s, self.host_factor * work.host_s)
+        fixed = self.host_factor * work.host_s + work.ops * self.op_overhead_s + work.syncs * self.sync_s
         return self.stage_overhead_s + fixed + max(compute, memory)
 
     def prediction(self, work: Work, **kw) -> Prediction:

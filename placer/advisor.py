@@ -98,8 +98,8 @@ def resolve_target(target: str | None, inv: Inventory) -> str | None:
 
         load_target(target)  # a clear error now, naming the field, rather than after profiling
         return target
-    raise PlacerError(f"unknown target {target!r}; use {', '.join(TARGETS)}, a JSON file from "
-                      "`placer describe`, auto or none")
+    raise PlacerError(f"unknown target {target!r}; use {', '.join(TARGETS)}, auto or none, "
+                      "or a JSON file `placer describe` wrote")
 
 
 def baseline_placements(pipeline: Pipeline, accelerator: str | None) -> dict[str, dict[str, str]]:

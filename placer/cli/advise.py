@@ -53,6 +53,8 @@ def summary_document(advised, path: Path | None) -> dict:
         "bottleneck": f.bottleneck.model_dump(exclude={"path"}) if f.bottleneck else None,
         "advice": [a.text for a in f.advice],
         "target": f.target.model_dump() if f.target else None,
+        "ties": ({"noise": advised.plan.noise, "rule": advised.plan.tie_rule,
+                  "placements": [t.model_dump() for t in advised.plan.ties]} if advised.plan is not None else None),
         "report": str(path) if path else None,
         "timings_s": advised.timings,
     }

@@ -149,6 +149,10 @@ def _print(result, notes: list[str] = ()) -> None:
     for name, secs in result.baselines.items():
         label = name.replace("_", " ")
         c.print(f"  {label}: " + ("impossible" if secs is None else fmt_s(secs)))
+    for tie in result.ties:
+        moved = ", ".join(f"{n} on {d}" for n, d in tie.differs.items())
+        c.print(f"  tie: {moved} predicted {fmt_s(tie.predicted_makespan_s)}, within the noise "
+                f"({result.noise:.0%}); the plan is chosen by {result.tie_rule}")
     summary = get_objective(result.objective).summary(result)
     if summary is not None:
         c.print(f"  {summary}")

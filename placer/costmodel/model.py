@@ -70,6 +70,10 @@ def fit_value(p: Point) -> float:
     return p.median_s
 
 
+#: the least relative noise a cost table's times are taken to have
+NOISE_FLOOR = 0.02
+
+
 class CostModel:
     """Predictions for every (stage, device) of a profiled pipeline.
 
@@ -219,6 +223,13 @@ class CostModel:
         return here.model_copy(update={"value": self.cpu_scale.seconds(here.value), "label": "scaled",
                                        "rel_error": max(here.rel_error, 0.3)})
 
+    def noise(self) -> float:
+        """The relative spread of the measurements (median IQR / median over every measured
+        point, kept within 2-25%): predicted times closer than this are within the noise."""
+        spread = [p.iqr_s / p.median_s for sp in self.profile.stages.values() for dp in sp.devices.values()
+                  for p in dp.points if p.median_s > 0 and p.reps >= 3]
+        return float(min(max(np.median(spread) if spread else NOISE_FLOOR, NOISE_FLOOR), 0.25))
+
     def output_bytes(self, stage: str, size: float) -> float:
         fit = self._out.get(stage)
         return float(max(fit(size), 0.0)) if fit is not None else 0.0
@@ -305,7 +316,8 @@ class CostModel:
                            "output_bytes": self.output_bytes(name, size), "seconds": secs, "peak_bytes": peak,
                            "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs)})
         tm = self.transfer_model()
-        doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit}
+        doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit,
+               "noise": self.noise()}
         if tm is not None and any(self.devices[d].get("kind") != "cpu" for d in devs):
             doc["link"] = tm.table_link()
         return _cost_table(doc)

@@ -143,6 +143,9 @@ class CostTable(BaseModel):
     stages: list[StageCost]
     size: float | None = None
     size_unit: str = "rows"
+    #: relative noise of the times (measurement spread): placements predicted closer than
+    #: this are ties (default: :data:`placer.optimize.explain.TIE_NOISE`)
+    noise: float | None = Field(None, ge=0, le=1)
 
     _by_name: dict[str, StageCost] = PrivateAttr(default_factory=dict)
 

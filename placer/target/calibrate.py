@@ -6,8 +6,9 @@ placer.profile.transfers (copies, measured as the executor makes them),
 placer.target.{description,ops}, placer.costmodel.roofline.
 
 :func:`calibrate_cpu` times the reference ops of :data:`placer.target.ops.CALIBRATION`
-on this CPU (a few seconds; each at all threads and at one, keeping the faster, since
-a busy machine stalls threaded small ops), a tiny op (the per-call dispatch cost) and a
+on this CPU (a few seconds; each at all threads by the wall clock and at one thread by
+its own CPU time, keeping the faster: a busy machine stalls threaded small ops and
+shares its cores, and a thread's CPU time leaves out the time it waited), a tiny op (the per-call dispatch cost) and a
 matrix product at one thread and at all (thread scaling). :func:`this_cpu` keeps that
 calibration per CPU in the profile cache directory, so it runs once per machine.
 :func:`describe_machine` adds each GPU (peak FLOP/s from matrix products, memory
@@ -58,10 +59,14 @@ def calibrate_cpu(*, budget_s: float = CPU_BUDGET_S, rows=None) -> CpuDescriptio
             break
         fn = OPS[op](size)
         best = []
-        for n in sorted({threads, 1}, reverse=True):  # a busy machine stalls threaded small ops: keep the faster
+        for n in sorted({threads, 1}, reverse=True):
+            # a busy machine stalls threaded small ops and shares the cores: one thread's own CPU
+            # time is what the op costs on a quiet machine at one thread; keep the faster
             torch.set_num_threads(n)
+            clock = time.thread_time if n == 1 else time.perf_counter
             try:
-                m = measure(fn, min_reps=5, max_reps=40, min_time_s=min(0.02, per / 2), max_time_s=per / 2, warn=False)
+                m = measure(fn, min_reps=5, max_reps=40, min_time_s=min(0.02, per / 2), max_time_s=per / 2,
+                            warn=False, clock=clock)
             finally:
                 torch.set_num_threads(threads)
             best.append(_best(m))

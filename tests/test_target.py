@@ -221,3 +221,47 @@ def test_describe_writes_a_target_that_plans_anywhere(tmp_path):
     costs = costs_from_profile(prof, size=800, describe=str(box))
     assert costs.table(800, target=True).seconds("load", "cpu") == pytest.approx(
         costs.table(800).seconds("load", "cpu"), rel=0.05)
+
+
+def test_cpu_work_inside_a_gpu_stage_is_host_time_on_the_target():
+    """numpy inside a torch stage: the counted call's time outside torch ops is host time,
+    scaled to the target's CPU, and never more than the stage's measured CPU time."""
+    base = profile(ratio=1.0)
+    cm0 = CostModel(base, describe=[H200])
+    with_numpy = profile(ratio=1.0)
+    for wp in with_numpy.stages["step"].work:
+        wp.work.outside_s = 1e-6 * wp.size  # numpy time growing with the size
+    cm = CostModel(with_numpy, describe=[H200])
+    extra = [a - b for a, b in zip(cm.host_seconds("step"), cm0.host_seconds("step"))]
+    # at the smallest size the CPU time already holds the numpy time; beyond, it adds
+    assert extra[0] == pytest.approx(0.0, abs=1e-9)
+    assert extra[-1] == pytest.approx(8e-4 - 1e-4, rel=1e-6)
+    assert cm.predict("step", "gpu:0", 800).value > cm0.predict("step", "gpu:0", 800).value
+    fast = profile(ratio=0.25)
+    for wp in fast.stages["step"].work:
+        wp.work.outside_s = 1e-6 * wp.size
+    scaled = costs_from_profile(fast, size=800, describe="h200").target_model
+    assert scaled.host_seconds("step")[-1] == pytest.approx(0.25 * cm.host_seconds("step")[-1], rel=1e-6)
+    stalled = profile(ratio=1.0)
+    for wp in stalled.stages["step"].work:
+        wp.work.outside_s = 5.0  # a stall while counting
+    cpu_s = CostModel(stalled).predict("step", "cpu", 800).value
+    assert max(CostModel(stalled, describe=[H200]).host_seconds("step")) <= cpu_s * 1.01 + 1e-3
+
+
+def test_count_work_keeps_the_time_spent_outside_torch():
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from placer.costmodel.counts import count_work
+
+    x = torch.randn(10)
+    a = np.random.default_rng(0).random(200_000)
+
+    def mixed():
+        for _ in range(5):
+            np.sort(a)
+        return x + 1
+
+    _, w = count_work(mixed)
+    _, pure = count_work(lambda: x + 1)
+    assert w.outside_s > 5 * pure.outside_s + 1e-4

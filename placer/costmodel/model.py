@@ -129,20 +129,26 @@ class CostModel:
         """Host-side seconds a GPU run of ``stage`` pays at each counted size (``profile.stages[stage].work``).
 
         The stage's dispatch-bound CPU time (its CPU fit at the smallest size, the fixed
-        cost at most) per operation issued there, times the operations issued at each
-        size: a loop of many small steps pays its host time per step. Scaled to the
-        target's CPU when the target describes one (never this machine's constants
-        for a described machine).
+        cost at most, less the time it spent outside torch ops there) per operation
+        issued there, times the operations issued at each size, plus the time each
+        size spent outside torch ops (Python, numpy, a DataLoader: ``Work.outside_s``):
+        a loop of many small steps pays its host time per step, and CPU work inside a
+        GPU stage is host time. Scaled to the target's CPU when the target describes
+        one (never this machine's constants for a described machine).
         """
         work = self.profile.stages[stage].work
         cpu = self._fits.get((stage, "cpu"))
         if cpu is None or not work:
             return [0.0] * len(work)
         host = min(cpu.c, cpu(max(cpu.n_min, 1.0))) if cpu.c > 0 else cpu(max(cpu.n_min, 1.0))
+        first = min(work, key=lambda w: w.size).work
+        per_op = max(host - min(first.outside_s, host), 0.0) / max(first.ops, 1)
+        # the time outside torch ops comes from one counted call: never more than the stage's
+        # measured CPU time at that size (a stall on a busy machine must not become host time)
+        out = [per_op * max(w.work.ops, first.ops) + min(w.work.outside_s, max(cpu(w.size), 0.0)) for w in work]
         if self.cpu_scale is not None:
-            host = self.cpu_scale.seconds(host)
-        first = min(work, key=lambda w: w.size).work.ops
-        return [host * max(w.work.ops / max(first, 1), 1.0) for w in work]
+            out = [self.cpu_scale.seconds(h) for h in out]
+        return out
 
     def loop_carried(self, stage: str) -> bool:
         """Whether measurements show sequential (loop-carried) work: an accelerator that

@@ -125,12 +125,16 @@ class Work(BaseModel):
     source : str
         ``counted`` (torch), ``declared`` (the stage's own counts) or ``tensor sizes``
         (only the bytes of inputs and outputs were known).
+    outside_s : float
+        Seconds the counted call spent outside torch operations (Python, numpy, a
+        DataLoader): host work that a GPU run of the stage pays as well.
     """
 
     flops: float = 0.0
     bytes: float = 0.0
     ops: int = 1
     syncs: int = 0
+    outside_s: float = 0.0
     precision: str = "fp32"
     source: str = "counted"
     #: host-side time of the stage when it is dispatch-bound: its measured CPU time at

@@ -148,12 +148,12 @@ def test_host_time_on_the_gpu_grows_with_the_operations_issued():
     assert host[-1] == pytest.approx(8 * host[0])
 
 
-def test_a_training_loop_of_small_steps_is_never_faster_than_its_launches(monkeypatch):
+def test_a_training_loop_of_small_steps_is_never_faster_than_its_launches():
     """Counted: an MLP train step (the reference's 784-512-512-10) on CPU tensors, 1-4 steps a call.
 
     The H200 reference measures 1.3-1.8 ms per small step; the prediction per step must
     cover the step's launches and stay within 2x of the reference."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from placer.costmodel.counts import count_work
     from placer.target.ops import OPS
 
@@ -190,6 +190,20 @@ def test_count_work_counts_synchronisations_and_multi_kernel_ops():
 
 
 # -- the commands -------------------------------------------------------------------------------
+def fresh_cache(tmp_path):
+    """An empty profile cache, holding only this machine's CPU calibration when one is cached
+    (measuring it again would only cost time)."""
+    import shutil
+
+    from placer.profile.cache import cache_dir
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    for f in cache_dir().glob("cpu-*.json"):
+        shutil.copy(f, root / f.name)
+    return root
+
+
 def test_plan_from_a_profile_for_the_h200_machine(tmp_path):
     path = tmp_path / "p.json"
     profile(ratio=0.25).save(path)
@@ -265,3 +279,38 @@ def test_count_work_keeps_the_time_spent_outside_torch():
     _, w = count_work(mixed)
     _, pure = count_work(lambda: x + 1)
     assert w.outside_s > 5 * pure.outside_s + 1e-4
+
+
+def test_advise_for_the_h200_machine_names_its_cpu_in_the_json(tmp_path):
+    """``placer advise ... --target h200 --json``: the target's CPU is the H200 host's (16 cores)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PLACER_CACHE_DIR": str(fresh_cache(tmp_path))}
+    res = subprocess.run([sys.executable, "-m", "placer", "advise", "pipelines/requests.py", "--size", "16",
+                          "--budget-s", "4", "--target", "h200", "--no-baselines", "-o", str(tmp_path / "r.html"),
+                          "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    t = doc["target"]
+    assert t["cpu_cores"] == 16 and "Xeon" in t["cpu"] and t["cpu_source"] == "described"
+    assert t["all_cpu_predicted_s"] > 0 and any("scaled" in n for n in t["notes"])
+    assert doc["ties"]["rule"].startswith("fewer copies")
+
+
+def test_profile_with_a_target_reports_the_targets_cpu(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PLACER_CACHE_DIR": str(fresh_cache(tmp_path))}
+    res = subprocess.run([sys.executable, "-m", "placer", "profile", "pipelines/requests.py", "--size", "16",
+                          "--budget-s", "3", "--target", "h200", "--json", "-o", str(tmp_path / "p.json")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["target"]["cpu"]["workers"] == 16
+    assert {e["label"] for st in doc["stages"].values() for d, e in st.items() if d == "cpu"} == {"scaled"}
+    saved = Profile.load(tmp_path / "p.json")
+    assert saved.machine["cpu_calibration"]["ops"]  # the calibration travels with the profile

@@ -20,8 +20,9 @@ Three checks, each against ``h200-calibration.json`` (one H200 and its 16-core X
 
 Then ``requests`` at batch 16, as ``placer advise --target h200`` plans it: the
 predicted all-CPU time on the H200 host against what the reference implies (the
-stages' counted ops times the reference CPU's median seconds per op at its smallest
-sizes), once from the default profile and once measured at 16.
+stages' counted ops times the reference CPU's median seconds per op of the forward
+tabular and inference ops at their smallest sizes), once from the default profile and
+once measured at 16.
 """
 
 from __future__ import annotations
@@ -115,13 +116,17 @@ def copy_check(ref: dict, out: list[str]) -> bool:
     return fails == 0 and ex_fails == 0
 
 
+#: reference ops whose work is like a request's (elementwise, reductions, small matrix products)
+FORWARD_OPS = ("clean_standardize", "filter_rows", "sort_column", "groupby_sum", "feature_cross", "mlp_infer")
+
+
 def implied_requests_s(ref: dict) -> tuple[float, float]:
     """(reference-implied all-CPU seconds of requests at 16, seconds per op used)."""
     from placer.costmodel.counts import count_work
     from placer.loader import load_pipeline
 
     per_op = []
-    for op in OPS:
+    for op in FORWARD_OPS:
         rows = [r for r in ref["ops"] if r["op"] == op and r["device"] == "cpu"]
         if rows:
             small = min(rows, key=lambda r: r["size"])

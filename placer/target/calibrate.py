@@ -25,7 +25,7 @@ from typing import Any
 from placer.target.description import CpuDescription, OpRow, TargetDescription, TargetError
 
 #: seconds a CPU calibration may take by default
-CPU_BUDGET_S = 8.0
+CPU_BUDGET_S = 15.0
 
 
 def cpu_key(host: dict[str, Any]) -> str:

@@ -245,13 +245,14 @@ def costs_from_profile(prof: Any, *, size: int | None = None, describe: Any = No
     from placer.target import host_scale, load_target
 
     target = load_target(describe) if describe else None
-    model = CostModel(prof, describe=[target] if target else None)
     notes: list[str] = []
-    target_model = None
+    scale = target_model = None
     if target is not None:
         scale = host_scale(prof, target, here_host=inventory.host if inventory is not None else None, notes=notes)
         target_model = CostModel(prof, describe=[target], cpu_scale=scale,
                                  target_cpu=target.cpu if scale is not None else None)
+    # this machine's model: its own CPU; a described GPU still pays its own host's time
+    model = CostModel(prof, describe=[target] if target else None, host_scale=scale)
     here = ["cpu", *[d for d, spec in prof.devices.items() if spec.get("kind", "cpu") != "cpu"
                      and d in model.devices]]  # every profiled accelerator, whatever its kind
     at = size or prof.target_size or max(prof.measured_sizes or prof.sizes or [0]) or None

@@ -86,7 +86,7 @@ class CostModel:
     """
 
     def __init__(self, profile: Profile, describe: list[DeviceDescription | str] | None = None, *,
-                 cpu_scale: Any = None, target_cpu: Any = None):
+                 cpu_scale: Any = None, target_cpu: Any = None, host_scale: Any = None):
         self.profile = profile
         self._fits: dict[tuple[str, str], SizeFit] = {}
         self._out: dict[str, SizeFit] = {}
@@ -96,6 +96,8 @@ class CostModel:
         self.cpu_scale = cpu_scale
         #: with ``cpu_scale``: the "cpu" device is the target's CPU (a placer.target.CpuDescription)
         self.target_cpu = target_cpu
+        #: scales the host time described GPUs pay (default ``cpu_scale``): their host is the target's
+        self.host_scale = host_scale if host_scale is not None else cpu_scale
         for desc in describe or []:
             for d in _gpus_of(desc):
                 name = next(f"gpu:{i}" for i in range(64) if f"gpu:{i}" not in self.devices)
@@ -146,8 +148,8 @@ class CostModel:
         # the time outside torch ops comes from one counted call: never more than the stage's
         # measured CPU time at that size (a stall on a busy machine must not become host time)
         out = [per_op * max(w.work.ops, first.ops) + min(w.work.outside_s, max(cpu(w.size), 0.0)) for w in work]
-        if self.cpu_scale is not None:
-            out = [self.cpu_scale.seconds(h) for h in out]
+        if self.host_scale is not None:
+            out = [self.host_scale.seconds(h) for h in out]
         return out
 
     def loop_carried(self, stage: str) -> bool:

@@ -74,14 +74,24 @@ class DeviceSpec(BaseModel):
 
 
 class Direction(BaseModel):
-    """One direction of a link (host<->device, or the network): ``latency_s + bytes / bandwidth_Bps``,
-    or, with ``points`` (``[bytes, seconds]`` pairs, as a cost model writes them), the copy curve
-    through them (:func:`placer.data.measures.curve_seconds`: log-log between points)."""
+    """One direction of a link (host<->device, or the network): ``latency_s + bytes / bandwidth_Bps``."""
 
     model_config = ConfigDict(extra="forbid")
 
     latency_s: float = Field(ge=0)
     bandwidth_Bps: float = Field(gt=0)
+
+    def seconds(self, nbytes: float) -> float:
+        """Seconds to copy ``nbytes`` in this direction."""
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+
+class Curve(Direction):
+    """One direction of the host<->device link: the line of :class:`Direction`, or, with
+    ``points`` (``[bytes, seconds]`` pairs, as a cost model writes them from the way the
+    executor copies), the copy curve through them (:func:`placer.data.measures.curve_seconds`:
+    log-log between points)."""
+
     points: list[tuple[float, float]] = Field(default_factory=list)
 
     @field_validator("points")
@@ -104,8 +114,8 @@ class Link(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    h2d: Direction
-    d2h: Direction
+    h2d: Curve
+    d2h: Curve
 
 
 class StageCost(BaseModel):

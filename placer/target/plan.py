@@ -48,6 +48,11 @@ def host_scale(profile: Any, target: TargetDescription, *, here_host: dict | Non
             notes.append(f"target {target.name!r} describes no CPU: its CPU times are this machine's")
         return None
     here = profiled_cpu(profile, here_host=here_host)
+    if here is not None and (here.model, here.cores) == (target.cpu.model, target.cpu.cores):
+        if notes is not None:  # two calibrations of one CPU differ only by noise
+            notes.append(f"the target's CPU is this profile's ({here.model}, {here.cores} cores): its times are "
+                         "used as measured")
+        return None
     scale = CpuScale.between(here, target.cpu) if here is not None else None
     if notes is not None:
         notes.append(scale.describe() if scale is not None else (

@@ -144,7 +144,11 @@ class CostModel:
             return [0.0] * len(work)
         host = min(cpu.c, cpu(max(cpu.n_min, 1.0))) if cpu.c > 0 else cpu(max(cpu.n_min, 1.0))
         first = min(work, key=lambda w: w.size).work
-        per_op = max(host - min(first.outside_s, host), 0.0) / max(first.ops, 1)
+        # the time outside torch ops at the smallest size, from the least per op over every counted
+        # size (one counted call each: a stall in one must not erase the dispatch time)
+        outside_per_op = min(w.work.outside_s / max(w.work.ops, 1) for w in work)
+        outside_first = min(first.outside_s, outside_per_op * max(first.ops, 1), host)
+        per_op = max(host - outside_first, 0.0) / max(first.ops, 1)
         # the time outside torch ops comes from one counted call: never more than the stage's
         # measured CPU time at that size (a stall on a busy machine must not become host time)
         out = [per_op * max(w.work.ops, first.ops) + min(w.work.outside_s, max(cpu(w.size), 0.0)) for w in work]

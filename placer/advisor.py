@@ -146,15 +146,22 @@ def _no_step(_name: str):
 
 
 def resolve_target(target: str | None, inv: Inventory) -> str | None:
-    """The absent device to plan for: ``auto`` means the H200 when this machine has no GPU."""
+    """The machine to plan for besides this one: ``auto`` means the H200 machine when this
+    machine has no GPU; a path names a description ``placer describe`` wrote."""
     if target in (None, "", "none"):
         return None
     t = target.lower()
     if t == "auto":
         return None if inv.gpus else "h200"
-    if t not in TARGETS:
-        raise PlacerError(f"unknown target {target!r}; use {', '.join(TARGETS)}, auto or none")
-    return t
+    if t in TARGETS:
+        return t
+    if Path(target).suffix == ".json" or Path(target).exists():
+        from placer.target import load_target
+
+        load_target(target)  # a clear error now, naming the field, rather than after profiling
+        return target
+    raise PlacerError(f"unknown target {target!r}; use {', '.join(TARGETS)}, auto or none, "
+                      "or a JSON file `placer describe` wrote")
 
 
 def baseline_placements(pipeline: Pipeline, accelerator: str | None) -> dict[str, dict[str, str]]:
@@ -179,15 +186,27 @@ def baseline_placements(pipeline: Pipeline, accelerator: str | None) -> dict[str
 
 
 def target_step(costs: Costs, target: str, objective: str = "makespan") -> dict[str, Any]:
-    """A plan for the described absent device (predictions only), as report data."""
+    """A plan for the described machine (predictions only: its CPU and its first GPU), as report data.
+
+    Its all-CPU time and speed-up are on the target's own CPU when the target describes
+    one (this machine's CPU times scaled to it), else on this machine's CPU.
+    """
     described = costs.described[0]
-    desc = costs.model.described[described]
-    p = costs.plan(objective=objective, devices=["cpu", described])
+    desc = costs.target_model.described[described]
+    p = costs.plan(objective=objective, devices=["cpu", described], target=True)
     cpu = p.baselines.get("all_cpu")
+    on = costs.target_model.target_cpu
+    here = costs.profile.machine
     return {"device": described, "label": desc.name, "placement": dict(p.placement),
             "predicted_s": p.predicted_makespan_s, "all_cpu_predicted_s": cpu,
             "speedup": (cpu / p.predicted_makespan_s) if cpu and p.predicted_makespan_s else None,
-            "crossover_size": {s.name: s.crossover_size for s in p.stages}}
+            "crossover_size": {s.name: s.crossover_size for s in p.stages},
+            "machine": costs.target.name if costs.target is not None else desc.name,
+            "cpu": on.model if on is not None else f"{here.get('cpu_model', 'this CPU')} (this machine)",
+            "cpu_cores": on.cores if on is not None else here.get("cores"),
+            "cpu_source": "described" if on is not None else "this machine",
+            "ties": [t.model_dump() for t in getattr(p, "ties", [])],
+            "notes": list(costs.target_notes)}
 
 
 class _Timed:
@@ -255,10 +274,10 @@ def advise(
         The size to plan and run at (default: the pipeline's default).
     budget_s : float
         Profiling time budget in seconds (on a cluster: on each worker).
-    target : {"auto", "h200", "none"}
-        Also plan for a device this machine lacks, from its description
-        (``auto``: the H200 when there is no GPU here). Predictions only; not on a
-        cluster.
+    target : {"auto", "h200", "none"} or path
+        Also plan for a machine this is not, from its description (``auto``: the H200
+        machine when there is no GPU here; a path: a file ``placer describe`` wrote),
+        its own CPU included. Predictions only; not on a cluster.
     objective : {"makespan", "throughput", "cost"}
         What the plan minimises.
     executor : {"auto", "inline", "threads"}

@@ -1,7 +1,8 @@
 """Where work happens: this machine, or a dask.distributed cluster.
 
 May import: placer.{devices,errors,pipeline,data}; placer.profile, placer.costmodel,
-placer.executor and placer.cluster inside methods, so that importing a site stays cheap.
+placer.target, placer.executor and placer.cluster inside methods, so that importing a site
+stays cheap.
 
 A site answers the three questions the advise flow (:mod:`placer.advisor`) asks of
 the place it plans for:
@@ -58,20 +59,31 @@ class Costs:
     """
 
     no_accelerator_reason: str | None = None
+    #: how the target's predictions were made (CPU scaling), for its plan
+    target_notes: list[str] = []
     #: what the site is called in a plan's reasons
     where = "this machine"
 
     def __init__(self, inventory: Inventory, profile: Any, model: Any, devices: list[str], size: int,
                  network: dict[str, float] | None = None, notes: list[str] | None = None,
-                 described: list[str] | None = None):
+                 described: list[str] | None = None, target: Any = None, target_model: Any = None):
         self.inventory, self.profile, self.model = inventory, profile, model
         self.devices, self.size = devices, size
         self.network, self.notes = network, list(notes or [])
         self.described = list(described or [])
+        #: the described machine (a placer.target.TargetDescription) and its cost model, whose
+        #: ``cpu`` is the target's CPU when the target describes one
+        self.target = target
+        self.target_model = target_model if target_model is not None else model
 
-    def table(self, size: float | None = None, devices: list[str] | None = None) -> CostTable:
+    def table(self, size: float | None = None, devices: list[str] | None = None, *,
+              target: bool = False) -> CostTable:
         """The :class:`~placer.data.costs.CostTable` at ``size`` (default :attr:`size`) over ``devices``
-        (default :attr:`devices`), with the network when there is one."""
+        (default :attr:`devices`; with ``target``, the target's CPU and GPUs), with the network when
+        there is one."""
+        if target:
+            return self.target_model.table(self.size if size is None else size,
+                                           devices=devices or ["cpu", *self.described])
         table = self.model.table(self.size if size is None else size, devices=devices or self.devices)
         if self.network is None or len(table.devices) < 2:
             return table
@@ -82,12 +94,17 @@ class Costs:
     def predictions(self, size: float | None = None) -> dict[str, dict[str, dict]]:
         """Stage → device → the prediction (value, error, label) at ``size``, described devices included."""
         at = self.size if size is None else size
-        return {s: {d: pr.model_dump() for d, pr in devs.items()}
-                for s, devs in self.model.predictions(at, [*self.devices, *self.described]).items()}
+        out = {s: {d: pr.model_dump() for d, pr in devs.items()}
+               for s, devs in self.model.predictions(at, self.devices).items()}
+        if self.described:
+            for s, devs in self.target_model.predictions(at, self.described).items():
+                out.setdefault(s, {}).update({d: pr.model_dump() for d, pr in devs.items()})
+        return out
 
     def plan(self, *, objective: str = "makespan", method: str = "auto", deadline_s: float | None = None,
-             size: float | None = None, devices: list[str] | None = None):
-        """The best placement at ``size`` over ``devices``, with crossover sizes over the same devices.
+             size: float | None = None, devices: list[str] | None = None, target: bool = False):
+        """The best placement at ``size`` over ``devices``, with crossover sizes over the same devices
+        (with ``target``: over the described target machine, its CPU included).
 
         Returns
         -------
@@ -99,12 +116,14 @@ class Costs:
         at = self.size if size is None else size
 
         def cost_at(s: float) -> CostTable:
-            return self.table(s, devices)
+            return self.table(s, devices, target=target)
 
         result = plan(cost_at(at), objective=objective, method=method, deadline_s=deadline_s,
                       cost_at=cost_at, size=at)
         why = self.no_accelerator_reason
-        if why and len(result.devices) == 1:
+        if target and self.target is not None:
+            result.warnings += [n for n in self.target_notes if n not in result.warnings]
+        if why and len(result.devices) == 1 and not target:
             for st in result.stages:
                 st.reason += f" ({self.where} has no GPU: {why})"
             result.warnings.append(f"every stage is planned on the CPU: {why}")
@@ -213,23 +232,38 @@ class ClusterSite:
         return execute(pipeline, spec, scheduler=self.client, size=pipeline.size, stream=stream)
 
 
-def costs_from_profile(prof: Any, *, size: int | None = None, describe: str | None = None,
+def costs_from_profile(prof: Any, *, size: int | None = None, describe: Any = None,
                        inventory: Inventory | None = None) -> Costs:
     """:class:`Costs` from a profile (measured here, or loaded from a file).
 
-    The devices to plan over are the CPU and the profile's accelerators, plus
-    ``describe`` (a device this machine lacks, e.g. ``h200``) when given. Without an
-    inventory (a saved profile), the profile's own devices stand in for it.
+    The devices to plan over are the CPU and the profile's accelerators, plus the GPUs
+    of ``describe`` (a target: ``h200``, a file ``placer describe`` wrote, or a
+    :class:`~placer.target.TargetDescription`) when given. The target's own plan
+    (``Costs.plan(target=True)``) is over its CPU and GPUs: this machine's CPU times
+    scaled to the target's CPU (:func:`placer.target.host_scale`). Without an inventory
+    (a saved profile), the profile's own devices stand in for it.
     """
     from placer.costmodel.model import CostModel
+    from placer.target import host_scale, load_target
 
-    model = CostModel(prof, describe=[describe] if describe else None)
+    target = load_target(describe) if describe else None
+    notes: list[str] = []
+    scale = target_model = None
+    if target is not None:
+        scale = host_scale(prof, target, here_host=inventory.host if inventory is not None else None, notes=notes)
+        target_model = CostModel(prof, describe=[target], cpu_scale=scale,
+                                 target_cpu=target.cpu if scale is not None else None)
+    # this machine's model: its own CPU; a described GPU still pays its own host's time
+    model = CostModel(prof, describe=[target] if target else None, host_scale=scale)
     here = ["cpu", *[d for d, spec in prof.devices.items() if spec.get("kind", "cpu") != "cpu"
                      and d in model.devices]]  # every profiled accelerator, whatever its kind
     at = size or prof.target_size or max(prof.measured_sizes or prof.sizes or [0]) or None
     host = {k: v for k, v in prof.machine.items() if v is None or isinstance(v, (str, int, float))}
     inv = inventory if inventory is not None else Inventory(devices=[], host=host)
-    return Costs(inv, prof, model, here, at, described=list(model.described))
+    costs = Costs(inv, prof, model, here, at, described=list(model.described), target=target,
+                  target_model=target_model)
+    costs.target_notes = notes
+    return costs
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from placer.cli import report as _report  # noqa: E402,F401
 from placer.cli import advise as _advise  # noqa: E402,F401
 from placer.cli import schema as _schema  # noqa: E402,F401
 from placer.cli import check as _check  # noqa: E402,F401
+from placer.cli import describe as _describe  # noqa: E402,F401
 
 
 def main() -> None:

@@ -57,6 +57,8 @@ def summary_document(advised, path: Path | None) -> dict:
         "bottleneck": f.bottleneck.model_dump(exclude={"path"}) if f.bottleneck else None,
         "advice": [a.text for a in f.advice],
         "target": f.target.model_dump() if f.target else None,
+        "ties": ({"noise": advised.plan.noise, "rule": advised.plan.tie_rule,
+                  "placements": [t.model_dump() for t in advised.plan.ties]} if advised.plan is not None else None),
         "report": str(path) if path else None,
         "timings_s": advised.timings,
     }
@@ -92,7 +94,8 @@ def advise_command(
     fmt: str = typer.Option(None, "--format", help="html, md or json (default: from the file's suffix)."),
     budget_s: float = typer.Option(30.0, "--budget-s", callback=positive_seconds, help="Profiling time budget in seconds (cached profiles are reused)."),
     target: str = typer.Option("auto", "--target",
-                               help="Also plan for a GPU this machine lacks: h200, none, or auto (h200 when no GPU)."),
+                               help="Also plan for another machine: h200 (an H200 and its 16-core host), a JSON "
+                                    "file from `placer describe`, none, or auto (h200 when no GPU)."),
     objective: str = typer.Option("makespan", "--objective", help="makespan, throughput or cost."),
     executor: str = typer.Option("auto", "--executor", help="auto, inline or threads."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Also run all-CPU, all-GPU, rule of thumb."),

@@ -18,16 +18,17 @@ from placer.cli.options import build_param_option
 
 
 def _from_model(pipeline: str | None, profile_file: Path | None, size: int | None,
-                budget_s: float | None = None):
-    """The flow's :class:`~placer.site.Costs` from a saved profile, or by profiling the pipeline now."""
+                budget_s: float | None = None, target: str | None = None):
+    """The flow's :class:`~placer.site.Costs` from a saved profile, or by profiling the pipeline now
+    (with ``target``: also for that described machine)."""
     from placer.data.profile import Profile
     from placer.site import LocalSite, costs_from_profile
 
     if profile_file is not None:
-        costs = costs_from_profile(Profile.load(profile_file), size=size)
+        costs = costs_from_profile(Profile.load(profile_file), size=size, describe=target)
     else:
         costs = LocalSite().costs(pipeline, size=size, budget_s=60.0 if budget_s is None else budget_s,
-                                  progress=None)
+                                  progress=None, describe=target)
     if costs.size is None:
         fail(f"the profile of {costs.profile.pipeline!r} has no sizes; give --size N")
     return costs
@@ -54,6 +55,8 @@ def plan_command(
                                    "with --scheduler, on each worker). Default 60, or 30 on a cluster."),
     save_costs: Path = typer.Option(None, "--save-costs", callback=output_path, help="Also save the cost table planned from (JSON; "
                                     "plan from it again with --costs)."),
+    target: str = typer.Option(None, "--target", help="Plan for this machine instead of the one here: h200 "
+                               "(an H200 and its 16-core host) or a JSON file from `placer describe`."),
 ) -> None:
     """Choose a device for every stage of PIPELINE, and say why."""
     from placer.errors import PlacerError
@@ -72,7 +75,9 @@ def plan_command(
         usage("give a PIPELINE, --profile FILE or --costs FILE")
     if scheduler is not None and (costs is not None or profile_file is not None or pipeline is None):
         usage("--scheduler profiles PIPELINE on the cluster; give a PIPELINE and drop --costs and --profile")
-    if pipeline is not None and costs is None and profile_file is None and scheduler is None:
+    if target is not None and (costs is not None or scheduler is not None):
+        usage("--target plans a described machine from a profile; drop --costs and --scheduler")
+    if pipeline is not None and costs is None and profile_file is None and scheduler is None and target is None:
         streamed = _stream_pipeline(pipeline, size)
         if streamed is not None:
             _plan_streams(streamed, budget_s, output, as_json)
@@ -88,9 +93,12 @@ def plan_command(
                 fail(f"{costs} holds costs at size {table.size:g}, not {size}; drop --size "
                      "or plan from a profile, which predicts any size")
         else:
-            site_costs = _from_model(pipeline, profile_file, size, budget_s)
-            table = site_costs.table()
-            result = site_costs.plan(objective=objective, method=method, deadline_s=deadline_s)
+            site_costs = _from_model(pipeline, profile_file, size, budget_s, target)
+            on_target = target is not None
+            table = site_costs.table(target=on_target)
+            result = site_costs.plan(objective=objective, method=method, deadline_s=deadline_s, target=on_target)
+            if on_target:
+                notes = [f"planned for {site_costs.target.name} (described, not measured)"]
         if costs is not None:
             result = plan(table, objective=objective, method=method, deadline_s=deadline_s, size=size)
     except PlacerError as exc:
@@ -141,6 +149,10 @@ def _print(result, notes: list[str] = ()) -> None:
     for name, secs in result.baselines.items():
         label = name.replace("_", " ")
         c.print(f"  {label}: " + ("impossible" if secs is None else fmt_s(secs)))
+    for tie in result.ties:
+        moved = ", ".join(f"{n} on {d}" for n, d in tie.differs.items())
+        c.print(f"  tie: {moved} predicted {fmt_s(tie.predicted_makespan_s)}, within the noise "
+                f"({result.noise:.0%}); the plan is chosen by {result.tie_rule}")
     summary = get_objective(result.objective).summary(result)
     if summary is not None:
         c.print(f"  {summary}")

@@ -34,6 +34,8 @@ def profile_cmd(
     threads: int = typer.Option(None, "--threads", callback=positive_int, help="Intra-op threads while profiling (default: as a run uses)."),
     fresh: bool = typer.Option(False, "--fresh", help="Ignore cached measurements."),
     stage_timeout_s: float = stage_timeout_option(),
+    target: str = typer.Option(None, "--target", help="Also predict for this machine: h200 or a JSON file from "
+                               "`placer describe` (its GPUs by roofline, its CPU by scaling this one's times)."),
 ) -> None:
     """Measure every stage of PIPELINE on every device at several sizes; fit and show the cost model."""
     t_start = time.perf_counter()
@@ -43,21 +45,26 @@ def profile_cmd(
     from placer.profile import ProfileCache
     from placer.site import LocalSite, costs_from_profile
 
+    if target is not None and describe is not None:
+        usage("give --target or --describe, not both (--target also scales the CPU to the target's)")
     try:
         left = budget_s - (time.perf_counter() - t_start) - 1.0  # keep a second for fitting and printing
         site = LocalSite(cache=None if not fresh else _fresh_cache(ProfileCache()))
         with stage_timeout(stage_timeout_s):
             prof = site.measure(pipeline, size=size, max_size=max_size, budget_s=max(left, 0.5),
                                 devices=devices.split(",") if devices else None, threads=threads, progress=None)
-        want = None if (describe or "").lower() == "none" else describe or (
+        want = None if (describe or "").lower() == "none" else target or describe or (
             "h200" if not any(d.get("kind") == "gpu" for d in prof.devices.values()) else None)
-        model = costs_from_profile(prof, size=size, describe=want).model
+        costs = costs_from_profile(prof, size=size, describe=want, inventory=site.inventory())
+        model = costs.target_model if target is not None else costs.model
     except PlacerError as exc:
         fail(error_line(exc))
     except (ValueError, TypeError, FileNotFoundError) as exc:
         fail(f"{pipeline}: {error_line(exc)}")
     at = size or (max(prof.measured_sizes) if prof.measured_sizes else None)
     doc = profile_document(prof, model, at)
+    if target is not None:
+        doc["target"] = {"name": costs.target.name, "cpu": model.devices["cpu"], "notes": costs.target_notes}
     if output is not None:  # one shape, printed or saved
         write_text_atomic(output, json.dumps(doc, indent=1, default=str))
     if as_json:

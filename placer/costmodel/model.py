@@ -2,15 +2,18 @@
 
 May import: numpy, pydantic, placer.costmodel.*, placer.data (it reads a
 :class:`~placer.data.profile.Profile` and writes a :class:`~placer.data.costs.CostTable`),
-placer.devices (device names and kinds), placer.errors. Never torch, the profiler or
-the optimizer.
+placer.devices (device names and kinds), placer.errors, placer.target.description (inside a
+function: a target named by a string). Never torch, the profiler or the optimizer.
 
 For each (stage, device) a :class:`~placer.costmodel.fit.SizeFit` is fitted to the
 measured medians; at a measured size the measurement itself is returned (labelled
 ``measured``), elsewhere the fit (``predicted``). For a device this machine lacks,
 a :class:`~placer.costmodel.roofline.DeviceDescription` turns the stage's counted
 work at each profiled size into roofline times, and a fit over those extends them
-to the requested size (``roofline``). Transfers come from the separate
+to the requested size (``roofline``). Planning for a described machine
+(``cpu_scale``, ``target_cpu``), the ``cpu`` device is the target's CPU: this
+machine's CPU predictions scaled by ops measured on both (``scaled``), and the
+described GPUs' host time is scaled the same way. Transfers come from the separate
 :class:`~placer.costmodel.bus.TransferModel`.
 
 Examples
@@ -33,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from placer.costmodel.fit import SizeFit, fit_size_model
-from placer.costmodel.roofline import DeviceDescription, load_description
+from placer.costmodel.roofline import DeviceDescription
 from placer.data.costs import CostTable
 from placer.data.measures import Prediction, TransferModel, Work
 from placer.data.profile import DeviceProfile, Point, Profile, StageProfile
@@ -67,6 +70,10 @@ def fit_value(p: Point) -> float:
     return p.median_s
 
 
+#: the least relative noise a cost table's times are taken to have
+NOISE_FLOOR = 0.02
+
+
 class CostModel:
     """Predictions for every (stage, device) of a profiled pipeline.
 
@@ -78,16 +85,23 @@ class CostModel:
         name ``as_name`` (default ``gpu:0``, or ``gpu:1``... when taken).
     """
 
-    def __init__(self, profile: Profile, describe: list[DeviceDescription | str] | None = None):
+    def __init__(self, profile: Profile, describe: list[DeviceDescription | str] | None = None, *,
+                 cpu_scale: Any = None, target_cpu: Any = None, host_scale: Any = None):
         self.profile = profile
         self._fits: dict[tuple[str, str], SizeFit] = {}
         self._out: dict[str, SizeFit] = {}
         self._peak: dict[tuple[str, str], SizeFit] = {}
         self.described: dict[str, DeviceDescription] = {}
+        #: scales this machine's CPU seconds to the target's CPU (a placer.target.CpuScale)
+        self.cpu_scale = cpu_scale
+        #: with ``cpu_scale``: the "cpu" device is the target's CPU (a placer.target.CpuDescription)
+        self.target_cpu = target_cpu
+        #: scales the host time described GPUs pay (default ``cpu_scale``): their host is the target's
+        self.host_scale = host_scale if host_scale is not None else cpu_scale
         for desc in describe or []:
-            d = load_description(desc) if isinstance(desc, str) else desc
-            name = next(f"gpu:{i}" for i in range(64) if f"gpu:{i}" not in self.devices)
-            self.described[name] = d
+            for d in _gpus_of(desc):
+                name = next(f"gpu:{i}" for i in range(64) if f"gpu:{i}" not in self.devices)
+                self.described[name] = d
         for n, sp in profile.stages.items():
             self._fit_stage(n, sp)
 
@@ -106,13 +120,41 @@ class CostModel:
             outs += [(p.size, p.output_bytes) for p in pts if p.output_bytes > 0]
         if outs:
             self._out[name] = fit_size_model(*zip(*outs), forms=("linear", "power"))
-        cpu = self._fits.get((name, "cpu"))
-        host_s = min(cpu.c, cpu(max(cpu.n_min, 1.0))) if cpu is not None else 0.0
         for dev, desc in self.described.items():
             if not sp.work or "gpu" not in sp.device_classes:
                 continue
-            pts = [(w.size, desc.predict(w.work.model_copy(update={"host_s": host_s}))) for w in sp.work]
+            pts = [(w.size, desc.predict(w.work.model_copy(update={"host_s": h})))
+                   for w, h in zip(sp.work, self.host_seconds(name))]
             self._fits[(name, dev)] = fit_size_model(*zip(*pts))
+
+    def host_seconds(self, stage: str) -> list[float]:
+        """Host-side seconds a GPU run of ``stage`` pays at each counted size (``profile.stages[stage].work``).
+
+        The stage's dispatch-bound CPU time (its CPU fit at the smallest size, the fixed
+        cost at most, less the time it spent outside torch ops there) per operation
+        issued there, times the operations issued at each size, plus the time each
+        size spent outside torch ops (Python, numpy, a DataLoader: ``Work.outside_s``):
+        a loop of many small steps pays its host time per step, and CPU work inside a
+        GPU stage is host time. Scaled to the target's CPU when the target describes
+        one (never this machine's constants for a described machine).
+        """
+        work = self.profile.stages[stage].work
+        cpu = self._fits.get((stage, "cpu"))
+        if cpu is None or not work:
+            return [0.0] * len(work)
+        host = min(cpu.c, cpu(max(cpu.n_min, 1.0))) if cpu.c > 0 else cpu(max(cpu.n_min, 1.0))
+        first = min(work, key=lambda w: w.size).work
+        # the time outside torch ops at the smallest size, from the least per op over every counted
+        # size (one counted call each: a stall in one must not erase the dispatch time)
+        outside_per_op = min(w.work.outside_s / max(w.work.ops, 1) for w in work)
+        outside_first = min(first.outside_s, outside_per_op * max(first.ops, 1), host)
+        per_op = max(host - outside_first, 0.0) / max(first.ops, 1)
+        # the time outside torch ops comes from one counted call: never more than the stage's
+        # measured CPU time at that size (a stall on a busy machine must not become host time)
+        out = [per_op * max(w.work.ops, first.ops) + min(w.work.outside_s, max(cpu(w.size), 0.0)) for w in work]
+        if self.host_scale is not None:
+            out = [self.host_scale.seconds(h) for h in out]
+        return out
 
     def loop_carried(self, stage: str) -> bool:
         """Whether measurements show sequential (loop-carried) work: an accelerator that
@@ -138,6 +180,8 @@ class CostModel:
     def devices(self) -> dict[str, dict[str, Any]]:
         """Device name → description (measured ones from the profile, then described ones)."""
         out = {n: dict(d) for n, d in self.profile.devices.items()}
+        if getattr(self, "target_cpu", None) is not None:
+            out["cpu"] = self.target_cpu.device_entry()
         for n, d in getattr(self, "described", {}).items():
             out[n] = d.device_entry()
         return out
@@ -147,8 +191,15 @@ class CostModel:
         return list(self.profile.stages)
 
     def label(self, stage: str, device: str) -> str:
-        """``measured`` (fit to this machine's measurements) or ``roofline`` (described device)."""
-        return "roofline" if device in self.described else "measured"
+        """``measured`` (fit to this machine's measurements), ``roofline`` (described device) or
+        ``scaled`` (this machine's CPU scaled to a described target's CPU)."""
+        if device in self.described:
+            return "roofline"
+        return "scaled" if self.scaled(device) else "measured"
+
+    def scaled(self, device: str) -> bool:
+        """Whether ``device``'s predictions are this machine's CPU scaled to the target's."""
+        return self.cpu_scale is not None and device == "cpu"
 
     def fit(self, stage: str, device: str) -> SizeFit:
         """The fitted size model of ``stage`` on ``device``."""
@@ -176,8 +227,20 @@ class CostModel:
         if at:
             med = sum(p.median_s for p in at) / len(at)
             iqr = max(p.iqr_s for p in at)
-            return Prediction(value=med, rel_error=iqr / med if med else 0.0, label="measured")
-        return fit.predict(size)
+            here = Prediction(value=med, rel_error=iqr / med if med else 0.0, label="measured")
+        else:
+            here = fit.predict(size)
+        if not self.scaled(device):
+            return here
+        return here.model_copy(update={"value": self.cpu_scale.seconds(here.value), "label": "scaled",
+                                       "rel_error": max(here.rel_error, 0.3)})
+
+    def noise(self) -> float:
+        """The relative spread of the measurements (median IQR / median over every measured
+        point, kept within 2-25%): predicted times closer than this are within the noise."""
+        spread = [p.iqr_s / p.median_s for sp in self.profile.stages.values() for dp in sp.devices.values()
+                  for p in dp.points if p.median_s > 0 and p.reps >= 3]
+        return float(min(max(np.median(spread) if spread else NOISE_FLOOR, NOISE_FLOOR), 0.25))
 
     def output_bytes(self, stage: str, size: float) -> float:
         fit = self._out.get(stage)
@@ -265,7 +328,8 @@ class CostModel:
                            "output_bytes": self.output_bytes(name, size), "seconds": secs, "peak_bytes": peak,
                            "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs)})
         tm = self.transfer_model()
-        doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit}
+        doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit,
+               "noise": self.noise()}
         if tm is not None and any(self.devices[d].get("kind") != "cpu" for d in devs):
             doc["link"] = tm.table_link()
         return _cost_table(doc)
@@ -301,6 +365,18 @@ class CostModel:
                 entry[dev] = e
             out[name] = entry
         return out
+
+
+def _gpus_of(desc: Any) -> list[DeviceDescription]:
+    """The GPU descriptions in ``desc``: a name or file (every GPU of a target), a target
+    (:class:`placer.target.TargetDescription`: its ``gpus``), or one GPU's description."""
+    if isinstance(desc, str):
+        from placer.target.description import load_target
+
+        return list(load_target(desc).gpus)
+    if hasattr(desc, "gpus"):
+        return list(desc.gpus)
+    return [desc]
 
 
 def _cost_table(doc: dict) -> CostTable:

@@ -9,12 +9,19 @@ per stage) and its host link, plus efficiency factors calibrated from measuremen
 :meth:`DeviceDescription.predict` turns a :class:`~placer.costmodel.counts.Work`
 into seconds::
 
-    t = stage_overhead_s + max(ops * op_overhead_s, host_factor * host_s)
+    t = stage_overhead_s + host_factor * host_s + ops * op_overhead_s + syncs * sync_s
         + max(flops / (peak_flops[precision] * compute_eff),
               bytes / (mem_bandwidth_Bps * memory_eff))
 
-``host_s`` is the stage's CPU time at a tiny input (from the profile): a stage
-whose time is host-side Python and dispatch pays that on a GPU too.
+The host pays its own Python and dispatch (``host_s``), then a launch per kernel
+and a wait per synchronisation, before the device's work hides any of it: ``ops``
+are the kernel launches the stage makes per call and ``syncs`` the times it waits
+for the device (``.item()``, a boolean-mask compaction), both counted by
+:func:`~placer.costmodel.counts.count_work`: a loop of many small steps is never
+predicted faster than its launches and synchronisations allow. ``host_s`` is the
+stage's CPU time at a tiny input (from the profile, scaled to the target's CPU
+when the target describes it): a stage whose time is host-side Python and
+dispatch pays that on a GPU too.
 
 Every number that comes out of it is labelled ``roofline``: a prediction, not a
 measurement.
@@ -77,6 +84,8 @@ class DeviceDescription(BaseModel):
         Device-memory bandwidth, bytes read plus written per second.
     op_overhead_s : float
         Host-side cost of issuing one operation (kernel launch).
+    sync_s : float
+        Cost of one synchronisation with the host (waiting for the device).
     stage_overhead_s : float
         Fixed cost of running a stage there at all (launch plus synchronise).
     host_factor : float
@@ -98,6 +107,7 @@ class DeviceDescription(BaseModel):
     peak_flops: dict[str, float]
     mem_bandwidth_Bps: float = Field(gt=0)
     op_overhead_s: float = Field(ge=0)
+    sync_s: float = Field(default=0.0, ge=0)
     stage_overhead_s: float = Field(ge=0)
     host_factor: float = Field(default=0.0, ge=0)
     compute_eff: float = Field(gt=0, le=1.5)
@@ -118,7 +128,7 @@ class DeviceDescription(BaseModel):
         prec = precision or work.precision
         compute = work.flops / (self.peak(prec) * self.compute_eff)
         memory = work.bytes / (self.mem_bandwidth_Bps * self.memory_eff)
-        fixed = max(work.ops * self.op_overhead_s, self.host_factor * work.host_s)
+        fixed = self.host_factor * work.host_s + work.ops * self.op_overhead_s + work.syncs * self.sync_s
         return self.stage_overhead_s + fixed + max(compute, memory)
 
     def prediction(self, work: Work, **kw) -> Prediction:
@@ -131,7 +141,8 @@ class DeviceDescription(BaseModel):
 
 
 def load_description(name_or_path: str | Path) -> DeviceDescription:
-    """Load a shipped description (``"h200"``) or one from a JSON file.
+    """Load a shipped description (``"h200"``) or one from a JSON file (a whole-machine
+    target gives its first GPU; :func:`placer.target.load_target` reads the whole).
 
     Raises
     ------
@@ -150,7 +161,16 @@ def load_description(name_or_path: str | Path) -> DeviceDescription:
             f"no device description {name_or_path!r}; shipped ones: {', '.join(have)}, "
             "or give a path to a description JSON file"
         ) from exc
-    return DeviceDescription.model_validate(json.loads(text))
+    return _first_gpu(json.loads(text))
+
+
+def _first_gpu(data: dict) -> DeviceDescription:
+    """A GPU description, or the first GPU of a whole-machine target (:mod:`placer.target`)."""
+    if isinstance(data, dict) and "gpus" in data:
+        if not data["gpus"]:
+            raise ValueError(f"target {data.get('name', '')!r} describes no GPU")
+        data = data["gpus"][0]
+    return DeviceDescription.model_validate(data)
 
 
 def _from_file(p: Path) -> DeviceDescription:
@@ -165,8 +185,10 @@ def _from_file(p: Path) -> DeviceDescription:
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise InputFileError(f"{where} is not valid JSON ({type(exc).__name__}: {exc}); fix it") from None
     try:
-        return DeviceDescription.model_validate(data)
-    except ValidationError as exc:
+        return _first_gpu(data)
+    except ValueError as exc:
+        if not isinstance(exc, ValidationError):
+            raise InputFileError(f"{where}: {exc}") from None
         raise InputFileError(f"{where}: {validation_line(exc)}; see the shipped placer/data/h200.json") from None
 
 

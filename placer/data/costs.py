@@ -1,7 +1,7 @@
 """The cost table: what the optimizer knows about a pipeline, as plain data.
 
-May import: networkx, pydantic, placer.errors, placer.files, placer.devices (its
-name functions, to read device names and check kinds). Never torch, dask or numba.
+May import: networkx, pydantic, placer.errors, placer.files, placer.data.measures (the
+copy curve), placer.devices (its name functions, to read device names and check kinds). Never torch, dask or numba.
 
 A cost table lists the devices, the host<->device link, optionally the network
 between the machines (workers) the devices are on, and for every stage its
@@ -46,6 +46,7 @@ from pydantic import (
 )
 
 from placer.devices import check_kind, get_kind, is_device_name, kind_of, same_device, valid_names
+from placer.data.measures import curve_seconds
 from placer.errors import CostTableError, PlacerError
 from placer.files import parse_json, read_json, write_text_atomic
 
@@ -103,13 +104,36 @@ class Direction(BaseModel):
         return self.latency_s + nbytes / self.bandwidth_Bps
 
 
+class Curve(Direction):
+    """One direction of the host<->device link: the line of :class:`Direction`, or, with
+    ``points`` (``[bytes, seconds]`` pairs, as a cost model writes them from the way the
+    executor copies), the copy curve through them (:func:`placer.data.measures.curve_seconds`:
+    log-log between points)."""
+
+    points: list[tuple[float, float]] = Field(default_factory=list)
+
+    @field_validator("points")
+    @classmethod
+    def _positive(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        bad = [p for p in v if not (p[0] > 0 and p[1] > 0 and math.isfinite(p[0]) and math.isfinite(p[1]))]
+        if bad:
+            raise ValueError(f"points: {bad[0]} is not a positive [bytes, seconds] pair; fix or drop it")
+        return sorted(v)
+
+    def seconds(self, nbytes: float) -> float:
+        """Seconds to copy ``nbytes`` in this direction."""
+        if not self.points:
+            return self.latency_s + nbytes / self.bandwidth_Bps
+        return curve_seconds(self.points, nbytes, self.latency_s, self.bandwidth_Bps)
+
+
 class Link(BaseModel):
     """The link between the host and every accelerator (h2d: to the device)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    h2d: Direction
-    d2h: Direction
+    h2d: Curve
+    d2h: Curve
 
 
 class StageCost(BaseModel):
@@ -147,6 +171,9 @@ class CostTable(BaseModel):
     stages: list[StageCost]
     size: Number | None = Field(None, gt=0)
     size_unit: str = "rows"
+    #: relative noise of the times (measurement spread): placements predicted closer than
+    #: this are ties (default: :data:`placer.optimize.explain.TIE_NOISE`)
+    noise: float | None = Field(None, ge=0, le=1)
 
     _by_name: dict[str, StageCost] = PrivateAttr(default_factory=dict)
 

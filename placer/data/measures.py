@@ -5,8 +5,16 @@ cost model all read these.
 
 A :class:`Prediction` is a value with its error and provenance; :class:`Work` is the
 counted work of one call; a :class:`Link` is one way of copying in one direction
-(``latency_s + nbytes / bandwidth_Bps``, interpolating its measured points) and a
-:class:`TransferModel` holds a device's links and which way the executor copies.
+(a curve over size: its measured points interpolated in log-log, ``latency_s +
+nbytes / bandwidth_Bps`` beyond them) and a :class:`TransferModel` holds a device's
+links. :func:`copy_mode` is the one rule for which way a copy goes (the executor
+copies by it, the transfer model and the simulator price by it):
+
+>>> copy_mode("h2d", 4096), copy_mode("h2d", 4 << 20), copy_mode("d2h", 4 << 20)
+('fresh', 'staged', 'fresh')
+>>> copy_mode("h2d", 4 << 20, pin=False)
+'fresh'
+
 Fitting them lives in :mod:`placer.costmodel`; measuring them in :mod:`placer.profile`.
 """
 
@@ -17,11 +25,48 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-Label = Literal["measured", "predicted", "roofline"]
+Label = Literal["measured", "predicted", "roofline", "scaled"]
 Direction = Literal["h2d", "d2h"]
 Mode = Literal["pinned", "pageable", "fresh", "staged"]
-#: the executor's threshold for pinned staging (placer.executor.transfer.PIN_THRESHOLD)
+#: host→device copies of at least this many bytes are staged through pinned memory
 PIN_THRESHOLD = 1 << 20
+#: per direction, the way the executor copies below and at/above the threshold
+EXECUTOR_MODES: dict[str, tuple[str, str]] = {"h2d": ("fresh", "staged"), "d2h": ("fresh", "fresh")}
+
+
+def copy_mode(direction: Direction, nbytes: float, *, pin: bool = True, threshold: int = PIN_THRESHOLD,
+              executor: dict | None = None) -> Mode:
+    """The way the executor copies ``nbytes`` in ``direction``: the one copy-kind rule.
+
+    Host→device copies of at least ``threshold`` bytes are ``staged`` through
+    pinned (page-locked) memory when ``pin`` allows it; smaller ones are ``fresh``
+    (an ordinary pageable host buffer copied into newly allocated device memory).
+    Device→host copies allocate a fresh pageable host buffer at any size.
+    ``executor`` overrides the modes per direction (``{"h2d": (small, large)}``).
+    """
+    small, large = (executor or EXECUTOR_MODES)[direction]
+    return large if pin and nbytes >= threshold else small
+
+
+def curve_seconds(points: list[tuple[float, float]], nbytes: float, latency_s: float,
+                  bandwidth_Bps: float) -> float:
+    """Seconds at ``nbytes`` on a copy curve: its points interpolated in log-log,
+    extended beyond the largest by the last segment's bandwidth (never faster than
+    ``bandwidth_Bps``), and below the smallest by ``latency_s + nbytes / bandwidth_Bps``
+    (never above the smallest point)."""
+    if nbytes <= 0:
+        return 0.0
+    pts = sorted(points)
+    if len(pts) < 2:
+        return latency_s + nbytes / bandwidth_Bps
+    b = np.array([p[0] for p in pts])
+    t = np.array([p[1] for p in pts])
+    if nbytes > b[-1]:
+        slope = max((t[-1] - t[-2]) / (b[-1] - b[-2]), 1.0 / bandwidth_Bps, 1e-15)
+        return float(t[-1] + (nbytes - b[-1]) * slope)
+    if nbytes < b[0]:
+        return float(min(t[0], latency_s + nbytes / bandwidth_Bps) or t[0])
+    return float(np.exp(np.interp(np.log(nbytes), np.log(b), np.log(t))))
 
 
 
@@ -34,9 +79,11 @@ class Prediction(BaseModel):
         The predicted quantity (seconds or bytes).
     rel_error : float
         Estimated relative error (one standard deviation, roughly).
-    label : {"measured", "predicted", "roofline"}
+    label : {"measured", "predicted", "roofline", "scaled"}
         ``measured``: at a measured size; ``predicted``: from a fit to measurements
-        of this device; ``roofline``: from work counts and a device description.
+        of this device; ``roofline``: from work counts and a device description;
+        ``scaled``: measured (or fitted) on this machine's CPU and scaled to a
+        described target's CPU by ops measured on both.
     extrapolation : float
         How far outside the measured sizes (1.0 inside; 10.0 means ten times
         beyond the largest or below the smallest).
@@ -67,6 +114,9 @@ class Work(BaseModel):
         Bytes read and written, summed over operations.
     ops : int
         Operations issued (≈ kernel launches on a GPU).
+    syncs : int
+        Operations that wait for the device's result on the host (``.item()``,
+        boolean-mask compaction, ``nonzero``): a synchronisation each on a GPU.
     precision : str
         The floating-point type that dominates (``fp32``, ``bf16``, ``fp16``, ``fp64``).
     host_s : float
@@ -75,11 +125,16 @@ class Work(BaseModel):
     source : str
         ``counted`` (torch), ``declared`` (the stage's own counts) or ``tensor sizes``
         (only the bytes of inputs and outputs were known).
+    outside_s : float
+        Seconds the counted call spent outside torch operations (Python, numpy, a
+        DataLoader): host work that a GPU run of the stage pays as well.
     """
 
     flops: float = 0.0
     bytes: float = 0.0
     ops: int = 1
+    syncs: int = 0
+    outside_s: float = 0.0
     precision: str = "fp32"
     source: str = "counted"
     #: host-side time of the stage when it is dispatch-bound: its measured CPU time at
@@ -105,20 +160,8 @@ class Link(BaseModel):
     rel_error: float = 0.0
 
     def seconds(self, nbytes: float) -> float:
-        """Seconds to copy ``nbytes`` over this link."""
-        if nbytes <= 0:
-            return 0.0
-        pts = sorted(self.points)
-        if len(pts) < 2:
-            return self.latency_s + nbytes / self.bandwidth_Bps
-        b = np.array([p[0] for p in pts])
-        t = np.array([p[1] for p in pts])
-        if nbytes > b[-1]:
-            slope = max((t[-1] - t[-2]) / (b[-1] - b[-2]), 1.0 / self.bandwidth_Bps, 1e-15)
-            return float(t[-1] + (nbytes - b[-1]) * slope)
-        if nbytes < b[0]:
-            return float(min(t[0], self.latency_s + nbytes / self.bandwidth_Bps) or t[0])
-        return float(np.exp(np.interp(np.log(nbytes), np.log(b), np.log(t))))
+        """Seconds to copy ``nbytes`` over this link (:func:`curve_seconds` of its points)."""
+        return curve_seconds(self.points, nbytes, self.latency_s, self.bandwidth_Bps)
 
 
 class TransferModel(BaseModel):
@@ -142,16 +185,17 @@ class TransferModel(BaseModel):
     device: str
     label: Label = "measured"
     links: dict[Direction, dict[Mode, Link]]
-    executor: dict[Direction, tuple[Mode, Mode]] = Field(
-        default_factory=lambda: {"h2d": ("fresh", "staged"), "d2h": ("fresh", "fresh")}
-    )
+    executor: dict[Direction, tuple[Mode, Mode]] = Field(default_factory=lambda: dict(EXECUTOR_MODES))
     pin_threshold: int = PIN_THRESHOLD
     fingerprint: str = ""
 
-    def link_for(self, direction: Direction, nbytes: float) -> Link:
+    def mode_for(self, direction: Direction, nbytes: float, *, pin: bool = True) -> Mode:
+        """The way the executor copies ``nbytes`` (:func:`copy_mode` with this model's threshold)."""
+        return copy_mode(direction, nbytes, pin=pin, threshold=self.pin_threshold, executor=self.executor)
+
+    def link_for(self, direction: Direction, nbytes: float, *, pin: bool = True) -> Link:
         """The link the executor would use for a copy of ``nbytes``."""
-        small, large = self.executor[direction]
-        mode = large if nbytes >= self.pin_threshold else small
+        mode = self.mode_for(direction, nbytes, pin=pin)
         have = self.links[direction]
         if mode in have:
             return have[mode]
@@ -174,12 +218,23 @@ class TransferModel(BaseModel):
             far_outside=x > 10,
         )
 
-    def table_link(self) -> dict[str, dict[str, float]]:
-        """The optimizer's single-line link: small-copy latency, large-copy bandwidth."""
+    def curve(self, direction: Direction) -> list[tuple[float, float]]:
+        """``(bytes, seconds)`` of the executor's copies in ``direction``, size by size: each
+        link's measured sizes on its side of the pinning threshold, and both sides of it."""
+        sizes = {float(b) for mode in set(self.executor[direction]) if mode in self.links[direction]
+                 for b, _ in self.links[direction][mode].points}
+        th = float(self.pin_threshold)
+        sizes |= {th - 1.0, th, 4096.0, float(1 << 30)}
+        return [(b, self.link_for(direction, b).seconds(b)) for b in sorted(s for s in sizes if s > 0)]
+
+    def table_link(self) -> dict[str, dict]:
+        """The optimizer's link: per direction the executor's copy curve (:meth:`curve`), with a
+        small-copy latency and large-copy bandwidth for one-line summaries."""
         out = {}
         for d in ("h2d", "d2h"):
             small = self.link_for(d, 0)
             big = float(max(self.pin_threshold, 1 << 28))
             spent = self.link_for(d, big).seconds(big) - small.latency_s
-            out[d] = {"latency_s": small.latency_s, "bandwidth_Bps": big / spent if spent > 0 else small.bandwidth_Bps}
+            out[d] = {"latency_s": small.latency_s, "bandwidth_Bps": big / spent if spent > 0 else small.bandwidth_Bps,
+                      "points": self.curve(d)}
         return out

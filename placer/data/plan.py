@@ -66,6 +66,23 @@ class StageChoice(BaseModel):
     pinned: bool = False
 
 
+class Tie(BaseModel):
+    """A placement whose predicted objective is within the noise of the plan's."""
+
+    placement: dict[str, str]
+    #: the stages it places differently from the plan, and where
+    differs: dict[str, str] = Field(default_factory=dict)
+    objective_value: float
+    predicted_makespan_s: float
+    #: copies its schedule makes, and stages it runs on the CPU (the tie-break's keys)
+    copies: int = 0
+    on_cpu: int = 0
+
+
+#: how a plan is chosen among placements within the noise of each other
+TIE_RULE = "fewer copies, then more stages on the CPU"
+
+
 class Plan(Views, BaseModel):
     """A placement (stage -> device), its predicted schedule, and the reason for every choice.
 
@@ -92,6 +109,11 @@ class Plan(Views, BaseModel):
     #: device name -> kind (``cpu``, ``gpu`` or ``sim``)
     devices: dict[str, str] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
+    #: other placements predicted within ``noise`` (relative) of the plan; it was chosen
+    #: among them by ``tie_rule``
+    ties: list[Tie] = Field(default_factory=list)
+    noise: float | None = None
+    tie_rule: str = TIE_RULE
 
     def to_json(self, indent: int | None = 2) -> str:
         """JSON text; ``Plan.model_validate_json`` reads it back."""

@@ -212,6 +212,15 @@ class TargetPlan(BaseModel):
     speedup: float | None = None
     #: per stage: the size nearest this one where the target's plan moves it
     crossover_size: dict[str, float | None] = Field(default_factory=dict)
+    #: the target machine, its CPU (model and cores) and where the CPU's times come from
+    #: (``described``: scaled to the target's CPU; ``this machine``: not scaled)
+    machine: str = ""
+    cpu: str = ""
+    cpu_cores: int | None = None
+    cpu_source: str = ""
+    #: placements whose predictions are within the noise of the plan's (see Plan.ties)
+    ties: list[dict] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
 
 
 class StreamOption(BaseModel):

@@ -3,9 +3,11 @@
 May import: placer.devices.{kinds,device,values}; numpy, torch and numba only inside
 functions.
 
-Host→GPU copies of at least :data:`PIN_THRESHOLD` bytes are staged through pinned
-(page-locked) memory, which the reference measurements show is up to 7× faster
-than pageable copies.
+Host→GPU copies are staged through pinned (page-locked) memory when the copy's
+rule says so (:attr:`CopyState.stage <placer.devices.kinds.CopyState>`, which the
+executor sets from :func:`placer.data.measures.copy_mode`: at least
+:data:`PIN_THRESHOLD` bytes); the reference measurements show pinned copies up to
+7× faster than pageable ones.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from placer.devices.values import is_cuda_array, is_module, is_tensor, numba_cud
 if TYPE_CHECKING:
     from placer.devices.device import Inventory
 
-#: host→device copies of at least this many bytes go through pinned memory
+#: host→device copies of at least this many bytes go through pinned memory (the value of
+#: placer.data.measures.PIN_THRESHOLD; the kind measures fresh copies below it)
 PIN_THRESHOLD = 1 << 20
 
 _NAME = re.compile(r"gpu(?::(\d+))?")
@@ -87,7 +90,7 @@ class CudaKind(DeviceKind):
         if is_tensor(leaf):
             if leaf.device == dev:
                 return leaf
-            if state.pin and leaf.device.type == "cpu" and leaf.nelement() * leaf.element_size() >= PIN_THRESHOLD:
+            if leaf.device.type == "cpu" and state.stage(leaf.nelement() * leaf.element_size()):
                 state.pinned = True
                 with torch.cuda.stream(state.stream) if state.stream is not None else contextlib.nullcontext():
                     return leaf.pin_memory().to(dev, non_blocking=True)

@@ -40,13 +40,18 @@ class CopyState:
     pin : bool
         Whether the copy may stage large leaves through pinned memory (a stream's
         ``pin_memory`` setting; True elsewhere).
+    stage : callable
+        ``stage(nbytes) -> bool``: whether to stage a leaf of ``nbytes`` through pinned
+        memory. The executor passes the copy-kind rule
+        (:func:`placer.data.measures.copy_mode`); without one, nothing is staged.
     pinned : bool
         Set by a kind that staged a leaf through pinned (page-locked) memory.
     """
 
-    def __init__(self, stream: Any = None, pin: bool = True):
+    def __init__(self, stream: Any = None, pin: bool = True, stage: Callable[[int], bool] | None = None):
         self.stream = stream
         self.pin = pin
+        self.stage = stage if stage is not None and pin else (lambda nbytes: False)
         self.pinned = False
 
 

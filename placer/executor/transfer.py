@@ -1,14 +1,16 @@
 """Moving data between the host and devices, and adapting it to an implementation.
 
-May import: numpy, placer.devices; torch and numba.cuda inside functions.
+May import: numpy, placer.devices, placer.data.measures (the copy-kind rule, :func:`copy_mode`);
+torch and numba.cuda inside functions.
 
 Two separate steps:
 
 * :func:`to_location` moves a value to a device's memory (a real copy, counted in
   bytes). The device kinds do the copying (:mod:`placer.devices`): a leaf that a
   kind holds (a CUDA tensor, say) is copied out to the host by that kind, and a
-  leaf bound for a device is copied in by the device's kind (CUDA GPUs stage large
-  copies through pinned memory, see :data:`PIN_THRESHOLD`).
+  leaf bound for a device is copied in by the device's kind, staged through pinned
+  memory where :func:`placer.data.measures.copy_mode` says so (host→device copies of
+  at least :data:`PIN_THRESHOLD` bytes), the rule the cost model prices copies by.
 * :func:`adapt` converts a value already at the right place to the data format an
   implementation takes (``numpy``, ``torch`` or ``numba.cuda``), without copying
   where possible.
@@ -24,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from placer.data.measures import PIN_THRESHOLD, copy_mode
 from placer.devices import CopyState, Device, DeviceKind, kinds
 from placer.devices.registry import generation
-from placer.devices.cuda import PIN_THRESHOLD
 from placer.devices.values import is_cuda_array as _is_cuda_array
 from placer.devices.values import is_module as _is_module
 from placer.devices.values import is_tensor as _is_tensor
@@ -77,7 +79,7 @@ def to_location(value: Any, device: Device, *, stream=None, pin: bool = True) ->
     """
     target = device.driver
     holders = _holders()
-    state = CopyState(stream, pin)
+    state = CopyState(stream, pin, stage=lambda nb: copy_mode("h2d", nb, pin=pin) == "staged")
     moved = [0]
 
     def leaf(v):

@@ -4,7 +4,9 @@ May import: placer.devices (kind titles), placer.optimize.{costs,problem,simulat
 type hints (it imports the wording helpers here). Never torch, dask or numba.
 
 A reason compares the chosen device with the best other device the stage could
-use, holding every other stage where the plan put it; the objective may give a
+use, holding every other stage where the plan put it; placements predicted
+within the noise of the best are ties (:func:`ties`), decided by the tie-break
+rule (fewer copies, then the CPU); the objective may give a
 reason of its own first (:meth:`Objective.reason
 <placer.optimize.objectives.Objective.reason>`) and names what a move would
 worsen. Text never calls the simulated test device (kind ``sim``) a GPU.
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from placer.devices import get_kind, kinds
 from placer.optimize.problem import Problem
-from placer.optimize.simulate import makespan
+from placer.optimize.simulate import makespan, schedule
 
 if TYPE_CHECKING:
     from placer.optimize.objectives import Objective
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
 FLIP_LIMIT = 100
 #: the crossover search spans this factor around the requested size (1,000x in all)
 SPAN = 10**1.5
+#: relative noise of a cost table without its own (``CostTable.noise``): a hand-written
+#: table's times are taken as exact, so nothing ties
+TIE_NOISE = 0.0
 
 
 def device_word(pb: Problem, d: int) -> str:
@@ -234,3 +239,43 @@ def _refine(at, name, dev, same: float, other: float, steps: int) -> float:
         else:
             other = mid
     return math.sqrt(same * other)
+
+
+def tie_key(pb: Problem, place: list[int]) -> tuple[int, int]:
+    """The tie-break's order: fewer copies in the schedule, then more stages on the CPU."""
+    return len(schedule(pb, place).transfers), -sum(1 for d in place if pb.loc[d] == 0)
+
+
+def ties(pb: Problem, place: list[int], score: Callable, *, noise: float,
+         flips: list[dict[int, float]] | None = None) -> tuple[list[int], list[tuple[list[int], float]]]:
+    """The placement chosen among those within ``noise`` of the best, and the others tied with it.
+
+    Candidates are the searched placement, the baselines and every single-stage move
+    (``flips``, as :func:`flip_values` computes them). A candidate ties when its
+    objective is within ``noise`` (relative) of the best candidate's; among ties the
+    tie-break rule (:func:`tie_key`) chooses.
+
+    Returns
+    -------
+    (chosen, others)
+        The chosen placement, and ``(placement, value)`` of each other tie.
+    """
+    best = score(place)
+    if noise <= 0:
+        return place, []
+    cands: dict[tuple[int, ...], float] = {tuple(place): best}
+    for p in baselines(pb).values():
+        if p is not None and all(d in pb.allowed[v] for v, d in enumerate(p)):
+            cands.setdefault(tuple(p), score(p))
+    for v, row in enumerate(flips or []):
+        for d, value in row.items():
+            p = list(place)
+            p[v] = d
+            cands.setdefault(tuple(p), value)
+    low = min(cands.values())
+    if not math.isfinite(low):
+        return place, []
+    tied = [(list(p), val) for p, val in cands.items() if val <= low * (1 + noise) + 1e-12]
+    tied.sort(key=lambda pv: (*tie_key(pb, pv[0]), pv[1]))
+    chosen = tied[0][0]
+    return chosen, [(p, val) for p, val in tied[1:]]

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from typing import Literal
 
 from placer.data.costs import CostTable
-from placer.data.plan import Plan, Schedule, StageChoice  # noqa: F401
+from placer.data.plan import TIE_RULE, Plan, Schedule, StageChoice, Tie  # noqa: F401
 from placer.errors import InfeasibleError, PlacerError
 from placer.optimize import objectives
 from placer.optimize.exact import branch_and_bound, chain_dp
 from placer.optimize.explain import (
     FLIP_LIMIT,
+    TIE_NOISE,
     baseline_makespans,
     copies_around,
     copies_in,
@@ -30,11 +31,13 @@ from placer.optimize.explain import (
     device_word,
     flip_values,
     reason,
+    tie_key,
+    ties,
 )
 from placer.optimize.heuristic import heuristic, polish
 from placer.optimize.objectives import get_objective, loads, money
 from placer.optimize.problem import INF, Problem
-from placer.optimize.simulate import schedule
+from placer.optimize.simulate import makespan, schedule
 
 #: branch and bound when at most this many stages have more than one allowed device
 EXACT_LIMIT = 16
@@ -150,6 +153,10 @@ def plan(
             f"no placement meets the deadline of {deadline_s:g} s; the fastest takes "
             f"{fastest:.4g} s: raise --deadline-s or drop it"
         )
+    noise = TIE_NOISE if costs.noise is None else costs.noise
+    flips = flip_values(pb, place, lambda p: objective.evaluate(pb, p, deadline_s)) if pb.n <= FLIP_LIMIT else None
+    place, tied = ties(pb, place, lambda p: objective.evaluate(pb, p, deadline_s), noise=noise, flips=flips)
+    value = objective.evaluate(pb, place, deadline_s) if tied else value
     sched = schedule(pb, place)
     if deadline_s is not None and sched.makespan_s > deadline_s * (1 + 1e-9):
         warnings.append(
@@ -160,6 +167,7 @@ def plan(
                              deadline_s, size, costs.size_unit)
     if cost_at is not None and size:
         _add_crossovers(choices, cost_at, size, objective, method, deadline_s, costs.size_unit, pb)
+    tie_list = _ties(pb, place, tied, choices, noise)
     return Plan(
         placement=pb.placement(place),
         objective=objective.name,
@@ -178,7 +186,27 @@ def plan(
         size_unit=costs.size_unit,
         devices={n: d.kind for n, d in costs.devices.items()},
         warnings=warnings,
+        ties=tie_list,
+        noise=noise,
     )
+
+
+def _ties(pb: Problem, place: list[int], tied: list, choices: list[StageChoice], noise: float) -> list[Tie]:
+    """The ties as plan data; each stage they place elsewhere says so in its reason."""
+    mine = pb.placement(place)
+    out = []
+    for p, val in tied:
+        other = pb.placement(p)
+        differs = {n: d for n, d in other.items() if d != mine[n]}
+        out.append(Tie(placement=other, differs=differs, objective_value=val,
+                       predicted_makespan_s=makespan(pb, p), copies=tie_key(pb, p)[0],
+                       on_cpu=-tie_key(pb, p)[1]))
+    for c in choices:
+        alts = sorted({t.differs[c.name] for t in out if c.name in t.differs})
+        if alts:
+            c.reason += (f"; a tie with {' or '.join(alts)} (predicted within {noise:.0%}, the noise): "
+                         f"chosen by {TIE_RULE}")
+    return out
 
 
 def explain_stages(

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 
 from placer.costmodel.bus import fit_link
-from placer.data.measures import TransferModel
+from placer.data.measures import TransferModel, copy_mode
 from placer.devices import Device
 from placer.timing import measure
 
@@ -52,10 +52,9 @@ def measure_transfers(device: Device, *, budget_s: float = 10.0, sizes: Iterable
             break
         host = np.ones(nb // 4, dtype=np.float32)
         kw = dict(sync=sync, min_reps=3, max_reps=20, min_time_s=0.01, max_time_s=per_call(), warn=False)
-        staged_or_fresh = "staged" if nb >= PIN_THRESHOLD else "fresh"
-        add("h2d", staged_or_fresh, nb, measure(lambda: to_location(host, device), **kw))
+        add("h2d", copy_mode("h2d", nb), nb, measure(lambda: to_location(host, device), **kw))
         on_dev = to_location(host, device)[0]
-        add("d2h", "fresh", nb, measure(lambda: to_location(on_dev, cpu), **kw))
+        add("d2h", copy_mode("d2h", nb), nb, measure(lambda: to_location(on_dev, cpu), **kw))
         for direction, mode, call in device.driver.extra_copies(device, host, on_dev):
             add(direction, mode, nb, measure(call, **kw))
     links = {d: {m: fit_link(*zip(*sorted(p))) for m, p in modes.items() if len(p) >= 2} for d, modes in pts.items()}

@@ -1,0 +1,183 @@
+"""Describing this machine: a short, bounded calibration of its CPU, its GPUs and their links.
+
+May import: torch and numpy (inside functions), placer.devices, placer.timing,
+placer.files, placer.profile.cache (where calibrations are kept),
+placer.profile.transfers (copies, measured as the executor makes them),
+placer.target.{description,ops}, placer.costmodel.roofline.
+
+:func:`calibrate_cpu` times the reference ops of :data:`placer.target.ops.CALIBRATION`
+on this CPU (a few seconds; each at all threads by the wall clock and at one thread by
+its own CPU time, keeping the faster: a busy machine stalls threaded small ops and
+shares its cores, and a thread's CPU time leaves out the time it waited), a tiny op (the per-call dispatch cost) and a
+matrix product at one thread and at all (thread scaling). :func:`this_cpu` keeps that
+calibration per CPU in the profile cache directory, so it runs once per machine.
+:func:`describe_machine` adds each GPU (peak FLOP/s from matrix products, memory
+bandwidth from a device copy, launch and synchronise costs, the copies) and returns
+the :class:`~placer.target.description.TargetDescription` ``placer describe`` writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from placer.target.description import CpuDescription, OpRow, TargetDescription, TargetError
+
+#: seconds a CPU calibration may take by default
+CPU_BUDGET_S = 15.0
+
+
+def cpu_key(host: dict[str, Any]) -> str:
+    """A stable key of a host CPU (and the torch that ran the ops) from an inventory's ``host``."""
+    parts = [str(host.get(k)) for k in ("machine", "cpu_model", "cores", "torch")]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _best(m) -> float:
+    """A measurement's time: its fastest repeat (noise on a busy machine only adds time)."""
+    raw = [t for t in m.raw_times if t > 0]
+    return float(min(raw)) if raw else m.median_s
+
+
+def calibrate_cpu(*, budget_s: float = CPU_BUDGET_S, rows=None) -> CpuDescription:
+    """Time the calibration ops on this CPU (each within its share of ``budget_s``)."""
+    import torch
+
+    from placer.devices import discover
+    from placer.target.ops import CALIBRATION, OPS
+    from placer.timing import measure
+
+    rows = list(rows or CALIBRATION)
+    host = discover().host
+    t_end = time.perf_counter() + budget_s
+    per = max(0.02, 0.6 * budget_s / max(len(rows), 1))
+    out: list[OpRow] = []
+    threads = torch.get_num_threads()
+    for op, size in rows:
+        if time.perf_counter() > t_end:
+            break
+        fn = OPS[op](size)
+        best = []
+        for n in sorted({threads, 1}, reverse=True):
+            # a busy machine stalls threaded small ops and shares the cores: one thread's own CPU
+            # time is what the op costs on a quiet machine at one thread; keep the faster
+            torch.set_num_threads(n)
+            clock = time.thread_time if n == 1 else time.perf_counter
+            try:
+                m = measure(fn, min_reps=5, max_reps=40, min_time_s=min(0.02, per / 2), max_time_s=per / 2,
+                            warn=False, clock=clock)
+            finally:
+                torch.set_num_threads(threads)
+            best.append(_best(m))
+        out.append(OpRow(op=op, size=size, seconds=min(best)))
+    tiny = torch.zeros(1)
+    dispatch = _best(measure(lambda: tiny.add_(1), min_reps=5, max_reps=200, min_time_s=0.01, max_time_s=0.05,
+                             warn=False))
+    cores = int(host.get("cores") or 1)
+    return CpuDescription(model=str(host.get("cpu_model") or "unknown CPU"), cores=cores,
+                          threads=torch.get_num_threads(), dispatch_s=dispatch,
+                          thread_scaling=_thread_scaling(cores), ops=out,
+                          source=f"placer calibration on {host.get('hostname', 'this machine')} "
+                                 f"(torch {host.get('torch')}), {len(out)} ops")
+
+
+def _thread_scaling(cores: int) -> dict[int, float]:
+    """Speed-up of a 512³ float32 matrix product at all threads over one."""
+    import torch
+
+    from placer.timing import measure
+
+    a = torch.randn(512, 512)
+    old = torch.get_num_threads()
+    try:
+        times = {}
+        for n in sorted({1, old}):
+            torch.set_num_threads(n)
+            times[n] = _best(measure(lambda: a @ a, min_reps=3, max_reps=20, min_time_s=0.02, max_time_s=0.2,
+                                     warn=False))
+    finally:
+        torch.set_num_threads(old)
+    return {n: times[1] / t for n, t in times.items()}
+
+
+def this_cpu(*, refresh: bool = False, budget_s: float = CPU_BUDGET_S) -> CpuDescription:
+    """This machine's CPU calibration: from the cache, or measured now (and cached)."""
+    from placer.devices import discover
+    from placer.files import write_text_atomic
+    from placer.profile.cache import cache_dir
+
+    path = cache_dir() / f"cpu-{cpu_key(discover().host)}.json"
+    if path.exists() and not refresh:
+        try:
+            return CpuDescription.model_validate_json(path.read_text())
+        except ValueError:
+            pass  # unreadable: measure again
+    cpu = calibrate_cpu(budget_s=budget_s)
+    write_text_atomic(path, cpu.model_dump_json(indent=1))
+    return cpu
+
+
+def describe_machine(*, budget_s: float = 30.0, name: str | None = None) -> TargetDescription:
+    """This machine as a target: its CPU and every real GPU, measured within about ``budget_s``."""
+    import platform
+
+    from placer.devices import discover
+
+    inv = discover()
+    gpus = [d for d in inv.devices if d.is_accelerator and not d.simulated]
+    cpu = calibrate_cpu(budget_s=min(CPU_BUDGET_S, budget_s / (1 + len(gpus))))
+    share = (budget_s - CPU_BUDGET_S) / max(len(gpus), 1)
+    described = [describe_gpu(d, budget_s=max(share, 5.0), fingerprint=inv.fingerprint) for d in gpus]
+    label = name or f"{platform.node() or 'this machine'}: {cpu.model} ({cpu.cores} cores)" + (
+        f" + {len(gpus)}x {gpus[0].label}" if gpus else "")
+    return TargetDescription(name=label, cpu=cpu, gpus=described,
+                             source=f"placer describe on {platform.node()} ({time.strftime('%Y-%m-%d')})")
+
+
+def describe_gpu(device, *, budget_s: float = 10.0, fingerprint: str = ""):
+    """A :class:`~placer.costmodel.roofline.DeviceDescription` of one CUDA GPU, measured here."""
+    import torch
+
+    from placer.costmodel.roofline import DeviceDescription, load_description
+    from placer.profile.transfers import measure_transfers
+    from placer.timing import measure
+
+    if device.kind != "gpu":
+        raise TargetError(f"cannot describe {device.name} ({device.kind}): only CUDA GPUs are described")
+    dev = device.torch_device()
+
+    def sync():
+        torch.cuda.synchronize(dev)
+
+    def timed(fn, max_s=0.3):
+        return _best(measure(fn, sync=sync, min_reps=3, max_reps=50, min_time_s=0.02, max_time_s=max_s, warn=False))
+
+    n = 4096
+    peak = {}
+    for prec, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
+                              ("bf16", torch.bfloat16, False)):
+        a = torch.randn(n, n, device=dev, dtype=dtype)
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            peak[prec] = 2 * n**3 / timed(lambda a=a: a @ a)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+    peak["fp16"] = peak["bf16"]
+    src = torch.empty(1 << 26, device=dev)  # 256 MiB
+    dst = torch.empty_like(src)
+    bw = 2 * src.nbytes / timed(lambda: dst.copy_(src))
+    tiny = torch.zeros(1, device=dev)
+    one = timed(lambda: tiny.add_(1), 0.1)
+    hundred = timed(lambda: [tiny.add_(1) for _ in range(100)], 0.2)
+    ref = load_description("h200")  # the efficiency of real stages, as calibrated on an H200
+    return DeviceDescription(
+        name=device.label, kind="gpu", memory_bytes=float(device.memory_bytes or 0) or None,
+        source=f"placer describe: measured peaks, device copy bandwidth, launch costs and copies; "
+               f"efficiency factors from the shipped H200 calibration",
+        peak_flops=peak, mem_bandwidth_Bps=bw, op_overhead_s=max((hundred - one) / 99, 1e-7),
+        stage_overhead_s=one, host_factor=ref.host_factor, compute_eff=ref.compute_eff,
+        memory_eff=ref.memory_eff, sync_s=one,
+        transfer=measure_transfers(device, budget_s=min(budget_s / 2, 8.0), fingerprint=fingerprint),
+        rel_error=ref.rel_error)

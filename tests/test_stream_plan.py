@@ -343,8 +343,8 @@ def test_process_workers_are_chosen_for_a_gil_bound_stage_once_measured():
     prof = synthetic()
     decode = prof.stage("decode")
     decode.scaling = [*scaling((1, 1), (2, 1.05), (4, 1.05)),
-                      *[ScalingRow(kind="process", workers=w, batches_per_s=s, speedup=s) for w, s in
-                        ((1, 1), (2, 1.9), (4, 3.6))]]
+                      *[ScalingRow(kind="process", workers=w, batches_per_s=100 * s, speedup=s) for w, s in
+                        ((1, 1), (2, 1.9), (4, 3.6))]]  # one process: 10 ms per batch, as one thread
     decode.gil_bound = True
     plan, _, _ = plan_from_profile(prof)
     assert plan.worker_kind == {"decode": "process"} and plan.stage_workers["decode"] == 3

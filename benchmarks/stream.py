@@ -66,7 +66,7 @@ PREFETCH = (1, 2, 4)
 #: torch intra-op threads of the grid: torch's own (None) and one
 TORCH_THREADS = (None, 1)
 #: seconds the stream planner may spend on each pipeline (profiling and verification)
-PLAN_BUDGET_S = 10.0
+PLAN_BUDGET_S = 15.0
 #: repeats of each grid cell (the best kept), and rounds of the final interleaved comparison
 REPS = 2
 FINAL_ROUNDS = 5

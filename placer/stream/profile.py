@@ -17,14 +17,21 @@ pageable copies on a real GPU).
    from pageable memory);
 3. **thread scaling**: every CPU batch stage runs on the batches it saw, on
    1, 2, 4, ... threads at once; below :data:`~placer.data.stream.GIL_SPEEDUP`
-   times one thread's rate at two threads it is marked GIL-bound. A process
-   measurement is one more :class:`~placer.data.stream.ScalingRow` (``kind="process"``);
+   times one thread's rate at two threads it is marked GIL-bound;
 4. **the differential test** (DS-Analyzer, FastFlow): the step's seconds per batch
    in a sweep are its seconds on already-prepared batches of the right shapes, so
-   ``consumer_samples_per_s`` is the most the consumer could take.
+   ``consumer_samples_per_s`` is the most the consumer could take;
+5. **process scaling**: a GIL-bound stage is also run by 1 .. cores worker processes
+   (the stream's own :class:`~placer.stream.workers.ProcessPool`), giving
+   ``ScalingRow(kind="process")`` rows (moving batches to the children included);
+6. **the step, again** on its last batches: with one torch intra-op thread, interleaved
+   with torch's default (``torch_seconds``), and with a probe thread counting beside
+   it (:func:`gil_held`): the share of its time it holds the GIL.
 
-Everything is bounded by ``budget_s``: sweeps get 60 % of it, scaling the rest;
-each takes at least two batches or one round per worker count.
+Everything is bounded by ``budget_s``: sweeps get 60 % of it, thread scaling half of
+what is left, process scaling most of the rest (at least :data:`PROCESS_MIN_S` when
+the budget is 4 s or more); each takes at least two batches or one round per worker
+count, and the step's re-runs take a few calls.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ DEFAULT_BATCHES = 8
 #: thread counts tried for CPU stages (up to the cores' double, at least four)
 THREADS = (1, 2, 4, 8)
 #: the step's last batches kept for re-running it (GIL probe, torch threads)
-STEP_KEPT = 4
+STEP_KEPT = 3
 #: seconds a process-scaling measurement needs at least (children start in about half a second)
 PROCESS_MIN_S = 1.0
 HOST_DEVICE = Device(name="cpu", kind="cpu", label="host")
@@ -364,7 +371,7 @@ class _Probe:
         return (self.count - c) / (time.perf_counter() - t)
 
 
-def gil_held(call, inputs: list, *, rounds: int = 2) -> float | None:
+def gil_held(call, inputs: list, *, rounds: int = 1) -> float | None:
     """Seconds per call that ``call`` held the GIL, on each of ``inputs`` ``rounds`` times, as
     :class:`_Probe` saw it (the probe's rate alone is measured around the calls); None when the
     probe did not run."""
@@ -449,9 +456,10 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
         return None if budget_s is None else share * max(0.0, budget_s - (time.perf_counter() - t0))
 
     cpu = sweeps.get("cpu")
-    _scale(prof, cpu, stages, left(0.6))
+    _scale(prof, cpu, stages, left(0.5))
+    floor = PROCESS_MIN_S if budget_s is None or budget_s >= 4 * PROCESS_MIN_S else 0.0
+    _scale_processes(prof, cpu, stages, None if budget_s is None else max(floor, left(0.7)))
     _step_extras(prof, cpu, stages[prof.members[-1]])
-    _scale_processes(prof, cpu, stages, left())
     return _assemble(prof, sweeps, stages, budget_s, time.perf_counter() - t0)
 
 
@@ -573,7 +581,7 @@ class _torch_threads:
             self.torch.set_num_threads(self.before)
 
 
-def _threads_ratio(torch: Any, call, kept: list[Bundle], threads: int, rounds: int = 3) -> tuple[float, float]:
+def _threads_ratio(torch: Any, call, kept: list[Bundle], threads: int, rounds: int = 2) -> tuple[float, float]:
     """Wall and CPU seconds of the step at one intra-op thread over those at ``threads``: medians of
     runs interleaved batch by batch, so that a change of load affects both alike."""
     import statistics

@@ -48,11 +48,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: label -> (pipeline module, size, build parameters, batches per run): several epochs where it matters;
-#: every run reads the whole stream (all its epochs), at least 32 batches, so that filling the queues at
+#: every run reads the whole stream (all its epochs), 24 to 64 batches, so that filling the queues at
 #: the start weighs little
 CASES = {
-    "stream_images (numpy)": ("stream_images", 256, {"batch": 32, "epochs": 4, "augment": "numpy"}, 32),
-    "stream_images (python)": ("stream_images", 256, {"batch": 32, "epochs": 4, "augment": "python"}, 32),
+    "stream_images (numpy)": ("stream_images", 192, {"batch": 32, "epochs": 4, "augment": "numpy"}, 24),
+    "stream_images (python)": ("stream_images", 192, {"batch": 32, "epochs": 4, "augment": "python"}, 24),
     "stream_tabular": ("stream_tabular", 8192, {"batch": 256, "epochs": 2}, 64),
     "stream_inference": ("stream_inference", 16384, {"batch": 256, "epochs": 1}, 64),
     "stream_cache": ("stream_cache", 1024, {"batch": 64, "epochs": 4, "passes": 12}, 64),
@@ -68,8 +68,11 @@ TORCH_THREADS = (None, 1)
 #: seconds the stream planner may spend on each pipeline (profiling and verification)
 PLAN_BUDGET_S = 15.0
 #: repeats of each grid cell (the best kept), and rounds of the final interleaved comparison
-REPS = 2
+REPS = 1
 FINAL_ROUNDS = 5
+MIN_ROUNDS = 3
+#: the share of a case's time the grid may take (the rest: planning and the final comparison)
+GRID_SHARE = 0.45
 #: grid configurations (by best of their repeats) that enter the final comparison
 FINAL_TOP = 3
 
@@ -258,14 +261,17 @@ def overhead(p, reps: int, limit: int) -> dict:
 
 
 # -- one pipeline ------------------------------------------------------------------------------
-def measure_case(label: str, accs: list[str], reps: int, deadline: float) -> dict:
-    """Baselines, overhead and the grid of one case (grid points past ``deadline`` are skipped)."""
+def measure_case(label: str, accs: list[str], reps: int, budget_s: float) -> dict:
+    """Baselines, overhead, the grid, the plan and the final comparison of one case within about
+    ``budget_s``: grid points past :data:`GRID_SHARE` of it are skipped, and the final comparison
+    runs at least :data:`MIN_ROUNDS` rounds, more while the budget lasts (up to :data:`FINAL_ROUNDS`)."""
+    t_start = time.perf_counter()
+    deadline = t_start + GRID_SHARE * budget_s
     import importlib
 
     module, size, params, max_batches = CASES[label]
     p = importlib.import_module(f"pipelines.{module}").build(size, **params)
-    run_executor(p, {}, {"workers": 0}, max_batches)  # warm-up: imports, allocator, first calls
-    ref = run_executor(p, {}, {"workers": 0}, max_batches)["digest"]
+    ref = run_executor(p, {}, {"workers": 0}, max_batches)["digest"]  # also the warm-up: imports, first calls
     cores = os.cpu_count() or 1
     base = {"workers=0": best_of(lambda: run_executor(p, {}, {"workers": 0}, max_batches), reps),
             f"workers={cores}, pin_memory": best_of(
@@ -292,11 +298,11 @@ def measure_case(label: str, accs: list[str], reps: int, deadline: float) -> dic
     case = {"label": label, "module": module, "size": size, "params": params, "max_batches": max_batches,
             "stream": stream_of(p), "baselines": base, "overhead": overhead(p, reps, max_batches), "grid": cells,
             "plan": plan}
-    case["final"] = final_comparison(p, case, max_batches, accs)
+    case["final"] = final_comparison(p, case, max_batches, accs, t_start + budget_s)
     return case
 
 
-def final_comparison(p, case: dict, limit: int, accs: list[str], rounds: int = FINAL_ROUNDS) -> dict:
+def final_comparison(p, case: dict, limit: int, accs: list[str], until: float, rounds: int = FINAL_ROUNDS) -> dict:
     """The plan, the grid's best few and the baselines again, interleaved: every round runs each once, in
     turn, so that the machine's changing load falls on all alike; medians, spreads and the plan's ratios.
 
@@ -318,7 +324,11 @@ def final_comparison(p, case: dict, limit: int, accs: list[str], rounds: int = F
     for i, c in enumerate(ok):
         entries[f"grid #{i + 1}: {_cfg(c)}"] = (c["place"], c["fields"])
     rates: dict[str, list[float]] = {k: [] for k in entries}
-    for _ in range(rounds):
+    done = 0
+    for r in range(rounds):
+        if r >= MIN_ROUNDS and time.perf_counter() > until:
+            break
+        done += 1
         for name, (pl, fields) in entries.items():
             try:
                 rates[name].append(run_executor(p, pl, fields, limit)["samples_per_s"])
@@ -329,7 +339,7 @@ def final_comparison(p, case: dict, limit: int, accs: list[str], rounds: int = F
     mine = med["placer's plan"]
     grid_names = [k for k in entries if k.startswith("grid #")]
     best = max(grid_names, key=lambda k: med[k], default=None)
-    return {"rounds": rounds, "rates": rates, "median": med,
+    return {"rounds": done, "rates": rates, "median": med,
             "spread": {k: [min(v), max(v)] for k, v in rates.items()},
             "vs_plan": {k: (mine / v if v else None) for k, v in med.items()},
             "best_grid": best, "plan_over_best_grid": mine / med[best] if best and med[best] else None,
@@ -385,9 +395,9 @@ def _plan_cfg(cfg: dict) -> str:
 
 
 def final_table(cases: list[dict]) -> list[str]:
-    lines = ["| pipeline | placer's plan (median, min–max) | plan's settings | predicted (÷ measured) "
+    lines = ["| pipeline | rounds | placer's plan (median, min–max) | plan's settings | predicted (÷ measured) "
              "| best of the grid's top 3 (median, min–max) | plan ÷ it | workers=0 | plan ÷ it "
-             "| workers=cores, pin | plan ÷ it |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| workers=cores, pin | plan ÷ it |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cases:
         f = c.get("final")
         if not f:
@@ -400,7 +410,7 @@ def final_table(cases: list[dict]) -> list[str]:
         base = [k for k in med if k.startswith("workers=")]
         best = f["best_grid"]
         lines.append(" | ".join([
-            f"| {c['label']}", cell("placer's plan"), _plan_cfg(c["plan"]["config"]),
+            f"| {c['label']}", str(f["rounds"]), cell("placer's plan"), _plan_cfg(c["plan"]["config"]),
             f"{_rate(c['plan']['predicted_samples_per_s'])} ({f['predicted_over_measured']:.2f}×)",
             f"{cell(best)}: {best.split(': ', 1)[1]}" if best else "n/a",
             f"{f['plan_over_best_grid']:.2f}×" if f["plan_over_best_grid"] else "n/a",
@@ -471,7 +481,8 @@ def write(cases: list[dict], info: dict, out: Path, notes: list[str]) -> None:
           "vary by 2× or more; compare the interleaved medians below, not single cells.", "",
           "## Final comparison (interleaved)", "",
           f"placer's plan, the grid's {FINAL_TOP} best configurations (by their best-of-{REPS} cell) and the "
-          f"baselines, run again in turn, {FINAL_ROUNDS} rounds; medians, with the lowest and highest run.", "",
+          f"baselines, run again in turn, {MIN_ROUNDS} to {FINAL_ROUNDS} rounds (as each case's time allowed: the "
+          "rounds column); medians, with the lowest and highest run.", "",
           *final_table(cases), "",
           "## Grid and baselines (best of each cell's repeats)", "",
           "Steady-state samples/s (`StreamStats.samples_per_s`), each run reading the whole stream (batches "
@@ -487,9 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=",".join(CASES), help="labels or module names, comma-separated")
     ap.add_argument("--simulated", action="store_true", help="also place on gpu-sim (a labelled test device)")
     ap.add_argument("--machine", default=socket.gethostname(), help="name in the results' file name")
-    ap.add_argument("--time-limit-s", type=float, default=330.0,
-                    help="seconds for the grids (cells past it are skipped); planning and the final comparison "
-                         "come on top")
+    ap.add_argument("--time-limit-s", type=float, default=540.0,
+                    help="seconds for everything, shared by the cases (each at least 30 s; grid cells past their "
+                         "share are skipped, the final comparison runs at least three rounds)")
     ap.add_argument("--reps", type=int, default=REPS)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--torch-threads", type=int, default=None,
@@ -512,8 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     load_start = [round(x, 2) for x in os.getloadavg()]
     cases = []
     for i, label in enumerate(labels):
-        share = (args.time_limit_s - (time.perf_counter() - t0)) / (len(labels) - i)
-        cases.append(measure_case(label, accs, args.reps, time.perf_counter() + share))
+        share = max(30.0, (args.time_limit_s - (time.perf_counter() - t0)) / (len(labels) - i))
+        cases.append(measure_case(label, accs, args.reps, share))
         print(f"{label}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     notes = _notes(accs)
     if args.torch_threads:
@@ -541,7 +552,7 @@ def _notes(accs: list[str]) -> list[str]:
              "the first random one.",
              "digest: whether the run's outputs digest equals the sequential run's (same batches, same answer); "
              "a cell marked DIFFERS or 'varies between repeats' would be left out of 'best of grid'.",
-             "Every run reads the whole stream (all its epochs); the steady state leaves out the batches "
+             "Every run reads the whole stream (all its epochs; stream_images 24 batches, the others 64); the steady state leaves out the batches "
              "already read when the first one left the step (filling the queues)."]
     if not accs:
         notes.append("No accelerator here: every placement is all-CPU; the rule of thumb needs a GPU (n/a).")

@@ -368,35 +368,36 @@ class _Probe:
         self.running = False
         self.thread.join()
 
-    def rate(self, seconds: float) -> float:
-        """Counts per second while this thread sleeps (the probe alone)."""
-        c, t = self.count, time.perf_counter()
-        time.sleep(seconds)
-        return (self.count - c) / (time.perf_counter() - t)
-
 
 def gil_held(call, inputs: list, *, rounds: int = 1) -> float | None:
     """Seconds per call that ``call`` held the GIL, on each of ``inputs`` ``rounds`` times, as
-    :class:`_Probe` saw it (the probe's rate alone is measured around the calls); None when the
-    probe did not run."""
+    :class:`_Probe` saw it: after each call the probe runs alone for as long as the call took, so
+    that on a machine whose cores other work shares, the probe's rate alone is measured under the
+    same load as beside the calls. None when the probe did not run."""
     interval = sys.getswitchinterval()
     sys.setswitchinterval(0.0005)  # the probe and the call take turns finely
+    during = alone = counted = counted_alone = 0.0
+    n = 0
     try:
         with _Probe() as probe:
-            alone = probe.rate(0.02)
-            c, t = probe.count, time.perf_counter()
-            n = 0
             for _ in range(rounds):
                 for x in inputs:
+                    c, t = probe.count, time.perf_counter()
                     call(x)
+                    d = time.perf_counter() - t
+                    counted += probe.count - c
+                    during += d
+                    c, t = probe.count, time.perf_counter()
+                    time.sleep(d)
+                    counted_alone += probe.count - c
+                    alone += time.perf_counter() - t
                     n += 1
-            elapsed, counted = time.perf_counter() - t, probe.count - c
-            alone = max(alone, probe.rate(0.02))
     finally:
         sys.setswitchinterval(interval)
-    if alone <= 0 or n == 0:
+    if counted_alone <= 0 or alone <= 0 or n == 0:
         return None
-    return max(0.0, 1.0 - counted / (alone * elapsed)) * elapsed / n
+    rate_alone = counted_alone / alone
+    return max(0.0, 1.0 - counted / (rate_alone * during)) * during / n
 
 
 def _placements(pipeline: Pipeline, members: list[str], devices: list[str]) -> dict[str, dict[str, str]]:

@@ -573,11 +573,12 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
 
     Every round runs each candidate once, in turn, so that a change of load on a shared
     machine falls on all of them alike; each run reads as many batches as the budget
-    allows at the candidate's predicted rate (at least :data:`VERIFY_BATCHES`, at most
-    the stream's whole length). A candidate is compared by the median of its runs. The
-    noise is the larger relative spread (``(max - min) / median``) of the two runs'
-    medians compared, at least :data:`MIN_GAIN`: the predicted best is replaced only
-    when another candidate's median exceeds its own by more than that.
+    allows at the candidate's rate (predicted, then as measured; at least
+    :data:`VERIFY_BATCHES`, at most the stream's whole length). Two rounds always run,
+    a third while the budget lasts. The predicted best is replaced only by a candidate
+    whose median exceeds its own by more than :data:`MIN_GAIN` *and* that ran faster
+    than it in most rounds (the noise of a shared machine moves whole rounds; within a
+    round it mostly cancels); among several, the fastest median.
     """
     top = _distinct(ranked, VERIFY)
     total = (profile.batches_per_epoch or 0) * scorer.epochs or None
@@ -587,7 +588,7 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     t_end = time.perf_counter() + budget_s
     for r in range(rounds):
         for i, c in enumerate(top):
-            if i in skipped or (r > 0 and time.perf_counter() > t_end):
+            if i in skipped or (r > 1 and time.perf_counter() > t_end):
                 continue
             share = budget_s / (len(top) * rounds)
             rate = scorer.predict(c).batches_per_s  # then as measured: a model that is off sizes runs badly
@@ -611,16 +612,16 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
                          predicted_samples_per_s=scorer.score(top[i]),
                          measured_samples_per_s=med[i], batches=runs[i][-1][1],
                          runs=[x for x, _, _ in runs[i]]) for i in done]
-    best = max([i for i in done if len(runs[i]) >= 2 or i == 0], key=lambda i: med[i])
-    noise = max(MIN_GAIN, _spread(runs[0]), _spread(runs[best]))
-    chosen = top[best] if med[best] > med[0] * (1 + noise) else top[0]
+    better = [i for i in done[1:] if med[i] > med[0] * (1 + MIN_GAIN) and _wins(runs[i], runs[0])]
+    chosen = top[max(better, key=lambda i: med[i])] if better else top[0]
     return chosen, rows
 
 
-def _spread(runs: list[tuple[float, int, float]]) -> float:
-    xs = [x for x, _, _ in runs]
-    m = statistics.median(xs) if xs else 0.0
-    return (max(xs) - min(xs)) / m if len(xs) >= 2 and m > 0 else 0.0
+def _wins(mine: list[tuple[float, int, float]], plan: list[tuple[float, int, float]]) -> bool:
+    """Whether ``mine`` ran faster than the plan in most of the rounds both ran (at least two): runs of
+    one round share the machine's load of that moment, so comparing within rounds cancels most of it."""
+    pairs = list(zip(mine, plan))
+    return len(pairs) >= 2 and sum(a[0] > b[0] for a, b in pairs) * 2 > len(pairs)
 
 
 def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:

@@ -51,8 +51,10 @@ EXHAUSTIVE_LIMIT = 20_000
 TIE = 0.01
 #: candidates verified by short measured runs when the budget allows
 VERIFY = 3
-#: rounds of verification runs (each round runs every candidate once, in turn)
-VERIFY_ROUNDS = 3
+#: rounds of verification runs (each round runs every candidate once, in turn): at least the first,
+#: the rest while the budget lasts
+VERIFY_ROUNDS = 5
+MIN_VERIFY_ROUNDS = 3
 #: the fewest batches of one verification run
 VERIFY_BATCHES = 12
 #: the least measured gain over the predicted best that replaces it
@@ -574,8 +576,8 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     Every round runs each candidate once, in turn, so that a change of load on a shared
     machine falls on all of them alike; each run reads as many batches as the budget
     allows at the candidate's rate (predicted, then as measured; at least
-    :data:`VERIFY_BATCHES`, at most the stream's whole length). Two rounds always run,
-    a third while the budget lasts. The predicted best is replaced only by a candidate
+    :data:`VERIFY_BATCHES`, at most the stream's whole length). Three rounds always run,
+    up to five while the budget lasts. The predicted best is replaced only by a candidate
     whose median exceeds its own by more than :data:`MIN_GAIN` *and* that ran faster
     than it in most rounds (the noise of a shared machine moves whole rounds; within a
     round it mostly cancels); among several, the fastest median.
@@ -588,9 +590,9 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     t_end = time.perf_counter() + budget_s
     for r in range(rounds):
         for i, c in enumerate(top):
-            if i in skipped or (r > 1 and time.perf_counter() > t_end):
+            if i in skipped or (r >= MIN_VERIFY_ROUNDS and time.perf_counter() > t_end):
                 continue
-            share = budget_s / (len(top) * rounds)
+            share = budget_s / (len(top) * MIN_VERIFY_ROUNDS)
             rate = scorer.predict(c).batches_per_s  # then as measured: a model that is off sizes runs badly
             if runs[i]:
                 rate = statistics.median(b / t for _, b, t in runs[i] if t > 0)
@@ -654,8 +656,9 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     source : str, optional
         The stream's source (default: the first stream).
     budget_s : float
-        Seconds for profiling (about 60 %) and verifying the best few candidates by
-        short measured runs, interleaved (the rest; skipped when under a second is left).
+        Seconds for profiling (about half) and verifying the best few candidates by
+        short measured runs, interleaved (the rest; skipped when under a second is left;
+        the three rounds it always runs may take longer).
     inventory : Inventory, optional
         The devices (default: discovered; ``gpu-sim`` under ``PLACER_TEST_DEVICES=1``).
     objective : {"auto", "throughput", "total_time"}
@@ -683,7 +686,7 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     inv = inventory or discover()
     t0 = time.perf_counter()
     consts = one_shot_inputs(p, source, inv)
-    prof = profile_stream(p, source, budget_s=0.6 * budget_s, inventory=inv, consts=consts)
+    prof = profile_stream(p, source, budget_s=0.5 * budget_s, inventory=inv, consts=consts)
     plan, ranked, scorer = plan_from_profile(prof, objective=objective, epochs=epochs)
     left = budget_s - (time.perf_counter() - t0)
     if verify_runs and left >= 1.0:

@@ -372,11 +372,20 @@ def _describe(profile: StreamProfile, a: Candidate, b: Candidate) -> str:
 
 
 # -- reasons -------------------------------------------------------------------------------------
+def seconds_of(profile: StreamProfile, c: Candidate, member: str) -> float:
+    """A member's seconds per batch under ``c``: on its device, at ``c``'s torch threads where measured."""
+    st = profile.stage(member)
+    dev = c.place[member]
+    if dev == "cpu" and c.torch_threads in st.torch_seconds:
+        return st.torch_seconds[c.torch_threads]
+    return st.seconds[dev]
+
+
 def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: str, pred: Prediction) -> str:
     """Why ``member`` runs where it does under ``c``, in numbers."""
     st = profile.stage(member)
     dev = c.place[member]
-    t = st.seconds[dev]
+    t = seconds_of(profile, c, member)
     rate = pred.rate_of(member)
     per = f"{rate.batches_per_s:.4g} batches/s" if rate else "not limiting"
     if member == profile.source:
@@ -528,7 +537,7 @@ def explain(profile: StreamProfile, scorer: Scorer, c: Candidate, how: str = "",
         rate = pred.rate_of(s.name)
         stages.append(StageDecision(
             name=s.name, device=dev, workers=dict(c.workers).get(s.name, 1), worker_kind=cfg.kind_of(s.name),
-            seconds_per_batch=s.seconds[dev], batches_per_s=rate.batches_per_s if rate else 0.0,
+            seconds_per_batch=seconds_of(profile, c, s.name), batches_per_s=rate.batches_per_s if rate else 0.0,
             reason=_stage_reason(profile, scorer, c, s.name, pred)))
     start_name = "your DataLoader" if profile.loader is not None else "the rule of thumb"
     notes = [*profile.notes, *pred.notes]

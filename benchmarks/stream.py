@@ -251,11 +251,19 @@ def run_hand(p, limit: int) -> dict:
 
 
 def overhead(p, reps: int, limit: int) -> dict:
-    """Sequential executor and hand-written loop, interleaved; best of each and their ratio."""
+    """Sequential executor and hand-written loop, interleaved, both with one torch intra-op thread (torch's
+    default threads on loaded cores vary more than the machinery does); best of each and their ratio."""
+    import torch
+
     ex, hand = [], []
-    for _ in range(reps):
-        ex.append(run_executor(p, {}, {"workers": 0}, limit)["samples_per_s"])
-        hand.append(run_hand(p, limit)["samples_per_s"])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        for _ in range(max(reps, 3)):
+            ex.append(run_executor(p, {}, {"workers": 0, "torch_threads": 1}, limit)["samples_per_s"])
+            hand.append(run_hand(p, limit)["samples_per_s"])
+    finally:
+        torch.set_num_threads(before)
     return {"executor": max(ex), "hand": max(hand), "executor_rates": ex, "hand_rates": hand,
             "ratio": max(hand) / max(ex) if max(ex) > 0 else None}
 
@@ -546,8 +554,8 @@ def _notes(accs: list[str]) -> list[str]:
              "stream's clock).",
              "torch intra-op threads: each cell with torch's own setting and with 1 (StreamConfig.torch_threads).",
              "overhead: a hand-written loop (the same stage functions, called directly, in a torch DataLoader with "
-             "num_workers=0 and batch_size=None, then the step) against the executor with workers=0, interleaved; "
-             "above 1× the executor is slower.",
+             "num_workers=0 and batch_size=None, then the step) against the executor with workers=0, interleaved, "
+             "3 runs each, both with one torch intra-op thread; above 1× the executor is slower.",
              "cache points: the source (unless it takes batch_info) and each deterministic per-batch stage before "
              "the first random one.",
              "digest: whether the run's outputs digest equals the sequential run's (same batches, same answer); "

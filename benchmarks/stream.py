@@ -3,10 +3,10 @@
 For each stream pipeline of the gallery (``stream_images`` with numpy and with
 pure-Python augmentation, ``stream_tabular``, ``stream_inference``,
 ``stream_cache``) this measures steady-state samples per second
-(``StreamStats.samples_per_s``: samples after the first batch over the time from
-its end to the last batch's) on this machine, with a bounded number of batches per
-run (:data:`CASES`), every run repeated ``REPS`` times and the best kept (other processes may
-share the machine), for:
+(``StreamStats.samples_per_s``: the steady state, without the batches that filled
+the queues while the first was in the step) on this machine, each run reading the
+whole stream (:data:`CASES`), every run repeated ``REPS`` times and the best kept
+(other processes may share the machine), for:
 
 * baselines: ``workers=0`` (the sequential loop, what ``num_workers=0`` gives),
   ``workers=<cores>`` with ``pin_memory``, and the rule of thumb (per-batch
@@ -21,7 +21,9 @@ share the machine), for:
   ratio is hand-written samples/s over the executor's.
 
 "placer's plan" is the stream planner's choice (``plan_stream``), measured like every
-grid cell and compared with the grid's best. On a machine without a GPU the placement is all-CPU; with
+grid cell. Then a final comparison runs the plan, the grid's best few and the baselines
+again, interleaved, several rounds, and compares their medians: the grid's best is a
+maximum over many noisy cells, which flatters it. On a machine without a GPU the placement is all-CPU; with
 ``--simulated`` the grid and the rule of thumb also run on ``gpu-sim``, the
 labelled simulated test device (GPU implementations on the CPU), never a GPU.
 
@@ -30,7 +32,7 @@ Results go to ``benchmarks/results/stream-<machine>.json`` (every run) and ``.md
 
 Usage
 -----
-    python benchmarks/stream.py                         # this machine, about 5-8 minutes on 2 cores
+    python benchmarks/stream.py                         # this machine, about 8-9 minutes on 2 cores
     python benchmarks/stream.py --cases stream_cache --time-limit-s 120
     python benchmarks/stream.py --simulated --machine vm-simulated
 """

@@ -384,3 +384,68 @@ def test_the_steps_init_is_timed_as_setup_not_hidden():
 
     s = execute(p, "all=cpu", stream=StreamConfig(workers=1)).streams[0]
     assert s.setup_s >= 0.3 > s.seconds
+
+
+# -- the steady state and torch threads -------------------------------------------------------------
+def test_the_steady_state_leaves_out_the_batches_that_filled_the_queues():
+    from placer.stream.runner import steady_rate
+
+    # the first batch leaves the step at 1 s (warm-up); 8 batches read meanwhile then come 10 ms apart;
+    # after them the stream makes one every 100 ms: 10 samples a batch
+    finished = [(1.0, 10)] + [(1.0 + 0.01 * i, 10) for i in range(1, 9)] + [(1.08 + 0.1 * i, 10) for i in range(1, 25)]
+    assert steady_rate(finished, skip=9) == pytest.approx(100.0)
+    assert steady_rate(finished, skip=1) > 1.25 * 100.0  # from the first batch on, the filled queues flatter it
+    assert steady_rate(finished[:2]) is None
+
+
+def test_a_run_counts_the_batches_read_while_the_first_was_in_the_step():
+    slow_first = {"done": False}
+    p = Pipeline("warm", size=64, size_unit="samples")
+
+    @p.source(epochs=1, batch_size=4)
+    def rows():
+        for i in range(16):
+            yield np.full((4, 2), i, dtype=np.float32)
+
+    @p.stage(kind="preprocessing", device="cpu")
+    def double(rows):
+        time.sleep(0.01)  # the stream makes a batch of 4 every 10 ms at most: 400 samples/s
+        return rows * 2.0
+
+    @p.step()
+    def total(double):
+        if not slow_first["done"]:
+            slow_first["done"] = True
+            time.sleep(0.3)  # the first step is slow, as a first training step is
+        return float(double.sum())
+
+    run = execute(p, "all=cpu", stream=StreamConfig(workers=1, prefetch=4))
+    s = run.streams[0]
+    assert s.batches == 16
+    # about 9 batches were waiting when the first left the step; draining them would read ~1,000 samples/s
+    assert s.samples_per_s < 1.4 * 400, s.samples_per_s
+
+
+def test_torch_threads_are_set_for_the_run_and_restored():
+    seen = []
+    p = Pipeline("threads", size=32, size_unit="samples")
+
+    @p.source(epochs=1, batch_size=8)
+    def rows():
+        for i in range(4):
+            yield np.full((8, 2), i, dtype=np.float32)
+
+    @p.step()
+    def total(rows):
+        seen.append(torch.get_num_threads())
+        return float(rows.sum())
+
+    before = torch.get_num_threads()
+    for workers in (0, 1):
+        seen.clear()
+        execute(p, "all=cpu", stream=StreamConfig(workers=workers, torch_threads=1))
+        assert seen == [1] * 4, (workers, seen)
+        assert torch.get_num_threads() == before
+    seen.clear()
+    execute(p, "all=cpu", stream=StreamConfig(workers=1))
+    assert seen == [before] * 4

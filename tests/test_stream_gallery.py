@@ -54,6 +54,14 @@ def test_every_placement_and_worker_count_gives_the_sequential_answer(name):
             assert_outputs_close(run.final_outputs, ref.final_outputs)
 
 
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_one_torch_thread_gives_the_sequential_answer(name):
+    p = build(name)
+    ref = execute(p, "all=cpu", stream=StreamConfig(workers=0))
+    run = execute(p, "all=cpu", stream=StreamConfig(workers=2, torch_threads=1))
+    assert run.outputs_digest == ref.outputs_digest
+
+
 def test_pure_python_augmentation_equals_the_numpy_one():
     a = execute(build("stream_images", augment="numpy"), "all=cpu", stream=StreamConfig(workers=2))
     b = execute(build("stream_images", augment="python"), "all=cpu", stream=StreamConfig(workers=2))

@@ -333,6 +333,10 @@ def test_the_profile_times_stages_measures_scaling_and_marks_gil_bound_stages():
     assert share["slow"] < share["spin"], share  # sleeping uses little CPU, spinning all of it
     assert slow.gil_bound is False and slow.speedup(2) >= 1.5, slow.scaling
     assert spin.gil_bound is True, spin.scaling
+    procs = [r for r in spin.scaling if r.kind == "process"]
+    assert procs and procs[0].workers == 1 and procs[0].batches_per_s > 0, spin.scaling  # GIL-bound: processes tried
+    assert not any(r.kind == "process" for r in slow.scaling)
+    assert prof.stage("total").gil is not None
     assert "gpu-sim" in spin.seconds and prof.simulated == ["gpu-sim"] and prof.real_gpus == []
     assert prof.copy_of("slow", "host", "gpu-sim") is not None
     assert prof.batches_per_epoch == 12 and prof.samples_per_batch == 4
@@ -343,8 +347,8 @@ def test_process_workers_are_chosen_for_a_gil_bound_stage_once_measured():
     prof = synthetic()
     decode = prof.stage("decode")
     decode.scaling = [*scaling((1, 1), (2, 1.05), (4, 1.05)),
-                      *[ScalingRow(kind="process", workers=w, batches_per_s=s, speedup=s) for w, s in
-                        ((1, 1), (2, 1.9), (4, 3.6))]]
+                      *[ScalingRow(kind="process", workers=w, batches_per_s=100 * s, speedup=s) for w, s in
+                        ((1, 1), (2, 1.9), (4, 3.6))]]  # one process: 10 ms per batch, as one thread
     decode.gil_bound = True
     plan, _, _ = plan_from_profile(prof)
     assert plan.worker_kind == {"decode": "process"} and plan.stage_workers["decode"] == 3
@@ -354,3 +358,145 @@ def test_process_workers_are_chosen_for_a_gil_bound_stage_once_measured():
     threads_only = synthetic()
     threads_only.stage("decode").scaling = scaling((1, 1), (2, 1.05), (4, 1.05))
     assert plan_from_profile(threads_only)[0].worker_kind == {}
+
+
+# -- GIL, torch threads, process workers, verification ------------------------------------------------
+def cpu_only(prof: StreamProfile) -> StreamProfile:
+    """The synthetic profile without its accelerator: every member on the CPU."""
+    for s in prof.stages:
+        s.seconds = {"cpu": s.seconds["cpu"]}
+        s.cpu_seconds = {"cpu": s.cpu_seconds["cpu"]}
+    return prof.model_copy(update={"devices": ["cpu"], "copies": [], "real_gpus": []})
+
+
+CPU = {"batches": "cpu", "decode": "cpu", "augment": "cpu", "train": "cpu"}
+
+
+def test_the_step_shares_the_gil_with_gil_bound_stages():
+    prof = cpu_only(synthetic())
+    prof.stage("decode").scaling = scaling((1, 1), (2, 1.0))  # holds the GIL throughout: g = 1
+    free = predict(prof, CPU, StreamConfig(workers=1))
+    assert "train" not in next(r for r in free.rates if r.name == "GIL").members  # its share is not known
+    train = prof.stage("train")
+    train.seconds["cpu"] = train.cpu_seconds["cpu"] = 20 * MS
+    train.gil = 0.5  # the probe saw it hold the GIL half of its 20 ms
+    pred = predict(prof, CPU, StreamConfig(workers=1))
+    gil = next(r for r in pred.rates if r.name == "GIL")
+    assert set(gil.members) == {"batches", "decode", "train"}  # augment scales: it holds none
+    assert gil.seconds_per_batch == pytest.approx((1 + 10 + 10) * MS)
+    assert pred.bottleneck == "GIL" and pred.batches_per_s == pytest.approx(1 / (21 * MS))
+    procs = predict(prof, CPU, StreamConfig(workers=1, worker_kind={"decode": "process"}))
+    assert "decode" not in next(r for r in procs.rates if r.name == "GIL").members
+
+
+def test_process_workers_hold_the_gil_only_to_move_batches():
+    prof = cpu_only(synthetic())
+    prof.stage("train").gil = 0.5
+    prof.stage("decode").scaling = [*scaling((1, 1), (2, 1.0)),
+                                    ScalingRow(kind="process", workers=1, batches_per_s=80.0, speedup=1.0)]
+    pred = predict(prof, CPU, StreamConfig(workers=1, worker_kind={"decode": "process"}))
+    gil = next(r for r in pred.rates if r.name == "GIL")
+    # one process: 12.5 ms a batch against 10 ms in this process: 2.5 ms of moving, under the GIL
+    assert gil.seconds_per_batch == pytest.approx((1 + 2.5 + 20) * MS)  # source, moving, half of train's 40
+    assert pred.rate_of("decode").batches_per_s == pytest.approx(80.0)
+
+
+def test_fewer_torch_threads_are_planned_where_the_step_measured_faster_with_them():
+    prof = cpu_only(synthetic())
+    none = plan_from_profile(prof)[0]
+    assert none.torch_threads is None and not any("torch_threads" in r for r in none.reasons)
+    prof.stage("train").torch_seconds = {1: 8 * MS}
+    prof.stage("train").torch_cpu_seconds = {1: 8 * MS}
+    prof = prof.model_copy(update={"torch_threads": 8})
+    plan = plan_from_profile(prof)[0]
+    assert plan.torch_threads == 1 and stream_config(plan).torch_threads == 1
+    assert plan.predicted_samples_per_s > none.predicted_samples_per_s
+    assert any(r.startswith("torch_threads=1: the step takes 40 ms") for r in plan.reasons), plan.reasons
+    assert any("torch intra-op thread" in a.name for a in plan.what_if)
+    slower = prof.model_copy(deep=True)
+    slower.stage("train").torch_seconds = {1: 80 * MS}
+    assert plan_from_profile(slower)[0].torch_threads is None
+
+
+def test_among_tied_cache_points_the_later_one_wins():
+    from placer.stream.planner import Candidate, _cost
+
+    prof = synthetic(epochs=3)
+    place = tuple(RULE.items())
+    early, late = (Candidate(place, (("decode", 1), ("augment", 1)), cache) for cache in ("batches", "decode"))
+    assert sorted([early, late], key=lambda c: _cost(c, RULE, prof)) == [late, early]
+
+
+def scripted(monkeypatch, rates: dict[str, list[float]]):
+    """planner.measure answering each candidate's runs in turn, by its cache point."""
+    import placer.stream.planner as planner
+
+    calls = []
+
+    def fake(pipeline, source, placement, config, inventory, consts):
+        calls.append(config.cache)
+        return rates[str(config.cache)].pop(0), config.max_batches
+
+    monkeypatch.setattr(planner, "measure", fake)
+    return calls
+
+
+def three_candidates():
+    from placer.stream.planner import Candidate
+
+    prof = synthetic(epochs=3)
+    place = tuple(RULE.items())
+    ranked = [Candidate(place, (("decode", 4), ("augment", 2)), cache) for cache in (None, "batches", "decode")]
+    return prof, ranked, Scorer(prof, "total_time", 3)
+
+
+def test_verification_interleaves_candidates_and_keeps_the_plan_unless_another_wins_most_rounds(monkeypatch):
+    from placer.stream.planner import verify
+
+    prof, ranked, scorer = three_candidates()
+    # the second candidate's median is 1.5x the plan's, but it was faster in one round of three only
+    calls = scripted(monkeypatch, {"None": [10.0, 200.0, 100.0], "batches": [150.0, 190.0, 90.0],
+                                   "decode": [90.0, 95.0, 92.0]})
+    chosen, rows = verify(None, prof, ranked, scorer, None, {}, budget_s=0.0)
+    assert calls == [None, "batches", "decode"] * 3  # round by round, each candidate in turn; no budget: 3 rounds
+    assert chosen == ranked[0]
+    assert [r.measured_samples_per_s for r in rows] == [100.0, 150.0, 92.0]
+    assert rows[0].runs == [10.0, 200.0, 100.0]
+    scripted(monkeypatch, {"None": [100.0, 125.0, 120.0], "batches": [140.0, 118.0, 121.0],
+                           "decode": [90.0, 95.0, 92.0]})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=0.0)[0] == ranked[0]  # 0.8 % is not a gain
+
+
+def test_verification_replaces_the_plan_when_another_is_faster_beyond_the_noise(monkeypatch):
+    from placer.stream.planner import verify
+
+    prof, ranked, scorer = three_candidates()
+    # a noisy machine: one round slowed everything; the cache point won two rounds of three, 1.5x by median
+    scripted(monkeypatch, {"None": [100.0, 40.0, 102.0], "batches": [90.0, 41.0, 90.0],
+                           "decode": [150.0, 30.0, 160.0]})
+    chosen, _ = verify(None, prof, ranked, scorer, None, {}, budget_s=0.0)
+    assert chosen == ranked[2]
+
+
+def test_the_gil_probe_tells_python_code_from_code_that_waits():
+    from placer.stream.profile import gil_held
+
+    def spin(_):
+        total = 0
+        for i in range(200_000):
+            total += i % 7
+        return total
+
+    def wait(_):
+        time.sleep(0.01)
+
+    def share(call) -> float:
+        t = time.perf_counter()
+        call(None)
+        alone = time.perf_counter() - t
+        return gil_held(call, [None] * 4) / alone
+
+    # medians of three tries each: on a loaded machine the probe sometimes lacks a core
+    held_spin = sorted(share(spin) for _ in range(3))[1]
+    held_wait = sorted(share(wait) for _ in range(3))[1]
+    assert held_spin > held_wait + 0.3, (held_spin, held_wait)

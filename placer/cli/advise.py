@@ -73,7 +73,7 @@ def stream_summary(s, plan) -> dict:
     return {
         "source": s.source, "step": s.step,
         "settings": plan.model_dump(include={"placement", "workers", "stage_workers", "worker_kind", "prefetch",
-                                             "pin_memory", "cache"}),
+                                             "pin_memory", "cache", "torch_threads"}),
         "predicted_samples_per_s": s.predicted_samples_per_s,
         "measured_samples_per_s": s.samples_per_s,
         "bottleneck": s.bottleneck, "bottleneck_sentence": s.sentence,

@@ -209,7 +209,8 @@ def _print_stream(plan) -> None:
     for s in plan.stages:
         t.add_row(s.name, s.device, str(s.workers), f"{s.seconds_per_batch:.4g}", f"{s.batches_per_s:.4g}", s.reason)
     c.print(t)
-    c.print(f"  settings: prefetch {plan.prefetch}, pin_memory {plan.pin_memory}, cache {plan.cache or 'none'}")
+    c.print(f"  settings: prefetch {plan.prefetch}, pin_memory {plan.pin_memory}, cache {plan.cache or 'none'}"
+            + (f", torch threads {plan.torch_threads}" if plan.torch_threads else ""))
     for r in plan.reasons:
         c.print(f"  {r}")
     for b in plan.baselines:

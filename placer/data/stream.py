@@ -58,6 +58,15 @@ class StageProfile(BaseModel):
     gil_bound : bool or None
         Two thread workers gave less than :data:`GIL_SPEEDUP` times one (the stage
         holds the GIL, or the cores were busy); None when not measured.
+    gil : float or None
+        The share of its time the member holds the GIL, measured with a probe thread
+        (the step and the source, which cannot run on several threads at once);
+        None when not measured (a batch stage's share comes from its scaling).
+    torch_seconds : dict
+        The step on the CPU: torch intra-op threads → wall seconds per batch, for the
+        counts measured besides torch's default (which ``seconds`` holds).
+    torch_cpu_seconds : dict
+        The same counts → host CPU seconds per batch.
     cacheable : bool
         Its output, and everything before it, is the same in every epoch.
     """
@@ -72,8 +81,21 @@ class StageProfile(BaseModel):
     out_bytes: dict[str, int] = Field(default_factory=dict)
     scaling: list[ScalingRow] = Field(default_factory=list)
     gil_bound: bool | None = None
+    gil: float | None = Field(None, ge=0, le=1)
+    torch_seconds: dict[int, float] = Field(default_factory=dict)
+    torch_cpu_seconds: dict[int, float] = Field(default_factory=dict)
     cacheable: bool = False
     pin: str | None = None
+
+    def rate(self, workers: int, kind: WorkerKind, seconds: float) -> float:
+        """Batches per second with ``workers`` of ``kind``: threads scale ``1 / seconds`` by their
+        measured speed-up; processes scale their own measured one-process rate (which pays for
+        moving batches to and from the child), else ``1 / seconds``."""
+        base = 1.0 / seconds if seconds > 0 else float("inf")
+        if kind == "process":
+            one = next((r.batches_per_s for r in self.scaling if r.kind == "process" and r.workers == 1), None)
+            base = one or base
+        return base * self.speedup(workers, kind)
 
     def speedup(self, workers: int, kind: WorkerKind = "thread") -> float:
         """The measured speed-up with ``workers`` of ``kind``: interpolated between measured counts,
@@ -163,6 +185,8 @@ class StreamProfile(BaseModel):
     measured_batches: dict[str, int] = Field(default_factory=dict)
     budget_s: float | None = None
     seconds: float = 0.0
+    #: torch's intra-op threads while the profile ran (None: torch was not loaded)
+    torch_threads: int | None = None
     notes: list[str] = Field(default_factory=list)
 
     def stage(self, name: str) -> StageProfile:
@@ -204,7 +228,8 @@ class Alternative(BaseModel):
 
 
 class Verification(BaseModel):
-    """A candidate run for a few batches: predicted and measured samples per second."""
+    """A candidate run for a few batches, several times: predicted and measured samples per second
+    (``measured_samples_per_s``: the median of ``runs``)."""
 
     name: str
     placement: dict[str, str] = Field(default_factory=dict)
@@ -212,6 +237,7 @@ class Verification(BaseModel):
     predicted_samples_per_s: float
     measured_samples_per_s: float
     batches: int = 0
+    runs: list[float] = Field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -222,8 +248,8 @@ class Verification(BaseModel):
 class StreamPlan(Views, BaseModel):
     """How one stream should run, and why.
 
-    ``workers``, ``stage_workers``, ``worker_kind``, ``prefetch``, ``pin_memory`` and
-    ``cache`` are the fields of :class:`placer.stream.StreamConfig`
+    ``workers``, ``stage_workers``, ``worker_kind``, ``prefetch``, ``pin_memory``,
+    ``cache`` and ``torch_threads`` are the fields of :class:`placer.stream.StreamConfig`
     (:func:`placer.stream.planner.stream_config` builds one). ``objective`` is
     ``throughput`` (steady-state samples per second) or ``total_time`` (seconds over
     ``epochs`` epochs, where a cache point pays off).
@@ -241,6 +267,8 @@ class StreamPlan(Views, BaseModel):
     prefetch: int = 2
     pin_memory: bool = True
     cache: str | None = None
+    torch_threads: int | None = None
+    #: the objective's samples per second: the steady state, or (``total_time``) the mean over the epochs
     predicted_samples_per_s: float = 0.0
     predicted_total_s: float | None = None
     bottleneck: str = ""
@@ -260,7 +288,7 @@ class StreamPlan(Views, BaseModel):
         """The :class:`~placer.stream.StreamConfig` fields this plan chose."""
         return {"workers": self.workers, "stage_workers": dict(self.stage_workers),
                 "worker_kind": dict(self.worker_kind), "prefetch": self.prefetch,
-                "pin_memory": self.pin_memory, "cache": self.cache}
+                "pin_memory": self.pin_memory, "cache": self.cache, "torch_threads": self.torch_threads}
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=1)

@@ -41,6 +41,10 @@ class StreamConfig(BaseModel):
         The most bytes the cache may hold; beyond it caching stops, with a note.
     max_batches : int or None
         Stop after this many batches (for bounded measurement runs).
+    torch_threads : int or None
+        torch's intra-op threads for the run (``torch.set_num_threads``, restored
+        after it); None leaves torch's setting as it is. With CPU workers on the same
+        cores, fewer threads for a step on the CPU can be faster.
     """
 
     workers: int = Field(1, ge=0)
@@ -51,6 +55,7 @@ class StreamConfig(BaseModel):
     cache: str | None = None
     cache_bytes: int = Field(2 << 30, ge=0)
     max_batches: int | None = Field(None, ge=1)
+    torch_threads: int | None = Field(None, ge=1)
 
     @property
     def sequential(self) -> bool:

@@ -22,9 +22,16 @@ than its busiest resource allows:
   seconds it was measured to use per batch; the cores supply ``os.cpu_count()``
   seconds per second: ``cores / sum(cpu s)``. The threads that wait (the main thread,
   a step driving a real GPU) are not charged;
-- **the GIL**: thread workers hold it for a share ``g`` of their time, estimated from
-  two workers' speed-up ``s2`` by Amdahl's law (``g = 2 / s2 - 1``); all thread
-  workers share one GIL: ``1 / sum(g * t)``.
+- **the GIL**: every thread of the process holds it for a share ``g`` of its time: a
+  batch stage's share is estimated from two thread workers' speed-up ``s2`` by Amdahl's
+  law (``g = 2 / s2 - 1``); the step's and the source's were measured with a probe
+  thread (an iterable source not measured counts as holding it throughout: it is
+  Python code; a DataLoader source with worker processes does not hold it); process
+  workers hold it in this process only to move batches (their one-process round trip
+  beyond the stage's in-process seconds). All of them share one GIL:
+  ``1 / sum(g * t)``;
+- **torch intra-op threads**: with ``StreamConfig.torch_threads`` set, a step on the
+  CPU takes the seconds measured at that count (where measured).
 
 Throughput is the smallest rate; the resource that sets it is the bottleneck. With
 ``workers=0`` nothing overlaps: one batch takes the sum of every node's seconds.
@@ -145,8 +152,8 @@ def _copy_seconds(profile: StreamProfile, node: ChainNode, made: dict[str, str],
 
 
 def node_costs(profile: StreamProfile, nodes: list[ChainNode], pin_memory: bool,
-               notes: list[str] | None = None) -> list[tuple[float, float]]:
-    """``(wall s, host CPU s)`` per batch of every node."""
+               notes: list[str] | None = None, threads: int | None = None) -> list[tuple[float, float]]:
+    """``(wall s, host CPU s)`` per batch of every node (``threads``: torch's intra-op threads)."""
     notes = [] if notes is None else notes
     where: dict[str, str] = {}
     out = []
@@ -158,18 +165,44 @@ def node_costs(profile: StreamProfile, nodes: list[ChainNode], pin_memory: bool,
         wall = st.seconds.get(n.device)
         if wall is None:
             raise KeyError(f"stage {n.name!r} was not measured on {n.device}")
-        out.append((wall, st.cpu_seconds.get(n.device, wall)))
+        cpu = st.cpu_seconds.get(n.device, wall)
+        if threads is not None and n.device == "cpu" and threads in st.torch_seconds:
+            wall, cpu = st.torch_seconds[threads], st.torch_cpu_seconds.get(threads, st.torch_seconds[threads])
+        out.append((wall, cpu))
         where[n.name] = n.location
     return out
 
 
 def gil_share(profile: StreamProfile, member: str) -> float:
-    """The share of its time a stage holds the GIL, from its two-worker speed-up (Amdahl)."""
+    """The share of its time a stage holds the GIL: from its two-worker speed-up (Amdahl), else as
+    measured by the probe, else 0 (not known)."""
     st = profile.stage(member)
     if not any(r.kind == "thread" and r.workers >= 2 for r in st.scaling):
-        return 0.0
+        return st.gil or 0.0
     s2 = max(st.speedup(2), 1e-9)
     return min(1.0, max(0.0, 2.0 / s2 - 1.0))
+
+
+def _moving_share(st) -> float:
+    """Process workers: the share of the stage's own seconds this process spends moving each batch to
+    a child and back (pickling holds the GIL): the one-process round trip beyond the in-process time."""
+    one = next((r.batches_per_s for r in st.scaling if r.kind == "process" and r.workers == 1), None)
+    t = st.seconds.get("cpu", 0.0)
+    if not one or t <= 0:
+        return 0.0
+    return min(1.0, max(0.0, 1.0 / one - t) / t)
+
+
+def _node_gil(profile: StreamProfile, n: ChainNode, config: StreamConfig) -> float:
+    """The share of its time node ``n``'s thread(s) hold this process's GIL."""
+    st = profile.stage(n.name)
+    if n.kind == "batch":
+        return _moving_share(st) if config.kind_of(n.name) == "process" else gil_share(profile, n.name)
+    if n.kind == "source":
+        if profile.source_kind != "iterable" and _loader_workers(profile, config) > 0:
+            return 0.0
+        return 1.0 if st.gil is None else st.gil
+    return st.gil or 0.0
 
 
 def rates(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
@@ -195,13 +228,12 @@ def rates(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[floa
             pooled[("device", n.device)][0] += wall
             pooled[("device", n.device)][1].append(n.name)
         else:
-            r = _cpu_rate(profile, n, wall, config)
-            out.append(r)
-            if n.kind == "batch" and config.kind_of(n.name) == "thread":
-                g = gil_share(profile, n.name)
-                if g > 0:
-                    gil += g * wall
-                    gil_members.append(n.name)
+            out.append(_cpu_rate(profile, n, wall, config))
+        if n.kind != "copy" and (n.device == "cpu" or n.kind == "step"):
+            g = _node_gil(profile, n, config)
+            if g > 0:  # the step's share is of its seconds at torch's default threads
+                gil += g * (profile.stage(n.name).seconds.get(n.device, wall) if n.kind == "step" else wall)
+                gil_members.append(n.name)
     for (kind, dev), (secs, members) in pooled.items():
         name = dev if kind == "device" else f"link {dev}"
         out.append(Rate(name, kind, _inv(secs), secs, members))
@@ -217,8 +249,9 @@ def _cpu_rate(profile: StreamProfile, n: ChainNode, wall: float, config: StreamC
     st = profile.stage(n.name)
     if n.kind == "batch":
         w = config.workers_of(n.name)
-        s = st.speedup(w, config.kind_of(n.name))
-    elif n.kind == "source" and profile.source_kind != "iterable":
+        r = st.rate(w, config.kind_of(n.name), wall)
+        return Rate(n.name, "stage", r, 1.0 / r if r else float("inf"), [n.name])
+    if n.kind == "source" and profile.source_kind != "iterable":
         w = _loader_workers(profile, config)
         s = float(max(1, min(w, profile.cores))) if w > 0 else 1.0
     else:
@@ -285,7 +318,7 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamCon
     """
     notes: list[str] = []
     nodes = chain(profile, placement)
-    costs = node_costs(profile, nodes, config.pin_memory, notes)
+    costs = node_costs(profile, nodes, config.pin_memory, notes, config.torch_threads)
     bps, neck, rs = _steady(profile, nodes, costs, config)
     later_bps, later_neck = bps, neck
     at = cache_index(nodes, config.cache)

@@ -31,6 +31,7 @@ chooses workers and a cache point, and reads a stream profile.
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,8 +49,16 @@ from placer.stream.model import Prediction, predict
 EXHAUSTIVE_LIMIT = 20_000
 #: candidates within this relative distance of the best count as ties (fewer workers win)
 TIE = 0.01
-#: candidates verified by a short measured run when the budget allows
+#: candidates verified by short measured runs when the budget allows
 VERIFY = 3
+#: rounds of verification runs (each round runs every candidate once, in turn): at least the first,
+#: the rest while the budget lasts
+VERIFY_ROUNDS = 5
+MIN_VERIFY_ROUNDS = 3
+#: the fewest batches of one verification run
+VERIFY_BATCHES = 12
+#: the least measured gain over the predicted best that replaces it
+MIN_GAIN = 0.05
 #: the most batches a queue holds
 MAX_PREFETCH = 8
 
@@ -64,24 +73,34 @@ class Candidate:
     pin_memory: bool = True
     #: stages run by worker processes (the others by threads)
     processes: tuple[str, ...] = ()
+    #: torch's intra-op threads for the run (None: torch's own setting)
+    torch_threads: int | None = None
 
     @property
     def place(self) -> dict[str, str]:
         return dict(self.placement)
+
+    @property
+    def _step(self) -> str:
+        return self.placement[-1][0]
 
     def config(self, profile: StreamProfile, **extra: Any) -> StreamConfig:
         """The :class:`StreamConfig` of this candidate (prefetch: enough to feed every worker)."""
         workers = dict(self.workers)
         return StreamConfig(workers=1, stage_workers=workers, prefetch=prefetch_for(workers), cache=self.cache,
                             pin_memory=self.pin_memory, worker_kind={m: "process" for m in self.processes},
-                            **extra)
+                            torch_threads=self.torch_threads, **extra)
 
     def with_(self, **kw: Any) -> Candidate:
         fields = {"placement": self.placement, "workers": self.workers, "cache": self.cache,
-                  "pin_memory": self.pin_memory, "processes": self.processes, **kw}
+                  "pin_memory": self.pin_memory, "processes": self.processes, "torch_threads": self.torch_threads,
+                  **kw}
         if "placement" in kw:
-            cpu = {m for m, d in fields["placement"] if d == "cpu"}
+            place = dict(fields["placement"])
+            cpu = {m for m, d in place.items() if d == "cpu"}
             fields["processes"] = tuple(m for m in fields["processes"] if m in cpu)
+            if fields["torch_threads"] is not None and place.get(self._step) not in (None, "cpu"):
+                fields["torch_threads"] = None
         return Candidate(**fields)
 
 
@@ -127,6 +146,13 @@ def cache_options(profile: StreamProfile, epochs: int) -> list[str | None]:
     return [None, *[s.name for s in profile.stages if s.cacheable and s.role == "batch"]]
 
 
+def torch_options(profile: StreamProfile, place: dict[str, str]) -> list[int | None]:
+    """torch's own intra-op threads, and each other count measured for a step on the CPU."""
+    if place.get(profile.step) != "cpu":
+        return [None]
+    return [None, *sorted(profile.stage(profile.step).torch_seconds)]
+
+
 def pin_options(profile: StreamProfile) -> list[bool]:
     both = any({"pinned", "pageable"} <= set(c.seconds) for c in profile.copies)
     return [True, False] if both else [True]
@@ -150,14 +176,15 @@ def candidates(profile: StreamProfile, epochs: int) -> Iterator[Candidate]:
             for ws in itertools.product(*(worker_options(profile, m, k) for m, k in zip(cpu, kinds))):
                 for cache in cache_options(profile, epochs):
                     for pin in pin_options(profile):
-                        yield Candidate(place, tuple(zip(cpu, ws)), cache, pin, procs)
+                        for threads in torch_options(profile, dict(place)):
+                            yield Candidate(place, tuple(zip(cpu, ws)), cache, pin, procs, threads)
 
 
 def space_size(profile: StreamProfile, epochs: int) -> int:
     opts = options(profile)
     total = 0
     for devs in itertools.product(*opts.values()):
-        n = 1
+        n = len(torch_options(profile, dict(zip(opts, devs))))
         for m in _cpu_members(profile, dict(zip(opts, devs))):
             n *= sum(len(worker_options(profile, m, k)) for k in kind_options(profile, m))
         total += n
@@ -185,11 +212,13 @@ class Scorer:
         return self.value(self.predict(c))
 
 
-def _cost(c: Candidate, rule: dict[str, str]) -> tuple:
-    """Among ties: fewer workers, threads rather than processes, no cache, fewer departures from the rule
-    of thumb."""
-    return (sum(w for _, w in c.workers), len(c.processes), c.cache is not None,
-            sum(rule.get(m) != d for m, d in c.placement))
+def _cost(c: Candidate, rule: dict[str, str], profile: StreamProfile | None = None) -> tuple:
+    """Among ties: fewer workers, threads rather than processes, no cache (else the latest cache point:
+    it removes the most work from later epochs), torch's own threads, fewer departures from the rule of
+    thumb."""
+    later = -profile.members.index(c.cache) if profile is not None and c.cache in profile.members else 0
+    return (sum(w for _, w in c.workers), len(c.processes), c.cache is not None, later,
+            c.torch_threads is not None, sum(rule.get(m) != d for m, d in c.placement))
 
 
 def search(profile: StreamProfile, scorer: Scorer, rule: Candidate) -> tuple[list[Candidate], str, int]:
@@ -204,7 +233,7 @@ def search(profile: StreamProfile, scorer: Scorer, rule: Candidate) -> tuple[lis
     scored = sorted(pool, key=scorer.score, reverse=True)
     top = scorer.score(scored[0])
     place = rule.place
-    ties = sorted([c for c in scored if scorer.score(c) >= top * (1 - TIE)], key=lambda c: _cost(c, place))
+    ties = sorted([c for c in scored if scorer.score(c) >= top * (1 - TIE)], key=lambda c: _cost(c, place, profile))
     rest = [c for c in scored if c not in set(ties)]
     return ties + rest, how, len(pool)
 
@@ -232,6 +261,9 @@ def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Ca
     for cache in cache_options(profile, epochs):
         if cache != c.cache:
             yield c.with_(cache=cache)
+    for threads in torch_options(profile, place):
+        if threads != c.torch_threads:
+            yield c.with_(torch_threads=threads)
     for pin in pin_options(profile):
         if pin != c.pin_memory:
             yield c.with_(pin_memory=pin)
@@ -296,7 +328,8 @@ def baselines(profile: StreamProfile, scorer: Scorer, plan_value: float) -> list
 
 
 def _fields(config: StreamConfig) -> dict:
-    return config.model_dump(include={"workers", "stage_workers", "worker_kind", "prefetch", "pin_memory", "cache"})
+    return config.model_dump(include={"workers", "stage_workers", "worker_kind", "prefetch", "pin_memory", "cache",
+                                      "torch_threads"})
 
 
 def what_if(profile: StreamProfile, scorer: Scorer, start: Candidate, start_name: str,
@@ -332,15 +365,27 @@ def _describe(profile: StreamProfile, a: Candidate, b: Candidate) -> str:
         return f"{wb[m]} {kind} on {m}"
     if a.cache != b.cache:
         return f"cache after {b.cache} (from epoch 2)" if b.cache else "no cache"
+    if a.torch_threads != b.torch_threads:
+        return (f"{b.torch_threads} torch intra-op thread{'s' if b.torch_threads != 1 else ''} for the step"
+                if b.torch_threads else "torch's own intra-op threads")
     return "pinned copies" if b.pin_memory else "pageable copies"
 
 
 # -- reasons -------------------------------------------------------------------------------------
+def seconds_of(profile: StreamProfile, c: Candidate, member: str) -> float:
+    """A member's seconds per batch under ``c``: on its device, at ``c``'s torch threads where measured."""
+    st = profile.stage(member)
+    dev = c.place[member]
+    if dev == "cpu" and c.torch_threads in st.torch_seconds:
+        return st.torch_seconds[c.torch_threads]
+    return st.seconds[dev]
+
+
 def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: str, pred: Prediction) -> str:
     """Why ``member`` runs where it does under ``c``, in numbers."""
     st = profile.stage(member)
     dev = c.place[member]
-    t = st.seconds[dev]
+    t = seconds_of(profile, c, member)
     rate = pred.rate_of(member)
     per = f"{rate.batches_per_s:.4g} batches/s" if rate else "not limiting"
     if member == profile.source:
@@ -411,6 +456,9 @@ def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Pr
     else:
         out.append(f"prefetch {cfg.prefetch}: the next batch is ready while one is worked on")
     out.append(_pin_reason(profile, c))
+    threads = _threads_reason(profile, c)
+    if threads:
+        out.append(threads)
     out.append(f"searched: {how}")
     return out
 
@@ -420,6 +468,17 @@ def _next_rate(pred: Prediction) -> str:
         return ""
     a, b = pred.rates[0], pred.rates[1]
     return f" at {a.batches_per_s:.4g} batches/s; next: {b.name} at {b.batches_per_s:.4g}"
+
+
+def _threads_reason(profile: StreamProfile, c: Candidate) -> str:
+    step = profile.stage(profile.step)
+    if c.place[profile.step] != "cpu" or not step.torch_seconds or "cpu" not in step.seconds:
+        return ""
+    own = f"torch's own {profile.torch_threads}" if profile.torch_threads else "torch's own"
+    alts = ", ".join(f"{fmt_s(t)} with {n}" for n, t in sorted(step.torch_seconds.items()))
+    chosen = f"torch_threads={c.torch_threads}" if c.torch_threads else f"torch_threads unchanged ({own})"
+    return (f"{chosen}: the step takes {fmt_s(step.seconds['cpu'])} per batch with {own} intra-op threads, "
+            f"{alts} (measured, interleaved)")
 
 
 def _pin_reason(profile: StreamProfile, c: Candidate) -> str:
@@ -478,13 +537,13 @@ def explain(profile: StreamProfile, scorer: Scorer, c: Candidate, how: str = "",
         rate = pred.rate_of(s.name)
         stages.append(StageDecision(
             name=s.name, device=dev, workers=dict(c.workers).get(s.name, 1), worker_kind=cfg.kind_of(s.name),
-            seconds_per_batch=s.seconds[dev], batches_per_s=rate.batches_per_s if rate else 0.0,
+            seconds_per_batch=seconds_of(profile, c, s.name), batches_per_s=rate.batches_per_s if rate else 0.0,
             reason=_stage_reason(profile, scorer, c, s.name, pred)))
     start_name = "your DataLoader" if profile.loader is not None else "the rule of thumb"
     notes = [*profile.notes, *pred.notes]
     return StreamPlan(
         pipeline=profile.pipeline, source=profile.source, step=profile.step, objective=scorer.objective,
-        epochs=scorer.epochs, placement=c.place, **_fields(cfg), predicted_samples_per_s=pred.samples_per_s,
+        epochs=scorer.epochs, placement=c.place, **_fields(cfg), predicted_samples_per_s=value,
         predicted_total_s=pred.total_s, bottleneck=pred.bottleneck,
         consumer_samples_per_s=profile.consumer_samples_per_s.get(c.place[profile.step]), stages=stages,
         reasons=_plan_reasons(profile, scorer, c, pred, how), baselines=baselines(profile, scorer, value),
@@ -496,13 +555,14 @@ def stream_config(plan: StreamPlan | list[StreamPlan], **extra: Any) -> StreamCo
     """The :class:`StreamConfig` a plan (or the plans of several streams) chose; ``extra`` fields added."""
     plans = plan if isinstance(plan, list) else [plan]
     fields: dict[str, Any] = {"workers": 1, "stage_workers": {}, "worker_kind": {}, "prefetch": 2,
-                              "pin_memory": True, "cache": None}
+                              "pin_memory": True, "cache": None, "torch_threads": None}
     for p in plans:
         fields["stage_workers"].update(p.stage_workers)
         fields["worker_kind"].update(p.worker_kind)
         fields["prefetch"] = max(fields["prefetch"], p.prefetch)
         fields["pin_memory"] = fields["pin_memory"] and p.pin_memory
         fields["cache"] = fields["cache"] or p.cache
+        fields["torch_threads"] = fields["torch_threads"] or p.torch_threads
     return StreamConfig(**{**fields, **extra})
 
 
@@ -519,33 +579,60 @@ def measure(pipeline: Pipeline, source: str, placement: dict[str, str], config: 
 
 def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], scorer: Scorer,
            inventory: Inventory, consts: dict[str, Any], budget_s: float) -> tuple[Candidate, list[Verification]]:
-    """Run the best few candidates for a few batches each; return the fastest measured and every row.
+    """Run the best few distinct candidates, interleaved, several rounds; keep the predicted best unless
+    another measured faster by more than the noise.
 
-    Each run gets an equal share of the budget, in batches at its predicted rate
-    (at least 6, at most two epochs). The predicted best is kept unless another
-    measured 10 % faster.
+    Every round runs each candidate once, in turn, so that a change of load on a shared
+    machine falls on all of them alike; each run reads as many batches as the budget
+    allows at the candidate's rate (predicted, then as measured; at least
+    :data:`VERIFY_BATCHES`, at most the stream's whole length). Three rounds always run,
+    up to five while the budget lasts. The predicted best is replaced only by a candidate
+    whose median exceeds its own by more than :data:`MIN_GAIN` *and* that ran faster
+    than it in most rounds (the noise of a shared machine moves whole rounds; within a
+    round it mostly cancels); among several, the fastest median.
     """
     top = _distinct(ranked, VERIFY)
-    rows, measured = [], []
-    for i, c in enumerate(top):
-        pred = scorer.predict(c)
-        share = budget_s / len(top)
-        n = max(6, int(pred.batches_per_s * share * 0.8))
-        n = min(n, 2 * (profile.batches_per_epoch or n))
-        try:
-            sps, done = measure(pipeline, profile.source, c.place, c.config(profile, max_batches=n), inventory,
-                                consts)
-        except PlacerError:  # a setting this executor cannot run (e.g. process workers): not verified
-            if i == 0:
-                return top[0], []
-            continue
-        rows.append(Verification(name="plan" if i == 0 else f"candidate {i + 1}", placement=c.place,
-                                 config=_fields(c.config(profile)), predicted_samples_per_s=pred.samples_per_s,
-                                 measured_samples_per_s=sps, batches=done))
-        measured.append((sps, c))
-    fastest = max(measured, key=lambda m: m[0])
-    chosen = fastest[1] if fastest[0] > 1.1 * measured[0][0] else top[0]
+    total = (profile.batches_per_epoch or 0) * scorer.epochs or None
+    rounds = VERIFY_ROUNDS
+    runs: dict[int, list[tuple[float, int, float]]] = {i: [] for i in range(len(top))}
+    skipped: set[int] = set()
+    t_end = time.perf_counter() + budget_s
+    for r in range(rounds):
+        for i, c in enumerate(top):
+            if i in skipped or (r >= MIN_VERIFY_ROUNDS and time.perf_counter() > t_end):
+                continue
+            share = budget_s / (len(top) * MIN_VERIFY_ROUNDS)
+            rate = scorer.predict(c).batches_per_s  # then as measured: a model that is off sizes runs badly
+            if runs[i]:
+                rate = statistics.median(b / t for _, b, t in runs[i] if t > 0)
+            n = max(VERIFY_BATCHES, int(rate * share * 0.8))
+            n = min(n, total) if total else n
+            t = time.perf_counter()
+            try:
+                sps, b = measure(pipeline, profile.source, c.place, c.config(profile, max_batches=n), inventory,
+                                 consts)
+                runs[i].append((sps, b, time.perf_counter() - t))
+            except PlacerError:  # a setting this executor cannot run here: not verified
+                skipped.add(i)
+    done = [i for i in range(len(top)) if runs[i]]
+    if 0 not in done:
+        return top[0], []
+    med = {i: statistics.median(x for x, _, _ in runs[i]) for i in done}
+    rows = [Verification(name="plan" if i == 0 else f"candidate {i + 1}", placement=top[i].place,
+                         config=_fields(top[i].config(profile)),
+                         predicted_samples_per_s=scorer.score(top[i]),
+                         measured_samples_per_s=med[i], batches=runs[i][-1][1],
+                         runs=[x for x, _, _ in runs[i]]) for i in done]
+    better = [i for i in done[1:] if med[i] > med[0] * (1 + MIN_GAIN) and _wins(runs[i], runs[0])]
+    chosen = top[max(better, key=lambda i: med[i])] if better else top[0]
     return chosen, rows
+
+
+def _wins(mine: list[tuple[float, int, float]], plan: list[tuple[float, int, float]]) -> bool:
+    """Whether ``mine`` ran faster than the plan in most of the rounds both ran (at least two): runs of
+    one round share the machine's load of that moment, so comparing within rounds cancels most of it."""
+    pairs = list(zip(mine, plan))
+    return len(pairs) >= 2 and sum(a[0] > b[0] for a, b in pairs) * 2 > len(pairs)
 
 
 def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
@@ -560,7 +647,8 @@ def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
 
 
 def _far(a: Candidate, b: Candidate) -> bool:
-    if a.placement != b.placement or a.cache != b.cache or a.pin_memory != b.pin_memory:
+    if (a.placement != b.placement or a.cache != b.cache or a.pin_memory != b.pin_memory
+            or a.processes != b.processes or a.torch_threads != b.torch_threads):
         return True
     wa, wb = dict(a.workers), dict(b.workers)
     return sum(abs(wa.get(k, 1) - wb.get(k, 1)) for k in {*wa, *wb}) > 1
@@ -577,8 +665,9 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     source : str, optional
         The stream's source (default: the first stream).
     budget_s : float
-        Seconds for profiling (about 70 %) and verifying the best few candidates by
-        short measured runs (the rest; skipped when under a second is left).
+        Seconds for profiling (about half) and verifying the best few candidates by
+        short measured runs, interleaved (the rest; skipped when under a second is left;
+        the three rounds it always runs may take longer).
     inventory : Inventory, optional
         The devices (default: discovered; ``gpu-sim`` under ``PLACER_TEST_DEVICES=1``).
     objective : {"auto", "throughput", "total_time"}
@@ -606,14 +695,15 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     inv = inventory or discover()
     t0 = time.perf_counter()
     consts = one_shot_inputs(p, source, inv)
-    prof = profile_stream(p, source, budget_s=0.7 * budget_s, inventory=inv, consts=consts)
+    prof = profile_stream(p, source, budget_s=0.5 * budget_s, inventory=inv, consts=consts)
     plan, ranked, scorer = plan_from_profile(prof, objective=objective, epochs=epochs)
     left = budget_s - (time.perf_counter() - t0)
     if verify_runs and left >= 1.0:
         chosen, rows = verify(p, prof, ranked, scorer, inv, consts, left)
         if chosen != ranked[0]:
             plan = explain(prof, scorer, chosen, plan.search, plan.candidates)
-            plan.notes.append("the predicted best ran slower than another candidate; the faster one was kept")
+            plan.notes.append("the predicted best ran slower than another candidate by more than the runs' "
+                              "spread; the faster one was kept")
         plan.verified = rows
     plan.planning_s = time.perf_counter() - t0 - prof.seconds
     return plan

@@ -17,20 +17,28 @@ pageable copies on a real GPU).
    from pageable memory);
 3. **thread scaling**: every CPU batch stage runs on the batches it saw, on
    1, 2, 4, ... threads at once; below :data:`~placer.data.stream.GIL_SPEEDUP`
-   times one thread's rate at two threads it is marked GIL-bound. A process
-   measurement is one more :class:`~placer.data.stream.ScalingRow` (``kind="process"``);
+   times one thread's rate at two threads it is marked GIL-bound;
 4. **the differential test** (DS-Analyzer, FastFlow): the step's seconds per batch
    in a sweep are its seconds on already-prepared batches of the right shapes, so
-   ``consumer_samples_per_s`` is the most the consumer could take.
+   ``consumer_samples_per_s`` is the most the consumer could take;
+5. **process scaling**: a GIL-bound stage is also run by 1 .. cores worker processes
+   (the stream's own :class:`~placer.stream.workers.ProcessPool`), giving
+   ``ScalingRow(kind="process")`` rows (moving batches to the children included);
+6. **the step, again** on its last batches: with one torch intra-op thread, interleaved
+   with torch's default (``torch_seconds``), and with a probe thread counting beside
+   it (:func:`gil_held`): the share of its time it holds the GIL.
 
-Everything is bounded by ``budget_s``: sweeps get 60 % of it, scaling the rest;
-each takes at least two batches or one round per worker count.
+Everything is bounded by ``budget_s``: sweeps get 60 % of it, thread scaling half of
+what is left, process scaling most of the rest (at least :data:`PROCESS_MIN_S` when
+the budget is 4 s or more); each takes at least two batches or one round per worker
+count, and the step's re-runs take a few calls.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -51,6 +59,10 @@ from placer.stream.source import call_source, describe_source
 DEFAULT_BATCHES = 8
 #: thread counts tried for CPU stages (up to the cores' double, at least four)
 THREADS = (1, 2, 4, 8)
+#: the step's last batches kept for re-running it (GIL probe, torch threads)
+STEP_KEPT = 3
+#: seconds a process-scaling measurement needs at least (children start in about half a second)
+PROCESS_MIN_S = 1.0
 HOST_DEVICE = Device(name="cpu", kind="cpu", label="host")
 
 
@@ -145,9 +157,11 @@ class _Sweep:
         return done
 
     def _one(self, node: Node, b: Bundle, index: int) -> None:
-        if node.kind == "batch" and node.device.kind == "cpu":
-            self.inputs.setdefault(node.name, []).append(
-                Bundle(b.seq, b.info, {k: dict(v) for k, v in b.values.items()}))
+        if (node.kind == "batch" and node.device.kind == "cpu") or node.kind == "step":
+            kept = self.inputs.setdefault(node.name, [])
+            kept.append(Bundle(b.seq, b.info, {k: dict(v) for k, v in b.values.items()}))
+            if node.kind == "step" and len(kept) > STEP_KEPT:
+                kept.pop(0)
         with _Clock() as c:
             self.run.work(node, b)
         if node.kind == "copy":
@@ -252,26 +266,63 @@ def thread_scaling(node: Node, inputs: list[Bundle], *, max_threads: int, budget
     """Batches per second of ``node`` on 1, 2, 4, ... threads at once, over the batches it saw.
 
     Each count runs for a slice of the budget (at least six batches' time of one
-    worker); counts stop rising once doubling the threads adds under 10 %.
+    worker); counts stop rising once doubling the threads adds under 10 %. One worker
+    runs first and again last; the faster of the two is the base of the speed-ups.
     """
     counts = [n for n in THREADS if n <= max_threads]
-    one = _rate(node, inputs, 1, 0.05)
+    return _scaling([node.process] * counts[-1], inputs, counts, budget_s, kind)
+
+
+def _scaling(calls: list, inputs: list[Bundle], counts: list[int], budget_s: float | None,
+             kind: str) -> list[ScalingRow]:
+    """Rows of batches per second with the first ``n`` of ``calls`` running at once, ``n`` in ``counts``."""
+    one = _rate(calls[:1], inputs, 0.05)
     per = max(6.0 / one if one else 0.05, 0.05)
     if budget_s is not None:
         per = min(per, max(0.05, budget_s / len(counts)))
     rows: list[ScalingRow] = []
     base = None
     for n in counts:
-        rate = _rate(node, inputs, n, per)
+        rate = _rate(calls[:n], inputs, per)
         base = base or rate
         rows.append(ScalingRow(kind=kind, workers=n, batches_per_s=rate, speedup=rate / base if base else 0.0))
         if len(rows) >= 2 and rows[-1].speedup < 1.1 * rows[-2].speedup:
             break
-    return rows
+    # one worker again, after the others: load that came and went slows one of the two; noise only slows
+    base = max(rows[0].batches_per_s, _rate(calls[:1], inputs, per))
+    rows[0] = rows[0].model_copy(update={"batches_per_s": base})
+    return [r.model_copy(update={"speedup": r.batches_per_s / base if base else 0.0}) for r in rows]
 
 
-def _rate(node: Node, inputs: list[Bundle], threads: int, seconds: float) -> float:
-    """Batches per second of ``threads`` threads calling ``node`` on ``inputs`` for about ``seconds``."""
+def process_scaling(node: Node, inputs: list[Bundle], *, count: int, budget_s: float | None) -> list[ScalingRow]:
+    """Batches per second of ``node`` run by 1 .. ``count`` worker processes (the stream's own
+    :class:`~placer.stream.workers.ProcessPool`), each called from a thread of its own as the runner
+    does: the rates include moving every batch to a child and back."""
+    from placer.stream.workers import ProcessPool, StageCall
+
+    stop = threading.Event()
+    pool = ProcessPool(node.name, StageCall(node.stage, node.device, node.consts, node.takes_info), count, stop)
+    t = time.perf_counter()
+    pool.start()
+    try:
+        left = None if budget_s is None else max(0.1, budget_s - (time.perf_counter() - t))
+
+        def caller(child):
+            def call(b: Bundle):
+                return child.call({a: b.values[src][node.location] for a, src in node.reads.items()}, b.info,
+                                  stop)[0]
+            return call
+
+        counts = sorted({1, *[n for n in THREADS if n < count], count})
+        return _scaling([caller(c) for c in pool.children], inputs, counts, left, "process")
+    finally:
+        pool.close()
+
+
+def _rate(calls: list, inputs: list[Bundle], seconds: float) -> float:
+    """Batches per second of one thread per callable of ``calls``, each calling it on ``inputs`` for
+    about ``seconds``."""
+    threads = len(calls)
     done = [0] * threads
     start = threading.Barrier(threads + 1)
     t_end = [0.0]
@@ -280,7 +331,7 @@ def _rate(node: Node, inputs: list[Bundle], threads: int, seconds: float) -> flo
         start.wait()
         k = i
         while time.perf_counter() < t_end[0] or done[i] == 0:
-            node.process(inputs[k % len(inputs)])
+            calls[i](inputs[k % len(inputs)])
             done[i] += 1
             k += threads
 
@@ -294,6 +345,59 @@ def _rate(node: Node, inputs: list[Bundle], threads: int, seconds: float) -> flo
         w.join()
     elapsed = time.perf_counter() - t0
     return sum(done) / elapsed if elapsed > 0 else 0.0
+
+
+class _Probe:
+    """A thread counting in pure Python: how little it counts while another call runs shows how much
+    of that call's time the call held the GIL."""
+
+    def __init__(self):
+        self.count = 0
+        self.running = True
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while self.running:
+            self.count += 1
+
+    def __enter__(self) -> _Probe:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.running = False
+        self.thread.join()
+
+
+def gil_held(call, inputs: list, *, rounds: int = 1) -> float | None:
+    """Seconds per call that ``call`` held the GIL, on each of ``inputs`` ``rounds`` times, as
+    :class:`_Probe` saw it: after each call the probe runs alone for as long as the call took, so
+    that on a machine whose cores other work shares, the probe's rate alone is measured under the
+    same load as beside the calls. None when the probe did not run."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)  # the probe and the call take turns finely
+    during = alone = counted = counted_alone = 0.0
+    n = 0
+    try:
+        with _Probe() as probe:
+            for _ in range(rounds):
+                for x in inputs:
+                    c, t = probe.count, time.perf_counter()
+                    call(x)
+                    d = time.perf_counter() - t
+                    counted += probe.count - c
+                    during += d
+                    c, t = probe.count, time.perf_counter()
+                    time.sleep(d)
+                    counted_alone += probe.count - c
+                    alone += time.perf_counter() - t
+                    n += 1
+    finally:
+        sys.setswitchinterval(interval)
+    if counted_alone <= 0 or alone <= 0 or n == 0:
+        return None
+    rate_alone = counted_alone / alone
+    return max(0.0, 1.0 - counted / (rate_alone * during)) * during / n
 
 
 def _placements(pipeline: Pipeline, members: list[str], devices: list[str]) -> dict[str, dict[str, str]]:
@@ -352,8 +456,15 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
         sweeps[d] = _Sweep(prof, d, place)
         sweeps[d].go(sweep_budget)
     stages = _stages(prof, sweeps)
-    left = None if budget_s is None else max(0.0, budget_s - (time.perf_counter() - t0))
-    _scale(prof, sweeps.get("cpu"), stages, left)
+
+    def left(share: float = 1.0) -> float | None:
+        return None if budget_s is None else share * max(0.0, budget_s - (time.perf_counter() - t0))
+
+    cpu = sweeps.get("cpu")
+    _scale(prof, cpu, stages, left(0.5))
+    floor = PROCESS_MIN_S if budget_s is None or budget_s >= 4 * PROCESS_MIN_S else 0.0
+    _scale_processes(prof, cpu, stages, None if budget_s is None else max(floor, left(0.7)))
+    _step_extras(prof, cpu, stages[prof.members[-1]])
     return _assemble(prof, sweeps, stages, budget_s, time.perf_counter() - t0)
 
 
@@ -398,6 +509,102 @@ def _scale(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile
                               "it holds the GIL (or the cores were busy); process workers would scale it")
 
 
+def _scale_processes(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile],
+                     budget_s: float | None) -> None:
+    """Process-worker scaling of every GIL-bound CPU batch stage, when the budget allows."""
+    if sweep is None:
+        return
+    todo = [n for n in sweep.run.nodes if n.kind == "batch" and n.device.kind == "cpu"
+            and stages[n.name].gil_bound and sweep.inputs.get(n.name)]
+    count = max(2, min(prof.cores, prof.max_threads))
+    for i, node in enumerate(todo):
+        share = None if budget_s is None else budget_s / (len(todo) - i)
+        if share is not None and share < PROCESS_MIN_S:
+            prof.notes.append(f"{node.name}: process workers not measured (under {PROCESS_MIN_S:g} s of the "
+                              "profile's budget left); give the profile more time to weigh them")
+            continue
+        t = time.perf_counter()
+        try:
+            rows = process_scaling(node, sweep.inputs[node.name], count=count, budget_s=share)
+        except Exception as exc:  # noqa: BLE001 - a stage a child cannot load runs on threads
+            prof.notes.append(f"{node.name}: process workers could not run it ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:160]}); threads only")
+            rows = []
+        if budget_s is not None:
+            budget_s = max(0.0, budget_s - (time.perf_counter() - t))
+        st = stages[node.name]
+        st.scaling = [*st.scaling, *rows]
+        if rows:
+            best = max(rows, key=lambda r: r.batches_per_s)
+            thread = st.rate(1, "thread", st.seconds["cpu"])
+            prof.notes.append(f"{node.name}: {best.workers} worker processes ran {best.batches_per_s:.4g} "
+                              f"batches/s ({best.batches_per_s / thread:.2f}x one thread, moving batches "
+                              "included)")
+
+
+def _step_extras(prof: _Profiler, sweep: _Sweep | None, step: StageProfile) -> None:
+    """On the CPU sweep's last batches: the step with one torch intra-op thread (interleaved with
+    torch's default, for the ratio), and the share of its time it holds the GIL (probe thread)."""
+    node = sweep.run.nodes[-1] if sweep is not None else None
+    kept = sweep.inputs.get(node.name) if node is not None else None
+    if not kept or node.device.kind != "cpu" or "cpu" not in step.seconds:
+        return
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    call = _step_call(sweep.run, node)
+    if threads is not None and threads > 1:
+        ratio, cpu_ratio = _threads_ratio(torch, call, kept, threads)
+        step.torch_seconds[1] = step.seconds["cpu"] * ratio
+        step.torch_cpu_seconds[1] = step.cpu_seconds.get("cpu", step.seconds["cpu"]) * cpu_ratio
+    one = _torch_threads(torch, 1)
+    with one:
+        held = gil_held(call, kept)
+    if held is not None and step.seconds["cpu"] > 0:
+        step.gil = min(1.0, held / step.seconds["cpu"])
+
+
+def _step_call(run: StreamRun, node: Node):
+    def call(b: Bundle) -> None:
+        run.work(node, b)
+    return call
+
+
+class _torch_threads:
+    """torch's intra-op threads set to ``n`` for a block (nothing without torch)."""
+
+    def __init__(self, torch: Any, n: int):
+        self.torch, self.n, self.before = torch, n, None
+
+    def __enter__(self):
+        if self.torch is not None:
+            self.before = self.torch.get_num_threads()
+            self.torch.set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc):
+        if self.before is not None:
+            self.torch.set_num_threads(self.before)
+
+
+def _threads_ratio(torch: Any, call, kept: list[Bundle], threads: int, rounds: int = 2) -> tuple[float, float]:
+    """Wall and CPU seconds of the step at one intra-op thread over those at ``threads``: medians of
+    runs interleaved batch by batch, so that a change of load affects both alike."""
+    import statistics
+
+    wall: dict[int, list[float]] = {1: [], threads: []}
+    cpu: dict[int, list[float]] = {1: [], threads: []}
+    for _ in range(rounds):
+        for b in kept:
+            for n in (threads, 1):
+                with _torch_threads(torch, n), _Clock() as c:
+                    call(b)
+                wall[n].append(c.wall)
+                cpu[n].append(max(0.0, c.cpu))
+    w0, c0 = statistics.median(wall[threads]), statistics.median(cpu[threads])
+    return (statistics.median(wall[1]) / w0 if w0 > 0 else 1.0,
+            statistics.median(cpu[1]) / c0 if c0 > 0 else 1.0)
+
+
 def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, StageProfile],
               budget_s: float | None, spent: float) -> StreamProfile:
     p = prof.pipeline
@@ -421,7 +628,7 @@ def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, Stag
         stages=[stages[m] for m in prof.members], copies=copies,
         consumer_samples_per_s={d: spb / s for d, s in step.seconds.items() if s > 0},
         measured_batches={d: len(sw.samples) for d, sw in sweeps.items()}, budget_s=budget_s, seconds=spent,
-        notes=prof.notes)
+        torch_threads=sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None, notes=prof.notes)
 
 
 def _source_facts(prof: _Profiler, spb: float) -> tuple[str, LoaderSettings | None, int | None]:

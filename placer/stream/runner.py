@@ -107,6 +107,10 @@ class StreamRun:
         self.first_done_s: float | None = None
         self.last_done_s = 0.0
         self.first_samples = 0
+        #: (time the step finished it, samples) of every batch, in order
+        self.finished: list[tuple[float, int]] = []
+        #: batches read but not yet through the step when the first one was (queues filled meanwhile)
+        self.filled = 0
         self.inflight = 0
         self.peak_inflight = 0
         self.inflight_bytes = 0
@@ -173,17 +177,21 @@ class StreamRun:
         with self.lock:
             self.samples += rows
             self.done += 1
+            self.inflight -= 1
             if self.first_done_s is None:
                 self.first_done_s, self.first_samples = done, rows
+                self.filled = self.inflight
             self.last_done_s = done
-            self.inflight -= 1
+            self.finished.append((done, rows))
 
     # -- running ------------------------------------------------------------------------------
     def run(self) -> tuple[Any, StreamStats]:
         """Run the stream to its end; return the step's result (on the host) and the statistics."""
         with _ACTIVE_LOCK:
             _ACTIVE.add(self)
+        threads = _TorchThreads(self.config.torch_threads)
         try:
+            threads.__enter__()
             t_setup = now()
             self._start_pools()
             with device_stream(self.nodes[-1].device):
@@ -200,6 +208,7 @@ class StreamRun:
                 raise
         finally:
             self._close_pools()
+            threads.__exit__()
             with _ACTIVE_LOCK:
                 _ACTIVE.discard(self)
         if self.interrupted:
@@ -374,10 +383,8 @@ class StreamRun:
     # -- statistics ---------------------------------------------------------------------------
     def stats(self) -> StreamStats:
         wall = now() - self.t0
-        steady = (self.last_done_s - self.first_done_s) if self.first_done_s is not None else 0.0
-        if self.done >= 3 and steady > 0:
-            rate = (self.samples - self.first_samples) / steady
-        else:
+        rate = steady_rate(self.finished, 1 + self.filled)
+        if rate is None:
             rate = self.samples / wall if wall > 0 else 0.0
         step = self.nodes[-1].stats
         step_time = step.busy_s + step.starved_s + step.blocked_s
@@ -399,6 +406,24 @@ class StreamRun:
         )
 
 
+def steady_rate(finished: list[tuple[float, int]], skip: int = 1) -> float | None:
+    """Samples per second in steady state, from ``(finish time, samples)`` of each batch in order.
+
+    The window starts once the first ``skip`` batches are through the step (at most
+    half of them): the first batch, and the batches that were already read when it
+    was done. While the first batch is in the step (which pays for warm-up), the
+    stages before it fill every queue, and those batches then reach the step faster
+    than the stream makes new ones; counting them would flatter deep queues on short
+    runs. None with fewer than three batches.
+    """
+    if len(finished) < 3:
+        return None
+    skip = max(1, min(skip, len(finished) // 2))
+    start = finished[skip - 1][0]
+    span = finished[-1][0] - start
+    return sum(n for _, n in finished[skip:]) / span if span > 0 else None
+
+
 def _pool_note(pool: ProcessPool, node: Node) -> str:
     if hasattr(pool, "note"):
         return pool.note(node)
@@ -407,6 +432,31 @@ def _pool_note(pool: ProcessPool, node: Node) -> str:
             f"{t.start_s:.2f} s, before the stream's clock; of its {node.stats.busy_s:.2f} s busy, "
             f"{t.compute_s:.2f} s computing in the workers, {t.round_trip_s - t.compute_s:.2f} s moving "
             "batches to and from them")
+
+
+class _TorchThreads:
+    """torch's intra-op threads set for a run and restored after it (nothing when ``n`` is None).
+
+    Threads started during the run (the stream's workers) take the count set here.
+    """
+
+    def __init__(self, n: int | None):
+        self.n, self.before = n, None
+
+    def __enter__(self) -> _TorchThreads:
+        if self.n is not None:
+            import torch
+
+            self.before = torch.get_num_threads()
+            torch.set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.before is not None:
+            import torch
+
+            torch.set_num_threads(self.before)
+            self.before = None
 
 
 class _Ordered:

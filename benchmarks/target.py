@@ -158,7 +158,7 @@ def requests_check(ref: dict, out: list[str]) -> None:
     except Exception as exc:  # the implied figure is a cross-check, not the benchmark's subject
         out.append(f"requests: could not count the stages' ops ({exc})")
         implied, per = None, None
-    for label, kw in (("default profile (up to N/10)", {}), ("measured at 16", {"max_size": 16}),
+    for label, kw in (("default profile (as advise does)", {}), ("measured at 16", {"max_size": 16}),
                       ("measured at 16 with 1 thread (no thread-pool stalls on a busy machine)",
                        {"max_size": 16, "threads": 1})):
         prof = profile(str(ROOT / "pipelines/requests.py"), size=16, budget_s=20.0, progress=False, cache=False, **kw)

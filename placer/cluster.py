@@ -255,7 +255,7 @@ def cluster_costs(
         by cloudpickle, as a run's stages do.
     scheduler : str or distributed.Client
     size : int, optional
-        The size to plan for (profiling goes up to a tenth of it).
+        The size to plan for (profiling measures up to it when the budget allows).
     budget_s : float or None
         Profiling time on each worker.
     link_sizes, link_repeats

@@ -109,30 +109,27 @@ def positive_seconds(ctx: typer.Context, param, value):
     return value
 
 
-def output_path(ctx: typer.Context, param, value):
-    """An output file: checked before any work starts (see :func:`placer.files.check_output`)."""
+def _checked_path(param, value, check_name: str):
+    """``value`` checked by ``placer.files.<check_name>`` (a refusal is a usage error)."""
     if value is not None:
+        from placer import files
         from placer.errors import OutputPathError
-        from placer.files import check_output
 
         try:
-            check_output(value, _name(param))
+            getattr(files, check_name)(value, _name(param))
         except OutputPathError as exc:
             usage(str(exc))
     return value
+
+
+def output_path(ctx: typer.Context, param, value):
+    """An output file: checked before any work starts (see :func:`placer.files.check_output`)."""
+    return _checked_path(param, value, "check_output")
 
 
 def output_folder(ctx: typer.Context, param, value):
     """An output folder: a directory, or one that can be made, checked before any work starts."""
-    if value is not None:
-        from placer.errors import OutputPathError
-        from placer.files import check_output_folder
-
-        try:
-            check_output_folder(value, _name(param))
-        except OutputPathError as exc:
-            usage(str(exc))
-    return value
+    return _checked_path(param, value, "check_output_folder")
 
 
 def scheduler_address(value: str | None) -> str | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import typer
 
-from placer.cli.app import fail
+from placer.cli.app import fail, output_path
 
 #: exit status of a usage error (click's)
 USAGE = 2
@@ -138,8 +138,8 @@ def build_param_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def trace_option() -> Any:
-    """The ``--trace FILE`` option of ``placer run`` and ``placer advise``."""
-    return typer.Option(None, "--trace", help=TRACE_HELP, dir_okay=False)
+    """The ``--trace FILE`` option of ``placer run`` and ``placer advise`` (checked before any work)."""
+    return typer.Option(None, "--trace", help=TRACE_HELP, dir_okay=False, callback=output_path)
 
 
 def write_trace_file(path: Path | None, runs: Any) -> None:

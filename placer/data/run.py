@@ -92,7 +92,8 @@ class StreamStats(BaseModel):
     #: before the stream's clock started: the step's ``init`` (building the model) and any
     #: worker processes starting
     setup_s: float = 0.0
-    #: samples per second in steady state (after the first batch reached the step)
+    #: samples per second in steady state (after the first batch left the step, leaving out the batches
+    #: that had filled the queues by then)
     samples_per_s: float
     #: from the stream's start until the step began its first batch
     time_to_first_batch_s: float

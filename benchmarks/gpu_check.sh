@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # Every GPU check in one call, for a machine with a CUDA GPU (run there from the repo
 # root, after benchmarks/gpu_wheels.sh has filled .whl/ here and .whl is carried):
-#   tests marked gpu, then the advisor, cost model and overhead benchmarks.
+#   tests marked gpu, `placer describe` of the machine, the stream, advisor, cost model
+#   and overhead benchmarks.
 # Results go to $OUT (default ./gpu-results); each step has its own time limit so the
-# whole script ends within about nine minutes.
+# whole script ends within about nine minutes (one device command may run ten).
 set -u
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
+# the device tool brings back at most 8 files: everything goes to $RES, packed into one
+# archive at the end (the test summary and the machine also stay readable on their own)
+RES=$(mktemp -d)
+finish() { tar -czf "$OUT/gpu-results.tgz" -C "$RES" . ; cp "$RES/machine.txt" "$RES/gpu-tests.txt" "$OUT/" 2>/dev/null; }
+trap finish EXIT
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1 PLACER_REAL_GPU=1 PLACER_CACHE_DIR=/tmp/placer-cache
-{ nvidia-smi -L; python3 -c "import torch, numba, numpy; print('torch', torch.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__)"; } > "$OUT/machine.txt" 2>&1
-timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/ > "$OUT/gpu-tests.txt" 2>&1
-echo "gpu tests exit $?" >> "$OUT/gpu-tests.txt"
-timeout 330 python3 benchmarks/advisor.py --out "$OUT/advisor-h200.txt" --time-limit-s 280 > "$OUT/advisor-log.txt" 2>&1
-timeout 60 python3 benchmarks/overhead.py --out "$OUT/overhead-h200.txt" > /dev/null 2>&1
-timeout 100 python3 benchmarks/costmodel.py --budget-s 8 > "$OUT/costmodel-h200.txt" 2>&1
-tail -3 "$OUT/gpu-tests.txt" "$OUT/advisor-h200.txt" 2>/dev/null
+{ nvidia-smi -L; python3 -c "import torch, numba, numpy; print('torch', torch.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__)"; } > "$RES/machine.txt" 2>&1
+timeout 130 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/ > "$RES/gpu-tests.txt" 2>&1
+echo "gpu tests exit $?" >> "$RES/gpu-tests.txt"
+timeout 45 python3 -m placer describe -o "$RES/describe-h200.json" --budget-s 30 > "$RES/describe-log.txt" 2>&1
+timeout 150 python3 benchmarks/stream.py --cases "stream_images (numpy),stream_inference" --time-limit-s 120 \
+  --machine h200 --out "$RES/stream-h200" > "$RES/stream-log.txt" 2>&1
+timeout 150 python3 benchmarks/advisor.py --out "$RES/advisor-h200.txt" --time-limit-s 130 > "$RES/advisor-log.txt" 2>&1
+timeout 30 python3 benchmarks/overhead.py --out "$RES/overhead-h200.txt" > /dev/null 2>&1
+timeout 60 python3 benchmarks/costmodel.py --budget-s 5 --pipelines tabular,mnist_mlp,requests > "$RES/costmodel-h200.txt" 2>&1
+tail -3 "$RES/gpu-tests.txt" "$RES/advisor-h200.txt" 2>/dev/null

@@ -89,7 +89,9 @@ def _parse_numpy(chunks: str) -> dict:
 def _parse_pandas(chunks: str) -> dict:
     import pandas as pd
 
-    df = pd.read_csv(io.StringIO(chunks), float_precision="round_trip",
+    # pandas 3 parses floats exactly by default (and deprecates the option); older ones need it
+    exact = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
+    df = pd.read_csv(io.StringIO(chunks), **exact,
                      dtype={"segment": "string", "label": "int64"}, keep_default_na=False, na_values={
                          **{c: [""] for c in COLUMNS[:NUMERIC]}})
     codes = pd.Categorical(df["segment"].replace("", pd.NA), categories=list(SEGMENTS)).codes

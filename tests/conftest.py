@@ -59,3 +59,13 @@ def sim_env(monkeypatch):
     env["PLACER_TEST_DEVICES"] = "1"
     env.setdefault("NUMBA_ENABLE_CUDASIM", "1")
     return env
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    """A dask Client on the module's own ``cluster`` fixture (127.0.0.1 only), once two workers are up."""
+    from distributed import Client
+
+    with Client(cluster, set_as_default=False) as c:
+        c.wait_for_workers(2, timeout=60)
+        yield c

@@ -248,15 +248,6 @@ def cluster(cache_dir):
         yield c
 
 
-@pytest.fixture(scope="module")
-def client(cluster):
-    from distributed import Client
-
-    with Client(cluster, set_as_default=False) as c:
-        c.wait_for_workers(2, timeout=60)
-        yield c
-
-
 def names(client) -> dict[str, str]:
     return {str(w["name"]): a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
 

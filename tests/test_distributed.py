@@ -61,15 +61,6 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def client(cluster):
-    from distributed import Client
-
-    with Client(cluster, set_as_default=False) as c:
-        c.wait_for_workers(2, timeout=60)
-        yield c
-
-
-@pytest.fixture(scope="module")
 def local():
     return execute(diamond(), "all=cpu")
 

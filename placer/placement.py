@@ -40,6 +40,11 @@ def parse_spec(spec: str, stages: list[str]) -> dict[str, str]:
             for s in stages:
                 out[s] = dev
         elif key in stages:
+            if key in explicit and out[key] != dev:
+                raise PlacementError(
+                    f"placement names stage {key!r} twice ({out[key]} and {dev}); give each stage one device",
+                    stage=key,
+                )
             out[key] = dev
             explicit.add(key)
         else:

@@ -430,6 +430,7 @@ def test_bad_option_values_are_usage_errors_before_any_work(marked, args, option
     ("ghost=cpu", "stage 'ghost', which the pipeline does not have", 2),
     ("all", "is not stage=device", 2),
     ("all=cpu,load=", "'load=' names no device", 2),
+    ("load=cpu,load=gpu-sim", "names stage 'load' twice (cpu and gpu-sim)", 2),
 ])
 def test_bad_placements_are_refused_naming_the_item(marked, spec, says, code):
     r = cli("run", marked, "--placement", spec)

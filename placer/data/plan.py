@@ -90,6 +90,8 @@ class Plan(Views, BaseModel):
     """
 
     placement: dict[str, str]
+    #: the pipeline planned, when known (a plan from a bare cost table does not know it)
+    pipeline: str | None = None
     #: the objective's name (see :mod:`placer.optimize.objectives`)
     objective: str = "makespan"
     method: Literal["exact", "heuristic", "given"] = "given"

@@ -3,8 +3,8 @@
 May import: placer.report.inputs.
 
 A report puts its inputs side by side, so they must describe one pipeline: the same
-stages everywhere, the same pipeline name where it is known (a run and a live
-pipeline know theirs; a plan and a cost table do not), and the run given as the
+stages everywhere, the same pipeline name where it is known (a run, a live pipeline
+and a plan made from a profile know theirs; a cost table does not), and the run given as the
 plan's run must have placed every stage where the plan does. Baseline runs (all on
 the CPU, all on the GPU, the rule of thumb) place stages elsewhere on purpose: only
 their pipeline and stages are compared.
@@ -72,7 +72,7 @@ def _parts(inputs: Inputs) -> list[Part]:
     files = inputs.files
     out = []
     if inputs.plan is not None:
-        out.append(_part("plan", files.get("plan"), inputs.plan.placement))
+        out.append(_part("plan", files.get("plan"), inputs.plan.placement, inputs.plan.pipeline))
     runs = [("run", "run", inputs.run)] + [(f"baselines.{key}", f"{key} run", r) for key, r in inputs.baselines.items()]
     for key, what, run in runs:
         if run is not None:

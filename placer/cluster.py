@@ -1,6 +1,7 @@
 """Planning for a dask.distributed cluster: its devices, its network, its plan.
 
-May import: placer.executor.distributed, placer.executor.shipping, placer.devices, placer.pipeline, placer.site, pydantic;
+May import: placer.executor.distributed, placer.executor.shipping, placer.devices, placer.errors, placer.pipeline,
+placer.site, pydantic;
 distributed, placer.loader, placer.profile, placer.costmodel and placer.optimize inside
 functions.
 
@@ -34,6 +35,7 @@ from placer.executor.distributed import (
     stage_payloads,
 )
 from placer.executor.shipping import by_reference, ship_modules
+from placer.errors import validation_line
 from placer.pipeline import Pipeline
 from placer.site import Costs
 
@@ -130,10 +132,14 @@ LINK_SIZES = (1 << 12, 1 << 18, 1 << 22)
 
 
 class _Builder:
-    """``build(size)`` of a pipeline, picklable to a worker (its module travels by value)."""
+    """``build(size, **params)`` of a pipeline, picklable to a worker (its module travels by value).
 
-    def __init__(self, build: Any, name: str):
-        self.build, self.name = build, name
+    ``params`` are the :func:`placer.loader.build_params` in force where it was made
+    (``placer plan --scheduler ... -p seed=1``): the workers' builds get them too.
+    """
+
+    def __init__(self, build: Any, name: str | None, params: dict[str, Any] | None = None):
+        self.build, self.name, self.params = build, name, dict(params or {})
 
     def __call__(self, size: int | None = None) -> Pipeline:
         import inspect
@@ -141,7 +147,8 @@ class _Builder:
         from placer.pipeline import as_pipeline
 
         takes_size = "size" in inspect.signature(self.build).parameters
-        p = as_pipeline(self.build(size=size) if takes_size else self.build(), name=self.name)
+        built = self.build(size=size, **self.params) if takes_size else self.build(**self.params)
+        p = as_pipeline(built, name=self.name)
         if p.size is None:
             p.size = size
         return p
@@ -155,14 +162,16 @@ def _pipeline_payload(pipeline: Any, client: Any) -> bytes:
     """
     import cloudpickle
 
-    from placer.loader import load_builder
+    from placer.loader import current_build_params, load_builder
     from placer.pipeline import as_pipeline
 
+    params = current_build_params()
     if isinstance(pipeline, str):
         build = load_builder(pipeline)
-        obj: Any = _Builder(build, Path(pipeline).stem if pipeline.endswith(".py") else pipeline)
+        obj: Any = _Builder(build, Path(pipeline).stem if pipeline.endswith(".py") else pipeline, params)
     elif callable(pipeline) and not isinstance(pipeline, Pipeline):
-        build = obj = pipeline
+        build = pipeline
+        obj = _Builder(pipeline, None, params) if params else pipeline
     else:
         obj = as_pipeline(pipeline)
         modules = ship_code(client, obj)
@@ -285,9 +294,10 @@ def cluster_costs(
                 profiles[key] = fut.result()
             except Exception as exc:  # noqa: BLE001 - reraised naming the worker
                 client.cancel(list(futs.values()))
+                why = validation_line(exc) or (str(exc).splitlines()[0] if str(exc) else "")
                 raise ClusterProfileError(
                     f"profiling {', '.join(jobs[key][2])} on worker {jobs[key][0].address} failed: "
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; fix the "
+                    f"{type(exc).__name__}: {why}; fix the "
                     "pipeline or the worker, or give a placement"
                 ) from None
         notes = [f"{', '.join(names)} profiled on worker {w.address} (as its {local})"

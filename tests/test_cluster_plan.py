@@ -364,3 +364,28 @@ def test_a_cluster_without_a_gpu_worker_plans_everything_on_the_cpu_and_says_why
     assert set(p.placement.values()) == {"cpu"} and p.devices == {"cpu": "cpu"}
     assert all("declares a GPU resource" in s.reason for s in p.stages)
     assert any("--resources GPU=1" in w for w in p.warnings)
+
+
+PARAM_FILE = '''
+from placer import Pipeline
+
+
+def build(size=None, *, extra: int = 0):
+    p = Pipeline("params", size=size or 100)
+    p.add(name="base", fn=lambda device: 1.0)
+    for i in range(extra):
+        p.add(name=f"extra{i}", fn=lambda device: 2.0)
+    return p
+'''
+
+
+def test_build_parameters_reach_the_workers_builds(client, tmp_path):
+    """``placer plan --scheduler ... -p extra=2``: the workers build the pipeline with the parameter too."""
+    from placer.cluster import cluster_costs
+    from placer.loader import build_params
+
+    f = tmp_path / "params_pipe.py"
+    f.write_text(PARAM_FILE)
+    with build_params(extra=2):
+        costs = cluster_costs(str(f), client, size=100, budget_s=2.0, link_sizes=(1 << 12, 1 << 16), cache=False)
+    assert set(costs.profile.stages) == {"base", "extra0", "extra1"}

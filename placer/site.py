@@ -120,7 +120,6 @@ class Costs:
 
         result = plan(cost_at(at), objective=objective, method=method, deadline_s=deadline_s,
                       cost_at=cost_at, size=at)
-        result.pipeline = self.profile.pipeline
         why = self.no_accelerator_reason
         if target and self.target is not None:
             result.warnings += [n for n in self.target_notes if n not in result.warnings]

@@ -80,19 +80,6 @@ def test_a_plan_knows_its_pipeline_and_refuses_a_run_of_another_with_the_same_st
         collect(plan=chosen, run=renamed, costs=costs)
 
 
-def test_plans_made_from_a_profile_record_their_pipeline(tmp_path):
-    from placer.site import LocalSite
-
-    p = Pipeline("named", size=100)
-
-    @p.stage(device="cpu")
-    def one():
-        return list(range(10))
-
-    costs = LocalSite(cache=False).costs(p, size=100, budget_s=2.0)
-    assert costs.plan().pipeline == "named"
-
-
 def test_cli_refuses_a_baseline_of_another_pipeline(saved, tmp_path):
     out = tmp_path / "x.json"
     res = placer_report("--run", saved["cpu"], "--baseline", f"all_gpu={saved['other']}", "-o", out)

@@ -90,7 +90,8 @@ class Plan(Views, BaseModel):
     """
 
     placement: dict[str, str]
-    #: the pipeline planned, when known (a plan from a bare cost table does not know it)
+    #: the pipeline planned, when known (set it on a plan to have ``placer report`` check it
+    #: against the runs; the planner, which sees only a cost table, leaves it unset)
     pipeline: str | None = None
     #: the objective's name (see :mod:`placer.optimize.objectives`)
     objective: str = "makespan"

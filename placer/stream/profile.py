@@ -25,8 +25,10 @@ pageable copies on a real GPU).
    (the stream's own :class:`~placer.stream.workers.ProcessPool`), giving
    ``ScalingRow(kind="process")`` rows (moving batches to the children included);
 6. **the step, again** on its last batches: with one torch intra-op thread, interleaved
-   with torch's default (``torch_seconds``), and with a probe thread counting beside
-   it (:func:`gil_held`): the share of its time it holds the GIL.
+   with torch's default (``torch_seconds``); at each of those counts beside a thread
+   that keeps one core busy (``busy_seconds``: the cores the stream's workers take
+   from it); and with a probe thread counting beside it (:func:`gil_held`): the
+   share of its time it holds the GIL.
 
 Everything is bounded by ``budget_s``: sweeps get 60 % of it, thread scaling half of
 what is left, process scaling most of the rest (at least :data:`PROCESS_MIN_S` when
@@ -556,6 +558,10 @@ def _step_extras(prof: _Profiler, sweep: _Sweep | None, step: StageProfile) -> N
         ratio, cpu_ratio = _threads_ratio(torch, call, kept, threads)
         step.torch_seconds[1] = step.seconds["cpu"] * ratio
         step.torch_cpu_seconds[1] = step.cpu_seconds.get("cpu", step.seconds["cpu"]) * cpu_ratio
+    if prof.cores > 1:
+        alone = {threads or 1: step.seconds["cpu"], **step.torch_seconds}
+        for n, r in _busy_ratios(torch, call, kept, sorted(alone)).items():
+            step.busy_seconds[n] = alone[n] * r
     one = _torch_threads(torch, 1)
     with one:
         held = gil_held(call, kept)
@@ -603,6 +609,60 @@ def _threads_ratio(torch: Any, call, kept: list[Bundle], threads: int, rounds: i
     w0, c0 = statistics.median(wall[threads]), statistics.median(cpu[threads])
     return (statistics.median(wall[1]) / w0 if w0 > 0 else 1.0,
             statistics.median(cpu[1]) / c0 if c0 > 0 else 1.0)
+
+
+class _Busy:
+    """A thread that keeps one core busy (numpy, the GIL released) while :meth:`on` is set: the
+    share of the cores a stream's worker takes from the step."""
+
+    def __init__(self):
+        import numpy as np
+
+        self.data = np.random.default_rng(0).random(1 << 17)
+        self.work = threading.Event()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="placer-busy-core")
+
+    def _loop(self) -> None:
+        import numpy as np
+
+        out = np.empty_like(self.data)
+        while not self.stopping:
+            if not self.work.wait(0.05):
+                continue
+            np.multiply(self.data, self.data, out=out)
+            np.sqrt(out, out=out)
+
+    def __enter__(self) -> _Busy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopping = True
+        self.work.clear()
+        self.thread.join()
+
+
+def _busy_ratios(torch: Any, call, kept: list[Bundle], counts: list[int], batches: int = 4) -> dict[int, float]:
+    """Per intra-op thread count: the step's wall seconds beside one busy core over its seconds alone
+    (medians over up to ``batches`` batches, each timed alone and beside it in turn)."""
+    import statistics
+
+    ratios: dict[int, list[float]] = {n: [] for n in counts}
+    with _Busy() as busy:
+        for b in kept[-batches:]:
+            for n in counts:
+                with _torch_threads(torch, n):
+                    with _Clock() as alone:
+                        call(b)
+                    busy.work.set()
+                    time.sleep(0.001)  # the busy thread is running before the call starts
+                    with _Clock() as beside:
+                        call(b)
+                    busy.work.clear()
+                if alone.wall > 0:
+                    ratios[n].append(beside.wall / alone.wall)
+    return {n: max(1.0, statistics.median(rs)) for n, rs in ratios.items() if rs}
 
 
 def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, StageProfile],

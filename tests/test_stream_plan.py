@@ -443,6 +443,21 @@ def test_a_step_slowed_beside_busy_cores_is_planned_with_fewer_threads_when_work
     assert any("beside one busy core 50 ms with 1, 100 ms with 8" in r for r in plan.reasons), plan.reasons
 
 
+def test_one_batch_at_a_time_is_planned_where_workers_would_only_slow_the_step():
+    prof = cpu_only(synthetic()).model_copy(update={"torch_threads": 8})
+    train = prof.stage("train")
+    train.torch_seconds, train.torch_cpu_seconds = {1: 300 * MS}, {1: 300 * MS}
+    assert plan_from_profile(prof)[0].workers == 1  # alone, the step overlaps the 16 ms of preprocessing
+    train.busy_seconds = {8: 200 * MS, 1: 300 * MS}  # beside one busy core it runs 5x slower
+    plan = plan_from_profile(prof)[0]
+    # one batch at a time: 1 + 10 + 5 + 40 ms = 17.9 batches/s; overlapped, the step slows to 13.4/s
+    assert plan.workers == 0 and stream_config(plan).sequential
+    assert plan.predicted_samples_per_s == pytest.approx(SPB / (56 * MS), rel=1e-6)
+    assert all(d.workers == 0 for d in plan.stages)
+    assert any(r.startswith("one batch at a time, no workers") for r in plan.reasons), plan.reasons
+    assert plan.predicted_samples_per_s >= max(b.predicted_samples_per_s for b in plan.baselines) * (1 - 1e-9)
+
+
 def test_among_tied_cache_points_the_later_one_wins():
     from placer.stream.planner import Candidate, _cost
 

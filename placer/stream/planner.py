@@ -75,6 +75,8 @@ class Candidate:
     processes: tuple[str, ...] = ()
     #: torch's intra-op threads for the run (None: torch's own setting)
     torch_threads: int | None = None
+    #: one batch at a time through every stage, no workers (``StreamConfig(workers=0)``)
+    sequential: bool = False
 
     @property
     def place(self) -> dict[str, str]:
@@ -87,6 +89,9 @@ class Candidate:
     def config(self, profile: StreamProfile, **extra: Any) -> StreamConfig:
         """The :class:`StreamConfig` of this candidate (prefetch: enough to feed every worker)."""
         workers = dict(self.workers)
+        if self.sequential:
+            return StreamConfig(workers=0, cache=self.cache, pin_memory=self.pin_memory,
+                                torch_threads=self.torch_threads, **extra)
         return StreamConfig(workers=1, stage_workers=workers, prefetch=prefetch_for(workers), cache=self.cache,
                             pin_memory=self.pin_memory, worker_kind={m: "process" for m in self.processes},
                             torch_threads=self.torch_threads, **extra)
@@ -94,7 +99,9 @@ class Candidate:
     def with_(self, **kw: Any) -> Candidate:
         fields = {"placement": self.placement, "workers": self.workers, "cache": self.cache,
                   "pin_memory": self.pin_memory, "processes": self.processes, "torch_threads": self.torch_threads,
-                  **kw}
+                  "sequential": self.sequential, **kw}
+        if fields["sequential"]:
+            fields["workers"], fields["processes"] = (), ()
         if "placement" in kw:
             place = dict(fields["placement"])
             cpu = {m for m, d in place.items() if d == "cpu"}
@@ -178,6 +185,10 @@ def candidates(profile: StreamProfile, epochs: int) -> Iterator[Candidate]:
                     for pin in pin_options(profile):
                         for threads in torch_options(profile, dict(place)):
                             yield Candidate(place, tuple(zip(cpu, ws)), cache, pin, procs, threads)
+        for cache in cache_options(profile, epochs):
+            for pin in pin_options(profile):
+                for threads in torch_options(profile, dict(place)):
+                    yield Candidate(place, (), cache, pin, (), threads, sequential=True)
 
 
 def space_size(profile: StreamProfile, epochs: int) -> int:
@@ -187,7 +198,7 @@ def space_size(profile: StreamProfile, epochs: int) -> int:
         n = len(torch_options(profile, dict(zip(opts, devs))))
         for m in _cpu_members(profile, dict(zip(opts, devs))):
             n *= sum(len(worker_options(profile, m, k)) for k in kind_options(profile, m))
-        total += n
+        total += n + len(torch_options(profile, dict(zip(opts, devs))))  # and one batch at a time
     return total * len(cache_options(profile, epochs)) * len(pin_options(profile))
 
 
@@ -239,8 +250,14 @@ def search(profile: StreamProfile, scorer: Scorer, rule: Candidate) -> tuple[lis
 
 
 def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Candidate]:
-    """Single changes: one member's device, one stage's workers, the cache point, pinned copies."""
+    """Single changes: one member's device, one stage's workers, the cache point, pinned copies, one
+    batch at a time (or workers again)."""
     place = c.place
+    if c.sequential:
+        yield c.with_(sequential=False, workers=tuple((m, _default_workers(profile, m))
+                                                      for m in _cpu_members(profile, place)))
+    else:
+        yield c.with_(sequential=True)
     workers = dict(c.workers)
     for m, devs in options(profile).items():
         for d in devs:
@@ -248,7 +265,7 @@ def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Ca
                 new = {**place, m: d}
                 ws = {k: workers.get(k, 1) for k in _cpu_members(profile, new)}
                 yield c.with_(placement=tuple(new.items()), workers=tuple(ws.items()))
-    for m in _cpu_members(profile, place):
+    for m in _cpu_members(profile, place) if not c.sequential else []:
         kind = "process" if m in c.processes else "thread"
         for w in worker_options(profile, m, kind):
             if w != workers.get(m):
@@ -297,6 +314,10 @@ def _candidate(profile: StreamProfile, place: dict[str, str], workers: int = 1, 
                pin: bool = True) -> Candidate:
     ws = {m: (workers if m != profile.source else _source_default(profile)) for m in _cpu_members(profile, place)}
     return Candidate(tuple(place.items()), tuple(ws.items()), cache, pin)
+
+
+def _default_workers(profile: StreamProfile, member: str) -> int:
+    return _source_default(profile) if member == profile.source else 1
 
 
 def _source_default(profile: StreamProfile) -> int:
@@ -352,6 +373,8 @@ def what_if(profile: StreamProfile, scorer: Scorer, start: Candidate, start_name
 def _describe(profile: StreamProfile, a: Candidate, b: Candidate) -> str:
     """The change from ``a`` to ``b`` in words ("move augment to the CPU", "4 workers on decode")."""
     pa, pb = a.place, b.place
+    if a.sequential != b.sequential:
+        return "one batch at a time (no workers)" if b.sequential else "workers (batches overlap)"
     moved = [m for m in pa if pa[m] != pb[m]]
     if moved:
         m = moved[0]
@@ -392,7 +415,9 @@ def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
         w = dict(c.workers).get(member)
         extra = f" with {w} DataLoader worker processes" if w else ""
         return f"reads batches on the CPU{extra}: {fmt_s(t)} per batch → {per}"
-    if dev == "cpu":
+    if dev == "cpu" and c.sequential:
+        why = f"on the CPU: {fmt_s(t)} per batch, one batch at a time → {per}"
+    elif dev == "cpu":
         w = dict(c.workers).get(member, 1)
         why = f"on the CPU: {fmt_s(t)} per batch" + (" per worker" if st.role == "batch" else "")
         kind = "process" if member in c.processes else "thread"
@@ -451,7 +476,11 @@ def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Pr
                    f"{fmt_s(pred.total_s)} over {pred.epochs} epochs instead of {fmt_s(none.total_s or 0)}")
     cfg = c.config(profile)
     busiest = max(dict(c.workers).items(), key=lambda kv: kv[1], default=None)
-    if busiest and busiest[1] > 2:
+    if c.sequential:
+        par = max((x for x in scorer.seen if not x.sequential and x.place == c.place), key=scorer.score, default=None)
+        out.append("one batch at a time, no workers: nothing to overlap pays for the cores workers would take"
+                   + (f" (the best setting with workers: {scorer.score(par):,.1f} samples/s)" if par else ""))
+    elif busiest and busiest[1] > 2:
         out.append(f"prefetch {cfg.prefetch}: each of {busiest[0]}'s {busiest[1]} workers has a batch waiting")
     else:
         out.append(f"prefetch {cfg.prefetch}: the next batch is ready while one is worked on")
@@ -538,7 +567,8 @@ def explain(profile: StreamProfile, scorer: Scorer, c: Candidate, how: str = "",
         dev = c.place[s.name]
         rate = pred.rate_of(s.name)
         stages.append(StageDecision(
-            name=s.name, device=dev, workers=dict(c.workers).get(s.name, 1), worker_kind=cfg.kind_of(s.name),
+            name=s.name, device=dev, workers=0 if c.sequential else dict(c.workers).get(s.name, 1),
+            worker_kind=cfg.kind_of(s.name),
             seconds_per_batch=seconds_of(profile, c, s.name), batches_per_s=rate.batches_per_s if rate else 0.0,
             reason=_stage_reason(profile, scorer, c, s.name, pred)))
     start_name = "your DataLoader" if profile.loader is not None else "the rule of thumb"
@@ -558,6 +588,8 @@ def stream_config(plan: StreamPlan | list[StreamPlan], **extra: Any) -> StreamCo
     plans = plan if isinstance(plan, list) else [plan]
     fields: dict[str, Any] = {"workers": 1, "stage_workers": {}, "worker_kind": {}, "prefetch": 2,
                               "pin_memory": True, "cache": None, "torch_threads": None}
+    if all(p.workers == 0 for p in plans):  # one batch at a time in every stream
+        fields["workers"] = 0
     for p in plans:
         fields["stage_workers"].update(p.stage_workers)
         fields["worker_kind"].update(p.worker_kind)
@@ -650,7 +682,7 @@ def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
 
 def _far(a: Candidate, b: Candidate) -> bool:
     if (a.placement != b.placement or a.cache != b.cache or a.pin_memory != b.pin_memory
-            or a.processes != b.processes or a.torch_threads != b.torch_threads):
+            or a.processes != b.processes or a.torch_threads != b.torch_threads or a.sequential != b.sequential):
         return True
     wa, wb = dict(a.workers), dict(b.workers)
     return sum(abs(wa.get(k, 1) - wb.get(k, 1)) for k in {*wa, *wb}) > 1

@@ -319,8 +319,6 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
     timed = _Timed(step)
     p = _as_built(pipeline, size)
     if p.streams():
-        if not isinstance(site, LocalSite):
-            raise PlacerError(f"pipeline {p.name!r} has streams, which run on one machine for now; drop --scheduler")
         return _advise_stream(site, p, budget_s=budget_s, baselines=baselines, warmup=warmup, timed=timed)
     if isinstance(pipeline, Pipeline) and p.size is not None:
         size = p.size  # a built pipeline runs (and is measured) at its own size, whatever is asked
@@ -402,28 +400,84 @@ class Chosen(tuple):
         return self[1]
 
 
-def _advise_stream(site: LocalSite, p: Pipeline, *, budget_s: float, baselines: bool, warmup: bool,
+def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: float, baselines: bool, warmup: bool,
                    timed: _Timed) -> Advised:
-    """The advise flow for a pipeline with streams: plan each stream, run the plan and the usual settings."""
+    """The advise flow for a pipeline with streams: plan each stream, run the plan and the usual settings.
+
+    The source, the step and the one-shot stages run on this machine (where the step's
+    device is), so the streams are profiled and planned here. At a cluster the plan
+    also runs with its CPU per-batch stages as tasks on the cluster's workers (as many
+    per stage as it has threads); the faster of the two, as measured, is the advice,
+    and the other is shown beside the baselines.
+    """
     from placer.report import collect
     from placer.stream import StreamConfig
     from placer.stream.planner import plan_streams, stream_config
 
-    inv = site.inventory()
+    here = site if isinstance(site, LocalSite) else LocalSite(executor=getattr(site, "executor", "auto"))
+    inv = here.inventory()
     plans = timed("profile and plan the streams", lambda: plan_streams(p, budget_s=budget_s, inventory=inv))
     placement = {n: d for sp in plans for n, d in sp.placement.items()}
-    plan_run = timed("run plan", lambda: site.execute(p, placement, warmup=warmup, stream=stream_config(plans)))
+    plan_run = timed("run plan", lambda: here.execute(p, placement, warmup=warmup, stream=stream_config(plans)))
     runs: dict[str, Any] = {}
     for alt in (plans[0].baselines if baselines else []):
         cfg, where = StreamConfig(**alt.config), {**placement, **alt.placement}
-        runs[alt.name] = timed(f"run {alt.name}", lambda c=cfg, w=where: site.execute(p, w, warmup=warmup, stream=c))
+        runs[alt.name] = timed(f"run {alt.name}", lambda c=cfg, w=where: here.execute(p, w, warmup=warmup, stream=c))
         alt.measured_samples_per_s = runs[alt.name].streams[0].samples_per_s
+    if isinstance(site, ClusterSite):
+        plan_run = _offload_streams(site, p, plans, placement, plan_run, runs, warmup, timed)
     step_only = {sp.step: sp.consumer_samples_per_s for sp in plans if sp.consumer_samples_per_s}
     facts = timed("facts", lambda: collect(run=plan_run, baselines=runs, pipeline=p, inventory=inv,
                                            step_only=step_only, stream_plans=plans))
     check_outputs(facts, plan_run, runs)
     return Advised(pipeline=p, size=p.size, profile=None, plan=None, run=plan_run, baselines=runs,
                    facts=facts, timings=timed.timings, inventory=inv, stream_plans=plans)
+
+
+def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, placement: dict[str, str], plan_run: Any,
+                     runs: dict[str, Any], warmup: bool, timed: _Timed) -> Any:
+    """Run the plan again with its CPU per-batch stages as tasks on the cluster; keep the faster run as
+    the plan (its settings and reasons updated), the other as an alternative. Returns the plan's run."""
+    from placer.data.stream import Alternative
+    from placer.stream.planner import stream_config
+
+    info = site.client.scheduler_info(n_workers=-1)["workers"]
+    threads = max(1, sum(w.get("nthreads", 1) for w in info.values()))
+    cfg = stream_config(plans)
+    stages = [m for sp in plans for m in sp.placement if placement[m] == "cpu" and m not in (sp.source, sp.step)]
+    if not stages:
+        for sp in plans:
+            sp.notes.append("no CPU per-batch stage to run on the cluster")
+        return plan_run
+    base = cfg.model_copy(update={"workers": 1}) if cfg.sequential else cfg  # tasks overlap the step
+    offload = base.model_copy(update={
+        "worker_kind": {**base.worker_kind, **{m: "dask" for m in stages}},
+        "stage_workers": {**base.stage_workers, **{m: max(base.workers_of(m), threads) for m in stages}},
+        "prefetch": max(base.prefetch, min(8, threads))})
+    there = timed("run plan with CPU stages on the cluster",
+                  lambda: site.execute(p, placement, warmup=warmup, stream=offload))
+    here_sps, there_sps = plan_run.streams[0].samples_per_s, there.streams[0].samples_per_s
+    where = f"{', '.join(stages)} as tasks on {site.name} ({len(info)} workers, {threads} threads)"
+    better = there_sps > here_sps
+    name = "this machine only" if better else "CPU stages on the cluster"
+    kept, other = (there, plan_run) if better else (plan_run, there)
+    other_cfg = cfg if better else offload
+    runs[name] = other
+    plans[0].baselines.append(Alternative(
+        name=name, change=("the plan's stages on this machine's workers" if better else where),
+        placement=dict(placement), config=other_cfg.model_dump(include={
+            "workers", "stage_workers", "worker_kind", "prefetch", "pin_memory", "cache", "torch_threads"}),
+        measured_samples_per_s=other.streams[0].samples_per_s))
+    words = (f"measured on the cluster: {where} ran {there_sps:,.1f} samples/s, against {here_sps:,.1f} with "
+             f"the plan's workers on this machine")
+    for sp in plans:
+        sp.reasons.append(words + ("; the cluster is kept" if better else "; this machine is kept"))
+        if better:
+            sp.workers = max(1, sp.workers)
+            sp.worker_kind = {**sp.worker_kind, **{m: "dask" for m in stages if m in sp.placement}}
+            sp.stage_workers = {**sp.stage_workers, **{m: offload.stage_workers[m] for m in stages if m in sp.placement}}
+            sp.prefetch = offload.prefetch
+    return kept
 
 
 def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite | ClusterSite | None = None,
@@ -453,7 +507,8 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
     local = isinstance(site, LocalSite)
     if pipeline.streams():
         return _best_for_streams(pipeline, site) if local else Chosen(
-            "all=cpu", "all stages on the CPU: streams run on one machine, not on a cluster")
+            "all=cpu", "all stages on the CPU; the streams' CPU per-batch stages run as tasks on the cluster "
+            "(placer advise --scheduler measures that against this machine's workers)")
     if local and not accelerators(site.inventory()):
         return Chosen("all=cpu", "all stages on the CPU: this machine has no GPU")
     try:

@@ -221,6 +221,28 @@ def test_every_stream_pipeline_offloads_its_cpu_stages_with_the_sequential_diges
     assert all(s.workers == threads for s in remote.stages if s.name in per_batch)
 
 
+def test_advise_on_a_cluster_measures_the_streams_cpu_stages_there_and_keeps_the_faster(client):
+    from placer.advisor import advise
+    from placer.stream import StreamConfig
+
+    size, params = STREAMS["stream_inference"]
+    p = load_pipeline(str(ROOT / "pipelines" / "stream_inference.py"), size, **params)
+    sequential = execute(p, "all=cpu", stream=StreamConfig(workers=0))
+    advised = advise(p, scheduler=client, budget_s=6, target="none")
+    plan = advised.stream_plans[0]
+    other = next(a for a in plan.baselines if a.name in ("CPU stages on the cluster", "this machine only"))
+    kept = advised.run.streams[0].samples_per_s
+    assert other.measured_samples_per_s is not None and kept >= other.measured_samples_per_s
+    assert any(r.startswith("measured on the cluster: preprocess as tasks on the cluster at tcp://127.0.0.1")
+               for r in plan.reasons), plan.reasons
+    kinds = {s.name: s.worker_kind for s in advised.run.stages}
+    on_cluster = other.name == "this machine only"
+    assert (kinds["preprocess"] == "dask") == on_cluster, kinds
+    assert (plan.worker_kind.get("preprocess") == "dask") == on_cluster
+    assert advised.run.outputs_digest == sequential.outputs_digest
+    assert all(r.outputs_digest == sequential.outputs_digest for r in advised.baselines.values())
+
+
 def test_a_dask_worker_kind_without_a_cluster_is_refused_naming_the_stage():
     from placer.stream import StreamConfig
 

@@ -12,9 +12,10 @@ Three checks, each against ``h200-calibration.json`` (one H200 and its 16-core X
   same rows, so this is an in-sample check.
 - CPU ops: every reference CPU op that takes at most ``--cpu-limit-s`` there is timed
   on this machine, scaled to the H200 host's CPU by :class:`placer.target.CpuScale`
-  (built from this machine's calibration, :func:`placer.target.calibrate.this_cpu`),
-  and compared with the reference: within 2x for at least 80%. Rows not among the
-  calibration ops are counted apart (held out).
+  (built from this machine's calibration, :func:`placer.target.calibrate.this_cpu`)
+  from its time, the threads it kept busy and its counted operations and bytes (as
+  the cost model scales a stage), and compared with the reference: within 2x for at
+  least 80%. Rows not among the calibration ops are counted apart (held out).
 - Copies: at every size in the reference, each way of copying (and the way the
   executor copies, :func:`placer.data.measures.copy_mode`) within 1.5x.
 
@@ -75,9 +76,14 @@ def cpu_check(ref: dict, limit_s: float, out: list[str]) -> float:
     took = time.perf_counter() - t0
     calib = set(CALIBRATION)
     res = []
+    kinds = {(r.op, r.size): f"{r.seconds * (r.threads_used or 1) / (r.ops or 1):.1e} core-s/op, "
+             f"{(r.bytes or 0) / (r.ops or 1):.1e} B/op, {r.threads_used or 1:.2f} of {r.threads or 1} threads busy"
+             for r in local.ops}
     for r in local.ops:
         meas = target.seconds(r.op, r.size)
-        pred = scale.seconds(r.seconds)
+        # as the cost model scales a profiled stage: by the threads its measurement kept busy
+        # and its counted work (placer.costmodel.model.CostModel.scale_inputs)
+        pred = scale.seconds(r.seconds, threads_used=r.threads_used, threads=r.threads, ops=r.ops, bytes=r.bytes)
         res.append((r.op, r.size, r.seconds, pred, meas, (r.op, int(r.size)) in calib))
     ok = [within(p, m, 2.0) for *_, p, m, _ in res]
     held = [within(p, m, 2.0) for *_, p, m, c in res if not c]
@@ -89,6 +95,7 @@ def cpu_check(ref: dict, limit_s: float, out: list[str]) -> float:
         flag = "" if within(pred, meas, 2.0) else "  MISS"
         out.append(f"  {op:22s} {size:>9.0f}  here {loc:.3e}  predicted {pred:.3e}  reference {meas:.3e}  "
                    f"x{pred / meas:.2f}{' (calibration op)' if c else ''}{flag}")
+        out.append(f"  {'':22s} {'':>9s}  ({kinds[(op, size)]})")
     return share
 
 

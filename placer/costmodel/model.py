@@ -12,8 +12,9 @@ a :class:`~placer.costmodel.roofline.DeviceDescription` turns the stage's counte
 work at each profiled size into roofline times, and a fit over those extends them
 to the requested size (``roofline``). Planning for a described machine
 (``cpu_scale``, ``target_cpu``), the ``cpu`` device is the target's CPU: this
-machine's CPU predictions scaled by ops measured on both (``scaled``), and the
-described GPUs' host time is scaled the same way. Transfers come from the separate
+machine's CPU predictions scaled by ops measured on both (``scaled``: by the
+threads each measurement kept busy and its counted work, :meth:`CostModel.scale_inputs`),
+and the described GPUs' host time, one thread's, by the per-core ratio. Transfers come from the separate
 :class:`~placer.costmodel.bus.TransferModel`.
 
 Examples
@@ -152,8 +153,8 @@ class CostModel:
         # the time outside torch ops comes from one counted call: never more than the stage's
         # measured CPU time at that size (a stall on a busy machine must not become host time)
         out = [per_op * max(w.work.ops, first.ops) + min(w.work.outside_s, max(cpu(w.size), 0.0)) for w in work]
-        if self.host_scale is not None:
-            out = [self.host_scale.seconds(h) for h in out]
+        if self.host_scale is not None:  # host time is one thread's: the per-core ratio
+            out = [h * self.host_scale.dispatch_ratio for h in out]
         return out
 
     def loop_carried(self, stage: str) -> bool:
@@ -232,8 +233,42 @@ class CostModel:
             here = fit.predict(size)
         if not self.scaled(device):
             return here
-        return here.model_copy(update={"value": self.cpu_scale.seconds(here.value), "label": "scaled",
+        kw = self.scale_inputs(stage, device, size)
+        return here.model_copy(update={"value": self.cpu_scale.seconds(here.value, **kw), "label": "scaled",
                                        "rel_error": max(here.rel_error, 0.3)})
+
+    def scale_inputs(self, stage: str, device: str, size: float) -> dict[str, Any]:
+        """What the CPU scale needs to know of ``stage``'s work at ``size``.
+
+        ``threads_used`` (CPU time over wall time) of the nearest measured point, the
+        threads it was measured with, and the counted operations and bytes of the
+        nearest counted size (bytes in proportion to the size). A point's CPU time
+        tells its threads only when each thread had a core: not when it stalled, nor
+        when the load average beyond its own threads left a thread without a core (a
+        pool thread waiting for one leaves the others spinning or idle, and the call
+        reads as serial); then the time is taken as one core's work.
+        """
+        kw: dict[str, Any] = {}
+        sp = self.profile.stages[stage]
+        machine = self.profile.machine
+        threads = int(machine.get("threads") or machine.get("cores") or 1)
+        cores = int(machine.get("cores") or threads)
+        pts = [p for p in sp.devices[device].points
+               if p.cpu_s is not None and p.cpu_s > 0 and not p.stalled and p.copied_from is None]
+        if pts:
+            p = min(pts, key=lambda p: abs(np.log(p.size / max(size, 1e-9))))
+            wall = float(np.mean([t for t in p.raw_times if t > 0] or [p.median_s]))
+            used = p.cpu_s / wall if wall > 0 else 0.0
+            if used > 0 and (p.load is None or p.load - used <= max(cores - threads, 0) + 0.5):
+                kw["threads_used"] = used
+                kw["threads"] = threads
+        if sp.work:
+            w = min(sp.work, key=lambda w: abs(np.log(w.size / max(size, 1e-9))))
+            if w.work.source == "counted":
+                kw["ops"] = w.work.ops
+                if w.work.bytes > 0:
+                    kw["bytes"] = w.work.bytes * size / w.size
+        return kw
 
     def noise(self) -> float:
         """The relative spread of the measurements (median IQR / median over every measured

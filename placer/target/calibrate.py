@@ -3,12 +3,15 @@
 May import: torch and numpy (inside functions), placer.devices, placer.timing,
 placer.files, placer.profile.cache (where calibrations are kept),
 placer.profile.transfers (copies, measured as the executor makes them),
-placer.target.{description,ops}, placer.costmodel.roofline.
+placer.target.{description,ops}, placer.costmodel.roofline, placer.costmodel.counts
+(each op's counted work: operations issued, bytes moved).
 
 :func:`calibrate_cpu` times the reference ops of :data:`placer.target.ops.CALIBRATION`
 on this CPU (a few seconds; each at all threads by the wall clock and at one thread by
 its own CPU time, keeping the faster: a busy machine stalls threaded small ops and
-shares its cores, and a thread's CPU time leaves out the time it waited), a tiny op (the per-call dispatch cost) and a
+shares its cores, and a thread's CPU time leaves out the time it waited; each row
+records the threads it kept busy, CPU over wall time and at least its speed-up over
+one thread, and its counted work), a tiny op (the per-call dispatch cost) and a
 matrix product at one thread and at all (thread scaling). :func:`this_cpu` keeps that
 calibration per CPU in the profile cache directory, so it runs once per machine.
 :func:`describe_machine` adds each GPU (peak FLOP/s from matrix products, memory
@@ -44,6 +47,7 @@ def calibrate_cpu(*, budget_s: float = CPU_BUDGET_S, rows=None) -> CpuDescriptio
     """Time the calibration ops on this CPU (each within its share of ``budget_s``)."""
     import torch
 
+    from placer.costmodel.counts import count_work
     from placer.devices import discover
     from placer.target.ops import CALIBRATION, OPS
     from placer.timing import measure
@@ -69,8 +73,17 @@ def calibrate_cpu(*, budget_s: float = CPU_BUDGET_S, rows=None) -> CpuDescriptio
                             warn=False, clock=clock)
             finally:
                 torch.set_num_threads(threads)
-            best.append(_best(m))
-        out.append(OpRow(op=op, size=size, seconds=min(best)))
+            # threads kept busy: CPU over wall time (one at one thread)
+            used = 1.0 if n == 1 else min(max((m.cpu_s or 0.0) / max(m.median_s, 1e-12), 1.0), float(n))
+            best.append((_best(m), used, n))
+        seconds, used, n = min(best)
+        if n > 1 and len(best) > 1:
+            # timed at one thread too: the same work cannot take less CPU time at several threads,
+            # so at least the speed-up over one thread were busy (a stalled pool reads low)
+            used = min(max(used, best[-1][0] / seconds), float(n))
+        _, work = count_work(fn)
+        out.append(OpRow(op=op, size=size, seconds=seconds, threads=n, threads_used=used, ops=work.ops,
+                         bytes=work.bytes or None))
     tiny = torch.zeros(1)
     dispatch = _best(measure(lambda: tiny.add_(1), min_reps=5, max_reps=200, min_time_s=0.01, max_time_s=0.05,
                              warn=False))
@@ -110,7 +123,9 @@ def this_cpu(*, refresh: bool = False, budget_s: float = CPU_BUDGET_S) -> CpuDes
     path = cache_dir() / f"cpu-{cpu_key(discover().host)}.json"
     if path.exists() and not refresh:
         try:
-            return CpuDescription.model_validate_json(path.read_text())
+            cpu = CpuDescription.model_validate_json(path.read_text())
+            if all(r.ops is not None for r in cpu.ops):  # else an older calibration: measure again
+                return cpu
         except ValueError:
             pass  # unreadable: measure again
     cpu = calibrate_cpu(budget_s=budget_s)

@@ -39,13 +39,26 @@ class TargetError(PlacerError):
 
 
 class OpRow(BaseModel):
-    """One measured op on a CPU: the median seconds of ``op`` at ``size`` (see :mod:`placer.target.ops`)."""
+    """One measured op on a CPU: the seconds of ``op`` at ``size`` (see :mod:`placer.target.ops`).
+
+    ``threads`` is the intra-op threads it was measured with, ``threads_used`` the
+    measurement's CPU time over its wall time (1 at one thread; about ``threads`` for
+    an op split over every thread), ``ops``
+    and ``bytes`` the operations the op issues and the bytes it moves (counted;
+    :func:`placer.costmodel.counts.count_work`). They tell what kind of work a row
+    is (:class:`placer.target.scale.CpuScale`); left out, the row is taken as one
+    core's work of unknown kind.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     op: str = Field(min_length=1)
     size: float = Field(gt=0)
     seconds: float = Field(gt=0)
+    threads: int | None = Field(None, ge=1)
+    threads_used: float | None = Field(None, gt=0)
+    ops: int | None = Field(None, ge=1)
+    bytes: float | None = Field(None, gt=0)
 
 
 class CpuDescription(BaseModel):

@@ -4,16 +4,26 @@ May import: math, pydantic, placer.target.description. Never torch.
 
 Both CPUs have run the same reference ops (:mod:`placer.target.ops`): this machine
 in a short calibration, the target in its description. Each op measured on both
-gives a ratio ``target seconds / seconds here`` at the time it took here. A small op
-is dispatch-bound (the ratio is the two CPUs' per-call costs); a large one is
-throughput-bound, and its ratio includes the target's extra cores. A stage that
-took ``t`` seconds here is scaled by the ratios of ops that took about as long here
-(a Gaussian weight in log time, :data:`WIDTH` wide): its ratio follows the ops of
-its own kind of cost.
+gives a ratio ``target seconds / one core's seconds here``. The ratio depends on
+the kind of work, which two measures of it tell apart:
 
-A stage measured to use one core (``threads_used``, from its CPU time over wall
-time) gains nothing from the target's extra cores: its ratio is the per-core one,
-the ratio of the dispatch-bound ops.
+- seconds per operation issued (one core's CPU time over the counted ops): near
+  the per-call dispatch cost the work is dispatch-bound and its ratio is the two
+  CPUs' per-call costs; far above it, an op's work is split over the target's
+  threads and the ratio includes its extra cores;
+- bytes per operation: torch splits an op over threads only above a grain of
+  elements, and memory-bound and compute-bound ops gain differently from cores.
+
+A stage is scaled by the ratios of the calibration ops closest to it in both
+(Gaussian weights in log seconds per op and log bytes per op, their widths those
+of :data:`WIDTHS` that best predict each calibration op from the others); without
+counted ops, by the ops that took about as long.
+
+Times here are first made one core's work: a stage measured at ``threads`` threads
+that kept ``threads_used`` of them busy (its CPU time over its wall time) did
+``seconds * threads_used`` of work, of which the part run on one thread is serial.
+Serial work gains nothing from the target's extra cores: it is scaled by the
+per-core ratio, that of the most dispatch-bound ops (:attr:`CpuScale.dispatch_ratio`).
 
 Examples
 --------
@@ -25,6 +35,8 @@ Examples
 >>> s = CpuScale.between(here, there)
 >>> round(s.ratio(1e-5), 2), round(s.ratio(1e-2), 2)
 (0.8, 0.2)
+>>> round(s.ratio(1e-2, threads_used=1.0, threads=2), 2)  # serial at two threads: the per-core ratio
+0.8
 """
 
 from __future__ import annotations
@@ -33,66 +45,196 @@ import math
 
 from pydantic import BaseModel, Field
 
-from placer.target.description import CpuDescription
+from placer.target.description import CpuDescription, OpRow
 
-#: width (natural log of seconds) of the weight each calibration op gets around a stage's time
-WIDTH = math.log(4.0)
+#: width (natural log of seconds per op) of the weight each calibration op gets around a stage,
+#: unless chosen from :data:`WIDTHS` by leave-one-out
+WIDTH = math.log(3.0)
+#: width (natural log of bytes per op) of the same weight, where both sides have counted bytes
+BYTES_WIDTH = math.log(2.0)
+#: candidate (seconds, bytes) widths: :meth:`CpuScale.between` keeps the pair that predicts each
+#: calibration op best from the others (leave-one-out)
+WIDTHS = tuple((math.log(a), math.log(b)) for a in (1.5, 2.0, 3.0, 4.0, 8.0) for b in (1.5, 2.0, 3.0, 4.0, 8.0))
 
 
-class CpuScale(BaseModel):
-    """Per-time ratios of a target CPU to this machine's, from ops measured on both.
+class ScalePoint(BaseModel):
+    """One op measured on both CPUs.
 
     Attributes
     ----------
-    pairs : list of [seconds here, ratio]
-        Each op measured on both CPUs: its time here, and target / here.
-    here, target : str
-        The two CPUs' names (with cores), for notes.
-    dispatch_ratio : float
-        The ratio of the most dispatch-bound ops (the per-call, per-core ratio).
+    seconds : float
+        One core's seconds of the op here (its time times the threads it kept busy).
+    ratio : float
+        Target seconds over ``seconds``.
+    ops : int or None
+        Operations the op issues (None when not counted).
+    bytes : float or None
+        Bytes it moves (None when not counted).
     """
 
-    pairs: list[tuple[float, float]] = Field(min_length=1)
+    seconds: float = Field(gt=0)
+    ratio: float = Field(gt=0)
+    ops: int | None = Field(None, ge=1)
+    bytes: float | None = Field(None, gt=0)
+
+
+def _work(row: OpRow, threads: int) -> float:
+    """One core's seconds of a calibration row (its time times the threads it kept busy)."""
+    used = row.threads_used if row.threads_used is not None else 1.0
+    return row.seconds * min(max(used, 1.0), float(max(row.threads or threads, 1)))
+
+
+class CpuScale(BaseModel):
+    """Ratios of a target CPU's times to this machine's, from ops measured on both.
+
+    Attributes
+    ----------
+    points : list of ScalePoint
+        Each op measured on both CPUs, sorted by one core's seconds here.
+    here, target : str
+        The two CPUs' names (with cores), for notes.
+    target_cores : int
+    here_threads : int
+        Intra-op threads of this machine's measurements (by default).
+    dispatch_ratio : float
+        The ratio of the most dispatch-bound ops (the per-call, per-core ratio): serial work's.
+    width, bytes_width : float
+        The weights' widths (natural log of seconds per op, of bytes per op).
+    """
+
+    points: list[ScalePoint] = Field(min_length=1)
     here: str = ""
     target: str = ""
     target_cores: int = 1
+    here_threads: int = 1
     dispatch_ratio: float = 1.0
+    width: float = WIDTH
+    bytes_width: float = BYTES_WIDTH
 
     @classmethod
     def between(cls, here: CpuDescription, target: CpuDescription) -> CpuScale | None:
         """The scale from ``here`` to ``target``; None when they share no op row."""
-        mine = {(r.op, r.size): r.seconds for r in here.ops}
-        pairs = sorted((mine[(r.op, r.size)], r.seconds / mine[(r.op, r.size)]) for r in target.ops
-                       if (r.op, r.size) in mine)
-        if not pairs:
+        threads = here.threads or here.cores
+        mine = {(r.op, r.size): r for r in here.ops}
+        points = []
+        for r in target.ops:
+            h = mine.get((r.op, r.size))
+            if h is None:
+                continue
+            w = _work(h, threads)
+            points.append(ScalePoint(seconds=w, ratio=r.seconds / w, ops=h.ops, bytes=h.bytes))
+        if not points:
             return None
-        fastest = pairs[: max(1, len(pairs) // 4)]
-        dispatch = math.exp(sum(math.log(r) for _, r in fastest) / len(fastest))
-        return cls(pairs=pairs, here=f"{here.model} ({here.cores} cores)",
-                   target=f"{target.model} ({target.cores} cores)", target_cores=target.cores,
-                   dispatch_ratio=dispatch)
+        points.sort(key=lambda p: p.seconds / (p.ops or 1))
+        fastest = points[: max(1, len(points) // 4)]
+        dispatch = math.exp(sum(math.log(p.ratio) for p in fastest) / len(fastest))
+        scale = cls(points=points, here=f"{here.model} ({here.cores} cores)",
+                    target=f"{target.model} ({target.cores} cores)", target_cores=target.cores,
+                    here_threads=threads, dispatch_ratio=dispatch)
+        return scale.with_widths_chosen()
 
-    def ratio(self, seconds_here: float, *, threads_used: float | None = None) -> float:
-        """Target seconds per second here, for work that took ``seconds_here`` here.
+    def loo_error(self) -> float:
+        """Sum over the calibration ops of the squared log error of each one's ratio
+        predicted from the others (0 with fewer than three ops)."""
+        return _loo(self._coords(), self.width, self.bytes_width)
 
-        ``threads_used`` (CPU time over wall time here): near 1, the work is serial,
-        and the per-core (dispatch) ratio applies at any size.
+    def with_widths_chosen(self) -> CpuScale:
+        """This scale with the widths of :data:`WIDTHS` that predict its calibration ops best
+        from each other (itself when there are too few ops to tell)."""
+        if len(self.points) < 6:
+            return self
+        coords = self._coords()
+        a, b = min(WIDTHS, key=lambda w: _loo(coords, *w))
+        return self.model_copy(update={"width": a, "bytes_width": b})
+
+    def work_ratio(self, work_s: float, *, ops: int | None = None, bytes: float | None = None) -> float:
+        """Target seconds per second of one core's work here, for parallelisable work.
+
+        ``ops`` (operations issued) and ``bytes`` (moved), when counted, place the
+        work among the calibration ops by seconds per op and bytes per op; without
+        them (or when a calibration op was not counted), by its total seconds.
         """
-        if threads_used is not None and threads_used < 1.5:
-            return self.dispatch_ratio
-        t = math.log(max(seconds_here, 1e-9))
-        ws = [math.exp(-0.5 * ((t - math.log(h)) / WIDTH) ** 2) for h, _ in self.pairs]
-        if sum(ws) < 1e-12:  # far outside the calibrated times: the nearest op's ratio
-            near = min(self.pairs, key=lambda p: abs(math.log(p[0]) - t))
-            return near[1]
-        return math.exp(sum(w * math.log(r) for w, (_, r) in zip(ws, self.pairs)) / sum(ws))
+        return _weighted(self._coords(), _query(work_s, ops, bytes, self._counted()), self.width,
+                         self.bytes_width)
 
-    def seconds(self, seconds_here: float, *, threads_used: float | None = None) -> float:
-        """``seconds_here`` on the target's CPU."""
-        return seconds_here * self.ratio(seconds_here, threads_used=threads_used)
+    def _counted(self) -> bool:
+        return all(p.ops is not None for p in self.points)
+
+    def _coords(self) -> list[tuple[float, float | None, float]]:
+        """Each calibration op as (log seconds [per op], log bytes per op or None, log ratio)."""
+        per = self._counted()
+        return [(math.log(p.seconds / (p.ops if per else 1)),
+                 math.log(p.bytes / p.ops) if per and p.bytes is not None else None, math.log(p.ratio))
+                for p in self.points]
+
+    def ratio(self, seconds_here: float, *, threads_used: float | None = None, threads: int | None = None,
+              ops: int | None = None, bytes: float | None = None) -> float:
+        """Target seconds per second here, for work that took ``seconds_here`` (wall) here.
+
+        Parameters
+        ----------
+        seconds_here : float
+            The wall time here.
+        threads_used : float, optional
+            CPU time over wall time of that measurement. Without it the time is taken
+            as one core's work.
+        threads : int, optional
+            Intra-op threads it was measured with (default :attr:`here_threads`): of
+            the wall time, the fraction ``(threads_used - 1) / (threads - 1)`` ran on
+            every thread, the rest on one (serial: scaled by :attr:`dispatch_ratio`).
+        ops, bytes : optional
+            The work's counted operations and bytes (see :meth:`work_ratio`).
+        """
+        t = max(seconds_here, 1e-12)
+        if threads_used is None:
+            return self.work_ratio(t, ops=ops, bytes=bytes)
+        n = max(threads or self.here_threads, 1)
+        used = min(max(threads_used, 1.0), float(n))
+        par = (used - 1.0) / (n - 1.0) if n > 1 else 1.0  # fraction of the wall time on every thread
+        work = t * used
+        if par <= 0.0:  # one thread busy at several: serial work
+            return self.dispatch_ratio
+        parallel = self.work_ratio(work, ops=ops, bytes=bytes) * t * par * n
+        return (self.dispatch_ratio * t * (1.0 - par) + parallel) / t
+
+    def seconds(self, seconds_here: float, **kw) -> float:
+        """``seconds_here`` on the target's CPU (keywords as :meth:`ratio`)."""
+        return seconds_here * self.ratio(seconds_here, **kw)
 
     def describe(self) -> str:
         """One line for notes: the two CPUs and the ratio range."""
-        rs = [r for _, r in self.pairs]
+        rs = [p.ratio for p in self.points]
         return (f"CPU times scaled from {self.here} to {self.target} by {len(rs)} ops measured on both "
-                f"(ratio {min(rs):.2g}-{max(rs):.2g}; dispatch-bound {self.dispatch_ratio:.2g})")
+                f"(ratio {min(rs):.2g}-{max(rs):.2g} per core-second; serial {self.dispatch_ratio:.2g}; ops of "
+                f"similar cost within {math.exp(self.width):.3g}x seconds and {math.exp(self.bytes_width):.3g}x bytes "
+                "per op)")
+
+
+def _query(work_s: float, ops: int | None, bytes: float | None, counted: bool) -> tuple[float, float | None]:
+    """A stage's coordinates: log seconds (per op, when both sides count ops), log bytes per op."""
+    if ops is None or not counted:
+        return math.log(max(work_s, 1e-12)), None
+    per_b = math.log(bytes / max(ops, 1)) if bytes is not None and bytes > 0 else None
+    return math.log(max(work_s / max(ops, 1), 1e-12)), per_b
+
+
+def _weighted(coords, q, width: float, bytes_width: float) -> float:
+    """The Gaussian-weighted geometric mean ratio of ``coords`` around ``q`` (nearest op's when far)."""
+    z2 = []
+    for t, b, _ in coords:
+        z = ((q[0] - t) / width) ** 2
+        if q[1] is not None and b is not None:
+            z += ((q[1] - b) / bytes_width) ** 2
+        z2.append(z)
+    ws = [math.exp(-0.5 * z) for z in z2]
+    if sum(ws) < 1e-12:  # far outside the calibrated ops: the nearest op's ratio
+        return math.exp(coords[min(range(len(z2)), key=z2.__getitem__)][2])
+    return math.exp(sum(w * c[2] for w, c in zip(ws, coords)) / sum(ws))
+
+
+def _loo(coords, width: float, bytes_width: float) -> float:
+    """Sum of squared log errors of each op's ratio predicted from the others."""
+    if len(coords) < 3:
+        return 0.0
+    return sum((math.log(_weighted(coords[:i] + coords[i + 1:], c[:2], width, bytes_width)) - c[2]) ** 2
+               for i, c in enumerate(coords))

@@ -9,6 +9,7 @@ absolute times.
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -57,11 +58,12 @@ def build(size=None):
     return p
 
 
-def _predicted_and_measured(advised, stage: str, runs: int = 4) -> tuple[float, float]:
-    """The advice's prediction (a steady-state time), and the stage's fastest time over the advised
-    run and a few more. A one-shot run of this stage allocates its temporaries afresh, so on this
-    2-core VM single runs measured 1.0-2.9x the steady state; the fastest of five is the run least
-    disturbed by that and by other work on the machine."""
+def _predicted_and_measured(advised, stage: str, runs: int = 7) -> tuple[float, float]:
+    """The advice's prediction (a steady-state time: the median of repeated calls), and the stage's
+    fastest time over the advised run and a few more. A one-shot run of this stage touches fresh
+    memory for its temporaries (page faults a repeated call no longer pays), so on a 2-core VM single
+    runs measured 1.0-2.9x the steady state; the fastest of eight is the run least disturbed by that
+    and by other work on the machine."""
     from placer.executor import execute
 
     predicted = advised.predictions[stage]["cpu"]["value"]
@@ -82,16 +84,14 @@ def test_changing_a_helper_the_stage_calls_is_never_served_from_the_cache(cache,
     p1, m1 = _predicted_and_measured(first, "crunch")
     assert ROWS in first.profile.measured_sizes  # measured at N, not extrapolated from N/10
     assert first.profile.stages["crunch"].coverage["cpu"]["extrapolated"] is False
-    # The fault this guards against was a 400x misprediction (a point recorded at the wrong size);
-    # 3x either way separates that from a shared machine's noise.
-    assert m1 / 3 <= p1 <= 3 * m1, (p1, m1)
+    assert 0.5 * m1 <= p1 <= 1.5 * m1, (p1, m1)
 
     monkeypatch.setattr(THIS, "_work", _work_twice)  # same stage code; the helper does 2x the work
     second = advise(build, size=ROWS, budget_s=30, target="none", baselines=False, cache=cache)
     p2, m2 = _predicted_and_measured(second, "crunch")
     assert second.profile.stages["crunch"].key != first.profile.stages["crunch"].key
     assert second.profile.stages["make"].key == first.profile.stages["make"].key  # unchanged: reused
-    assert m2 / 3 <= p2 <= 3 * m2, (p2, m2)
+    assert 0.5 * m2 <= p2 <= 1.5 * m2, (p2, m2)
     assert p2 > 1.3 * p1  # the new helper's time, not the cached one
 
 
@@ -102,7 +102,7 @@ def test_a_pipeline_built_in_the_script_is_recorded_at_the_size_it_ran(cache):
     pts = advised.profile.stages["crunch"].devices["cpu"].points
     assert {pt.size for pt in pts} == {ROWS}
     predicted, measured = _predicted_and_measured(advised, "crunch")
-    assert measured / 3 <= predicted <= 3 * measured, (predicted, measured)
+    assert 0.5 * measured <= predicted <= 1.5 * measured, (predicted, measured)
     assert advised.predictions["crunch"]["cpu"]["label"] == "measured"
 
 
@@ -203,5 +203,12 @@ def test_a_stage_consuming_a_generator_gets_a_new_one_for_every_timed_call(cache
     with pytest.warns(StageInputWarning, match="stage 'count' consumes an iterator"):
         prof = profile(build_generator, sizes=[2000], budget_s=10, cache=cache, progress=False, devices=["cpu"])
     pt = prof.stages["count"].devices["cpu"].points[0]
-    # an exhausted generator would take next to nothing after the first call
-    assert min(pt.raw_times) > 0.2 * prof.stages["count"].reference_s[2000]
+    # an exhausted generator would take next to nothing after the first call: every timed call
+    # takes about as long as counting 2000 fresh items here (the fastest of five, like the profile's)
+    direct = []
+    for _ in range(5):
+        rows = (float(i) for i in range(2000))
+        t = time.perf_counter()
+        sum(1 for _ in rows)
+        direct.append(time.perf_counter() - t)
+    assert min(pt.raw_times) > 0.2 * min(direct), (pt.raw_times, direct)

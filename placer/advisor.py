@@ -378,6 +378,16 @@ def check_outputs(facts: Any, plan_run: Any, runs: Mapping[str, Any]) -> None:
         facts.summary.digests_agree = True  # digests on two sides of a rounding step; the values agree
 
 
+def explain_threads(facts: Any, plans: list) -> None:
+    """Where the outputs differ and a stream plan set torch's intra-op threads, say why they may."""
+    threads = next((sp.torch_threads for sp in plans if sp.torch_threads), None)
+    if facts.summary.outputs_differ and threads:
+        facts.summary.outputs_differ += (
+            f" (the plan runs the step with {threads} torch intra-op thread{'s' if threads != 1 else ''}, the "
+            "usual settings with torch's own: float reductions then run in another order, and a training step "
+            "carries the difference into every later step)")
+
+
 class Chosen(tuple):
     """``(placement, why)`` as :func:`best_placement` returns it, with the stream settings chosen with it.
 
@@ -430,6 +440,7 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     facts = timed("facts", lambda: collect(run=plan_run, baselines=runs, pipeline=p, inventory=inv,
                                            step_only=step_only, stream_plans=plans))
     check_outputs(facts, plan_run, runs)
+    explain_threads(facts, plans)
     return Advised(pipeline=p, size=p.size, profile=None, plan=None, run=plan_run, baselines=runs,
                    facts=facts, timings=timed.timings, inventory=inv, stream_plans=plans)
 

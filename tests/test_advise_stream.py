@@ -52,3 +52,22 @@ def test_placer_advise_json_on_the_stream_gallery(tmp_path, sim_env):
     assert stream["predicted_samples_per_s"] > 0 and stream["measured_samples_per_s"] > 0
     assert [o["name"] for o in stream["options"]][:2] == ["plan", "num_workers=0"]
     assert "What if" in out.read_text() or not stream["what_if"]
+
+
+def test_differing_outputs_under_a_plan_with_fewer_torch_threads_are_explained():
+    from types import SimpleNamespace
+
+    from placer.advisor import explain_threads
+    from placer.data.stream import StreamPlan
+
+    plan = StreamPlan(pipeline="p", source="batches", step="train", torch_threads=1)
+    facts = SimpleNamespace(summary=SimpleNamespace(outputs_differ="num-workers=0 differs from the plan: x"))
+    explain_threads(facts, [plan])
+    assert facts.summary.outputs_differ.startswith("num-workers=0 differs from the plan: x (the plan runs the "
+                                                   "step with 1 torch intra-op thread, ")
+    same = SimpleNamespace(summary=SimpleNamespace(outputs_differ=""))
+    explain_threads(same, [plan])  # nothing differs: nothing to explain
+    assert same.summary.outputs_differ == ""
+    own = SimpleNamespace(summary=SimpleNamespace(outputs_differ="y"))
+    explain_threads(own, [plan.model_copy(update={"torch_threads": None})])
+    assert own.summary.outputs_differ == "y"  # torch's own threads: another cause

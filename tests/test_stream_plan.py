@@ -540,3 +540,16 @@ def test_the_gil_probe_tells_python_code_from_code_that_waits():
     held_spin = sorted(share(spin) for _ in range(3))[1]
     held_wait = sorted(share(wait) for _ in range(3))[1]
     assert held_spin > held_wait + 0.3, (held_spin, held_wait)
+
+
+def test_verification_always_measures_one_candidate_with_other_torch_threads():
+    from placer.stream.planner import Candidate, _distinct
+
+    place = (("batches", "cpu"), ("decode", "cpu"), ("augment", "cpu"), ("train", "cpu"))
+    own = [Candidate(place, (("decode", w), ("augment", 1))) for w in (1, 3, 5, 7)]
+    one = Candidate(place, (("decode", 1), ("augment", 1)), torch_threads=1)
+    picked = _distinct([*own, one], 3)
+    assert picked == [own[0], own[1], one]  # the third place goes to the other thread setting
+    mixed = _distinct([own[0], one, *own[1:]], 3)
+    assert mixed == [own[0], one, own[1]]  # already there: the ranking stands
+    assert _distinct(own, 3) == own[:3]  # nothing with other threads to measure

@@ -613,8 +613,9 @@ def measure(pipeline: Pipeline, source: str, placement: dict[str, str], config: 
 
 def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], scorer: Scorer,
            inventory: Inventory, consts: dict[str, Any], budget_s: float) -> tuple[Candidate, list[Verification]]:
-    """Run the best few distinct candidates, interleaved, several rounds; keep the predicted best unless
-    another measured faster by more than the noise.
+    """Run the best few distinct candidates (one of them with other torch intra-op threads for a step on
+    the CPU, where the profile measured them), interleaved, several rounds; keep the predicted best
+    unless another measured faster by more than the noise.
 
     Every round runs each candidate once, in turn, so that a change of load on a shared
     machine falls on all of them alike; each run reads as many batches as the budget
@@ -670,13 +671,20 @@ def _wins(mine: list[tuple[float, int, float]], plan: list[tuple[float, int, flo
 
 
 def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
-    """The first ``n`` candidates that differ in more than the workers of one stage by one."""
+    """The first ``n`` candidates that differ in more than the workers of one stage by one; the last
+    place goes to the best with other torch intra-op threads for the step when none of them has other
+    threads (how a step shares the cores with workers is the model's least certain term, so it is
+    measured)."""
     out: list[Candidate] = []
     for c in ranked:
         if all(_far(c, o) for o in out):
             out.append(c)
         if len(out) == n:
             break
+    if len(out) > 1 and all(c.torch_threads == out[0].torch_threads for c in out):
+        other = next((c for c in ranked if c.torch_threads != out[0].torch_threads), None)
+        if other is not None:
+            out[-1] = other
     return out
 
 

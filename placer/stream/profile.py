@@ -349,26 +349,36 @@ def _rate(calls: list, inputs: list[Bundle], seconds: float) -> float:
     return sum(done) / elapsed if elapsed > 0 else 0.0
 
 
-class _Probe:
-    """A thread counting in pure Python: how little it counts while another call runs shows how much
-    of that call's time the call held the GIL."""
+class _SideThread:
+    """A daemon thread running :meth:`_loop` (until ``running`` is cleared) for a ``with`` block."""
 
-    def __init__(self):
-        self.count = 0
+    def __init__(self, name: str):
         self.running = True
-        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread = threading.Thread(target=self._loop, daemon=True, name=name)
 
     def _loop(self) -> None:
-        while self.running:
-            self.count += 1
+        raise NotImplementedError
 
-    def __enter__(self) -> _Probe:
+    def __enter__(self):
         self.thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.running = False
         self.thread.join()
+
+
+class _Probe(_SideThread):
+    """A thread counting in pure Python: how little it counts while another call runs shows how much
+    of that call's time the call held the GIL."""
+
+    def __init__(self):
+        self.count = 0
+        super().__init__("placer-gil-probe")
+
+    def _loop(self) -> None:
+        while self.running:
+            self.count += 1
 
 
 def gil_held(call, inputs: list, *, rounds: int = 1) -> float | None:
@@ -611,36 +621,26 @@ def _threads_ratio(torch: Any, call, kept: list[Bundle], threads: int, rounds: i
             statistics.median(cpu[1]) / c0 if c0 > 0 else 1.0)
 
 
-class _Busy:
-    """A thread that keeps one core busy (numpy, the GIL released) while :meth:`on` is set: the
-    share of the cores a stream's worker takes from the step."""
+class _Busy(_SideThread):
+    """A thread that keeps one core busy (numpy, the GIL released) while ``work`` is set: the share
+    of the cores a stream's worker takes from the step."""
 
     def __init__(self):
         import numpy as np
 
         self.data = np.random.default_rng(0).random(1 << 17)
         self.work = threading.Event()
-        self.stopping = False
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="placer-busy-core")
+        super().__init__("placer-busy-core")
 
     def _loop(self) -> None:
         import numpy as np
 
         out = np.empty_like(self.data)
-        while not self.stopping:
+        while self.running:
             if not self.work.wait(0.05):
                 continue
             np.multiply(self.data, self.data, out=out)
             np.sqrt(out, out=out)
-
-    def __enter__(self) -> _Busy:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stopping = True
-        self.work.clear()
-        self.thread.join()
 
 
 def _busy_ratios(torch: Any, call, kept: list[Bundle], counts: list[int], batches: int = 4) -> dict[int, float]:

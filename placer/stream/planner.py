@@ -42,7 +42,7 @@ from placer.devices import Inventory, discover
 from placer.errors import PlacerError
 from placer.optimize.explain import fmt_s
 from placer.pipeline import Pipeline
-from placer.stream.config import StreamConfig
+from placer.executor.stream.config import StreamConfig
 from placer.stream.model import Prediction, predict
 
 #: candidates searched exhaustively; beyond it, hill climbing
@@ -604,7 +604,7 @@ def stream_config(plan: StreamPlan | list[StreamPlan], **extra: Any) -> StreamCo
 def measure(pipeline: Pipeline, source: str, placement: dict[str, str], config: StreamConfig,
             inventory: Inventory, consts: dict[str, Any]) -> tuple[float, int]:
     """Samples per second (steady state) and batches of a short run of one stream."""
-    from placer.stream.runner import StreamRun
+    from placer.executor.stream.runner import StreamRun
 
     devices = {m: inventory.resolve(d, stage=m) for m, d in placement.items()}
     _, stats = StreamRun(pipeline, source, devices, consts, config).run()

@@ -28,7 +28,7 @@ class StreamConfig(BaseModel):
     worker_kind : dict
         ``thread`` (the default: code that releases the GIL, numpy and torch),
         ``process``, or ``dask`` (tasks on the cluster in use, see
-        :mod:`placer.stream.dask_workers`) per stage.
+        :mod:`placer.executor.stream.dask_workers`) per stage.
     prefetch : int
         Batches each queue between two stages holds: the bound on batches in flight
         (backpressure) and how far ahead the source reads.

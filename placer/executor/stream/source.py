@@ -1,6 +1,6 @@
 """A stream's source: what its function returns, turned into batches for each epoch.
 
-May import: placer.pipeline, placer.stream.{config,nodes}; torch inside functions (only when
+May import: placer.pipeline, placer.errors, placer.executor.stream.{config,nodes}; torch inside functions (only when
 the source returns a ``Dataset`` or a ``DataLoader``).
 
 A source function returns an iterable of batches (a generator, a list), a
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from placer.pipeline import BATCH_INFO, Stage
-from placer.stream.config import BatchInfo, StreamConfig
-from placer.stream.nodes import takes
+from placer.executor.stream.config import BatchInfo, StreamConfig
+from placer.executor.stream.nodes import takes
 
 
 def call_source(stage: Stage, inputs: dict[str, Any], epoch: int) -> Any:

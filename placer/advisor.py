@@ -1,7 +1,8 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
-May import: placer.{pipeline,devices,loader,errors,site,report,digest,log}, and
-placer.executor.distributed's errors and placer.stream.planner inside functions. torch, dask and numba are
+May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log},
+placer.data.{documents,stream}; placer.executor.distributed's errors, placer.target,
+placer.stream and placer.stream.planner inside functions. torch, dask and numba are
 reached only through the site (its profiler and executor).
 
 Every step asks a :mod:`site <placer.site>` (this machine or a dask cluster): its

@@ -1,7 +1,7 @@
 """Planning for a dask.distributed cluster: its devices, its network, its plan.
 
 May import: placer.executor.distributed, placer.executor.shipping, placer.devices, placer.errors, placer.pipeline,
-placer.site, pydantic;
+placer.costs, pydantic;
 distributed, placer.loader, placer.profile, placer.costmodel and placer.optimize inside
 functions.
 
@@ -37,7 +37,7 @@ from placer.executor.distributed import (
 from placer.executor.shipping import by_reference, ship_modules
 from placer.errors import validation_line
 from placer.pipeline import Pipeline
-from placer.site import Costs
+from placer.costs import Costs
 
 
 # -- measuring the network between workers -------------------------------------------------
@@ -210,7 +210,7 @@ def _remote_profile(payload: bytes, devices: list[str], size: int | None, budget
 class ClusterCosts(Costs):
     """What planning knows about a pipeline on a cluster: its devices, measurements and network.
 
-    A :class:`~placer.site.Costs` whose devices are the cluster's (each ``gpu:N`` a GPU
+    A :class:`~placer.costs.Costs` whose devices are the cluster's (each ``gpu:N`` a GPU
     worker's) and whose network was measured between two workers.
 
     Attributes

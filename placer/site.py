@@ -1,6 +1,6 @@
 """Where work happens: this machine, or a dask.distributed cluster.
 
-May import: placer.{devices,errors,pipeline,data}; placer.profile, placer.costmodel,
+May import: placer.{costs,devices,errors,pipeline,data}; placer.profile, placer.costmodel,
 placer.target, placer.executor and placer.cluster inside methods, so that importing a site
 stays cheap.
 
@@ -25,109 +25,9 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from placer.data.costs import CostTable
+from placer.costs import Costs
 from placer.devices import Inventory, discover
 from placer.pipeline import Pipeline
-
-
-class Costs:
-    """What planning knows about a pipeline at a site: measurements, model, devices, network.
-
-    Attributes
-    ----------
-    inventory : Inventory
-        The site's devices.
-    profile : Profile
-        The stages as measured (under the site's device names).
-    model : CostModel
-        Fitted to ``profile`` (and to any described device).
-    devices : list of str
-        The devices to plan over: the CPU and every accelerator with measurements.
-    size : int
-        The size to plan for.
-    network : dict or None
-        ``{"latency_s", "bandwidth_Bps"}`` between the machines devices run on (a
-        cluster's workers); None on one machine.
-    notes : list of str
-        Where each device was profiled, what the network measured.
-    described : list of str
-        Devices the site lacks, predicted from a description (planned apart, see
-        :meth:`plan` with ``devices``).
-    no_accelerator_reason : str or None
-        Why the site has no accelerator to plan over, when that is worth a warning
-        on the plan (a cluster without GPU workers).
-    """
-
-    no_accelerator_reason: str | None = None
-    #: how the target's predictions were made (CPU scaling), for its plan
-    target_notes: list[str] = []
-    #: what the site is called in a plan's reasons
-    where = "this machine"
-
-    def __init__(self, inventory: Inventory, profile: Any, model: Any, devices: list[str], size: int,
-                 network: dict[str, float] | None = None, notes: list[str] | None = None,
-                 described: list[str] | None = None, target: Any = None, target_model: Any = None):
-        self.inventory, self.profile, self.model = inventory, profile, model
-        self.devices, self.size = devices, size
-        self.network, self.notes = network, list(notes or [])
-        self.described = list(described or [])
-        #: the described machine (a placer.target.TargetDescription) and its cost model, whose
-        #: ``cpu`` is the target's CPU when the target describes one
-        self.target = target
-        self.target_model = target_model if target_model is not None else model
-
-    def table(self, size: float | None = None, devices: list[str] | None = None, *,
-              target: bool = False) -> CostTable:
-        """The :class:`~placer.data.costs.CostTable` at ``size`` (default :attr:`size`) over ``devices``
-        (default :attr:`devices`; with ``target``, the target's CPU and GPUs), with the network when
-        there is one."""
-        if target:
-            return self.target_model.table(self.size if size is None else size,
-                                           devices=devices or ["cpu", *self.described])
-        table = self.model.table(self.size if size is None else size, devices=devices or self.devices)
-        if self.network is None or len(table.devices) < 2:
-            return table
-        doc = table.model_dump(exclude_defaults=True)
-        doc["network"] = dict(self.network)
-        return CostTable.model_validate(doc)
-
-    def predictions(self, size: float | None = None) -> dict[str, dict[str, dict]]:
-        """Stage → device → the prediction (value, error, label) at ``size``, described devices included."""
-        at = self.size if size is None else size
-        out = {s: {d: pr.model_dump() for d, pr in devs.items()}
-               for s, devs in self.model.predictions(at, self.devices).items()}
-        if self.described:
-            for s, devs in self.target_model.predictions(at, self.described).items():
-                out.setdefault(s, {}).update({d: pr.model_dump() for d, pr in devs.items()})
-        return out
-
-    def plan(self, *, objective: str = "makespan", method: str = "auto", deadline_s: float | None = None,
-             size: float | None = None, devices: list[str] | None = None, target: bool = False):
-        """The best placement at ``size`` over ``devices``, with crossover sizes over the same devices
-        (with ``target``: over the described target machine, its CPU included).
-
-        Returns
-        -------
-        Plan
-            As :func:`placer.optimize.plan`.
-        """
-        from placer.optimize import plan
-
-        at = self.size if size is None else size
-
-        def cost_at(s: float) -> CostTable:
-            return self.table(s, devices, target=target)
-
-        result = plan(cost_at(at), objective=objective, method=method, deadline_s=deadline_s,
-                      cost_at=cost_at, size=at)
-        why = self.no_accelerator_reason
-        if target and self.target is not None:
-            result.warnings += [n for n in self.target_notes if n not in result.warnings]
-        if why and len(result.devices) == 1 and not target:
-            for st in result.stages:
-                st.reason += f" ({self.where} has no GPU: {why})"
-            result.warnings.append(f"every stage is planned on the CPU: {why}")
-        return result
 
 
 def accelerators(inv: Inventory) -> list[str]:

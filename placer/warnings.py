@@ -17,8 +17,8 @@ category                                  issued when
 :class:`NoisyMeasurementWarning`          a timing's IQR exceeds 10% of its median
                                           (:mod:`placer.timing`)
 :class:`ProfileCacheWarning`              a cached profile or transfer model cannot be used and is
-                                          re-measured (:mod:`placer.profile.cache`; registered as
-                                          a PlacerWarning by :mod:`placer.profile`)
+                                          re-measured, or the cache cannot be written
+                                          (:mod:`placer.profile.cache`)
 :class:`CheckWarning`                     ``placer check`` compares against a baseline that lacks
                                           something it needs (:mod:`placer.check`)
 ========================================  =====================================================
@@ -37,9 +37,8 @@ from abc import ABCMeta
 class PlacerWarning(UserWarning, metaclass=ABCMeta):
     """The base of every warning placer issues.
 
-    Categories defined elsewhere (such as the profile cache's) join it with
-    ``PlacerWarning.register(category)``, so ``issubclass`` and warning filters
-    treat them as placer warnings.
+    Every category is defined in this module, so the modules that issue them import
+    this one and it imports none of placer's.
     """
 
 
@@ -47,13 +46,9 @@ class NoisyMeasurementWarning(PlacerWarning):
     """A measurement's interquartile range exceeds 10% of its median."""
 
 
+class ProfileCacheWarning(PlacerWarning):
+    """A cached profile was unusable (it is re-measured), or the cache cannot be written."""
+
+
 class CheckWarning(PlacerWarning):
     """``placer check``: the baseline lacks something the comparison needs (a stage, a measurement)."""
-
-
-def __getattr__(name: str):
-    if name == "ProfileCacheWarning":  # defined by the profile cache; loaded on first use
-        from placer.profile.cache import ProfileCacheWarning
-
-        return ProfileCacheWarning
-    raise AttributeError(f"module 'placer.warnings' has no attribute {name!r}")

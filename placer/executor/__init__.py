@@ -1,7 +1,7 @@
 """Running a pipeline under a placement.
 
-May import: placer.pipeline, placer.devices, placer.placement, placer.digest and the
-modules of this package. Device libraries (torch, numba.cuda, dask) are touched only
+May import: placer.pipeline, placer.devices, placer.placement, placer.digest, placer.errors,
+placer.data.run and the modules of this package. Device libraries (torch, numba.cuda, dask) are touched only
 inside the functions that need them.
 
 Examples

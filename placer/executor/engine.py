@@ -1,6 +1,6 @@
 """The one execution engine: dispatches stages and transfers to lanes, records a timeline.
 
-May import: placer.pipeline, placer.devices, placer.schedule, placer.executor.*; dask
+May import: placer.pipeline, placer.devices, placer.schedule, placer.data.run, placer.executor.*; dask
 inside functions.
 
 It follows the schedule model of ``docs/schedule.md``, which the optimizer

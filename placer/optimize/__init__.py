@@ -1,6 +1,6 @@
 """Placement optimization: simulate a placement, search for the best, explain it.
 
-May import: networkx, pydantic, placer.errors and its own modules. Never torch,
+May import: networkx, pydantic, placer.errors, placer.data.costs and its own modules. Never torch,
 dask or numba: planning stays fast and importable anywhere.
 
 Modules

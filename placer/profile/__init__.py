@@ -19,7 +19,6 @@ from placer.profile.cache import TRANSFER_SCHEMA, ProfileCache, ProfileCacheWarn
 from placer.profile.profiler import GROWTH, MAX_POINTS, MIN_TIMED_S, plan_sizes, profile, stage_key
 from placer.profile.transfers import TRANSFER_SIZES, measure_transfers
 from placer.entry import make_callable
-from placer.warnings import PlacerWarning
 
 __all__ = [
     "GROWTH", "MAX_POINTS", "MIN_TIMED_S", "SCHEMA", "TRANSFER_SCHEMA", "TRANSFER_SIZES",
@@ -27,6 +26,5 @@ __all__ = [
     "WorkPoint", "cache_dir", "measure_transfers", "plan_sizes", "profile", "stage_key",
 ]
 
-# ``placer.profile(...)`` is profile(...); the cache's warnings count as placer's
+# ``placer.profile(...)`` is profile(...)
 make_callable(__name__, profile)
-PlacerWarning.register(ProfileCacheWarning)

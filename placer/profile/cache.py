@@ -1,6 +1,6 @@
 """The profile cache: one file per (pipeline, machine), and one per measured transfer model.
 
-May import: placer.data, placer.errors, placer.files. No measuring or device code.
+May import: placer.data, placer.errors, placer.files, placer.warnings. No measuring or device code.
 
 Profiles are cached in ``$PLACER_CACHE_DIR`` (default ``~/.cache/placer``), one file
 per pipeline source (its file's full path), name and machine
@@ -31,15 +31,12 @@ from placer.data.measures import TransferModel
 from placer.data.profile import MAX_DEPTH, Profile, too_deep
 from placer.errors import PlacerError
 from placer.files import write_text_atomic
+from placer.warnings import ProfileCacheWarning
 
 TRANSFER_SCHEMA = "placer.transfer/1"
 
 #: cache roots found unwritable in this process (each warned about once)
 _UNWRITABLE: set[str] = set()
-
-
-class ProfileCacheWarning(UserWarning):
-    """A cached profile was unusable (it is re-measured), or the cache cannot be written."""
 
 
 def _warn(message: str) -> None:

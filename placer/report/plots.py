@@ -1,7 +1,7 @@
 """The report's pictures, drawn with matplotlib and returned as SVG text.
 
 May import: matplotlib (inside functions, through ``matplotlib.figure.Figure``, never
-pyplot), networkx, placer.report.{facts,advice}.
+pyplot), networkx, placer.data.report, placer.report.{facts,advice}.
 
 Three pictures: the pipeline's graph with each stage coloured by its device
 (:func:`dag_svg`), the measured and predicted timelines (:func:`timeline_svg`),

@@ -1,7 +1,7 @@
 """Planning a stream: the device of each stage, workers, prefetch, pinned copies and a cache point.
 
 May import: placer.pipeline, placer.devices, placer.errors, placer.data.stream,
-placer.optimize.explain (wording), placer.stream.*.
+placer.optimize.explain (wording), placer.executor.stream.{config,runner}, placer.stream.*.
 
 :func:`plan_stream` profiles a stream on this machine (:mod:`placer.stream.profile`),
 predicts the throughput of every candidate with the operational model

@@ -1,6 +1,6 @@
 """A target: the whole machine you plan for (host CPU, each GPU, their link), as plain data.
 
-May import: json, pathlib, importlib.resources, pydantic, placer.errors, placer.costmodel.roofline
+May import: json, pathlib, importlib.resources, pydantic, placer.errors, placer.files, placer.costmodel.roofline
 (the GPU description it holds). Never torch: reading a target must stay cheap.
 
 A :class:`TargetDescription` is what ``--target`` names: the shipped ``h200`` (an

@@ -1,6 +1,6 @@
 """From a target to what planning needs: the scale from the profiled CPU to the target's.
 
-May import: placer.target.{description,scale}; placer.target.calibrate inside
+May import: placer.devices, placer.target.{description,scale}; placer.target.calibrate inside
 :func:`host_scale` (it measures this machine when the profile was taken here).
 
 The CPU a profile was measured on is described by its calibration: kept in the

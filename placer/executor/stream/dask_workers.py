@@ -1,6 +1,6 @@
 """Dask workers for a per-batch CPU stage: each of the stage's worker threads runs its batches as tasks on a cluster.
 
-May import: placer.errors, placer.devices, placer.pipeline, placer.executor.{distributed,shipping},
+May import: placer.errors, placer.devices, placer.pipeline, placer.placement, placer.executor.{distributed,shipping},
 placer.executor.stream.{config,workers}; placer.executor (``Prepared``), distributed and
 cloudpickle inside functions.
 

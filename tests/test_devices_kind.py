@@ -3,12 +3,16 @@
 The new kind is a fake accelerator, ``acc:N``, whose memory is host memory: its
 copy-in wraps an array in a :class:`Box` and its copy-out unwraps it, so every copy
 the executor makes is observable, and a stage's GPU implementation runs on the CPU
-on the unwrapped array. It is profiled, planned for (cost model and optimizer), run
-on and reported on without any change to placer.
+on the unwrapped array. Its work queues (:meth:`~placer.devices.DeviceKind.work_stream`)
+record which threads asked for one. It is profiled, planned for (cost model and
+optimizer), run on and reported on, runs a stream (copy nodes on threads of their
+own, overlapping the stage's compute) and a pipeline on a dask cluster on
+127.0.0.1, without any change to placer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -166,6 +170,9 @@ class FakeAccelerator(DeviceKind):
         self.lock = threading.Lock()
         self.copied_in = 0
         self.copied_out = 0
+        self.copy_delay_s = 0.0  # a slow bus, to see copies overlap compute
+        self.copy_spans: list[tuple[float, float]] = []
+        self.queue_threads: set[str] = set()
 
     def parse(self, key):
         m = re.fullmatch(r"acc(?::(\d+))?", key)
@@ -179,8 +186,12 @@ class FakeAccelerator(DeviceKind):
             return leaf
         if not isinstance(leaf, np.ndarray):
             return leaf
+        t0 = time.perf_counter()
+        if self.copy_delay_s:
+            time.sleep(self.copy_delay_s)
         with self.lock:
             self.copied_in += 1
+            self.copy_spans.append((t0, time.perf_counter()))
         return Box(leaf.copy())
 
     def copy_out(self, leaf):
@@ -193,6 +204,12 @@ class FakeAccelerator(DeviceKind):
 
     def wrap(self, leaf):
         return Box(np.asarray(leaf)) if isinstance(leaf, np.ndarray) else leaf
+
+    @contextlib.contextmanager
+    def work_stream(self, device):
+        with self.lock:
+            self.queue_threads.add(threading.current_thread().name)
+        yield
 
     def discover(self, host):
         return [Device(name="acc:0", kind="acc", index=0, label="fake accelerator (host memory)",
@@ -289,3 +306,101 @@ def test_a_new_kind_is_profiled_planned_run_and_reported(acc):
     md = render_markdown(collect(plan=chosen, run=run, baselines={"all_cpu": cpu}, pipeline=p, costs=table))
     assert "acc:0" in md
     assert re.search(r"\*\*heavy\*\*[^\n]*acc:0", md), "the stage table shows heavy on acc:0"
+
+
+# -- the same kind in a stream and on a cluster ------------------------------------------------
+BATCHES, ROWS = 8, 16
+#: (start, end) of each call of the stream's accelerator stage
+COMPUTE_SPANS: list[tuple[float, float]] = []
+
+
+def _scale_cpu(rows):
+    return rows * 3.0 - 1.0
+
+
+def _scale_acc(rows):
+    assert isinstance(rows, np.ndarray), "the kind unwraps a Box before the implementation sees it"
+    t0 = time.perf_counter()
+    time.sleep(0.03)
+    COMPUTE_SPANS.append((t0, time.perf_counter()))
+    return rows * 3.0 - 1.0
+
+
+def build_stream():
+    """source (host) → scale (per batch; CPU or accelerator code) → total (the step, a fold on the CPU)."""
+    p = Pipeline("acc-stream", size=BATCHES * ROWS, size_unit="samples")
+
+    @p.source(batch_size=ROWS)
+    def rows():
+        return [np.full((ROWS, 4), float(i)) + np.arange(4.0) for i in range(BATCHES)]
+
+    p.add(name="scale", kind="preprocessing", cpu=_scale_cpu, gpu={"fn": _scale_acc, "api": "numpy"},
+          inputs=["rows"])
+
+    @p.step(init=lambda: {"sum": np.zeros(4)}, device="cpu")
+    def total(scale, state):
+        state["sum"] = state["sum"] + scale.sum(axis=0)
+
+    return p
+
+
+def test_a_new_kind_runs_a_stream_with_copy_nodes_that_overlap_its_compute(acc):
+    from placer.stream import StreamConfig
+
+    p = build_stream()
+    reference = execute(p, "all=cpu", stream=StreamConfig(workers=0))
+    acc.copy_delay_s = 0.03
+    COMPUTE_SPANS.clear()
+    run = execute(p, {"scale": "acc:0"}, stream=StreamConfig(prefetch=4))
+
+    stats = {s.name: s for s in run.streams[0].stages}
+    assert stats["scale"].device == "acc:0" and stats["scale"].batches == BATCHES
+    copies = [s for s in run.streams[0].stages if s.kind == "copy"]
+    assert [(c.device, c.batches) for c in copies] == [("acc:0", BATCHES), ("cpu", BATCHES)], \
+        "a copy node into the accelerator before scale, and one out of it before the step"
+    assert len(acc.copy_spans) == BATCHES and len(COMPUTE_SPANS) == BATCHES
+    assert acc.copied_out >= BATCHES
+    overlaps = sum(1 for c0, c1 in acc.copy_spans for s0, s1 in COMPUTE_SPANS if c0 < s1 and s0 < c1)
+    assert overlaps >= BATCHES // 2, ("copies into the accelerator run on their own thread, beside the "
+                                      f"stage's compute: {overlaps} overlaps")
+    assert len(acc.queue_threads) >= 2, f"the copy node and the stage each asked the kind for a queue: {acc.queue_threads}"
+    np.testing.assert_allclose(run.final_outputs["total"]["sum"], reference.final_outputs["total"]["sum"])
+    assert run.outputs_digest == reference.outputs_digest
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A scheduler and two in-process workers on 127.0.0.1; ``gpu0`` declares GPU=1.
+
+    The workers run in this process, so the kind registered here is theirs too: a
+    worker in its own process would import the kind's module the same way.
+    """
+    distributed = pytest.importorskip("distributed")
+
+    opts = {"nthreads": 1, "host": "127.0.0.1"}
+    workers = {"cpu0": {"cls": distributed.Worker, "options": dict(opts)},
+               "gpu0": {"cls": distributed.Worker, "options": {**opts, "resources": {"GPU": 1}}}}
+    scheduler = {"cls": distributed.Scheduler,
+                 "options": {"host": "127.0.0.1", "port": 0, "dashboard": False, "dashboard_address": ":0"}}
+    with distributed.SpecCluster(workers=workers, scheduler=scheduler, asynchronous=False) as c:
+        yield c
+
+
+def test_a_new_kind_runs_a_pipeline_on_a_cluster(acc, client):
+    from placer.executor.distributed import cluster_devices
+
+    inv = cluster_devices(client)
+    dev = inv.get("acc:0")
+    assert dev is not None and dev.kind == "acc" and dev.is_accelerator and not dev.is_gpu
+    assert inv.gpus == [] and "acc:0" not in (d.name for d in inv.gpus)
+
+    p = build(128)
+    local = execute(p, "all=cpu")
+    before = acc.copied_in, acc.copied_out
+    run = execute(p, {"heavy": "acc:0"}, scheduler=client)
+    heavy = run.stage("heavy")
+    gpu_worker = next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items() if w["name"] == "gpu0")
+    assert heavy.device == "acc:0" and heavy.worker == gpu_worker
+    assert acc.copied_in - before[0] >= 1 and acc.copied_out - before[1] >= 1, "the workers copied through the kind"
+    assert run.outputs_digest == local.outputs_digest
+    np.testing.assert_array_equal(run.final_outputs["total"], local.final_outputs["total"])

@@ -46,6 +46,7 @@ from placer.devices.registry import (
     kinds,
     register_kind,
     same_device,
+    torch_device_name,
     unregister_kind,
     valid_names,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "register_kind",
     "same_device",
     "test_devices_enabled",
+    "torch_device_name",
     "unregister_kind",
     "valid_names",
 ]

@@ -27,6 +27,9 @@ class CpuKind(DeviceKind):
     def parse(self, key: str) -> str | None:
         return "cpu" if key == "cpu" else None
 
+    def torch_name(self, torch_type: str, index: int | None) -> str | None:
+        return "cpu" if torch_type == "cpu" else None
+
     def copy_in(self, leaf: Any, device: Device, state: CopyState) -> Any:
         """A leaf no other kind holds, leaving a device whose memory is host memory: a real copy."""
         if is_tensor(leaf):

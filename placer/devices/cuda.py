@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from placer.devices.device import Device
@@ -57,6 +57,9 @@ class CudaKind(DeviceKind):
 
         return torch.device("cuda", device.index)
 
+    def torch_name(self, torch_type: str, index: int | None) -> str | None:
+        return f"gpu:{index or 0}" if torch_type == "cuda" else None
+
     def synchronize(self, device: Device, api: str | None = None) -> None:
         import torch
 
@@ -65,6 +68,15 @@ class CudaKind(DeviceKind):
             from numba import cuda
 
             cuda.synchronize()
+
+    @contextlib.contextmanager
+    def work_stream(self, device: Device) -> Iterator[None]:
+        import torch
+
+        stream = torch.cuda.Stream(device=device.index)
+        with torch.cuda.stream(stream):
+            yield
+        stream.synchronize()
 
     def memory_probe(self, device: Device) -> _CudaPeak:
         return _CudaPeak(device.index)
@@ -151,6 +163,12 @@ class CudaKind(DeviceKind):
             devices.append(Device(name=f"gpu:{i}", kind="gpu", index=i, label=props.name,
                                   memory_bytes=int(props.total_memory), backends=list(backends)))
         return devices, unavailable
+
+    def cluster_devices(self, found: list[tuple[str, list[Device]]]) -> list[Device]:
+        """``gpu:N``: the first GPU of the N-th GPU worker (each GPU worker runs one GPU's tasks)."""
+        return [Device(name=f"gpu:{i}", kind=self.name, index=i, label=f"{devices[0].label} on {address}",
+                       memory_bytes=devices[0].memory_bytes or None, backends=["torch"])
+                for i, (address, devices) in enumerate(found)]
 
 
 class _CudaPeak:

@@ -8,6 +8,7 @@ through the registry.
 from __future__ import annotations
 
 import hashlib
+from contextlib import AbstractContextManager
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
@@ -87,6 +88,10 @@ class Device(BaseModel):
     def memory_probe(self) -> MemoryProbe | None:
         """A probe of this device's own peak memory (None when its memory is the host's)."""
         return self.driver.memory_probe(self)
+
+    def work_stream(self) -> AbstractContextManager[None]:
+        """A context in which this thread's work on the device goes to a queue of its own (a CUDA stream)."""
+        return self.driver.work_stream(self)
 
 
 class Inventory(BaseModel):

@@ -6,9 +6,11 @@ only inside its methods, so that importing a kind stays cheap.
 A kind owns everything about its devices that differs from kind to kind: the
 grammar of their names (and aliases such as ``gpu`` for ``gpu:0``), whether they
 are accelerators and whether they are real GPUs, where their data lives, the torch
-device a stage is given, synchronising, peak-memory probing, copying a value in
-(host → device) and out (device → host), and discovering the devices of this
-machine. Everything else in placer asks the kind through :mod:`placer.devices`.
+device a stage is given (and which of its names torch's spelling means),
+synchronising, a queue of its own for a thread's work (a CUDA stream), peak-memory
+probing, copying a value in (host → device) and out (device → host), discovering
+the devices of this machine, and listing a cluster's devices from what its workers
+discovered. Everything else in placer asks the kind through :mod:`placer.devices`.
 
 A new kind is a subclass registered with :func:`placer.devices.register_kind`::
 
@@ -23,7 +25,8 @@ A new kind is a subclass registered with :func:`placer.devices.register_kind`::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
@@ -124,8 +127,23 @@ class DeviceKind:
 
         return torch.device("cpu")
 
+    def torch_name(self, torch_type: str, index: int | None) -> str | None:
+        """The name of this kind's device that torch calls ``torch_type[:index]`` (``cuda:1``), or None."""
+        return None
+
     def synchronize(self, device: Device, api: str | None = None) -> None:
         """Wait until the device has finished the work queued so far (``api``: the code's)."""
+
+    @contextlib.contextmanager
+    def work_stream(self, device: Device) -> Iterator[None]:
+        """Inside it, the calling thread's work on ``device`` goes to a queue of its own.
+
+        A stream's nodes each run in threads of their own; on a device with queues
+        (CUDA streams) each node's thread gets one, so that the copy of the next
+        batch overlaps the compute of this one. Leaving waits for the queue's work.
+        The default (the CPU, the simulated device) runs work as it is called.
+        """
+        yield
 
     def memory_probe(self, device: Device) -> MemoryProbe | None:
         """A probe of the device's own peak memory, or None when it has none apart from the host's."""
@@ -169,6 +187,24 @@ class DeviceKind:
     def discover(self, host: dict[str, Any]) -> tuple[list[Device], dict[str, str]]:
         """This machine's devices of this kind, and why a backend is unavailable (backend → reason)."""
         return [], {}
+
+    def cluster_devices(self, found: list[tuple[str, list[Device]]]) -> list[Device]:
+        """A dask cluster's devices of this kind, from what its accelerator workers discovered.
+
+        ``found`` holds, per worker that declares the accelerator resource and has
+        devices of this kind, its address and those devices (as the worker names
+        them). A task placed on one of the returned names runs on a worker that
+        has a device of that name. The default lists each name once, standing for
+        that device on every worker that has it.
+        """
+        where: dict[str, list[str]] = {}
+        first: dict[str, Device] = {}
+        for address, devices in found:
+            for d in devices:
+                first.setdefault(d.name, d)
+                where.setdefault(d.name, []).append(address)
+        return [d.model_copy(update={"label": f"{d.label} on {', '.join(where[name])}"})
+                for name, d in first.items()]
 
     def __repr__(self) -> str:
         return f"<device kind {self.name!r}: {', '.join(self.forms)}>"

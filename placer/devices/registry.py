@@ -151,6 +151,21 @@ def same_device(a: str, b: str) -> bool:
     return pa is not None and pb is not None and pa[0] == pb[0]
 
 
+def torch_device_name(spec: object) -> str | None:
+    """The device name a ``torch.device`` (or torch's spelling of one, ``cuda:1``) means, or None.
+
+    Each kind is asked (:meth:`~placer.devices.kinds.DeviceKind.torch_name`): ``cuda:1`` is
+    ``gpu:1``, ``cpu`` is ``cpu``; a spelling no kind claims (``gpu:0``, placer's own) gives None.
+    """
+    torch_type, _, index = str(spec).strip().lower().partition(":")
+    at = int(index) if index.isdigit() else None
+    for kind in tuple(_KINDS.values()):
+        name = kind.torch_name(torch_type, at)
+        if name is not None:
+            return name
+    return None
+
+
 def implementation_class(name: str) -> str:
     """Which of a stage's implementations (``cpu`` or ``gpu``) runs on the device ``name``.
 

@@ -58,6 +58,13 @@ class SimKind(DeviceKind):
             return copy.deepcopy(leaf)
         return leaf
 
+    def cluster_devices(self, found: list[tuple[str, list[Device]]]) -> list[Device]:
+        """One ``gpu-sim`` for the cluster: any GPU worker with the simulated device runs its tasks."""
+        n = len(found)
+        return [Device(name=SIM, kind=self.name, memory_bytes=None, backends=["torch", "numba.cuda (simulator)"],
+                       label=f"simulated test device on {n} GPU worker{'s' if n != 1 else ''} "
+                             "(runs GPU implementations on the CPU; not a GPU)")]
+
     def discover(self, host: dict[str, Any]) -> tuple[list[Device], dict[str, str]]:
         if not self.enabled():
             return [], {}

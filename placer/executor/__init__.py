@@ -69,7 +69,7 @@ def choose_lanes(pipeline: Pipeline, devices: dict[str, Device], executor: str, 
     if executor == "inline":
         return InlineLanes(workers)
     if executor == "threads":
-        acc = sorted({d.name for d in devices.values() if d.kind != "cpu"})
+        acc = sorted({d.name for d in devices.values() if d.is_accelerator})
         return ThreadLanes(workers, acc)
     raise ValueError(f"unknown executor {executor!r}; use auto, inline or threads")
 

@@ -54,7 +54,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from placer.devices import SIM, Device, Inventory, is_real_gpu, test_devices_enabled
+from placer.devices import SIM, Device, Inventory, is_real_gpu, kinds, test_devices_enabled
 from placer.errors import DeviceError, DeviceUnavailableError
 from placer.executor.engine import ThreadLanes
 from placer.executor.shipping import (
@@ -237,6 +237,8 @@ class WorkerInfo(BaseModel):
     resources: dict[str, float] = Field(default_factory=dict)
     #: labels and memory of the CUDA GPUs torch sees on the worker
     gpus: list[tuple[str, int]] = Field(default_factory=list)
+    #: the accelerators the worker discovered, as it names them (``Device`` fields)
+    accelerators: list[dict[str, Any]] = Field(default_factory=list)
     #: why the worker cannot use a GPU, when it has none
     gpu_unavailable: str | None = None
     test_devices: bool = False
@@ -255,6 +257,7 @@ def _probe() -> dict[str, Any]:
     inv = discover()
     return {
         "gpus": [(d.label, int(d.memory_bytes or 0)) for d in inv.gpus],
+        "accelerators": [d.model_dump() for d in inv.devices if d.is_accelerator],
         "gpu_unavailable": inv.unavailable.get("torch.cuda"),
         "test_devices": test_devices_enabled(),
         "host": dict(inv.host),
@@ -275,6 +278,7 @@ def cluster_workers(client: Any) -> list[WorkerInfo]:
             memory_limit=int(w["memory_limit"]) if w.get("memory_limit") else None,
             resources={k: float(v) for k, v in (w.get("resources") or {}).items()},
             gpus=[tuple(g) for g in pr.get("gpus", [])],
+            accelerators=list(pr.get("accelerators", [])),
             gpu_unavailable=pr.get("gpu_unavailable"),
             test_devices=bool(pr.get("test_devices")),
             host=pr.get("host", {}),
@@ -285,11 +289,13 @@ def cluster_workers(client: Any) -> list[WorkerInfo]:
 def cluster_devices(client: Any, workers: list[WorkerInfo] | None = None) -> Inventory:
     """The cluster's devices, as an :class:`~placer.devices.Inventory`.
 
-    ``cpu`` stands for every worker thread (any worker runs CPU stages); ``gpu:N``
-    for the N-th GPU worker (by address) whose torch sees a CUDA GPU; ``gpu-sim``
-    is listed when a GPU worker has the simulated test device enabled (and this
-    process too), and it is never a GPU. ``unavailable["torch.cuda"]`` says why the
-    cluster has no GPU, when it has none.
+    ``cpu`` stands for every worker thread (any worker runs CPU stages). Each kind of
+    accelerator (enabled in this process) lists its devices from what the workers
+    that declare the ``GPU`` resource discovered
+    (:meth:`~placer.devices.DeviceKind.cluster_devices`): ``gpu:N`` is the N-th GPU
+    worker (by address) whose torch sees a CUDA GPU; ``gpu-sim`` is listed when a
+    GPU worker has the simulated test device enabled, and it is never a GPU.
+    ``unavailable["torch.cuda"]`` says why the cluster has no GPU, when it has none.
     """
     ws = workers if workers is not None else cluster_workers(client)
     address = client.scheduler.address
@@ -307,20 +313,16 @@ def cluster_devices(client: Any, workers: list[WorkerInfo] | None = None) -> Inv
         backends=["numpy", "torch", "numba", "dask"],
     )]
     gpu_workers = [w for w in ws if w.is_gpu_worker]
-    real = [w for w in gpu_workers if w.gpus]
-    for i, w in enumerate(real):
-        label, memory = w.gpus[0]
-        devices.append(Device(name=f"gpu:{i}", kind="gpu", index=i, label=f"{label} on {w.address}",
-                              memory_bytes=memory or None, backends=["torch"]))
-    sims = [w for w in gpu_workers if w.test_devices]
-    if sims and test_devices_enabled():
-        devices.append(Device(
-            name=SIM, kind="sim", memory_bytes=None, backends=["torch", "numba.cuda (simulator)"],
-            label=f"simulated test device on {len(sims)} GPU worker{'s' if len(sims) != 1 else ''} "
-                  "(runs GPU implementations on the CPU; not a GPU)",
-        ))
+    for kind in kinds().values():
+        if not kind.accelerator or not kind.enabled():
+            continue
+        found = [(w.address, [Device.model_validate(d) for d in w.accelerators if d.get("kind") == kind.name])
+                 for w in gpu_workers]
+        found = [(address, own) for address, own in found if own]
+        if found:
+            devices += kind.cluster_devices(found)
     unavailable = {}
-    if not real:
+    if not any(d.is_gpu for d in devices):
         unavailable["torch.cuda"] = _no_gpu_reason(address, gpu_workers)
     host = {
         "scheduler": address,

@@ -216,10 +216,10 @@ class Engine:
         self.loc_device: dict[str, Device] = {HOST: Device(name="cpu", kind="cpu", label="host")}
         for d in devices.values():
             self.loc_device.setdefault(d.location, d)
-            if d.kind == "cpu":
+            if not d.is_accelerator:
                 self.loc_device[HOST] = d
         self.sinks = set(pipeline.sinks())
-        self.lane_of = {n: ("cpu" if d.kind == "cpu" else d.name) for n, d in devices.items()}
+        self.lane_of = {n: (d.name if d.is_accelerator else "cpu") for n, d in devices.items()}
         self.slots0: dict[str, int] = {}
         for lane in self.lane_of.values():
             self.slots0.setdefault(lane, lanes.workers if lane == "cpu" else 1)
@@ -540,7 +540,7 @@ def _remote_stage_task(run, run_stage, events, n, st, dev, args, workers, perf, 
             event = ("stage", n, out, a, b, info, None)
         except BaseException as exc:  # noqa: BLE001 - reported, then re-raised by execute
             info = dict(getattr(exc, "placer_info", None) or {})
-            info.setdefault("lane", dev.name if dev.kind != "cpu" else "cpu")
+            info.setdefault("lane", dev.name if dev.is_accelerator else "cpu")
             event = ("stage", n, None, t0, perf() - t_start, info, exc)
         finally:
             run.end(n)

@@ -129,7 +129,7 @@ def adapt(value: Any, api: str, device: Device) -> Any:
     if api == "numpy":
         conv = _as_numpy
     elif api == "torch":
-        conv = _as_torch
+        conv = lambda v: _as_torch(v, device)  # noqa: E731
     elif api == "numba.cuda":
         conv = lambda v: _as_cuda_array(v, device)  # noqa: E731
     else:
@@ -148,7 +148,8 @@ def _as_numpy(v: Any) -> Any:
     return v
 
 
-def _as_torch(v: Any) -> Any:
+def _as_torch(v: Any, device: Device) -> Any:
+    """``v`` as a torch tensor; a numba device array on ``device`` stays there (its kind's torch device)."""
     if isinstance(v, np.ndarray):
         import torch
 
@@ -159,7 +160,7 @@ def _as_torch(v: Any) -> Any:
         import torch
 
         if hasattr(v, "__cuda_array_interface__") and not _simulated_cuda():
-            return torch.as_tensor(v, device="cuda")
+            return torch.as_tensor(v, device=device.torch_device())
         return torch.from_numpy(np.array(v.copy_to_host()))
     return v
 
@@ -192,7 +193,7 @@ def normalize_output(value: Any, device: Device) -> Any:
         return value
 
     def leaf(v):
-        return kind.wrap(_as_torch(v) if _is_cuda_array(v) else v)
+        return kind.wrap(_as_torch(v, device) if _is_cuda_array(v) else v)
 
     return _map(value, leaf)
 

@@ -1,6 +1,6 @@
 """Concrete advice drawn from a report's facts: what to move, pin, batch or keep.
 
-May import: placer.data.report, placer.report.streams. Each rule is a small function of the facts that
+May import: placer.data.report, placer.report.{streams,kinds}. Each rule is a small function of the facts that
 returns zero or more :class:`Advice`; :func:`advise` runs them all in order.
 Every sentence names the stage or edge and the number it rests on.
 """
@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 
 from placer.data.report import Advice, ReportFacts, StageRow, StreamFacts, StreamStageFacts
+from placer.report.kinds import is_accelerator, is_real_gpu, is_simulated
 from placer.report.streams import has_headroom, slowest_upstream
 
 #: copies at least this large are worth pinning (the executor pins above 1 MiB)
@@ -40,7 +41,7 @@ def fmt_size(n: float | None, unit: str = "rows") -> str:
 
 def _is_gpu_like(facts: ReportFacts, device: str) -> bool:
     d = facts.device(device)
-    return d is not None and d.kind != "cpu"
+    return d is not None and is_accelerator(d.kind)
 
 
 def _on_target_gpu(facts: ReportFacts, device: str) -> bool:
@@ -60,10 +61,10 @@ def _placements(facts: ReportFacts):
 
 def accelerator_word(facts: ReportFacts) -> str:
     """How advice names this machine's accelerator (the simulated device never as a GPU)."""
-    acc = next((d for d in facts.meta.devices if d.kind != "cpu" and d.present), None)
+    acc = next((d for d in facts.meta.devices if is_accelerator(d.kind) and d.present), None)
     if acc is None:
         return "the GPU"
-    return acc.title if acc.kind == "sim" else f"the GPU ({acc.name})"
+    return acc.title if is_simulated(acc.kind) else f"the GPU ({acc.name})"
 
 
 def move_rules(facts: ReportFacts) -> list[Advice]:
@@ -126,7 +127,7 @@ def pin_rules(facts: ReportFacts) -> list[Advice]:
     out, said = [], set()
     for b in facts.timeline.measured:
         d = facts.device(b.device)
-        if b.kind != "transfer" or b.pinned or (b.bytes or 0) < PIN_BYTES or d is None or d.kind != "gpu":
+        if b.kind != "transfer" or b.pinned or (b.bytes or 0) < PIN_BYTES or d is None or not is_real_gpu(d.kind):
             continue
         if b.src != "host" or b.label in said:
             continue

@@ -1,7 +1,7 @@
 """Gathering a report's facts from a plan, its run, the baseline runs and the costs.
 
 May import: networkx (through the pipeline object), placer.data, placer.devices (the
-registry, for a device's kind), placer.report.{inputs,check,critical,advice,streams}. Never
+registry, for a device's kind), placer.report.{inputs,check,critical,advice,streams,kinds}. Never
 torch, dask or matplotlib: facts are plain data.
 
 Every input is optional except that a plan or a run must be given; a report says
@@ -41,6 +41,8 @@ from placer.report.advice import advise
 from placer.report.check import check
 from placer.report.critical import bottleneck
 from placer.report.inputs import Inputs, ReportInputError, load_inputs
+from placer.report.kinds import alias_of, is_accelerator
+from placer.report.kinds import rank as kind_rank
 from placer.report.streams import add_plan, stream_facts
 
 OPTION_TITLES = {
@@ -210,12 +212,11 @@ class _Context:
             named.update(row.predicted_s)
         for row in self.inputs.predictions.values():
             named.update(row)
-        for name in sorted(named - set(out) - ({"gpu"} if "gpu:0" in out else set())):
+        for name in sorted(n for n in named - set(out) if alias_of(n) not in out):  # gpu when gpu:0 is listed
             spec = specs.get(name)
             out[name] = DeviceInfo(name=name, kind=self.planned_kind(name), label=spec.label if spec else "",
                                    present=not known)
-        rank = {"cpu": 0, "gpu": 1, "sim": 3}  # other accelerator kinds after the GPUs
-        return sorted(out.values(), key=lambda d: (rank.get(d.kind, 2), not d.present, d.name))
+        return sorted(out.values(), key=lambda d: (kind_rank(d.kind), not d.present, d.name))
 
     def planned_kind(self, name: str) -> str:
         """A device's kind from the cost table or the plan; from its name when neither has it.
@@ -233,13 +234,13 @@ class _Context:
         """A device's kind as the report names it (``gpu`` is ``gpu:0`` when that is listed)."""
         if name in self.kinds:
             return self.kinds[name]
-        if name == "gpu" and "gpu:0" in self.kinds:
-            return self.kinds["gpu:0"]
+        if alias_of(name) in self.kinds:
+            return self.kinds[alias_of(name)]
         return self.planned_kind(name)
 
     def location(self, device: str) -> str:
         """Where a device's data lives: ``host`` for the CPU, else the device itself."""
-        return "host" if self.kind(device) == "cpu" else ("gpu:0" if device == "gpu" else device)
+        return alias_of(device) if is_accelerator(self.kind(device)) else "host"
 
     # -- seconds --------------------------------------------------------------------------
     def measured_seconds(self) -> dict[str, dict[str, float]]:

@@ -1,7 +1,7 @@
 """The report's pictures, drawn with matplotlib and returned as SVG text.
 
 May import: matplotlib (inside functions, through ``matplotlib.figure.Figure``, never
-pyplot), networkx, placer.data.report, placer.report.{facts,advice}.
+pyplot), networkx, placer.data.report, placer.report.{facts,advice,kinds}.
 
 Three pictures: the pipeline's graph with each stage coloured by its device
 (:func:`dag_svg`), the measured and predicted timelines (:func:`timeline_svg`),
@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import networkx as nx
 
 from placer.report.advice import fmt_bytes
+from placer.report.kinds import is_real_gpu, is_simulated
 from placer.data.report import Bar, ReportFacts
 
 #: colours by device kind; the simulated device is hatched so it never looks like a GPU
@@ -49,11 +50,11 @@ def device_colours(facts: ReportFacts) -> dict[str, str]:
     for d in facts.meta.devices:
         if not d.present:
             out[d.name] = ABSENT_COLOUR
-        elif d.kind == "gpu" and seen_gpu:
+        elif is_real_gpu(d.kind) and seen_gpu:
             out[d.name] = next(extra, KIND_COLOURS["gpu"])
         else:
             out[d.name] = KIND_COLOURS.get(d.kind, OTHER_KIND)
-            seen_gpu = seen_gpu or d.kind == "gpu"
+            seen_gpu = seen_gpu or is_real_gpu(d.kind)
     return out
 
 
@@ -159,7 +160,7 @@ def dag_svg(facts: ReportFacts) -> str:
     for n in facts.dag.nodes:
         x, y = pos[n.name]
         d = facts.device(n.device)
-        hatch = "//" if d is not None and (d.kind == "sim" or not d.present) else None
+        hatch = "//" if d is not None and (is_simulated(d.kind) or not d.present) else None
         ax.add_patch(FancyBboxPatch((x - bw / 2, y - bh / 2), bw, bh, boxstyle="round,pad=0.03,rounding_size=0.08",
                                     fc=colours.get(n.device, "#999999"), ec="#222222", lw=1.0, hatch=hatch, alpha=0.95))
         ax.text(x, y + 0.05, tex_safe(n.name, 18), ha="center", va="center", fontsize=10, color="white",
@@ -169,7 +170,7 @@ def dag_svg(facts: ReportFacts) -> str:
     ax.set_xlim(-0.5, layers - 0.5)
     ax.set_ylim(-height / 2 - 0.1, height / 2 + 0.45)
     used = list(dict.fromkeys(n.device for n in facts.dag.nodes))
-    handles = [Patch(fc=colours.get(d, "#999"), ec="#222", hatch="//" if (facts.device(d) and (facts.device(d).kind == "sim" or not facts.device(d).present)) else None,
+    handles = [Patch(fc=colours.get(d, "#999"), ec="#222", hatch="//" if (facts.device(d) and (is_simulated(facts.device(d).kind) or not facts.device(d).present)) else None,
                      label=device_legend_title(facts, d)) for d in used]
     handles.append(Patch(fc="white", ec="#C0392B", ls="--", label="crosses devices: bytes, copy time"))
     fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8.5, frameon=False)
@@ -204,7 +205,7 @@ def _draw_lanes(ax, bars: list[Bar], lanes: list[str], colours: dict[str, str], 
         w = max(b.end_s - b.start_s, min_w)
         if b.kind == "stage":
             d = facts.device(b.device)
-            hatch = "//" if d is not None and (d.kind == "sim" or not d.present) else None
+            hatch = "//" if d is not None and (is_simulated(d.kind) or not d.present) else None
             ax.barh(y, w, left=b.start_s, height=0.62, color=colours.get(b.device, "#999"),
                     edgecolor="#222", lw=0.6, hatch=hatch)
         else:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from placer.devices import Device, canonical_name, discover, is_real_gpu
+from placer.devices import Device, canonical_name, discover, is_real_gpu, torch_device_name
 from placer.executor.stream.nodes import batch_len
 
 #: a setting is recommended only when it is this much faster than the user's own
@@ -231,7 +231,7 @@ def _step_device(device: Any) -> Device:
     if device is None:
         return discover().resolve("cpu")
     if hasattr(device, "type") and not isinstance(device, str):  # a torch.device
-        device = "cpu" if device.type == "cpu" else f"gpu:{device.index or 0}"
+        device = torch_device_name(device) or str(device)
     device = str(device).strip().lower()
     if device.startswith("cuda"):  # torch's spelling
         device = "gpu" + device[4:]

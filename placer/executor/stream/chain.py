@@ -4,8 +4,9 @@ May import: placer.pipeline, placer.devices, placer.errors, placer.executor.tran
 placer.executor.stream.{config,nodes}.
 
 Before a stage whose per-batch inputs are not yet where it runs, a copy node moves
-them there (on its own thread, and on a GPU its own CUDA stream, so the copy of
-batch k+1 overlaps the compute of batch k); a value copied once serves every later
+them there (on its own thread, and on a device with queues its own queue, asked of
+the device's kind: a CUDA stream on a GPU; so the copy of batch k+1 overlaps the
+compute of batch k); a value copied once serves every later
 stage at that location. One-shot inputs are moved to each location once per run.
 
 A per-batch CPU stage runs in ``workers`` threads, or with ``worker_kind``
@@ -56,10 +57,10 @@ def build_nodes(pipeline: Pipeline, members: list[str], devices: dict[str, Devic
             for s in need:
                 avail[s].add(dev.location)
         kind = "step" if st.role == "step" else "batch"
-        on_cpu = dev.kind == "cpu"
+        on_cpu = not dev.is_accelerator
         workers = config.workers_of(m) if on_cpu and kind == "batch" else 1
         worker_kind = _worker_kind(m, kind, dev, config)
-        impl = st.impl_for("cpu" if on_cpu else "gpu")
+        impl = st.impl_for(dev.driver.implementation)
         nodes.append(Node(name=m, kind=kind, device=dev, index=len(nodes), stage=st, reads=reads,
                           consts={a: const_at(s, dev) for a, s in st.inputs.items() if s not in inside},
                           workers=workers, worker_kind=worker_kind, takes_info=takes(impl.fn, BATCH_INFO)))
@@ -73,7 +74,7 @@ def _worker_kind(name: str, kind: str, dev: Device, config: StreamConfig) -> str
     asked = config.kind_of(name)
     if asked == "thread":
         return "thread"
-    if kind != "batch" or dev.kind != "cpu":
+    if kind != "batch" or dev.is_accelerator:
         what = "the step" if kind == "step" else f"a stage on {dev.name}"
         raise PlacerError(f"stage {name!r}: process workers run per-batch CPU stages only, and {name!r} is "
                           f"{what}; drop it from worker_kind", stage=name)

@@ -196,7 +196,7 @@ def dask_config(pipeline: Any, devices: dict[str, Any], config: StreamConfig | N
     default = "workers" not in cfg.model_fields_set
     for members in pipeline.streams().values():
         for m in members[1:-1]:
-            if devices[m].kind != "cpu" or kinds.get(m, "thread") != "thread":
+            if devices[m].is_accelerator or kinds.get(m, "thread") != "thread":
                 continue  # a GPU stage, or one asked to run in processes here
             kinds[m] = "dask"
             if default and m not in counts:

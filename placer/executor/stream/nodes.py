@@ -1,7 +1,7 @@
 """The nodes of a stream: a source, per-batch stages, copies into a device, the step.
 
 May import: placer.pipeline, placer.devices, placer.executor.{stagecall,transfer},
-placer.executor.stream.config; torch inside functions.
+placer.executor.stream.config. Devices are asked through their kind (no device library here).
 
 A stream runs as a chain of nodes in the pipeline's dispatch order (branches of
 a stream are serialised per batch; different batches overlap across nodes). A
@@ -13,7 +13,6 @@ later node needs (those are dropped, bounding the memory of a batch in flight).
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -174,20 +173,6 @@ def batch_len(value: Any) -> int:
 
 def bundle_bytes(b: Bundle) -> int:
     return sum(nbytes(v) for here in b.values.values() for v in here.values())
-
-
-@contextlib.contextmanager
-def device_stream(device: Device):
-    """Work of this thread goes to its own CUDA stream on a real GPU (copies overlap compute)."""
-    if device.kind != "gpu":
-        yield
-        return
-    import torch
-
-    stream = torch.cuda.Stream(device=device.index)
-    with torch.cuda.stream(stream):
-        yield
-    stream.synchronize()
 
 
 def now() -> float:

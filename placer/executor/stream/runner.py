@@ -37,8 +37,7 @@ from placer.devices import Device
 from placer.errors import PlacerError
 from placer.executor.stream.chain import build_nodes
 from placer.executor.stream.config import BatchInfo, StreamConfig
-from placer.executor.stream.nodes import (Bundle, Node, StepState, batch_len, bundle_bytes, device_stream, now,
-                                          takes)
+from placer.executor.stream.nodes import Bundle, Node, StepState, batch_len, bundle_bytes, now, takes
 from placer.executor.stream.source import batches, call_source
 from placer.executor.stream.workers import ProcessPool, StageCall, WorkerStopped
 from placer.executor.transfer import to_location
@@ -195,7 +194,7 @@ class StreamRun:
             threads.__enter__()
             t_setup = now()
             self._start_pools()
-            with device_stream(self.nodes[-1].device):
+            with self.nodes[-1].device.work_stream():
                 self.step.start()
             self.t0 = now()
             self.setup_s = self.t0 - t_setup
@@ -309,7 +308,7 @@ class StreamRun:
         busy = blocked = 0.0
         mark = self.t0  # every moment from the stream's start to the end of the source is counted once
         try:
-            with device_stream(node.device):
+            with node.device.work_stream():
                 while not self.stop.is_set() and self.failure is None:
                     b = next(it, None)
                     t = now()
@@ -334,7 +333,7 @@ class StreamRun:
     def _node_loop(self, node: Node, inq: queue.Queue, out: _Ordered, shared: _Exit) -> None:
         acc = [0.0, 0.0, 0.0, 0]  # busy, starved, blocked, batches of this worker
         mark = self.t0  # every moment from the stream's start to this worker's exit is counted once
-        with device_stream(node.device):
+        with node.device.work_stream():
             while True:
                 b = _get(inq, self.stop)
                 t1 = now()

@@ -69,5 +69,5 @@ def test_differing_outputs_under_a_plan_with_fewer_torch_threads_are_explained()
     explain_threads(same, [plan])  # nothing differs: nothing to explain
     assert same.summary.outputs_differ == ""
     own = SimpleNamespace(summary=SimpleNamespace(outputs_differ="y"))
-    explain_threads(own, [plan.model_copy(update={"torch_threads": None})])
+    explain_threads(own, [plan.model_copy(update={"settings": plan.settings.override(torch_threads=None)})])
     assert own.summary.outputs_differ == "y"  # torch's own threads: another cause

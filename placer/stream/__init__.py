@@ -1,6 +1,6 @@
 """Streams of minibatches: a source, per-batch stages, and a step that consumes them.
 
-May import: placer.stream.*. Import cost stays low: torch is reached only when a
+May import: placer.stream.*, placer.data.stream. Import cost stays low: torch is reached only when a
 source returns a Dataset or DataLoader, or a stage runs on a GPU.
 
 A stream is declared in a pipeline with :meth:`placer.Pipeline.source`, per-batch
@@ -23,6 +23,7 @@ first use, so that ``import placer.stream.<module>`` works whichever of
 from importlib import import_module
 from typing import Any
 
+from placer.data.stream import LoaderSettings, StreamSettings
 from placer.stream.config import BatchInfo, StreamConfig
 
 _LAZY = {
@@ -34,7 +35,6 @@ _LAZY = {
     "profile_stream": "placer.stream.profile",
     "predict": "placer.stream.model",
     "LoaderAdvice": "placer.stream.dropin",
-    "LoaderSettings": "placer.stream.dropin",
     "MeasuredLoader": "placer.stream.dropin",
     "advise_loader": "placer.stream.dropin",
     "measure": "placer.stream.dropin",
@@ -52,4 +52,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = ["BatchInfo", "StreamConfig", *_LAZY]
+__all__ = ["BatchInfo", "LoaderSettings", "StreamConfig", "StreamSettings", *_LAZY]

@@ -1,6 +1,6 @@
 """Advice for an existing training script: its own DataLoader and train step, measured.
 
-May import: placer.devices, placer.stream.nodes; torch inside functions.
+May import: placer.data.stream, placer.devices, placer.stream.nodes; torch inside functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
 number of batches and answers two questions. *Who waits for whom*: the step alone on
@@ -32,9 +32,10 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu
 from placer.stream.nodes import batch_len
 
@@ -44,40 +45,22 @@ MIN_GAIN = 0.10
 NEAR_BEST = 0.95
 
 
-@dataclass(frozen=True)
-class LoaderSettings:
-    """DataLoader settings in DataLoader's own terms, plus torch's intra-op threads."""
+def _as_dict(s: LoaderSettings) -> dict[str, Any]:
+    """Settings as the advice's JSON shows them (a trial keeps the user's batch size: not shown)."""
+    return {**s.model_dump(exclude={"batch_size"}), "worker_kind": s.worker_kind}
 
-    num_workers: int
-    prefetch_factor: int | None
-    pin_memory: bool
-    persistent_workers: bool
-    torch_threads: int
 
-    @property
-    def worker_kind(self) -> str:
-        """``processes`` (DataLoader's workers) or ``main process`` (no workers)."""
-        return "processes" if self.num_workers else "main process"
+def label(s: LoaderSettings) -> str:
+    """Settings in words: ``num_workers=2 (processes), prefetch_factor=2, ...``."""
+    parts = [f"num_workers={s.num_workers} ({s.worker_kind})"]
+    if s.num_workers:
+        parts += [f"prefetch_factor={s.prefetch_factor}", f"persistent_workers={s.persistent_workers}"]
+    return ", ".join([*parts, f"pin_memory={s.pin_memory}", f"torch threads {s.torch_threads}"])
 
-    def kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of ``DataLoader`` these settings are."""
-        kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
-        if self.num_workers:
-            kw |= {"prefetch_factor": self.prefetch_factor, "persistent_workers": self.persistent_workers}
-        return kw
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "worker_kind": self.worker_kind}
-
-    def label(self) -> str:
-        parts = [f"num_workers={self.num_workers} ({self.worker_kind})"]
-        if self.num_workers:
-            parts += [f"prefetch_factor={self.prefetch_factor}", f"persistent_workers={self.persistent_workers}"]
-        return ", ".join([*parts, f"pin_memory={self.pin_memory}", f"torch threads {self.torch_threads}"])
-
-    def cost(self) -> tuple:
-        """Orders settings by what they hold: workers, then batches in flight, then pinned memory."""
-        return (self.num_workers, self.prefetch_factor or 0, self.pin_memory, -self.torch_threads)
+def _cost(s: LoaderSettings) -> tuple:
+    """Orders settings by what they hold: workers, then batches in flight, then pinned memory."""
+    return (s.num_workers, s.prefetch_factor or 0, s.pin_memory, -(s.torch_threads or 0))
 
 
 @dataclass(frozen=True)
@@ -93,7 +76,7 @@ class Trial:
     seconds: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.settings.as_dict(), "samples_per_s": round(self.samples_per_s, 2),
+        return {**_as_dict(self.settings), "samples_per_s": round(self.samples_per_s, 2),
                 "first_batch_s": round(self.first_batch_s, 4), "fetch_fraction": round(self.fetch_fraction, 4),
                 "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4)}
 
@@ -178,10 +161,7 @@ def settings_of(loader: Any) -> LoaderSettings:
     """The settings a DataLoader was built with (and torch's current intra-op threads)."""
     import torch
 
-    w = int(loader.num_workers)
-    return LoaderSettings(num_workers=w, prefetch_factor=(loader.prefetch_factor or 2) if w else None,
-                          pin_memory=bool(loader.pin_memory), persistent_workers=bool(w and loader.persistent_workers),
-                          torch_threads=torch.get_num_threads())
+    return LoaderSettings.of(loader).model_copy(update={"torch_threads": torch.get_num_threads()})
 
 
 def rebuild(loader: Any, settings: LoaderSettings) -> Any:
@@ -223,7 +203,7 @@ def candidates(user: LoaderSettings, *, cores: int, gpu: bool, iterable: bool) -
 
 def _measured_as(s: LoaderSettings) -> LoaderSettings:
     # persistent workers only matter between epochs: a bounded run measures them the same
-    return replace(s, persistent_workers=False)
+    return s.model_copy(update={"persistent_workers": False})
 
 
 # -- measuring -----------------------------------------------------------------------------
@@ -400,13 +380,13 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         if best.settings.num_workers and dev.kind == "cpu":
             best, threads = _try_threads(loader, best, step, batches, dev, clock, trials)
     if best is not mine and best.settings.num_workers:
-        best = replace(best, settings=replace(best.settings, persistent_workers=True))
+        best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
     return _advice(mine, best, trials, step_rate, alone, dev, threads, loader, time.perf_counter() - t0)
 
 
 def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, clock: _Clock,
            keep: list | None = None) -> Trial | None:
-    trial = run_loader(rebuild(loader, replace(settings, persistent_workers=False)), step, batches=batches,
+    trial = run_loader(rebuild(loader, settings.model_copy(update={"persistent_workers": False})), step, batches=batches,
                        warmup=max(1, settings.num_workers), device=dev, deadline=clock.deadline(), keep=keep)
     return None if trial is None else replace(trial, settings=settings)
 
@@ -426,10 +406,10 @@ def choose(user: Trial, trials: list[Trial]) -> Trial:
     best = max(trials, key=lambda t: t.samples_per_s)
     if best.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
         near = [t for t in trials if t.samples_per_s >= NEAR_BEST * best.samples_per_s]
-        return min(near, key=lambda t: t.settings.cost())
+        return min(near, key=lambda t: _cost(t.settings))
     fewer = [t for t in trials if t.settings.num_workers < user.settings.num_workers
              and t.samples_per_s >= NEAR_BEST * user.samples_per_s]
-    return min(fewer, key=lambda t: t.settings.cost()) if fewer else user
+    return min(fewer, key=lambda t: _cost(t.settings)) if fewer else user
 
 
 def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, clock: _Clock,
@@ -440,7 +420,7 @@ def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device,
     if n >= now:
         return best, None
     with _threads(n):
-        t = _trial(loader, replace(best.settings, torch_threads=n), step, batches, dev, clock)
+        t = _trial(loader, best.settings.model_copy(update={"torch_threads": n}), step, batches, dev, clock)
     if t is None:
         return best, None
     trials.append(t)
@@ -499,10 +479,10 @@ def describe(a: LoaderAdvice) -> list[str]:
     """The advice as lines of text."""
     lines = [f"Loader advice ({len(a.trials)} settings measured in {a.seconds:.1f} s; "
              f"loader on cpu, step on {a.step_device})", verdict(a),
-             f"Your settings: {a.user.settings.label()} -> {_rate(a.user.samples_per_s)}"]
+             f"Your settings: {label(a.user.settings)} -> {_rate(a.user.samples_per_s)}"]
     if a.change:
         kw = ", ".join(f"{k}={v}" for k, v in a.recommended.settings.kwargs().items())
-        lines += [f"Recommended:   {a.recommended.settings.label()} -> {_rate(a.recommended.samples_per_s)}, "
+        lines += [f"Recommended:   {label(a.recommended.settings)} -> {_rate(a.recommended.samples_per_s)}, "
                   f"{a.speedup:.2f}x yours", f"  DataLoader(..., {kw})"]
         if a.recommended.settings.torch_threads != a.user.settings.torch_threads:
             lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")

@@ -34,15 +34,14 @@ import itertools
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from placer.data.stream import Alternative, StageDecision, StreamPlan, StreamProfile, Verification
+from placer.data.stream import Alternative, StageDecision, StreamPlan, StreamProfile, StreamSettings, Verification
 from placer.devices import Inventory, discover
 from placer.errors import PlacerError
 from placer.optimize.explain import fmt_s
 from placer.pipeline import Pipeline
-from placer.stream.config import StreamConfig
 from placer.stream.model import Prediction, predict
 
 #: candidates searched exhaustively; beyond it, hill climbing
@@ -65,50 +64,67 @@ MAX_PREFETCH = 8
 
 @dataclass(frozen=True)
 class Candidate:
-    """One point of the search: a device per member, workers per CPU stage, and settings."""
+    """One point of the search: a device per member, and the stream settings.
+
+    The settings are those the runner takes: workers of the CPU members in
+    ``stage_workers`` (``workers=0``: one batch at a time, none), ``process`` in
+    ``worker_kind`` for stages run by worker processes, prefetch enough to feed every
+    worker (:func:`settled` keeps them so).
+    """
 
     placement: tuple[tuple[str, str], ...]
-    workers: tuple[tuple[str, int], ...] = ()
-    cache: str | None = None
-    pin_memory: bool = True
-    #: stages run by worker processes (the others by threads)
-    processes: tuple[str, ...] = ()
-    #: torch's intra-op threads for the run (None: torch's own setting)
-    torch_threads: int | None = None
-    #: one batch at a time through every stage, no workers (``StreamConfig(workers=0)``)
-    sequential: bool = False
+    settings: StreamSettings = field(compare=False, hash=False)
+    _key: tuple = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_key", self.settings.key())
 
     @property
     def place(self) -> dict[str, str]:
         return dict(self.placement)
 
     @property
-    def _step(self) -> str:
-        return self.placement[-1][0]
+    def workers(self) -> dict[str, int]:
+        """The workers of each CPU member (none one batch at a time)."""
+        return self.settings.stage_workers
 
-    def config(self, profile: StreamProfile, **extra: Any) -> StreamConfig:
-        """The :class:`StreamConfig` of this candidate (prefetch: enough to feed every worker)."""
-        workers = dict(self.workers)
-        if self.sequential:
-            return StreamConfig(workers=0, cache=self.cache, pin_memory=self.pin_memory,
-                                torch_threads=self.torch_threads, **extra)
-        return StreamConfig(workers=1, stage_workers=workers, prefetch=prefetch_for(workers), cache=self.cache,
-                            pin_memory=self.pin_memory, worker_kind={m: "process" for m in self.processes},
-                            torch_threads=self.torch_threads, **extra)
+    @property
+    def processes(self) -> set[str]:
+        """The stages run by worker processes."""
+        return {m for m, k in self.settings.worker_kind.items() if k == "process"}
 
-    def with_(self, **kw: Any) -> Candidate:
-        fields = {"placement": self.placement, "workers": self.workers, "cache": self.cache,
-                  "pin_memory": self.pin_memory, "processes": self.processes, "torch_threads": self.torch_threads,
-                  "sequential": self.sequential, **kw}
-        if fields["sequential"]:
-            fields["workers"], fields["processes"] = (), ()
-        if "placement" in kw:
-            place = dict(fields["placement"])
-            cpu = {m for m, d in place.items() if d == "cpu"}
-            fields["processes"] = tuple(m for m in fields["processes"] if m in cpu)
-            if fields["torch_threads"] is not None and place.get(self._step) not in (None, "cpu"):
-                fields["torch_threads"] = None
-        return Candidate(**fields)
+    def with_(self, placement: tuple[tuple[str, str], ...] | None = None, **changes: Any) -> Candidate:
+        """This candidate moved to ``placement`` and/or with settings ``changes``: process workers only
+        for stages on the CPU, torch's threads only for a step on the CPU, prefetch as :func:`settled`."""
+        settings = self.settings.override(**changes)
+        if placement is None:
+            return Candidate(self.placement, settled(settings))
+        place = dict(placement)
+        kinds = {m: k for m, k in settings.worker_kind.items() if place.get(m) == "cpu"}
+        step = self.placement[-1][0]
+        threads = settings.torch_threads if place.get(step) in (None, "cpu") else None
+        return Candidate(placement, settled(settings.override(worker_kind=kinds, torch_threads=threads)))
+
+
+def settled(settings: StreamSettings) -> StreamSettings:
+    """Settings as the search holds them: one batch at a time has no stage workers or kinds (and the
+    default prefetch); with workers, prefetch feeds every worker (:func:`prefetch_for`)."""
+    if settings.sequential:
+        return settings.override(stage_workers={}, worker_kind={}, prefetch=2)
+    return settings.override(workers=1, prefetch=prefetch_for(settings.stage_workers))
+
+
+def make(placement: tuple[tuple[str, str], ...], workers: dict[str, int], *, cache: str | None = None,
+         pin: bool = True, processes: tuple[str, ...] = (), threads: int | None = None,
+         sequential: bool = False) -> Candidate:
+    """A candidate with ``workers`` per CPU member (or one batch at a time)."""
+    if sequential:
+        settings = StreamSettings(workers=0, cache=cache, pin_memory=pin, torch_threads=threads)
+    else:
+        settings = StreamSettings(workers=1, stage_workers=workers, prefetch=prefetch_for(workers), cache=cache,
+                                  pin_memory=pin, worker_kind={m: "process" for m in processes},
+                                  torch_threads=threads)
+    return Candidate(placement, settings)
 
 
 def prefetch_for(workers: dict[str, int]) -> int:
@@ -184,11 +200,12 @@ def candidates(profile: StreamProfile, epochs: int) -> Iterator[Candidate]:
                 for cache in cache_options(profile, epochs):
                     for pin in pin_options(profile):
                         for threads in torch_options(profile, dict(place)):
-                            yield Candidate(place, tuple(zip(cpu, ws)), cache, pin, procs, threads)
+                            yield make(place, dict(zip(cpu, ws)), cache=cache, pin=pin, processes=procs,
+                                       threads=threads)
         for cache in cache_options(profile, epochs):
             for pin in pin_options(profile):
                 for threads in torch_options(profile, dict(place)):
-                    yield Candidate(place, (), cache, pin, (), threads, sequential=True)
+                    yield make(place, {}, cache=cache, pin=pin, threads=threads, sequential=True)
 
 
 def space_size(profile: StreamProfile, epochs: int) -> int:
@@ -212,7 +229,7 @@ class Scorer:
 
     def predict(self, c: Candidate) -> Prediction:
         if c not in self.seen:
-            self.seen[c] = predict(self.profile, c.place, c.config(self.profile), epochs=self.epochs)
+            self.seen[c] = predict(self.profile, c.place, c.settings, epochs=self.epochs)
         return self.seen[c]
 
     def value(self, pred: Prediction) -> float:
@@ -227,9 +244,10 @@ def _cost(c: Candidate, rule: dict[str, str], profile: StreamProfile | None = No
     """Among ties: fewer workers, threads rather than processes, no cache (else the latest cache point:
     it removes the most work from later epochs), torch's own threads, fewer departures from the rule of
     thumb."""
-    later = -profile.members.index(c.cache) if profile is not None and c.cache in profile.members else 0
-    return (sum(w for _, w in c.workers), len(c.processes), c.cache is not None, later,
-            c.torch_threads is not None, sum(rule.get(m) != d for m, d in c.placement))
+    s = c.settings
+    later = -profile.members.index(s.cache) if profile is not None and s.cache in profile.members else 0
+    return (sum(c.workers.values()), len(c.processes), s.cache is not None, later,
+            s.torch_threads is not None, sum(rule.get(m) != d for m, d in c.placement))
 
 
 def search(profile: StreamProfile, scorer: Scorer, rule: Candidate) -> tuple[list[Candidate], str, int]:
@@ -252,37 +270,36 @@ def search(profile: StreamProfile, scorer: Scorer, rule: Candidate) -> tuple[lis
 def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Candidate]:
     """Single changes: one member's device, one stage's workers, the cache point, pinned copies, one
     batch at a time (or workers again)."""
-    place = c.place
-    if c.sequential:
-        yield c.with_(sequential=False, workers=tuple((m, _default_workers(profile, m))
-                                                      for m in _cpu_members(profile, place)))
+    place, s = c.place, c.settings
+    if s.sequential:
+        yield c.with_(workers=1, stage_workers={m: _default_workers(profile, m) for m in _cpu_members(profile, place)})
     else:
-        yield c.with_(sequential=True)
-    workers = dict(c.workers)
+        yield c.with_(workers=0)
+    workers = c.workers
     for m, devs in options(profile).items():
         for d in devs:
             if d != place[m]:
                 new = {**place, m: d}
                 ws = {k: workers.get(k, 1) for k in _cpu_members(profile, new)}
-                yield c.with_(placement=tuple(new.items()), workers=tuple(ws.items()))
-    for m in _cpu_members(profile, place) if not c.sequential else []:
-        kind = "process" if m in c.processes else "thread"
+                yield c.with_(placement=tuple(new.items()), stage_workers=ws)
+    for m in _cpu_members(profile, place) if not s.sequential else []:
+        kind = s.kind_of(m)
         for w in worker_options(profile, m, kind):
             if w != workers.get(m):
-                yield c.with_(workers=tuple({**workers, m: w}.items()))
+                yield c.with_(stage_workers={**workers, m: w})
         for other in kind_options(profile, m):
             if other != kind:
-                procs = tuple(p for p in c.processes if p != m) + ((m,) if other == "process" else ())
+                kinds = {p: k for p, k in s.worker_kind.items() if p != m} | ({m: other} if other != "thread" else {})
                 w = min(workers.get(m, 1), max(worker_options(profile, m, other)))
-                yield c.with_(processes=procs, workers=tuple({**workers, m: w}.items()))
+                yield c.with_(worker_kind=kinds, stage_workers={**workers, m: w})
     for cache in cache_options(profile, epochs):
-        if cache != c.cache:
+        if cache != s.cache:
             yield c.with_(cache=cache)
     for threads in torch_options(profile, place):
-        if threads != c.torch_threads:
+        if threads != s.torch_threads:
             yield c.with_(torch_threads=threads)
     for pin in pin_options(profile):
-        if pin != c.pin_memory:
+        if pin != s.pin_memory:
             yield c.with_(pin_memory=pin)
 
 
@@ -313,7 +330,7 @@ def rule_of_thumb(profile: StreamProfile) -> dict[str, str]:
 def _candidate(profile: StreamProfile, place: dict[str, str], workers: int = 1, cache: str | None = None,
                pin: bool = True) -> Candidate:
     ws = {m: (workers if m != profile.source else _source_default(profile)) for m in _cpu_members(profile, place)}
-    return Candidate(tuple(place.items()), tuple(ws.items()), cache, pin)
+    return make(tuple(place.items()), ws, cache=cache, pin=pin)
 
 
 def _default_workers(profile: StreamProfile, member: str) -> int:
@@ -329,7 +346,7 @@ def baselines(profile: StreamProfile, scorer: Scorer, plan_value: float) -> list
     thumb, and the user's DataLoader when the source returns one."""
     rule = rule_of_thumb(profile)
     out = []
-    rows = [("num_workers=0", "every batch through every stage in turn", StreamConfig(workers=0), None),
+    rows = [("num_workers=0", "every batch through every stage in turn", StreamSettings(workers=0), None),
             ("rule of thumb", "preprocess on the CPU, the step on the accelerator; 1 worker per stage",
              None, _candidate(profile, rule)),
             (f"workers={profile.cores}, pin_memory", f"{profile.cores} workers per CPU stage, pinned copies", None,
@@ -340,17 +357,12 @@ def baselines(profile: StreamProfile, scorer: Scorer, plan_value: float) -> list
                      None, _candidate(profile, rule)))
     for name, change, cfg, cand in rows:
         pred = predict(profile, rule, cfg, epochs=scorer.epochs) if cfg is not None else scorer.predict(cand)
-        conf = cfg if cfg is not None else cand.config(profile)
+        conf = cfg if cfg is not None else cand.settings
         value = scorer.value(pred)
-        out.append(Alternative(name=name, change=change, placement=rule, config=_fields(conf),
+        out.append(Alternative(name=name, change=change, placement=rule, config=conf.decisions(),
                                predicted_samples_per_s=value, predicted_total_s=pred.total_s,
                                speedup=plan_value / value if value else None, bottleneck=pred.bottleneck))
     return out
-
-
-def _fields(config: StreamConfig) -> dict:
-    return config.model_dump(include={"workers", "stage_workers", "worker_kind", "prefetch", "pin_memory", "cache",
-                                      "torch_threads"})
 
 
 def what_if(profile: StreamProfile, scorer: Scorer, start: Candidate, start_name: str,
@@ -362,7 +374,7 @@ def what_if(profile: StreamProfile, scorer: Scorer, start: Candidate, start_name
         pred = scorer.predict(c)
         value = scorer.value(pred)
         rows.append(Alternative(name=_describe(profile, start, c), change=f"from {start_name}", placement=c.place,
-                                config=_fields(c.config(profile)), predicted_samples_per_s=value,
+                                config=c.settings.decisions(), predicted_samples_per_s=value,
                                 predicted_total_s=pred.total_s, speedup=value / base if base else None,
                                 bottleneck=pred.bottleneck))
     rows = [r for r in rows if r.speedup is not None and abs(r.speedup - 1) > TIE]
@@ -372,26 +384,26 @@ def what_if(profile: StreamProfile, scorer: Scorer, start: Candidate, start_name
 
 def _describe(profile: StreamProfile, a: Candidate, b: Candidate) -> str:
     """The change from ``a`` to ``b`` in words ("move augment to the CPU", "4 workers on decode")."""
-    pa, pb = a.place, b.place
-    if a.sequential != b.sequential:
-        return "one batch at a time (no workers)" if b.sequential else "workers (batches overlap)"
+    pa, pb, sa, sb = a.place, b.place, a.settings, b.settings
+    if sa.sequential != sb.sequential:
+        return "one batch at a time (no workers)" if sb.sequential else "workers (batches overlap)"
     moved = [m for m in pa if pa[m] != pb[m]]
     if moved:
         m = moved[0]
         return f"{'the step' if m == profile.step else m} on {device_title(profile, pb[m])}"
-    wa, wb = dict(a.workers), dict(b.workers)
-    changed = [m for m in wb if wa.get(m) != wb[m] or (m in a.processes) != (m in b.processes)]
+    wa, wb = a.workers, b.workers
+    changed = [m for m in wb if wa.get(m) != wb[m] or sa.kind_of(m) != sb.kind_of(m)]
     if changed:
         m = changed[0]
         kind = ("DataLoader worker processes" if m == profile.source else
                 "process workers" if m in b.processes else "workers")
         return f"{wb[m]} {kind} on {m}"
-    if a.cache != b.cache:
-        return f"cache after {b.cache} (from epoch 2)" if b.cache else "no cache"
-    if a.torch_threads != b.torch_threads:
-        return (f"{b.torch_threads} torch intra-op thread{'s' if b.torch_threads != 1 else ''} for the step"
-                if b.torch_threads else "torch's own intra-op threads")
-    return "pinned copies" if b.pin_memory else "pageable copies"
+    if sa.cache != sb.cache:
+        return f"cache after {sb.cache} (from epoch 2)" if sb.cache else "no cache"
+    if sa.torch_threads != sb.torch_threads:
+        return (f"{sb.torch_threads} torch intra-op thread{'s' if sb.torch_threads != 1 else ''} for the step"
+                if sb.torch_threads else "torch's own intra-op threads")
+    return "pinned copies" if sb.pin_memory else "pageable copies"
 
 
 # -- reasons -------------------------------------------------------------------------------------
@@ -399,8 +411,9 @@ def seconds_of(profile: StreamProfile, c: Candidate, member: str) -> float:
     """A member's seconds per batch under ``c``: on its device, at ``c``'s torch threads where measured."""
     st = profile.stage(member)
     dev = c.place[member]
-    if dev == "cpu" and c.torch_threads in st.torch_seconds:
-        return st.torch_seconds[c.torch_threads]
+    threads = c.settings.torch_threads
+    if dev == "cpu" and threads in st.torch_seconds:
+        return st.torch_seconds[threads]
     return st.seconds[dev]
 
 
@@ -412,15 +425,15 @@ def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
     rate = pred.rate_of(member)
     per = f"{rate.batches_per_s:.4g} batches/s" if rate else "not limiting"
     if member == profile.source:
-        w = dict(c.workers).get(member)
+        w = c.workers.get(member)
         extra = f" with {w} DataLoader worker processes" if w else ""
         return f"reads batches on the CPU{extra}: {fmt_s(t)} per batch → {per}"
-    if dev == "cpu" and c.sequential:
+    if dev == "cpu" and c.settings.sequential:
         why = f"on the CPU: {fmt_s(t)} per batch, one batch at a time → {per}"
     elif dev == "cpu":
-        w = dict(c.workers).get(member, 1)
+        w = c.workers.get(member, 1)
         why = f"on the CPU: {fmt_s(t)} per batch" + (" per worker" if st.role == "batch" else "")
-        kind = "process" if member in c.processes else "thread"
+        kind = c.settings.kind_of(member)
         if st.role == "batch" and w > 1:
             why += f"; {w} {kind} workers run {st.speedup(w, kind):.2f}× one (measured)"
         if st.role == "batch" and st.gil_bound:
@@ -446,8 +459,7 @@ def _alternatives(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
         ws = dict(c.workers)
         if d == "cpu" and profile.stage(member).role == "batch":
             ws[member] = max(worker_options(profile, member))
-        alt = c.with_(placement=tuple(new.items()), workers=tuple((m, ws.get(m, 1))
-                                                                  for m in _cpu_members(profile, new)))
+        alt = c.with_(placement=tuple(new.items()), stage_workers={m: ws.get(m, 1) for m in _cpu_members(profile, new)})
         v = scorer.score(alt)
         if not v or not here:
             ratio = ""
@@ -469,15 +481,16 @@ def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Pr
         out.append(f"the step alone takes {take:,.1f} samples/s on prepared batches on {device_title(profile, dev)}; "
                    f"the stream feeds it {min(share, 1):.0%} of that" +
                    (": preprocessing holds it back" if take / max(pred.samples_per_s, 1e-12) > 1.3 else ""))
-    if c.cache and pred.total_s is not None:
+    cfg = c.settings
+    if cfg.cache and pred.total_s is not None:
         none = scorer.predict(c.with_(cache=None))
-        out.append(f"cache after {c.cache}: epochs 2..{pred.epochs} start after it "
+        out.append(f"cache after {cfg.cache}: epochs 2..{pred.epochs} start after it "
                    f"({pred.later_batches_per_s:.4g} batches/s instead of {pred.batches_per_s:.4g}); "
                    f"{fmt_s(pred.total_s)} over {pred.epochs} epochs instead of {fmt_s(none.total_s or 0)}")
-    cfg = c.config(profile)
-    busiest = max(dict(c.workers).items(), key=lambda kv: kv[1], default=None)
-    if c.sequential:
-        par = max((x for x in scorer.seen if not x.sequential and x.place == c.place), key=scorer.score, default=None)
+    busiest = max(c.workers.items(), key=lambda kv: kv[1], default=None)
+    if cfg.sequential:
+        par = max((x for x in scorer.seen if not x.settings.sequential and x.place == c.place), key=scorer.score,
+                  default=None)
         out.append("one batch at a time, no workers: nothing to overlap pays for the cores workers would take"
                    + (f" (the best setting with workers: {scorer.score(par):,.1f} samples/s)" if par else ""))
     elif busiest and busiest[1] > 2:
@@ -505,7 +518,8 @@ def _threads_reason(profile: StreamProfile, c: Candidate) -> str:
         return ""
     own = f"torch's own {profile.torch_threads}" if profile.torch_threads else "torch's own"
     alts = ", ".join(f"{fmt_s(t)} with {n}" for n, t in sorted(step.torch_seconds.items()))
-    chosen = f"torch_threads={c.torch_threads}" if c.torch_threads else f"torch_threads unchanged ({own})"
+    threads = c.settings.torch_threads
+    chosen = f"torch_threads={threads}" if threads else f"torch_threads unchanged ({own})"
     busy = ", ".join(f"{fmt_s(t)} with {n}" for n, t in sorted(step.busy_seconds.items()))
     busy = f"; beside one busy core {busy}" if busy else ""
     return (f"{chosen}: the step takes {fmt_s(step.seconds['cpu'])} per batch with {own} intra-op threads, "
@@ -517,7 +531,7 @@ def _pin_reason(profile: StreamProfile, c: Candidate) -> str:
     if both:
         pin = sum(x.seconds["pinned"] for x in both)
         page = sum(x.seconds["pageable"] for x in both)
-        return (f"pin_memory={c.pin_memory}: copies to the GPU take {fmt_s(pin)} pinned, {fmt_s(page)} pageable "
+        return (f"pin_memory={c.settings.pin_memory}: copies to the GPU take {fmt_s(pin)} pinned, {fmt_s(page)} pageable "
                 "per batch (all values measured)")
     sims = [d for d in profile.devices if d in profile.simulated]
     if sims:
@@ -560,14 +574,14 @@ def plan_from_profile(profile: StreamProfile, *, objective: str = "auto", epochs
 def explain(profile: StreamProfile, scorer: Scorer, c: Candidate, how: str = "", n: int = 0) -> StreamPlan:
     """The :class:`StreamPlan` of candidate ``c``: settings, prediction, reasons, baselines, what-ifs."""
     pred = scorer.predict(c)
-    cfg = c.config(profile)
+    cfg = c.settings
     value = scorer.value(pred)
     stages = []
     for s in profile.stages:
         dev = c.place[s.name]
         rate = pred.rate_of(s.name)
         stages.append(StageDecision(
-            name=s.name, device=dev, workers=0 if c.sequential else dict(c.workers).get(s.name, 1),
+            name=s.name, device=dev, workers=0 if cfg.sequential else c.workers.get(s.name, 1),
             worker_kind=cfg.kind_of(s.name),
             seconds_per_batch=seconds_of(profile, c, s.name), batches_per_s=rate.batches_per_s if rate else 0.0,
             reason=_stage_reason(profile, scorer, c, s.name, pred)))
@@ -575,7 +589,7 @@ def explain(profile: StreamProfile, scorer: Scorer, c: Candidate, how: str = "",
     notes = [*profile.notes, *pred.notes]
     return StreamPlan(
         pipeline=profile.pipeline, source=profile.source, step=profile.step, objective=scorer.objective,
-        epochs=scorer.epochs, placement=c.place, **_fields(cfg), predicted_samples_per_s=value,
+        epochs=scorer.epochs, placement=c.place, settings=cfg, predicted_samples_per_s=value,
         predicted_total_s=pred.total_s, bottleneck=pred.bottleneck,
         consumer_samples_per_s=profile.consumer_samples_per_s.get(c.place[profile.step]), stages=stages,
         reasons=_plan_reasons(profile, scorer, c, pred, how), baselines=baselines(profile, scorer, value),
@@ -583,25 +597,14 @@ def explain(profile: StreamProfile, scorer: Scorer, c: Candidate, how: str = "",
         candidates=n, search=how, notes=list(dict.fromkeys(notes)), profile_s=profile.seconds)
 
 
-def stream_config(plan: StreamPlan | list[StreamPlan], **extra: Any) -> StreamConfig:
-    """The :class:`StreamConfig` a plan (or the plans of several streams) chose; ``extra`` fields added."""
+def stream_config(plan: StreamPlan | list[StreamPlan], **extra: Any) -> StreamSettings:
+    """The :class:`StreamSettings` a plan (or the plans of several streams, merged) chose; ``extra`` on top."""
     plans = plan if isinstance(plan, list) else [plan]
-    fields: dict[str, Any] = {"workers": 1, "stage_workers": {}, "worker_kind": {}, "prefetch": 2,
-                              "pin_memory": True, "cache": None, "torch_threads": None}
-    if all(p.workers == 0 for p in plans):  # one batch at a time in every stream
-        fields["workers"] = 0
-    for p in plans:
-        fields["stage_workers"].update(p.stage_workers)
-        fields["worker_kind"].update(p.worker_kind)
-        fields["prefetch"] = max(fields["prefetch"], p.prefetch)
-        fields["pin_memory"] = fields["pin_memory"] and p.pin_memory
-        fields["cache"] = fields["cache"] or p.cache
-        fields["torch_threads"] = fields["torch_threads"] or p.torch_threads
-    return StreamConfig(**{**fields, **extra})
+    return StreamSettings.merge([p.settings for p in plans]).override(**extra)
 
 
 # -- measuring and verifying --------------------------------------------------------------------
-def measure(pipeline: Pipeline, source: str, placement: dict[str, str], config: StreamConfig,
+def measure(pipeline: Pipeline, source: str, placement: dict[str, str], config: StreamSettings,
             inventory: Inventory, consts: dict[str, Any]) -> tuple[float, int]:
     """Samples per second (steady state) and batches of a short run of one stream."""
     from placer.stream.runner import StreamRun
@@ -644,7 +647,7 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
             n = min(n, total) if total else n
             t = time.perf_counter()
             try:
-                sps, b = measure(pipeline, profile.source, c.place, c.config(profile, max_batches=n), inventory,
+                sps, b = measure(pipeline, profile.source, c.place, c.settings.override(max_batches=n), inventory,
                                  consts)
                 runs[i].append((sps, b, time.perf_counter() - t))
             except PlacerError:  # a setting this executor cannot run here: not verified
@@ -654,7 +657,7 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
         return top[0], []
     med = {i: statistics.median(x for x, _, _ in runs[i]) for i in done}
     rows = [Verification(name="plan" if i == 0 else f"candidate {i + 1}", placement=top[i].place,
-                         config=_fields(top[i].config(profile)),
+                         config=top[i].settings.decisions(),
                          predicted_samples_per_s=scorer.score(top[i]),
                          measured_samples_per_s=med[i], batches=runs[i][-1][1],
                          runs=[x for x, _, _ in runs[i]]) for i in done]
@@ -681,18 +684,21 @@ def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
             out.append(c)
         if len(out) == n:
             break
-    if len(out) > 1 and all(c.torch_threads == out[0].torch_threads for c in out):
-        other = next((c for c in ranked if c.torch_threads != out[0].torch_threads), None)
+    threads = out[0].settings.torch_threads if out else None
+    if len(out) > 1 and all(c.settings.torch_threads == threads for c in out):
+        other = next((c for c in ranked if c.settings.torch_threads != threads), None)
         if other is not None:
             out[-1] = other
     return out
 
 
 def _far(a: Candidate, b: Candidate) -> bool:
-    if (a.placement != b.placement or a.cache != b.cache or a.pin_memory != b.pin_memory
-            or a.processes != b.processes or a.torch_threads != b.torch_threads or a.sequential != b.sequential):
+    """Whether ``a`` and ``b`` differ in more than the workers of one stage by one."""
+    # prefetch follows the workers (:func:`settled`)
+    rest = {"stage_workers", "prefetch"}
+    if a.placement != b.placement or a.settings.model_dump(exclude=rest) != b.settings.model_dump(exclude=rest):
         return True
-    wa, wb = dict(a.workers), dict(b.workers)
+    wa, wb = a.workers, b.workers
     return sum(abs(wa.get(k, 1) - wb.get(k, 1)) for k in {*wa, *wb}) > 1
 
 

@@ -700,9 +700,7 @@ def _source_facts(prof: _Profiler, spb: float) -> tuple[str, LoaderSettings | No
     kind = describe_source(obj)
     loader = None
     if kind == "loader":
-        loader = LoaderSettings(num_workers=obj.num_workers, pin_memory=bool(obj.pin_memory),
-                                prefetch_factor=obj.prefetch_factor if obj.num_workers else None,
-                                batch_size=obj.batch_size)
+        loader = LoaderSettings.of(obj).model_copy(update={"batch_size": obj.batch_size})
     per_epoch = None
     if kind == "dataset":
         per_epoch = math.ceil(len(obj) / (src.batch_size or 1))

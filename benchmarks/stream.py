@@ -110,7 +110,7 @@ def placements(p, accs: list[str]) -> dict[str, dict[str, str]]:
 def cache_points(p) -> list[str | None]:
     """None, the source (unless it reshuffles per epoch), and each deterministic per-batch stage
     before the first random one (several epochs only)."""
-    from placer.stream.nodes import takes
+    from placer.executor.stream.nodes import takes
 
     members = stream_of(p)
     src = p.stages[members[0]]
@@ -196,7 +196,6 @@ def hand_loader(p, one_shot: _OneShot, limit: int):
     """A DataLoader over the stream's batches: source and per-batch stages called directly."""
     from torch.utils.data import DataLoader, IterableDataset
 
-    import placer.executor  # noqa: F401 - placer.stream imported first fails on an import cycle
     from placer.stream import BatchInfo
 
     members = stream_of(p)
@@ -235,8 +234,7 @@ def run_hand(p, limit: int) -> dict:
     """The hand-written loop: the step called on every batch the DataLoader yields."""
     import torch
 
-    import placer.executor  # noqa: F401 - placer.stream imported first fails on an import cycle
-    from placer.stream.nodes import batch_len
+    from placer.executor.stream.nodes import batch_len
 
     members = stream_of(p)
     step = p.stages[members[-1]]

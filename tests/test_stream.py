@@ -388,7 +388,7 @@ def test_the_steps_init_is_timed_as_setup_not_hidden():
 
 # -- the steady state and torch threads -------------------------------------------------------------
 def test_the_steady_state_leaves_out_the_batches_that_filled_the_queues():
-    from placer.stream.runner import steady_rate
+    from placer.executor.stream.runner import steady_rate
 
     # the first batch leaves the step at 1 s (warm-up); 8 batches read meanwhile then come 10 ms apart;
     # after them the stream makes one every 100 ms: 10 samples a batch

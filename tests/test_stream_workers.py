@@ -24,7 +24,7 @@ from placer import Pipeline, execute
 from placer.errors import PlacerError, StageFailedError
 from placer.loader import load_pipeline
 from placer.stream import StreamConfig
-from placer.stream.workers import RemoteTraceback
+from placer.executor.stream.workers import RemoteTraceback
 
 ROOT = Path(__file__).resolve().parents[1]
 N, B = 64, 8

@@ -1,6 +1,6 @@
 """The typer application every ``placer`` command registers on.
 
-May import: typer, rich; placer.stream.runner and placer.executor.engine only through
+May import: typer, rich; placer.executor.stream.runner and placer.executor.engine only through
 ``sys.modules`` (to stop running streams and stages on Ctrl-C). Command modules import
 the library lazily inside the command, so that ``placer --help`` stays fast.
 
@@ -164,7 +164,7 @@ class Interrupted(SystemExit):
 
 def _on_interrupt(signum, frame) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process at once
-    runner = sys.modules.get("placer.stream.runner")
+    runner = sys.modules.get("placer.executor.stream.runner")
     if runner is not None:
         runner.interrupt()
     engine = sys.modules.get("placer.executor.engine")

@@ -33,11 +33,12 @@ from placer.errors import StageFailedError
 from placer.executor.engine import Engine, InlineLanes, ThreadLanes
 from placer.data.run import Run, StageRecord, StreamStats, TransferRecord
 from placer.executor.stagecall import StageTimeoutError, call_stage, default_stage_timeout, stage_timeout
-from placer.executor.streams import collapse, member_records
+from placer.executor.stream.config import StreamConfig
+from placer.executor.stream.runner import StreamFailed
+from placer.executor.stream.task import collapse, member_records
 from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline, as_pipeline
 from placer.placement import resolve
-from placer.stream import StreamConfig, StreamFailed
 
 __all__ = [
     "Prepared",
@@ -80,16 +81,21 @@ class Prepared:
     validation, device resolution and the engine's bookkeeping are not repeated, so
     the executor adds only microseconds per stage (``benchmarks/overhead.py``).
     Use as a context manager, or call :meth:`close`, to stop its worker threads.
+
+    The arguments are :func:`execute`'s; ``devices`` is a placement already resolved
+    against ``inventory`` (:func:`placer.placement.resolve`), used as it is, so a
+    caller that needed the devices first resolves the placement only once.
     """
 
     def __init__(self, pipeline: Any, placement: Any = None, *, executor: str = "auto",
                  workers: int | None = None, inventory: Inventory | None = None, size: int | None = None,
-                 lanes: Any = None, stream: StreamConfig | None = None, stage_timeout: float | None = None):
+                 lanes: Any = None, stream: StreamConfig | None = None, stage_timeout: float | None = None,
+                 devices: dict[str, Device] | None = None):
         p = as_pipeline(pipeline)
         p.validate()
         self.pipeline = p
         self.inventory = inv = inventory or discover()
-        self.devices = resolve(p, placement, inv)
+        self.devices = dict(devices) if devices is not None else resolve(p, placement, inv)
         cpu = inv.get("cpu")
         self.workers = int(workers or (cpu.workers if cpu else 1))
         self._streams: list[StreamStats] = []
@@ -222,10 +228,10 @@ def execute(
         :mod:`placer.executor.distributed`. ``run.outputs`` then holds only the
         final outputs: the others stay on the workers and are released. A
         pipeline with streams runs here, with its streams' CPU per-batch stages as
-        tasks on the cluster (:mod:`placer.stream.dask_workers`).
+        tasks on the cluster (:mod:`placer.executor.stream.dask_workers`).
     stream : StreamConfig, optional
         How the pipeline's streams run: workers per stage, prefetch depth, pinned
-        copies, a cache point (default: :class:`~placer.stream.StreamConfig`'s).
+        copies, a cache point (default: :class:`~placer.executor.stream.config.StreamConfig`'s).
         ``run.streams`` then holds each stream's throughput and accounting.
     stage_timeout : float, optional
         Seconds a one-shot stage may run before it is stopped and the run fails
@@ -252,7 +258,7 @@ def execute(
         from placer.executor.distributed import run_on_cluster
 
         if as_pipeline(pipeline).validate().streams():
-            from placer.stream.dask_workers import run_stream_on_cluster
+            from placer.executor.stream.dask_workers import run_stream_on_cluster
 
             return run_stream_on_cluster(pipeline, placement, scheduler, stream=stream, executor=executor,
                                          workers=workers, size=size, stage_timeout=stage_timeout)

@@ -337,7 +337,7 @@ class _Run:
             for n in names:
                 self.abandon(n, running[n], inject=running[n] != threading.main_thread().ident)
         if any(n in self.e.streams for n in names):
-            runner = sys.modules.get("placer.stream.runner")
+            runner = sys.modules.get("placer.executor.stream.runner")
             if runner is not None:
                 runner.interrupt()  # a stream stops its own workers (threads, processes, cluster tasks)
         for n in names:

@@ -1,12 +1,13 @@
 """Streams of minibatches: a source, per-batch stages, and a step that consumes them.
 
-May import: placer.stream.*, placer.data.stream. Import cost stays low: torch is reached only when a
-source returns a Dataset or DataLoader, or a stage runs on a GPU.
+May import: placer.stream.*, placer.data.stream, placer.executor.stream (whose runner names it
+re-exports). Import cost stays low: torch is reached only when a source returns a Dataset or
+DataLoader, or a stage runs on a GPU.
 
 A stream is declared in a pipeline with :meth:`placer.Pipeline.source`, per-batch
 stages (any stage reading the source or another per-batch stage) and
 :meth:`placer.Pipeline.step`. :func:`placer.execute` runs it with bounded queues
-between stages (:mod:`placer.stream.runner`), CPU stages with parallel workers, a
+between stages (:mod:`placer.executor.stream`, part of the executor), CPU stages with parallel workers, a
 GPU stage on its own CUDA stream, batches kept in order; ``run.streams`` records
 throughput, each stage's busy, starved and blocked time, and the queues.
 
@@ -15,21 +16,19 @@ profiles it (:mod:`placer.stream.profile`), predicts the throughput of every
 candidate (:mod:`placer.stream.model`) and returns a
 :class:`~placer.data.stream.StreamPlan`.
 
-The runner's names (``StreamRun``, ``StreamFailed``) and the planner's are loaded on
-first use, so that ``import placer.stream.<module>`` works whichever of
-``placer.stream`` and ``placer.executor`` (which runs streams) is imported first.
+This package is the advising side: it imports the executor, never the other way
+round. The runner's names (``StreamConfig``, ``BatchInfo``, ``StreamRun``,
+``StreamFailed``, ``interrupt``) are re-exported from :mod:`placer.executor.stream`;
+the planner's and the drop-in's are loaded on first use.
 """
 
 from importlib import import_module
 from typing import Any
 
 from placer.data.stream import LoaderSettings, StreamSettings
-from placer.stream.config import BatchInfo, StreamConfig
+from placer.executor.stream import BatchInfo, StreamConfig, StreamFailed, StreamRun, interrupt
 
 _LAZY = {
-    "StreamFailed": "placer.stream.runner",
-    "StreamRun": "placer.stream.runner",
-    "interrupt": "placer.stream.runner",
     "plan_stream": "placer.stream.planner",
     "stream_config": "placer.stream.planner",
     "profile_stream": "placer.stream.profile",
@@ -52,4 +51,5 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = ["BatchInfo", "LoaderSettings", "StreamConfig", "StreamSettings", *_LAZY]
+__all__ = ["BatchInfo", "LoaderSettings", "StreamConfig", "StreamFailed", "StreamRun", "StreamSettings", "interrupt",
+           *_LAZY]

@@ -1,6 +1,6 @@
 """Advice for an existing training script: its own DataLoader and train step, measured.
 
-May import: placer.data.stream, placer.devices, placer.stream.nodes; torch inside functions.
+May import: placer.data.stream, placer.devices, placer.executor.stream.nodes; torch inside functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
 number of batches and answers two questions. *Who waits for whom*: the step alone on
@@ -37,7 +37,7 @@ from typing import Any
 
 from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu
-from placer.stream.nodes import batch_len
+from placer.executor.stream.nodes import batch_len
 
 #: a setting is recommended only when it is this much faster than the user's own
 MIN_GAIN = 0.10

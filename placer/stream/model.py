@@ -1,6 +1,6 @@
 """Predicting a stream's throughput from its profile: operational analysis, as in Plumber.
 
-May import: placer.data.stream, placer.stream.config. Pure arithmetic on a
+May import: placer.data.stream. Pure arithmetic on a
 :class:`~placer.data.stream.StreamProfile`: no device, no measuring.
 
 A stream runs as a chain of nodes (source, copies where data changes location,

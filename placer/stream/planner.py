@@ -607,7 +607,7 @@ def stream_config(plan: StreamPlan | list[StreamPlan], **extra: Any) -> StreamSe
 def measure(pipeline: Pipeline, source: str, placement: dict[str, str], config: StreamSettings,
             inventory: Inventory, consts: dict[str, Any]) -> tuple[float, int]:
     """Samples per second (steady state) and batches of a short run of one stream."""
-    from placer.stream.runner import StreamRun
+    from placer.executor.stream.runner import StreamRun
 
     devices = {m: inventory.resolve(d, stage=m) for m, d in placement.items()}
     _, stats = StreamRun(pipeline, source, devices, consts, config).run()

@@ -22,7 +22,7 @@ pageable copies on a real GPU).
    in a sweep are its seconds on already-prepared batches of the right shapes, so
    ``consumer_samples_per_s`` is the most the consumer could take;
 5. **process scaling**: a GIL-bound stage is also run by 1 .. cores worker processes
-   (the stream's own :class:`~placer.stream.workers.ProcessPool`), giving
+   (the stream's own :class:`~placer.executor.stream.workers.ProcessPool`), giving
    ``ScalingRow(kind="process")`` rows (moving batches to the children included);
 6. **the step, again** on its last batches: with one torch intra-op thread, interleaved
    with torch's default (``torch_seconds``); at each of those counts beside a thread
@@ -52,10 +52,10 @@ from placer.devices import Device, Inventory, discover, same_device
 from placer.errors import PlacerError
 from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import BATCH_INFO, Pipeline
-from placer.stream.config import StreamConfig
-from placer.stream.nodes import Bundle, Node, batch_len, takes
-from placer.stream.runner import StreamRun
-from placer.stream.source import call_source, describe_source
+from placer.executor.stream.config import StreamConfig
+from placer.executor.stream.nodes import Bundle, Node, batch_len, takes
+from placer.executor.stream.runner import StreamRun
+from placer.executor.stream.source import call_source, describe_source
 
 #: batches measured per device sweep (the first pays for warm-up and is not used)
 DEFAULT_BATCHES = 8
@@ -298,9 +298,9 @@ def _scaling(calls: list, inputs: list[Bundle], counts: list[int], budget_s: flo
 
 def process_scaling(node: Node, inputs: list[Bundle], *, count: int, budget_s: float | None) -> list[ScalingRow]:
     """Batches per second of ``node`` run by 1 .. ``count`` worker processes (the stream's own
-    :class:`~placer.stream.workers.ProcessPool`), each called from a thread of its own as the runner
+    :class:`~placer.executor.stream.workers.ProcessPool`), each called from a thread of its own as the runner
     does: the rates include moving every batch to a child and back."""
-    from placer.stream.workers import ProcessPool, StageCall
+    from placer.executor.stream.workers import ProcessPool, StageCall
 
     stop = threading.Event()
     pool = ProcessPool(node.name, StageCall(node.stage, node.device, node.consts, node.takes_info), count, stop)

@@ -1,7 +1,7 @@
 """Laying a stream out as a chain of nodes: stages in dispatch order, copies where data must move.
 
-May import: placer.pipeline, placer.devices, placer.errors, placer.stream.{config,nodes};
-placer.executor.transfer inside functions (see :mod:`placer.stream.nodes`).
+May import: placer.pipeline, placer.devices, placer.errors, placer.executor.transfer,
+placer.executor.stream.{config,nodes}.
 
 Before a stage whose per-batch inputs are not yet where it runs, a copy node moves
 them there (on its own thread, and on a GPU its own CUDA stream, so the copy of
@@ -10,7 +10,7 @@ stage at that location. One-shot inputs are moved to each location once per run.
 
 A per-batch CPU stage runs in ``workers`` threads, or with ``worker_kind``
 ``process`` in as many child processes, one per thread
-(:mod:`placer.stream.workers`); the source and the step run in one thread each.
+(:mod:`placer.executor.stream.workers`); the source and the step run in one thread each.
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ from typing import Any
 
 from placer.devices import Device
 from placer.errors import PlacerError
+from placer.executor.stream.config import StreamConfig
+from placer.executor.stream.nodes import Node, takes
+from placer.executor.transfer import to_location
 from placer.pipeline import BATCH_INFO, Pipeline
-from placer.stream.config import StreamConfig
-from placer.stream.nodes import Node, takes
 
 
 def build_nodes(pipeline: Pipeline, members: list[str], devices: dict[str, Device], consts: dict[str, Any],
                 config: StreamConfig) -> list[Node]:
     """The chain of nodes of one stream (source first, step last)."""
-    from placer.executor.transfer import to_location
-
     stages = pipeline.stages
     inside = set(members)
     src = members[0]

@@ -1,10 +1,10 @@
 """Dask workers for a per-batch CPU stage: each of the stage's worker threads runs its batches as tasks on a cluster.
 
-May import: placer.errors, placer.stream.{config,workers}; placer.devices, placer.pipeline,
-placer.placement, placer.executor (its distributed and shipping modules), distributed
-and cloudpickle inside functions.
+May import: placer.errors, placer.devices, placer.pipeline, placer.executor.{distributed,shipping},
+placer.executor.stream.{config,workers}; placer.executor (``Prepared``), distributed and
+cloudpickle inside functions.
 
-The counterpart of :mod:`placer.stream.workers` (process workers) for the user's
+The counterpart of :mod:`placer.executor.stream.workers` (process workers) for the user's
 dask cluster, so CPU preprocessing can be offloaded to other machines as with the
 tf.data service. With ``StreamConfig(worker_kind={stage: "dask"})`` each of the
 stage's worker threads hands its batch to the cluster with ``client.submit`` and
@@ -35,9 +35,14 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
+from placer.devices import discover
 from placer.errors import PlacerError
-from placer.stream.config import BatchInfo, StreamConfig
-from placer.stream.workers import PoolTimes, StageCall, WorkerStopped
+from placer.executor.distributed import connect, done_event, stop_when_cancelled
+from placer.executor.shipping import by_reference, ship_modules, stage_objects, unpicklable_stage
+from placer.executor.stream.config import BatchInfo, StreamConfig
+from placer.executor.stream.workers import PoolTimes, StageCall, WorkerStopped
+from placer.pipeline import as_pipeline
+from placer.placement import resolve
 
 #: seconds between checks of the stop flag while a batch is on the cluster
 _POLL_S = 0.05
@@ -86,8 +91,6 @@ def run_batch(token: str, payload: bytes, inputs: dict[str, Any], info: BatchInf
     """Run on a worker: the stage on one batch; its output and the seconds it computed."""
     from distributed import get_worker
 
-    from placer.executor.distributed import stop_when_cancelled
-
     call = _stage_call(token, payload)
     t = time.perf_counter()
     with stop_when_cancelled(get_worker()):  # a stopped stream leaves no batch running on the worker
@@ -99,7 +102,7 @@ def run_batch(token: str, payload: bytes, inputs: dict[str, Any], info: BatchInf
 class DaskPool:
     """``count`` workers of one stage whose calls run as tasks on the current dask cluster.
 
-    The interface of :class:`~placer.stream.workers.ProcessPool`: :meth:`start`,
+    The interface of :class:`~placer.executor.stream.workers.ProcessPool`: :meth:`start`,
     a call per batch (blocking the calling worker thread), :meth:`close`.
     """
 
@@ -120,8 +123,6 @@ class DaskPool:
     def start(self) -> float:
         """Send the stage's modules and the stage itself to the workers; return the seconds it took."""
         import cloudpickle
-
-        from placer.executor.shipping import by_reference, ship_modules, stage_objects, unpicklable_stage
 
         t = time.perf_counter()
         stage = self.call_obj.stage
@@ -151,8 +152,6 @@ class DaskPool:
         return out
 
     def _wait(self, fut: Any) -> tuple[Any, float]:
-        from placer.executor.distributed import done_event
-
         done = done_event(fut)
         while not done.wait(_POLL_S):
             if self.stop.is_set():
@@ -216,20 +215,18 @@ def run_stream_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, stre
         As :func:`placer.executor.execute`; each offloaded stage's stream record
         says ``worker_kind="dask"``.
     """
-    from placer.devices import discover
-    from placer.executor import Prepared
-    from placer.executor.distributed import connect
-    from placer.pipeline import as_pipeline
-    from placer.placement import resolve
+    from placer.executor import Prepared  # the package imports this module's siblings first
 
     p = as_pipeline(pipeline)
     p.validate()
-    devices = resolve(p, placement, discover())
+    inventory = discover()
+    devices = resolve(p, placement, inventory)  # once: the stream settings and the run both use it
     with connect(scheduler) as client:
         threads = sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
         cfg = dask_config(p, devices, stream, threads)
-        with using_client(client), Prepared(p, placement, executor=executor, workers=workers, size=size,
-                                            stream=cfg, stage_timeout=stage_timeout) as prepared:
+        with using_client(client), Prepared(p, executor=executor, workers=workers, inventory=inventory,
+                                            devices=devices, size=size, stream=cfg,
+                                            stage_timeout=stage_timeout) as prepared:
             return prepared.run()
 
 

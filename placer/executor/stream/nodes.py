@@ -1,9 +1,7 @@
 """The nodes of a stream: a source, per-batch stages, copies into a device, the step.
 
-May import: placer.pipeline, placer.devices, placer.errors, placer.stream.{config,source};
-placer.executor.{stagecall,transfer} and torch inside functions (``placer.executor``
-imports ``placer.stream``, so ``from placer.stream import StreamConfig`` must work
-before it is loaded).
+May import: placer.pipeline, placer.devices, placer.executor.{stagecall,transfer},
+placer.executor.stream.config; torch inside functions.
 
 A stream runs as a chain of nodes in the pipeline's dispatch order (branches of
 a stream are serialised per batch; different batches overlap across nodes). A
@@ -22,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from placer.devices import Device
+from placer.executor.stagecall import call_stage
+from placer.executor.stream.config import BatchInfo
+from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import BATCH_INFO, STATE, Stage
-from placer.stream.config import BatchInfo
 
 
 @dataclass(slots=True)
@@ -92,8 +92,6 @@ class Node:
         """This node's work on one bundle: a stage's output, or (copy nodes) the values moved."""
         if self.kind == "copy":
             return self._copy(b)
-        from placer.executor.stagecall import call_stage
-
         inputs = {a: b.values[src][self.location] for a, src in self.reads.items()}
         if self.pool is not None:
             return self.pool(inputs, b.info)
@@ -101,8 +99,6 @@ class Node:
         return call_stage(self.stage, self.device, {**self.consts, **inputs}, extra=extra)
 
     def _copy(self, b: Bundle) -> dict[str, Any]:
-        from placer.executor.transfer import to_location
-
         moved = {}
         for name in self.moves:
             here = b.values[name]
@@ -146,8 +142,6 @@ class StepState:
             self.value = init(device=self.node.device.torch_device()) if takes(init, "device") else init()
 
     def apply(self, b: Bundle) -> None:
-        from placer.executor.stagecall import call_stage
-
         node = self.node
         inputs = {a: b.values[src][node.location] for a, src in node.reads.items()}
         extra = {BATCH_INFO: b.info} if node.takes_info else {}
@@ -179,8 +173,6 @@ def batch_len(value: Any) -> int:
 
 
 def bundle_bytes(b: Bundle) -> int:
-    from placer.executor.transfer import nbytes
-
     return sum(nbytes(v) for here in b.values.values() for v in here.values())
 
 

@@ -1,8 +1,7 @@
 """Running one stream: bounded queues between nodes, workers per node, batches kept in order.
 
 May import: placer.pipeline, placer.devices, placer.errors, placer.data.run,
-placer.stream.*; placer.executor.transfer and torch inside functions (see
-:mod:`placer.stream.nodes`).
+placer.executor.transfer, placer.executor.stream.*; torch inside functions.
 
 The source reads ahead at most ``prefetch`` batches into the first queue; every
 node takes from its input queue, works, and hands its result on in sequence order
@@ -16,7 +15,7 @@ for input) and blocked (waiting for room downstream, or for its turn).
 With ``StreamConfig(workers=0)`` the same nodes run in the calling thread, one
 batch at a time through all of them: the reference the parallel run must equal.
 
-A stage with process workers gets a :class:`~placer.stream.workers.ProcessPool`,
+A stage with process workers gets a :class:`~placer.executor.stream.workers.ProcessPool`,
 started before the stream's clock and closed when the run ends, however it ends;
 its workers' time is accounted as a thread's (busy is the round trip to the
 child), and the notes say how long the children took to start and how much of
@@ -36,12 +35,14 @@ from typing import Any
 from placer.data.run import StreamStageStats, StreamStats
 from placer.devices import Device
 from placer.errors import PlacerError
+from placer.executor.stream.chain import build_nodes
+from placer.executor.stream.config import BatchInfo, StreamConfig
+from placer.executor.stream.nodes import (Bundle, Node, StepState, batch_len, bundle_bytes, device_stream, now,
+                                          takes)
+from placer.executor.stream.source import batches, call_source
+from placer.executor.stream.workers import ProcessPool, StageCall, WorkerStopped
+from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline
-from placer.stream.config import BatchInfo, StreamConfig
-from placer.stream.nodes import Bundle, Node, StepState, batch_len, bundle_bytes, device_stream, now
-from placer.stream.chain import build_nodes
-from placer.stream.source import batches, call_source
-from placer.stream.workers import ProcessPool, StageCall, WorkerStopped
 
 _END = object()
 #: seconds between checks of the stop flag while waiting on a queue
@@ -215,8 +216,6 @@ class StreamRun:
             raise KeyboardInterrupt(f"stream {self.source!r} interrupted")
         if self.failure is not None:
             self._raise()
-        from placer.executor.transfer import to_location
-
         result, _, _ = to_location(self.step.result(), _host())
         return result, self.stats()
 
@@ -227,7 +226,7 @@ class StreamRun:
                 continue
             kind = ProcessPool
             if node.worker_kind == "dask":
-                from placer.stream.dask_workers import DaskPool as kind
+                from placer.executor.stream.dask_workers import DaskPool as kind
             pool = kind(node.name, StageCall(node.stage, node.device, node.consts, node.takes_info),
                         node.workers, self.stop)
             try:
@@ -575,8 +574,6 @@ class _Cache:
 
 def _check_cacheable(run: StreamRun, at: int) -> None:
     """Refuse a cache point at or after a stage whose output changes between epochs."""
-    from placer.stream.nodes import takes
-
     src = run.pipeline.stages[run.source]
     if takes(src.impl_for("cpu").fn, "batch_info"):
         raise PlacerError(f"cannot cache stream {run.source!r}: its source takes batch_info, so its batches "

@@ -1,7 +1,7 @@
 """Process workers for a per-batch CPU stage: one child process per worker thread.
 
 May import: placer.pipeline, placer.devices, placer.errors, placer.executor.stagecall,
-placer.executor.distributed, placer.stream.config; cloudpickle inside functions.
+placer.executor.distributed, placer.executor.stream.config; cloudpickle inside functions.
 
 Pure-Python per-sample code holds the GIL, so thread workers of such a stage run
 one at a time. With ``StreamConfig(worker_kind={stage: "process"})`` each of the
@@ -46,8 +46,10 @@ from typing import Any
 
 from placer.devices import Device
 from placer.errors import PlacerError
+from placer.executor.distributed import ship_by_value
+from placer.executor.stagecall import call_stage
+from placer.executor.stream.config import BatchInfo
 from placer.pipeline import BATCH_INFO, Stage
-from placer.stream.config import BatchInfo
 
 #: seconds between checks of the stop flag and of the child while waiting for a result
 _POLL_S = 0.05
@@ -83,8 +85,6 @@ class StageCall:
     takes_info: bool
 
     def __call__(self, inputs: dict[str, Any], info: BatchInfo) -> Any:
-        from placer.executor.stagecall import call_stage
-
         extra = {BATCH_INFO: info} if self.takes_info else None
         return call_stage(self.stage, self.device, {**self.consts, **inputs}, extra=extra)
 
@@ -175,10 +175,12 @@ class _Child:
     def launch(cls, name: str) -> _Child:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        root = os.path.abspath(__file__)
+        for _ in __name__.split("."):  # up from this file to the folder that holds the ``placer`` package
+            root = os.path.dirname(root)
         env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
         fd = theirs.fileno()
-        code = f"from placer.stream.workers import serve; serve({fd})"
+        code = f"from placer.executor.stream.workers import serve; serve({fd})"
         # a session of its own: Ctrl-C in a terminal reaches the parent only, which ends its children
         proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[fd], env=env, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -263,8 +265,6 @@ def _dumps(obj: Any) -> list[Any]:
 
 def _dumps_stage(call: StageCall) -> bytes:
     import cloudpickle
-
-    from placer.executor.distributed import ship_by_value
 
     ship_by_value([impl.fn for impl in (call.stage.fn, call.stage.cpu, call.stage.gpu) if impl is not None])
     return cloudpickle.dumps(call)

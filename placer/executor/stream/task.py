@@ -1,11 +1,11 @@
 """Streams inside a run: each stream runs as one task of the engine, from its one-shot inputs to its step.
 
-May import: placer.pipeline, placer.devices, placer.data.run, placer.stream.
+May import: placer.pipeline, placer.devices, placer.data.run, placer.executor.stream.{config,runner}.
 
 The engine schedules one-shot stages; a stream (its source, per-batch stages and
 step) becomes one task named after its step, on the host, whose inputs are the
 stream's one-shot inputs and whose output is the step's result (on the host).
-Inside it :class:`placer.stream.StreamRun` runs every member on its own device.
+Inside it :class:`~placer.executor.stream.runner.StreamRun` runs every member on its own device.
 After the run its record is replaced by one record per member, with the
 member's busy, starved and blocked seconds and workers.
 """
@@ -17,7 +17,8 @@ from typing import Any
 from placer.data.run import StageRecord, StreamStats
 from placer.devices import Device
 from placer.pipeline import Impl, Pipeline, Stage
-from placer.stream import StreamConfig, StreamRun
+from placer.executor.stream.config import StreamConfig
+from placer.executor.stream.runner import StreamRun
 
 
 class StreamTask:

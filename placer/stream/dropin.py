@@ -1,6 +1,7 @@
 """Advice for an existing training script: its own DataLoader and train step, measured.
 
-May import: placer.data.stream, placer.devices, placer.executor.stream.nodes; torch inside functions.
+May import: placer.data.stream, placer.devices, placer.executor.stream.nodes, placer.timing; torch inside
+functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
 number of batches and answers two questions. *Who waits for whom*: the step alone on
@@ -38,6 +39,7 @@ from typing import Any
 from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu
 from placer.executor.stream.nodes import batch_len
+from placer.timing import torch_threads
 
 #: a setting is recommended only when it is this much faster than the user's own
 MIN_GAIN = 0.10
@@ -304,18 +306,6 @@ def _random_state_kept(loader: Any) -> Iterator[None]:
             g.set_state(state)
 
 
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -324,7 +314,7 @@ def _cores() -> int:
 
 
 # -- the advice ----------------------------------------------------------------------------
-class _Clock:
+class _Budget:
     """Splits what is left of the budget evenly over the runs still to come."""
 
     def __init__(self, budget_s: float, runs: int):
@@ -368,26 +358,26 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
 
     user = settings_of(loader)
     cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
-    clock = _Clock(budget_s, runs=len(cands) + 4)
+    budget = _Budget(budget_s, runs=len(cands) + 4)
     with _random_state_kept(loader):
         kept: list = []
-        mine = _must(_trial(loader, user, step, batches, dev, clock, keep=kept))
-        step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=clock.deadline())
-        alone = _trial(loader, user, None, batches, dev, clock)
-        trials = [mine] + [t for s in cands if (t := _trial(loader, s, step, batches, dev, clock)) is not None]
+        mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept))
+        step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline())
+        alone = _trial(loader, user, None, batches, dev, budget)
+        trials = [mine] + [t for s in cands if (t := _trial(loader, s, step, batches, dev, budget)) is not None]
         best = choose(mine, trials)
         threads = None
         if best.settings.num_workers and dev.kind == "cpu":
-            best, threads = _try_threads(loader, best, step, batches, dev, clock, trials)
+            best, threads = _try_threads(loader, best, step, batches, dev, budget, trials)
     if best is not mine and best.settings.num_workers:
         best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
     return _advice(mine, best, trials, step_rate, alone, dev, threads, loader, time.perf_counter() - t0)
 
 
-def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, clock: _Clock,
+def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, budget: _Budget,
            keep: list | None = None) -> Trial | None:
     trial = run_loader(rebuild(loader, settings.model_copy(update={"persistent_workers": False})), step, batches=batches,
-                       warmup=max(1, settings.num_workers), device=dev, deadline=clock.deadline(), keep=keep)
+                       warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep)
     return None if trial is None else replace(trial, settings=settings)
 
 
@@ -412,15 +402,15 @@ def choose(user: Trial, trials: list[Trial]) -> Trial:
     return min(fewer, key=lambda t: _cost(t.settings)) if fewer else user
 
 
-def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, clock: _Clock,
+def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
                  trials: list[Trial]) -> tuple[Trial, dict[str, Any] | None]:
     """With worker processes on the same cores, fewer intra-op threads for the step may help."""
     now = best.settings.torch_threads
     n = max(1, _cores() - best.settings.num_workers)
     if n >= now:
         return best, None
-    with _threads(n):
-        t = _trial(loader, best.settings.model_copy(update={"torch_threads": n}), step, batches, dev, clock)
+    with torch_threads(n):
+        t = _trial(loader, best.settings.model_copy(update={"torch_threads": n}), step, batches, dev, budget)
     if t is None:
         return best, None
     trials.append(t)

@@ -389,26 +389,32 @@ def explain_threads(facts: Any, plans: list) -> None:
             "carries the difference into every later step)")
 
 
-class Chosen(tuple):
-    """``(placement, why)`` as :func:`best_placement` returns it, with the stream settings chosen with it.
+@dataclass(frozen=True)
+class Chosen:
+    """What :func:`best_placement` chose for ``placer run``: a placement and why, and for a pipeline with
+    streams the stream settings chosen with it.
 
-    Unpacks as the pair; ``stream`` is the :class:`~placer.stream.StreamConfig` to run
-    the pipeline's streams with (None without streams, or when none was planned) and
-    ``plans`` the :class:`~placer.data.stream.StreamPlan` of each stream.
+    Attributes
+    ----------
+    placement : dict or str
+        Stage → device, or a placement spec (``all=cpu``).
+    why : str
+        The reason, in words.
+    stream : StreamSettings or None
+        The settings to run the pipeline's streams with (None without streams, or when none was planned).
+    plans : list of StreamPlan
+        The plan of each stream.
+
+    Unpacks as ``(placement, why)``, as it always has.
     """
 
-    def __new__(cls, placement: dict[str, str] | str, why: str, stream: Any = None, plans: Any = ()):
-        self = super().__new__(cls, (placement, why))
-        self.stream, self.plans = stream, list(plans)
-        return self
+    placement: dict[str, str] | str
+    why: str
+    stream: StreamSettings | None = None
+    plans: list = field(default_factory=list)
 
-    @property
-    def placement(self) -> dict[str, str] | str:
-        return self[0]
-
-    @property
-    def why(self) -> str:
-        return self[1]
+    def __iter__(self):
+        return iter((self.placement, self.why))
 
 
 def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: float, baselines: bool, warmup: bool,
@@ -552,7 +558,7 @@ def _best_for_streams(pipeline: Pipeline, site: LocalSite) -> Chosen:
         return Chosen("all=cpu", f"all stages on the CPU, stream settings as given: planning the stream failed "
                                  f"({str(exc).splitlines()[0]})")
     placement = {m: d for plan in plans for m, d in plan.placement.items()}
-    return Chosen(placement, "; ".join(stream_summary(plan) for plan in plans), stream_config(plans), plans)
+    return Chosen(placement, "; ".join(stream_summary(plan) for plan in plans), stream_config(plans), list(plans))
 
 
 def stream_summary(plan: Any) -> str:

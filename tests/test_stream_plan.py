@@ -188,7 +188,7 @@ def test_the_search_finds_the_brute_force_optimum_on_random_profiles(seed, monke
 
     assert value(plan) == pytest.approx(best, rel=0.011)
     # hill climbing (forced by a tiny limit) starts from the rule of thumb and only climbs
-    monkeypatch.setattr("placer.stream.planner.EXHAUSTIVE_LIMIT", 1)
+    monkeypatch.setattr("placer.stream.search.EXHAUSTIVE_LIMIT", 1)
     climbed = plan_from_profile(prof)[0]
     assert climbed.search.startswith("hill climbing")
     rule = next(b for b in climbed.baselines if b.name == "rule of thumb")
@@ -459,17 +459,17 @@ def test_one_batch_at_a_time_is_planned_where_workers_would_only_slow_the_step()
 
 
 def test_among_tied_cache_points_the_later_one_wins():
-    from placer.stream.planner import _cost, make
+    from placer.stream.search import make, tie_cost
 
     prof = synthetic(epochs=3)
     place = tuple(RULE.items())
     early, late = (make(place, {"decode": 1, "augment": 1}, cache=cache) for cache in ("batches", "decode"))
-    assert sorted([early, late], key=lambda c: _cost(c, RULE, prof)) == [late, early]
+    assert sorted([early, late], key=lambda c: tie_cost(c, RULE, prof)) == [late, early]
 
 
 def scripted(monkeypatch, rates: dict[str, list[float]]):
-    """planner.measure answering each candidate's runs in turn, by its cache point."""
-    import placer.stream.planner as planner
+    """verify.measure answering each candidate's runs in turn, by its cache point."""
+    import placer.stream.verify as verifying
 
     calls = []
 
@@ -477,7 +477,7 @@ def scripted(monkeypatch, rates: dict[str, list[float]]):
         calls.append(config.cache)
         return rates[str(config.cache)].pop(0), config.max_batches
 
-    monkeypatch.setattr(planner, "measure", fake)
+    monkeypatch.setattr(verifying, "measure", fake)
     return calls
 
 
@@ -491,7 +491,7 @@ def three_candidates():
 
 
 def test_verification_interleaves_candidates_and_keeps_the_plan_unless_another_wins_most_rounds(monkeypatch):
-    from placer.stream.planner import verify
+    from placer.stream.verify import verify
 
     prof, ranked, scorer = three_candidates()
     # the second candidate's median is 1.5x the plan's, but it was faster in one round of three only
@@ -508,7 +508,7 @@ def test_verification_interleaves_candidates_and_keeps_the_plan_unless_another_w
 
 
 def test_verification_replaces_the_plan_when_another_is_faster_beyond_the_noise(monkeypatch):
-    from placer.stream.planner import verify
+    from placer.stream.verify import verify
 
     prof, ranked, scorer = three_candidates()
     # a noisy machine: one round slowed everything; the cache point won two rounds of three, 1.5x by median
@@ -543,7 +543,8 @@ def test_the_gil_probe_tells_python_code_from_code_that_waits():
 
 
 def test_verification_always_measures_one_candidate_with_other_torch_threads():
-    from placer.stream.planner import _distinct, make
+    from placer.stream.search import make
+    from placer.stream.verify import _distinct
 
     place = (("batches", "cpu"), ("decode", "cpu"), ("augment", "cpu"), ("train", "cpu"))
     own = [make(place, {"decode": w, "augment": 1}) for w in (1, 3, 5, 7)]

@@ -343,6 +343,10 @@ class Clock:
         self.wall = self.clock() - self._w
         self.cpu = max(0.0, self.cpu_clock() - self._c)
 
+    def elapsed(self) -> float:
+        """Wall seconds since the block started (inside it)."""
+        return self.clock() - self._w
+
 
 def per_batch(samples: list[float], label: str = "") -> Measurement:
     """Per-batch seconds as one :class:`Measurement`: with three or more batches the first (warm-up)

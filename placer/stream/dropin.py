@@ -39,8 +39,10 @@ from typing import Any
 from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu
 from placer.executor.stream.nodes import batch_len
-from placer.timing import torch_threads
+from placer.timing import Clock, Measurement, Timings, torch_threads
 
+#: what an exhausted iterator gives ``next``
+_END = object()
 #: a setting is recommended only when it is this much faster than the user's own
 MIN_GAIN = 0.10
 #: among settings this close to the fastest, the one with the fewest workers is chosen
@@ -76,6 +78,8 @@ class Trial:
     batches: int
     samples: int
     seconds: float
+    #: the wait on each counted ``next(loader)``: every repeat kept (median and spread)
+    fetch: Measurement | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {**_as_dict(self.settings), "samples_per_s": round(self.samples_per_s, 2),
@@ -234,57 +238,58 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     Stops early at ``deadline`` (after at least one counted batch). ``keep`` collects
     the first batches for the step-alone run. None when the loader runs out during the warm-up.
     """
-    t0 = time.perf_counter()
-    it = iter(loader)
-    first = start = None
-    fetch = 0.0
+    waits = Timings()
+    first = start = end = None
     samples = counted = 0
-    try:
-        for i in range(batches):
-            if i == warmup:
-                device.synchronize()
-            a = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            b = time.perf_counter()
-            first = b - t0 if first is None else first
-            start = a if i == warmup else start
-            if i >= warmup:
-                fetch += b - a
-                samples += batch_len(batch)
-                counted += 1
-            if keep is not None and len(keep) < 4:
-                keep.append(batch)
-            if step is not None:
-                step(batch)
-            if counted and time.perf_counter() > deadline:
-                break
-        device.synchronize()
-        end = time.perf_counter()
-    finally:
-        _close(it)
+    with Clock() as run:
+        it = iter(loader)
+        try:
+            for i in range(batches):
+                if i == warmup:
+                    device.synchronize()
+                with Clock() as fetch:
+                    batch = next(it, _END)
+                if batch is _END:
+                    break
+                first = run.elapsed() if first is None else first
+                if i == warmup:
+                    start = run.elapsed() - fetch.wall
+                if i >= warmup:
+                    waits.add("fetch", fetch)
+                    samples += batch_len(batch)
+                    counted += 1
+                if keep is not None and len(keep) < 4:
+                    keep.append(batch)
+                if step is not None:
+                    step(batch)
+                if counted and time.perf_counter() > deadline:
+                    break
+            device.synchronize()
+            end = run.elapsed()
+        finally:
+            _close(it)
     if not counted:  # the loader ran out during the warm-up
         return None
     seconds = end - start
+    fetch_s = waits.wall_s["fetch"]
     return Trial(settings=settings_of(loader), samples_per_s=samples / seconds, first_batch_s=first,
-                 fetch_fraction=fetch / seconds, batches=counted, samples=samples, seconds=seconds)
+                 fetch_fraction=sum(fetch_s) / seconds, batches=counted, samples=samples, seconds=seconds,
+                 fetch=Measurement(raw_times=fetch_s, label="next(loader)"))
 
 
 def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: float) -> float:
     """Samples/s of the step on batches fetched once (no loader in the way)."""
     device.synchronize()
-    start = time.perf_counter()
     samples = 0
-    for i in range(batches):
-        batch = kept[i % len(kept)]
-        step(batch)
-        samples += batch_len(batch)
-        if time.perf_counter() > deadline:
-            break
-    device.synchronize()
-    return samples / (time.perf_counter() - start)
+    with Clock() as run:
+        for i in range(batches):
+            batch = kept[i % len(kept)]
+            step(batch)
+            samples += batch_len(batch)
+            if time.perf_counter() > deadline:
+                break
+        device.synchronize()
+    return samples / run.wall
 
 
 @contextlib.contextmanager
@@ -508,21 +513,20 @@ class MeasuredLoader:
     def __iter__(self) -> Iterator[Any]:
         self.fetch_s, self.samples = [], []
         it = iter(self.loader)
-        start = time.perf_counter()
-        try:
-            while True:
-                a = time.perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                self.fetch_s.append(time.perf_counter() - a)
-                self.samples.append(batch_len(batch))
-                self.seconds = time.perf_counter() - start
-                yield batch
-        finally:
-            self.device.synchronize()
-            self.seconds = time.perf_counter() - start
+        with Clock() as loop:
+            try:
+                while True:
+                    with Clock() as fetch:
+                        batch = next(it, _END)
+                    if batch is _END:
+                        break
+                    self.fetch_s.append(fetch.wall)
+                    self.samples.append(batch_len(batch))
+                    self.seconds = loop.elapsed()
+                    yield batch
+            finally:
+                self.device.synchronize()
+                self.seconds = loop.elapsed()
 
     def trial(self) -> Trial:
         """The loop's steady state: every batch but the first (whose wait includes starting workers)."""

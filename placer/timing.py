@@ -25,6 +25,7 @@ Work that cannot be called in isolation (a stream's batches, a DataLoader's fetc
 is timed where it runs: :class:`Clock` reads the wall and CPU seconds of a block,
 :class:`Timings` keeps every reading under a key, and :func:`per_batch` makes the
 readings one :class:`Measurement` (the first batch apart, as a cold call).
+:class:`Deadline` is a time budget: when it ends and what is left.
 :func:`torch_threads` sets torch's intra-op threads for a block and restores them.
 
 Examples
@@ -322,6 +323,9 @@ def measure(
 class Clock:
     """Wall and process CPU seconds of a ``with`` block (``wall``, ``cpu``: never negative).
 
+    ``cpu_clock=None`` reads the wall clock only: reading the process's CPU time sums over its
+    threads, which disturbs a measurement of how threads share the GIL.
+
     >>> with Clock() as c:
     ...     _ = sum(range(1000))
     >>> c.wall > 0 and c.cpu >= 0
@@ -332,20 +336,50 @@ class Clock:
     cpu: float = 0.0
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
-                 cpu_clock: Callable[[], float] = time.process_time):
+                 cpu_clock: Callable[[], float] | None = time.process_time):
         self.clock, self.cpu_clock = clock, cpu_clock
 
     def __enter__(self) -> Clock:
-        self._w, self._c = self.clock(), self.cpu_clock()
+        self._w = self.clock()
+        self._c = self.cpu_clock() if self.cpu_clock is not None else 0.0
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.wall = self.clock() - self._w
-        self.cpu = max(0.0, self.cpu_clock() - self._c)
+        if self.cpu_clock is not None:
+            self.cpu = max(0.0, self.cpu_clock() - self._c)
 
     def elapsed(self) -> float:
         """Wall seconds since the block started (inside it)."""
         return self.clock() - self._w
+
+
+class Deadline:
+    """Where a time budget started and ends: ``passed()``, ``left()``, ``spent()``. No budget (None)
+    never passes.
+
+    >>> d = Deadline(None)
+    >>> d.passed(), d.left()
+    (False, inf)
+    >>> Deadline(10.0).left() > 9.0
+    True
+    """
+
+    def __init__(self, budget_s: float | None, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.start = clock()
+        self.end = float("inf") if budget_s is None else self.start + budget_s
+
+    def passed(self) -> bool:
+        return self.clock() > self.end
+
+    def left(self) -> float:
+        """Seconds left (never negative)."""
+        return max(0.0, self.end - self.clock())
+
+    def spent(self) -> float:
+        """Seconds since the budget started."""
+        return self.clock() - self.start
 
 
 def per_batch(samples: list[float], label: str = "") -> Measurement:

@@ -225,3 +225,11 @@ def test_torch_threads_set_numba_too_when_asked():
     with torch_threads(1, numba=True):
         assert numba.get_num_threads() == 1
     assert numba.get_num_threads() == before
+
+
+def test_a_clock_without_a_cpu_clock_reads_wall_time_only():
+    from placer.timing import Clock
+
+    with Clock(clock=iter([1.0, 3.0]).__next__, cpu_clock=None) as c:
+        pass
+    assert (c.wall, c.cpu) == (2.0, 0.0)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,7 +38,7 @@ from typing import Any
 from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu
 from placer.executor.stream.nodes import batch_len
-from placer.timing import Clock, Measurement, Timings, torch_threads
+from placer.timing import Clock, Deadline, Measurement, Timings, torch_threads
 
 #: what an exhausted iterator gives ``next``
 _END = object()
@@ -232,7 +231,7 @@ def _close(it: Any) -> None:
 
 
 def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, warmup: int,
-               device: Device, deadline: float, keep: list | None = None) -> Trial | None:
+               device: Device, deadline: Deadline, keep: list | None = None) -> Trial | None:
     """Fetch up to ``batches`` batches (and step on each); the rate counts batches after ``warmup``.
 
     Stops early at ``deadline`` (after at least one counted batch). ``keep`` collects
@@ -262,7 +261,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                     keep.append(batch)
                 if step is not None:
                     step(batch)
-                if counted and time.perf_counter() > deadline:
+                if counted and deadline.passed():
                     break
             device.synchronize()
             end = run.elapsed()
@@ -277,7 +276,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                  fetch=Measurement(raw_times=fetch_s, label="next(loader)"))
 
 
-def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: float) -> float:
+def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: Deadline) -> float:
     """Samples/s of the step on batches fetched once (no loader in the way)."""
     device.synchronize()
     samples = 0
@@ -286,7 +285,7 @@ def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: 
             batch = kept[i % len(kept)]
             step(batch)
             samples += batch_len(batch)
-            if time.perf_counter() > deadline:
+            if deadline.passed():
                 break
         device.synchronize()
     return samples / run.wall
@@ -323,14 +322,13 @@ class _Budget:
     """Splits what is left of the budget evenly over the runs still to come."""
 
     def __init__(self, budget_s: float, runs: int):
-        self.end = time.perf_counter() + budget_s
+        self.total = Deadline(budget_s)
         self.runs = runs
 
-    def deadline(self) -> float:
-        now = time.perf_counter()
-        share = max(self.end - now, 0.0) / max(self.runs, 1)
+    def deadline(self) -> Deadline:
+        share = self.total.left() / max(self.runs, 1)
         self.runs -= 1
-        return now + share
+        return Deadline(share)
 
 
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
@@ -357,7 +355,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     -------
     LoaderAdvice
     """
-    t0 = time.perf_counter()
+    took = Deadline(None)
     dev = _step_device(device)
     from torch.utils.data import IterableDataset
 
@@ -376,7 +374,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
             best, threads = _try_threads(loader, best, step, batches, dev, budget, trials)
     if best is not mine and best.settings.num_workers:
         best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
-    return _advice(mine, best, trials, step_rate, alone, dev, threads, loader, time.perf_counter() - t0)
+    return _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
 
 
 def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, budget: _Budget,

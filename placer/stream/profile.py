@@ -53,7 +53,7 @@ from placer.devices import Device, Inventory, discover, same_device
 from placer.errors import PlacerError
 from placer.log import get_logger
 from placer.profile.transfers import value_copies
-from placer.timing import Clock, Measurement, Timings, torch_threads
+from placer.timing import Clock, Deadline, Measurement, Timings, torch_threads
 from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import BATCH_INFO, Pipeline
 from placer.executor.stream.config import StreamConfig
@@ -130,7 +130,7 @@ class _Sweep:
         self.samples: list[int] = []
 
     def go(self, budget_s: float | None) -> int:
-        run, t_end = self.run, _deadline(budget_s)
+        run, deadline = self.run, Deadline(budget_s)
         run.step.start()
         it = run.bundles()
         done = 0
@@ -148,7 +148,7 @@ class _Sweep:
                     self.samples.append(batch_len(b.values[src][node.location]))
                 self._one(node, b, done)
             done += 1
-            if done >= 2 and time.perf_counter() > t_end:
+            if done >= 2 and deadline.passed():
                 break
         return done
 
@@ -165,10 +165,6 @@ class _Sweep:
         self.timings.add(node.name, c)
         if node.kind == "batch":
             self.prof.observe(node.name, node.location, b.values[node.name][node.location], index)
-
-
-def _deadline(budget_s: float | None) -> float:
-    return float("inf") if budget_s is None else time.perf_counter() + budget_s
 
 
 def steady(m: Measurement) -> float:
@@ -260,10 +256,10 @@ def process_scaling(node: Node, inputs: list[Bundle], *, count: int, budget_s: f
 
     stop = threading.Event()
     pool = ProcessPool(node.name, StageCall(node.stage, node.device, node.consts, node.takes_info), count, stop)
-    t = time.perf_counter()
+    budget = Deadline(budget_s)
     pool.start()
     try:
-        left = None if budget_s is None else max(0.1, budget_s - (time.perf_counter() - t))
+        left = None if budget_s is None else max(0.1, budget.left())
 
         def caller(child):
             def call(b: Bundle):
@@ -283,12 +279,12 @@ def _rate(calls: list, inputs: list[Bundle], seconds: float) -> float:
     threads = len(calls)
     done = [0] * threads
     start = threading.Barrier(threads + 1)
-    t_end = [0.0]
+    deadline: list[Deadline] = []
 
     def loop(i: int) -> None:
         start.wait()
         k = i
-        while time.perf_counter() < t_end[0] or done[i] == 0:
+        while not deadline[0].passed() or done[i] == 0:
             calls[i](inputs[k % len(inputs)])
             done[i] += 1
             k += threads
@@ -296,12 +292,11 @@ def _rate(calls: list, inputs: list[Bundle], seconds: float) -> float:
     workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
     for w in workers:
         w.start()
-    t0 = time.perf_counter()
-    t_end[0] = t0 + seconds
+    deadline.append(Deadline(seconds))
     start.wait()
     for w in workers:
         w.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = deadline[0].spent()
     return sum(done) / elapsed if elapsed > 0 else 0.0
 
 
@@ -350,15 +345,16 @@ def gil_held(call, inputs: list, *, rounds: int = 1) -> float | None:
         with _Probe() as probe:
             for _ in range(rounds):
                 for x in inputs:
-                    c, t = probe.count, time.perf_counter()
-                    call(x)
-                    d = time.perf_counter() - t
+                    c = probe.count
+                    with Clock(cpu_clock=None) as beside:
+                        call(x)
                     counted += probe.count - c
-                    during += d
-                    c, t = probe.count, time.perf_counter()
-                    time.sleep(d)
+                    during += beside.wall
+                    c = probe.count
+                    with Clock(cpu_clock=None) as rest:
+                        time.sleep(beside.wall)
                     counted_alone += probe.count - c
-                    alone += time.perf_counter() - t
+                    alone += rest.wall
                     n += 1
     finally:
         sys.setswitchinterval(interval)
@@ -407,7 +403,7 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
     -------
     StreamProfile
     """
-    t0 = time.perf_counter()
+    budget = Deadline(budget_s)
     p = pipeline.validate()
     streams = p.streams()
     if not streams:
@@ -426,14 +422,14 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
     stages = _stages(prof, sweeps)
 
     def left(share: float = 1.0) -> float | None:
-        return None if budget_s is None else share * max(0.0, budget_s - (time.perf_counter() - t0))
+        return None if budget_s is None else share * budget.left()
 
     cpu = sweeps.get("cpu")
     _scale(prof, cpu, stages, left(0.5))
     floor = PROCESS_MIN_S if budget_s is None or budget_s >= 4 * PROCESS_MIN_S else 0.0
     _scale_processes(prof, cpu, stages, None if budget_s is None else max(floor, left(0.7)))
     _step_extras(prof, cpu, stages[prof.members[-1]])
-    return _assemble(prof, sweeps, stages, budget_s, time.perf_counter() - t0)
+    return _assemble(prof, sweeps, stages, budget_s, budget.spent())
 
 
 def _stages(prof: _Profiler, sweeps: dict[str, _Sweep]) -> dict[str, StageProfile]:
@@ -464,10 +460,10 @@ def _scale(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile
     todo = [n for n in sweep.run.nodes if n.kind == "batch" and n.device.kind == "cpu" and sweep.inputs.get(n.name)]
     for i, node in enumerate(todo):
         share = None if budget_s is None else budget_s / (len(todo) - i)
-        t = time.perf_counter()
-        rows = thread_scaling(node, sweep.inputs[node.name], max_threads=prof.max_threads, budget_s=share)
+        with Clock() as took:
+            rows = thread_scaling(node, sweep.inputs[node.name], max_threads=prof.max_threads, budget_s=share)
         if budget_s is not None:
-            budget_s = max(0.0, budget_s - (time.perf_counter() - t))
+            budget_s = max(0.0, budget_s - took.wall)
         st = stages[node.name]
         st.scaling = rows
         two = next((r for r in rows if r.workers == 2), None)
@@ -491,15 +487,15 @@ def _scale_processes(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, St
             prof.notes.append(f"{node.name}: process workers not measured (under {PROCESS_MIN_S:g} s of the "
                               "profile's budget left); give the profile more time to weigh them")
             continue
-        t = time.perf_counter()
-        try:
-            rows = process_scaling(node, sweep.inputs[node.name], count=count, budget_s=share)
-        except Exception as exc:  # noqa: BLE001 - a stage a child cannot load runs on threads
-            prof.notes.append(f"{node.name}: process workers could not run it ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:160]}); threads only")
-            rows = []
+        with Clock() as took:
+            try:
+                rows = process_scaling(node, sweep.inputs[node.name], count=count, budget_s=share)
+            except Exception as exc:  # noqa: BLE001 - a stage a child cannot load runs on threads
+                prof.notes.append(f"{node.name}: process workers could not run it ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0][:160]}); threads only")
+                rows = []
         if budget_s is not None:
-            budget_s = max(0.0, budget_s - (time.perf_counter() - t))
+            budget_s = max(0.0, budget_s - took.wall)
         st = stages[node.name]
         st.scaling = [*st.scaling, *rows]
         if rows:
@@ -588,11 +584,11 @@ def _busy_ratios(torch: Any, call, kept: list[Bundle], counts: list[int], batche
         for b in kept[-batches:]:
             for n in counts:
                 with torch_threads(n if torch is not None else None):
-                    with Clock() as alone:
+                    with Clock(cpu_clock=None) as alone:
                         call(b)
                     busy.work.set()
                     time.sleep(0.001)  # the busy thread is running before the call starts
-                    with Clock() as beside:
+                    with Clock(cpu_clock=None) as beside:
                         call(b)
                     busy.work.clear()
                 if alone.wall > 0:
@@ -650,10 +646,11 @@ def _source_facts(prof: _Profiler, spb: float) -> tuple[str, LoaderSettings | No
 
 def _count(obj: Any, limit_s: float = 1.0) -> int | None:
     """Batches of an iterable, counted within ``limit_s`` (None when it takes longer)."""
-    t_end = time.perf_counter() + limit_s
+    deadline = Deadline(limit_s)
     n = 0
     for _ in obj:
         n += 1
-        if time.perf_counter() > t_end:
+        if deadline.passed():
             return None
     return n
+

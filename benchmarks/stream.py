@@ -372,8 +372,7 @@ def measure_plan(p, reps: int, max_batches: int, refs: dict) -> dict:
     t0 = time.perf_counter()
     sp = plan_stream(p, budget_s=PLAN_BUDGET_S)
     planning_s = time.perf_counter() - t0
-    fields = stream_config(sp).model_dump(include={"workers", "stage_workers", "worker_kind", "prefetch",
-                                                   "pin_memory", "cache", "torch_threads"})
+    fields = stream_config(sp).decisions()
     rec = best_of(lambda: run_executor(p, sp.placement, fields, max_batches), reps)
     return {**rec, "placement": sp.placement, "config": fields, "predicted_samples_per_s": sp.predicted_samples_per_s,
             "bottleneck": sp.bottleneck, "planning_s": planning_s,

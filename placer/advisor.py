@@ -1,8 +1,8 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
-May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log},
-placer.data.{documents,stream}; placer.executor.distributed's errors, placer.target,
-placer.stream and placer.stream.planner inside functions. torch, dask and numba are
+May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log}, placer.data;
+placer.executor.distributed's errors, placer.target and placer.stream.planner inside functions.
+torch, dask and numba are
 reached only through the site (its profiler and executor).
 
 Every step asks a :mod:`site <placer.site>` (this machine or a dask cluster): its
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from placer.data.stream import StreamSettings
 from placer.devices import Inventory
 from placer.errors import PlacerError, StageFailedError
 from placer.log import get_logger
@@ -381,7 +382,7 @@ def check_outputs(facts: Any, plan_run: Any, runs: Mapping[str, Any]) -> None:
 
 def explain_threads(facts: Any, plans: list) -> None:
     """Where the outputs differ and a stream plan set torch's intra-op threads, say why they may."""
-    threads = next((sp.torch_threads for sp in plans if sp.torch_threads), None)
+    threads = StreamSettings.merge([sp.settings for sp in plans]).torch_threads if plans else None
     if facts.summary.outputs_differ and threads:
         facts.summary.outputs_differ += (
             f" (the plan runs the step with {threads} torch intra-op thread{'s' if threads != 1 else ''}, the "
@@ -389,26 +390,32 @@ def explain_threads(facts: Any, plans: list) -> None:
             "carries the difference into every later step)")
 
 
-class Chosen(tuple):
-    """``(placement, why)`` as :func:`best_placement` returns it, with the stream settings chosen with it.
+@dataclass(frozen=True)
+class Chosen:
+    """What :func:`best_placement` chose for ``placer run``: a placement and why, and for a pipeline with
+    streams the stream settings chosen with it.
 
-    Unpacks as the pair; ``stream`` is the :class:`~placer.stream.StreamConfig` to run
-    the pipeline's streams with (None without streams, or when none was planned) and
-    ``plans`` the :class:`~placer.data.stream.StreamPlan` of each stream.
+    Attributes
+    ----------
+    placement : dict or str
+        Stage → device, or a placement spec (``all=cpu``).
+    why : str
+        The reason, in words.
+    stream : StreamSettings or None
+        The settings to run the pipeline's streams with (None without streams, or when none was planned).
+    plans : list of StreamPlan
+        The plan of each stream.
+
+    Unpacks as ``(placement, why)``, as it always has.
     """
 
-    def __new__(cls, placement: dict[str, str] | str, why: str, stream: Any = None, plans: Any = ()):
-        self = super().__new__(cls, (placement, why))
-        self.stream, self.plans = stream, list(plans)
-        return self
+    placement: dict[str, str] | str
+    why: str
+    stream: StreamSettings | None = None
+    plans: list = field(default_factory=list)
 
-    @property
-    def placement(self) -> dict[str, str] | str:
-        return self[0]
-
-    @property
-    def why(self) -> str:
-        return self[1]
+    def __iter__(self):
+        return iter((self.placement, self.why))
 
 
 def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: float, baselines: bool, warmup: bool,
@@ -422,7 +429,6 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     and the other is shown beside the baselines.
     """
     from placer.report import collect
-    from placer.stream import StreamConfig
     from placer.stream.planner import plan_streams, stream_config
 
     here = site if isinstance(site, LocalSite) else LocalSite(executor=getattr(site, "executor", "auto"))
@@ -432,7 +438,7 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     plan_run = timed("run plan", lambda: here.execute(p, placement, warmup=warmup, stream=stream_config(plans)))
     runs: dict[str, Any] = {}
     for alt in (plans[0].baselines if baselines else []):
-        cfg, where = StreamConfig(**alt.config), {**placement, **alt.placement}
+        cfg, where = StreamSettings.model_validate(alt.config), {**placement, **alt.placement}
         runs[alt.name] = timed(f"run {alt.name}", lambda c=cfg, w=where: here.execute(p, w, warmup=warmup, stream=c))
         alt.measured_samples_per_s = runs[alt.name].streams[0].samples_per_s
     if isinstance(site, ClusterSite):
@@ -461,11 +467,11 @@ def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, placement: dic
         for sp in plans:
             sp.notes.append("no CPU per-batch stage to run on the cluster")
         return plan_run
-    base = cfg.model_copy(update={"workers": 1}) if cfg.sequential else cfg  # tasks overlap the step
-    offload = base.model_copy(update={
-        "worker_kind": {**base.worker_kind, **{m: "dask" for m in stages}},
-        "stage_workers": {**base.stage_workers, **{m: max(base.workers_of(m), threads) for m in stages}},
-        "prefetch": max(base.prefetch, min(8, threads))})
+    base = cfg.override(workers=1) if cfg.sequential else cfg  # tasks overlap the step
+    offload = base.override(
+        worker_kind={**base.worker_kind, **{m: "dask" for m in stages}},
+        stage_workers={**base.stage_workers, **{m: max(base.workers_of(m), threads) for m in stages}},
+        prefetch=max(base.prefetch, min(8, threads)))
     there = timed("run plan with CPU stages on the cluster",
                   lambda: site.execute(p, placement, warmup=warmup, stream=offload))
     here_sps, there_sps = plan_run.streams[0].samples_per_s, there.streams[0].samples_per_s
@@ -477,18 +483,18 @@ def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, placement: dic
     runs[name] = other
     plans[0].baselines.append(Alternative(
         name=name, change=("the plan's stages on this machine's workers" if better else where),
-        placement=dict(placement), config=other_cfg.model_dump(include={
-            "workers", "stage_workers", "worker_kind", "prefetch", "pin_memory", "cache", "torch_threads"}),
+        placement=dict(placement), config=other_cfg.decisions(),
         measured_samples_per_s=other.streams[0].samples_per_s))
     words = (f"measured on the cluster: {where} ran {there_sps:,.1f} samples/s, against {here_sps:,.1f} with "
              f"the plan's workers on this machine")
     for sp in plans:
         sp.reasons.append(words + ("; the cluster is kept" if better else "; this machine is kept"))
         if better:
-            sp.workers = max(1, sp.workers)
-            sp.worker_kind = {**sp.worker_kind, **{m: "dask" for m in stages if m in sp.placement}}
-            sp.stage_workers = {**sp.stage_workers, **{m: offload.stage_workers[m] for m in stages if m in sp.placement}}
-            sp.prefetch = offload.prefetch
+            mine = [m for m in stages if m in sp.placement]
+            s = sp.settings
+            sp.settings = s.override(workers=max(1, s.workers), worker_kind={**s.worker_kind, **dict.fromkeys(mine, "dask")},
+                                     stage_workers={**s.stage_workers, **{m: offload.stage_workers[m] for m in mine}},
+                                     prefetch=offload.prefetch)
     return kept
 
 
@@ -553,18 +559,19 @@ def _best_for_streams(pipeline: Pipeline, site: LocalSite) -> Chosen:
         return Chosen("all=cpu", f"all stages on the CPU, stream settings as given: planning the stream failed "
                                  f"({str(exc).splitlines()[0]})")
     placement = {m: d for plan in plans for m, d in plan.placement.items()}
-    return Chosen(placement, "; ".join(stream_summary(plan) for plan in plans), stream_config(plans), plans)
+    return Chosen(placement, "; ".join(stream_summary(plan) for plan in plans), stream_config(plans), list(plans))
 
 
 def stream_summary(plan: Any) -> str:
     """One line on a stream plan: where, how many workers, the cache, the predicted rate and the baseline."""
     on = ", ".join(f"{m}={d}" for m, d in plan.placement.items() if m != plan.source)
-    workers = ", ".join(f"{w} {plan.worker_kind.get(m, 'thread')} workers on {m}"
-                        for m, w in plan.stage_workers.items() if w != 1 and m != plan.source)
+    s = plan.settings
+    workers = ", ".join(f"{w} {s.kind_of(m)} workers on {m}"
+                        for m, w in s.stage_workers.items() if w != 1 and m != plan.source)
     base = next((b for b in plan.baselines if b.name == "num_workers=0"), None)
     parts = [f"planned stream {plan.source} -> {plan.step} from a {RUN_BUDGET_S:g} s profile: {on}",
-             workers, f"cache after {plan.cache}" if plan.cache else "",
-             f"prefetch {plan.prefetch}; predicted {plan.predicted_samples_per_s:,.1f} samples/s "
+             workers, f"cache after {s.cache}" if s.cache else "",
+             f"prefetch {s.prefetch}; predicted {plan.predicted_samples_per_s:,.1f} samples/s "
              f"(bottleneck: {plan.bottleneck})"
              + (f", {base.speedup:.2f}x num_workers=0" if base and base.speedup else "")]
     return ", ".join(p for p in parts if p)

@@ -1,7 +1,7 @@
 """Timing a callable: repeats, median and IQR, and the first call kept apart.
 
-May import: numpy, pydantic, placer.errors, placer.warnings. Device synchronisation is passed in as a
-callable, so this module never imports torch or numba itself.
+May import: numpy, pydantic, placer.errors, placer.warnings; torch and numba only inside
+:func:`torch_threads`. Device synchronisation is passed in as a callable.
 
 A measurement is a set of repeats, never one number. :func:`measure` runs the
 callable once cold (its time is :attr:`Measurement.first_call_s`: JIT compilation,
@@ -21,6 +21,13 @@ calls (:attr:`Measurement.cpu_s`) and the load average seen (:attr:`Measurement.
 A ``setup`` callable gives each timed call fresh arguments, made outside the timed
 region.
 
+Work that cannot be called in isolation (a stream's batches, a DataLoader's fetches)
+is timed where it runs: :class:`Clock` reads the wall and CPU seconds of a block,
+:class:`Timings` keeps every reading under a key, and :func:`per_batch` makes the
+readings one :class:`Measurement` (the first batch apart, as a cold call).
+:class:`Deadline` is a time budget: when it ends and what is left.
+:func:`torch_threads` sets torch's intra-op threads for a block and restores them.
+
 Examples
 --------
 >>> m = measure(lambda: sum(range(1000)), min_reps=5, max_time_s=0.05, warn=False)
@@ -30,10 +37,12 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import numpy as np
@@ -116,6 +125,13 @@ class Measurement(BaseModel):
     def single_repeat(self) -> bool:
         """Timed once: its spread, and so its error, is unknown."""
         return self.reps == 1
+
+    @property
+    def lower_quartile_s(self) -> float:
+        """The repeat at the lower quartile (nearest rank, rounding down): a time that was measured;
+        noise only adds time, so it is the stage's own cost where most repeats were disturbed."""
+        xs = sorted(self.raw_times)
+        return xs[(len(xs) - 1) // 4]
 
     @property
     def low_s(self) -> float:
@@ -302,3 +318,162 @@ def measure(
     if warn:
         m.warn_if_noisy()
     return m
+
+
+class Clock:
+    """Wall and process CPU seconds of a ``with`` block (``wall``, ``cpu``: never negative).
+
+    ``cpu_clock=None`` reads the wall clock only: reading the process's CPU time sums over its
+    threads, which disturbs a measurement of how threads share the GIL.
+
+    >>> with Clock() as c:
+    ...     _ = sum(range(1000))
+    >>> c.wall > 0 and c.cpu >= 0
+    True
+    """
+
+    wall: float = 0.0
+    cpu: float = 0.0
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 cpu_clock: Callable[[], float] | None = time.process_time):
+        self.clock, self.cpu_clock = clock, cpu_clock
+
+    def __enter__(self) -> Clock:
+        self._w = self.clock()
+        self._c = self.cpu_clock() if self.cpu_clock is not None else 0.0
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.wall = self.clock() - self._w
+        if self.cpu_clock is not None:
+            self.cpu = max(0.0, self.cpu_clock() - self._c)
+
+    def elapsed(self) -> float:
+        """Wall seconds since the block started (inside it)."""
+        return self.clock() - self._w
+
+
+class Deadline:
+    """Where a time budget started and ends: ``passed()``, ``left()``, ``spent()``. No budget (None)
+    never passes.
+
+    >>> d = Deadline(None)
+    >>> d.passed(), d.left()
+    (False, inf)
+    >>> Deadline(10.0).left() > 9.0
+    True
+    """
+
+    def __init__(self, budget_s: float | None, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.start = clock()
+        self.end = float("inf") if budget_s is None else self.start + budget_s
+
+    def passed(self) -> bool:
+        return self.clock() > self.end
+
+    def left(self) -> float:
+        """Seconds left (never negative)."""
+        return max(0.0, self.end - self.clock())
+
+    def spent(self) -> float:
+        """Seconds since the budget started."""
+        return self.clock() - self.start
+
+
+def per_batch(samples: list[float], label: str = "") -> Measurement:
+    """Per-batch seconds as one :class:`Measurement`: with three or more batches the first (warm-up)
+    is its ``first_call_s`` and the rest its repeats; with fewer, the last batch alone.
+
+    >>> m = per_batch([0.5, 0.1, 0.12, 0.11, 0.3])
+    >>> m.first_call_s, m.reps, m.lower_quartile_s
+    (0.5, 4, 0.1)
+    """
+    if not samples:
+        raise ValueError(f"{label or 'per_batch'}: no batch was timed")
+    if len(samples) >= 3:
+        return Measurement(raw_times=list(samples[1:]), first_call_s=samples[0], label=label)
+    return Measurement(raw_times=[samples[-1]], label=label)
+
+
+class Timings:
+    """Readings of :class:`Clock` kept under keys (a stage, a copy and its way): every repeat kept.
+
+    >>> t = Timings()
+    >>> for _ in range(3):
+    ...     with Clock() as c:
+    ...         pass
+    ...     t.add("a", c)
+    >>> "a" in t, t.wall("a").reps, len(t.cpu_s["a"])
+    (True, 2, 3)
+    """
+
+    def __init__(self) -> None:
+        self.wall_s: dict[Hashable, list[float]] = {}
+        self.cpu_s: dict[Hashable, list[float]] = {}
+
+    def add(self, key: Hashable, clock: Clock) -> None:
+        self.add_seconds(key, clock.wall, clock.cpu)
+
+    def add_seconds(self, key: Hashable, wall: float, cpu: float | None = None) -> None:
+        self.wall_s.setdefault(key, []).append(wall)
+        if cpu is not None:
+            self.cpu_s.setdefault(key, []).append(max(0.0, cpu))
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.wall_s
+
+    def keys(self) -> list[Hashable]:
+        return list(self.wall_s)
+
+    def wall(self, key: Hashable) -> Measurement:
+        """The wall seconds of ``key`` per batch (:func:`per_batch`)."""
+        return per_batch(self.wall_s[key], label=f"{key} (wall)")
+
+    def cpu(self, key: Hashable) -> Measurement:
+        """The CPU seconds of ``key`` per batch (:func:`per_batch`)."""
+        return per_batch(self.cpu_s[key], label=f"{key} (CPU)")
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None, *, numba: bool = False) -> Iterator[int | None]:
+    """torch's intra-op threads set to ``n`` for the block and restored after it (and numba's, capped
+    at its maximum, with ``numba=True`` where numba is installed). ``n=None`` leaves them as they are;
+    without torch loaded (and ``n`` given) torch is imported. Yields the count in force.
+
+    >>> import torch
+    >>> before = torch.get_num_threads()
+    >>> with torch_threads(1) as n:
+    ...     n, torch.get_num_threads()
+    (1, 1)
+    >>> torch.get_num_threads() == before
+    True
+    """
+    if n is None:
+        torch = sys.modules.get("torch")
+        yield torch.get_num_threads() if torch is not None else None
+        return
+    if n < 1:
+        raise ValueError(f"torch threads must be at least 1, got {n}")
+    import torch
+
+    before = torch.get_num_threads()
+    nb_before = None
+    if numba:
+        try:
+            import numba as nb
+
+            nb_before = nb.get_num_threads()
+            nb.set_num_threads(min(n, nb.config.NUMBA_NUM_THREADS))
+        except Exception:  # noqa: BLE001 - numba is optional
+            nb_before = None
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
+        if nb_before is not None:
+            import numba as nb
+
+            nb.set_num_threads(nb_before)

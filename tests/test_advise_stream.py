@@ -69,5 +69,16 @@ def test_differing_outputs_under_a_plan_with_fewer_torch_threads_are_explained()
     explain_threads(same, [plan])  # nothing differs: nothing to explain
     assert same.summary.outputs_differ == ""
     own = SimpleNamespace(summary=SimpleNamespace(outputs_differ="y"))
-    explain_threads(own, [plan.model_copy(update={"torch_threads": None})])
+    explain_threads(own, [plan.model_copy(update={"settings": plan.settings.override(torch_threads=None)})])
     assert own.summary.outputs_differ == "y"  # torch's own threads: another cause
+
+
+def test_the_chosen_placement_is_named_data_that_unpacks_as_the_pair():
+    from placer.advisor import Chosen
+    from placer.data.stream import StreamSettings
+
+    chosen = Chosen({"a": "cpu"}, "because", StreamSettings(workers=2))
+    placement, why = chosen
+    assert (placement, why) == ({"a": "cpu"}, "because") and not isinstance(chosen, tuple)
+    assert chosen.stream.workers == 2 and chosen.plans == []
+    assert Chosen("all=cpu", "no GPU").stream is None

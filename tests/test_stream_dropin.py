@@ -229,3 +229,18 @@ def test_on_a_gpu_pinned_memory_is_tried_and_the_step_is_waited_for(no_new_child
     assert advice.step_device == "gpu:0" and "the GPU waits" in str(advice).lower()
     assert any(t.settings.pin_memory for t in advice.trials)
     assert advice.recommended.settings.num_workers > 0
+
+
+def test_a_trial_keeps_every_wait_on_the_loader_as_one_measurement():
+    from placer.devices import discover
+    from placer.stream.dropin import run_loader
+    from placer.timing import Deadline
+
+    loader = DataLoader(SlowDataset(48, delay=0.002), batch_size=4)
+    trial = run_loader(loader, quick_step, batches=8, warmup=1, device=discover().resolve("cpu"),
+                       deadline=Deadline(30))
+    assert trial.fetch.reps == trial.batches == 7  # the warm-up batch is not counted
+    assert min(trial.fetch.raw_times) >= 4 * 0.002 * 0.9  # each wait: four samples of 2 ms
+    assert trial.fetch_fraction == pytest.approx(sum(trial.fetch.raw_times) / trial.seconds)
+    assert trial.fetch.median_s > 0 and trial.fetch.iqr_s >= 0
+    assert "fetch" not in trial.as_dict()  # the saved advice keeps its keys

@@ -134,7 +134,7 @@ def test_the_plan_is_the_optimum_with_the_fewest_workers():
     plan, _, _ = plan_from_profile(synthetic())
     assert plan.placement == RULE
     # the GPU (250 batches/s) is the bottleneck once decode has 3 workers (275) and augment 2 (400)
-    assert plan.stage_workers == {"decode": 3, "augment": 2}
+    assert plan.settings.stage_workers == {"decode": 3, "augment": 2}
     assert plan.bottleneck == "gpu:0"
     assert plan.predicted_samples_per_s == pytest.approx(250.0 * SPB)
     assert plan.predicted_samples_per_s == pytest.approx(brute_force(synthetic(), "throughput", 1))
@@ -156,7 +156,7 @@ def test_the_plan_explains_itself_with_baselines_and_what_ifs():
 def test_a_cache_is_chosen_over_several_epochs():
     prof = synthetic(cores=1, epochs=5, batches=10)  # the one core limits the first epoch to 62.5 batches/s
     plan, _, _ = plan_from_profile(prof)
-    assert plan.objective == "total_time" and plan.cache == "decode"
+    assert plan.objective == "total_time" and plan.settings.cache == "decode"
     assert plan.predicted_total_s == pytest.approx(brute_force_total(prof))
     assert any(w.name == "cache after decode (from epoch 2)" for w in plan.what_if)
     # augment moves to the GPU, so the one core does source and decode only (11 ms: 90.9 batches/s) in the
@@ -164,7 +164,7 @@ def test_a_cache_is_chosen_over_several_epochs():
     assert plan.placement["augment"] == "gpu:0"
     assert plan.predicted_total_s == pytest.approx(10 * 11 * MS + 4 * 10 / 200.0)
     random_decode = synthetic(cores=1, epochs=5, batches=10, decode_random=True)
-    assert plan_from_profile(random_decode)[0].cache is None
+    assert plan_from_profile(random_decode)[0].settings.cache is None
 
 
 def brute_force_total(prof: StreamProfile) -> float:
@@ -188,7 +188,7 @@ def test_the_search_finds_the_brute_force_optimum_on_random_profiles(seed, monke
 
     assert value(plan) == pytest.approx(best, rel=0.011)
     # hill climbing (forced by a tiny limit) starts from the rule of thumb and only climbs
-    monkeypatch.setattr("placer.stream.planner.EXHAUSTIVE_LIMIT", 1)
+    monkeypatch.setattr("placer.stream.search.EXHAUSTIVE_LIMIT", 1)
     climbed = plan_from_profile(prof)[0]
     assert climbed.search.startswith("hill climbing")
     rule = next(b for b in climbed.baselines if b.name == "rule of thumb")
@@ -228,13 +228,13 @@ def test_a_slow_thread_friendly_stage_gets_workers_and_runs_faster_than_sequenti
     p = slow_stream()
     plan = plan_stream(p, budget_s=6.0, verify_runs=False)
     assert plan.placement["slow"] == "cpu"
-    assert plan.stage_workers["slow"] > 1
-    assert plan.bottleneck != "slow" or plan.stage_workers["slow"] >= 4
+    assert plan.settings.stage_workers["slow"] > 1
+    assert plan.bottleneck != "slow" or plan.settings.stage_workers["slow"] >= 4
     seq = execute(p, plan.placement, stream=StreamConfig(workers=0)).streams[0]
     par = execute(p, plan.placement, stream=stream_config(plan)).streams[0]
     assert par.samples_per_s >= 1.3 * seq.samples_per_s, (par.samples_per_s, seq.samples_per_s)
     stage = next(s for s in par.stages if s.name == "slow")
-    assert stage.workers == plan.stage_workers["slow"]
+    assert stage.workers == plan.settings.stage_workers["slow"]
 
 
 def test_best_placement_plans_a_stream_and_returns_its_settings():
@@ -354,13 +354,13 @@ def test_process_workers_are_chosen_for_a_gil_bound_stage_once_measured():
                         ((1, 1), (2, 1.9), (4, 3.6))]]  # one process: 10 ms per batch, as one thread
     decode.gil_bound = True
     plan, _, _ = plan_from_profile(prof)
-    assert plan.worker_kind == {"decode": "process"} and plan.stage_workers["decode"] == 3
+    assert plan.settings.worker_kind == {"decode": "process"} and plan.settings.stage_workers["decode"] == 3
     assert plan.predicted_samples_per_s == pytest.approx(250.0 * SPB)  # the GPU again, decode at 275
     reason = next(s.reason for s in plan.stages if s.name == "decode")
     assert "3 process workers run 2.75× one" in reason and "so processes run it" in reason
     threads_only = synthetic()
     threads_only.stage("decode").scaling = scaling((1, 1), (2, 1.05), (4, 1.05))
-    assert plan_from_profile(threads_only)[0].worker_kind == {}
+    assert plan_from_profile(threads_only)[0].settings.worker_kind == {}
 
 
 # -- GIL, torch threads, process workers, verification ------------------------------------------------
@@ -407,18 +407,18 @@ def test_process_workers_hold_the_gil_only_to_move_batches():
 def test_fewer_torch_threads_are_planned_where_the_step_measured_faster_with_them():
     prof = cpu_only(synthetic())
     none = plan_from_profile(prof)[0]
-    assert none.torch_threads is None and not any("torch_threads" in r for r in none.reasons)
+    assert none.settings.torch_threads is None and not any("torch_threads" in r for r in none.reasons)
     prof.stage("train").torch_seconds = {1: 8 * MS}
     prof.stage("train").torch_cpu_seconds = {1: 8 * MS}
     prof = prof.model_copy(update={"torch_threads": 8})
     plan = plan_from_profile(prof)[0]
-    assert plan.torch_threads == 1 and stream_config(plan).torch_threads == 1
+    assert plan.settings.torch_threads == 1 and stream_config(plan).torch_threads == 1
     assert plan.predicted_samples_per_s > none.predicted_samples_per_s
     assert any(r.startswith("torch_threads=1: the step takes 40 ms") for r in plan.reasons), plan.reasons
     assert any("torch intra-op thread" in a.name for a in plan.what_if)
     slower = prof.model_copy(deep=True)
     slower.stage("train").torch_seconds = {1: 80 * MS}
-    assert plan_from_profile(slower)[0].torch_threads is None
+    assert plan_from_profile(slower)[0].settings.torch_threads is None
 
 
 def test_a_step_slowed_beside_busy_cores_is_planned_with_fewer_threads_when_workers_keep_cores_busy():
@@ -428,7 +428,7 @@ def test_a_step_slowed_beside_busy_cores_is_planned_with_fewer_threads_when_work
     train.torch_seconds, train.torch_cpu_seconds = {1: 50 * MS}, {1: 50 * MS}
     place = {m: "cpu" for m in prof.members}
     alone = predict(prof, place, StreamConfig(workers=1))
-    assert plan_from_profile(prof)[0].torch_threads is None  # alone, 8 threads (40 ms) beat 1 (50 ms)
+    assert plan_from_profile(prof)[0].settings.torch_threads is None  # alone, 8 threads (40 ms) beat 1 (50 ms)
     train.busy_seconds = {8: 100 * MS, 1: 50 * MS}
     beside = predict(prof, place, StreamConfig(workers=1))
     # decode, augment and the source keep 16 ms of CPU a batch busy: at r batches/s, u = 0.016 r cores;
@@ -439,7 +439,7 @@ def test_a_step_slowed_beside_busy_cores_is_planned_with_fewer_threads_when_work
     assert predict(prof, place, seq).batches_per_s == pytest.approx(
         predict(cpu_only(synthetic()).model_copy(update={"torch_threads": 8}), place, seq).batches_per_s)
     plan = plan_from_profile(prof)[0]
-    assert plan.torch_threads == 1
+    assert plan.settings.torch_threads == 1
     assert any("beside one busy core 50 ms with 1, 100 ms with 8" in r for r in plan.reasons), plan.reasons
 
 
@@ -447,11 +447,11 @@ def test_one_batch_at_a_time_is_planned_where_workers_would_only_slow_the_step()
     prof = cpu_only(synthetic()).model_copy(update={"torch_threads": 8})
     train = prof.stage("train")
     train.torch_seconds, train.torch_cpu_seconds = {1: 300 * MS}, {1: 300 * MS}
-    assert plan_from_profile(prof)[0].workers == 1  # alone, the step overlaps the 16 ms of preprocessing
+    assert plan_from_profile(prof)[0].settings.workers == 1  # alone, the step overlaps the 16 ms of preprocessing
     train.busy_seconds = {8: 200 * MS, 1: 300 * MS}  # beside one busy core it runs 5x slower
     plan = plan_from_profile(prof)[0]
     # one batch at a time: 1 + 10 + 5 + 40 ms = 17.9 batches/s; overlapped, the step slows to 13.4/s
-    assert plan.workers == 0 and stream_config(plan).sequential
+    assert plan.settings.workers == 0 and stream_config(plan).sequential
     assert plan.predicted_samples_per_s == pytest.approx(SPB / (56 * MS), rel=1e-6)
     assert all(d.workers == 0 for d in plan.stages)
     assert any(r.startswith("one batch at a time, no workers") for r in plan.reasons), plan.reasons
@@ -459,17 +459,17 @@ def test_one_batch_at_a_time_is_planned_where_workers_would_only_slow_the_step()
 
 
 def test_among_tied_cache_points_the_later_one_wins():
-    from placer.stream.planner import Candidate, _cost
+    from placer.stream.search import make, tie_cost
 
     prof = synthetic(epochs=3)
     place = tuple(RULE.items())
-    early, late = (Candidate(place, (("decode", 1), ("augment", 1)), cache) for cache in ("batches", "decode"))
-    assert sorted([early, late], key=lambda c: _cost(c, RULE, prof)) == [late, early]
+    early, late = (make(place, {"decode": 1, "augment": 1}, cache=cache) for cache in ("batches", "decode"))
+    assert sorted([early, late], key=lambda c: tie_cost(c, RULE, prof)) == [late, early]
 
 
 def scripted(monkeypatch, rates: dict[str, list[float]]):
-    """planner.measure answering each candidate's runs in turn, by its cache point."""
-    import placer.stream.planner as planner
+    """verify.measure answering each candidate's runs in turn, by its cache point."""
+    import placer.stream.verify as verifying
 
     calls = []
 
@@ -477,21 +477,21 @@ def scripted(monkeypatch, rates: dict[str, list[float]]):
         calls.append(config.cache)
         return rates[str(config.cache)].pop(0), config.max_batches
 
-    monkeypatch.setattr(planner, "measure", fake)
+    monkeypatch.setattr(verifying, "measure", fake)
     return calls
 
 
 def three_candidates():
-    from placer.stream.planner import Candidate
+    from placer.stream.planner import make
 
     prof = synthetic(epochs=3)
     place = tuple(RULE.items())
-    ranked = [Candidate(place, (("decode", 4), ("augment", 2)), cache) for cache in (None, "batches", "decode")]
+    ranked = [make(place, {"decode": 4, "augment": 2}, cache=cache) for cache in (None, "batches", "decode")]
     return prof, ranked, Scorer(prof, "total_time", 3)
 
 
 def test_verification_interleaves_candidates_and_keeps_the_plan_unless_another_wins_most_rounds(monkeypatch):
-    from placer.stream.planner import verify
+    from placer.stream.verify import verify
 
     prof, ranked, scorer = three_candidates()
     # the second candidate's median is 1.5x the plan's, but it was faster in one round of three only
@@ -508,7 +508,7 @@ def test_verification_interleaves_candidates_and_keeps_the_plan_unless_another_w
 
 
 def test_verification_replaces_the_plan_when_another_is_faster_beyond_the_noise(monkeypatch):
-    from placer.stream.planner import verify
+    from placer.stream.verify import verify
 
     prof, ranked, scorer = three_candidates()
     # a noisy machine: one round slowed everything; the cache point won two rounds of three, 1.5x by median
@@ -543,11 +543,12 @@ def test_the_gil_probe_tells_python_code_from_code_that_waits():
 
 
 def test_verification_always_measures_one_candidate_with_other_torch_threads():
-    from placer.stream.planner import Candidate, _distinct
+    from placer.stream.search import make
+    from placer.stream.verify import _distinct
 
     place = (("batches", "cpu"), ("decode", "cpu"), ("augment", "cpu"), ("train", "cpu"))
-    own = [Candidate(place, (("decode", w), ("augment", 1))) for w in (1, 3, 5, 7)]
-    one = Candidate(place, (("decode", 1), ("augment", 1)), torch_threads=1)
+    own = [make(place, {"decode": w, "augment": 1}) for w in (1, 3, 5, 7)]
+    one = make(place, {"decode": 1, "augment": 1}, threads=1)
     picked = _distinct([*own, one], 3)
     assert picked == [own[0], own[1], one]  # the third place goes to the other thread setting
     mixed = _distinct([own[0], one, *own[1:]], 3)

@@ -156,3 +156,80 @@ def test_setup_gives_every_timed_call_fresh_arguments():
 def test_single_repeat_is_flagged():
     assert Measurement(raw_times=[1.0]).single_repeat
     assert not Measurement(raw_times=[1.0, 1.1]).single_repeat
+
+
+# -- timing work where it runs: Clock, Timings, per_batch; torch's threads --------------------------
+def test_a_clock_reads_wall_and_cpu_seconds_of_a_block():
+    from placer.timing import Clock
+
+    ticks = iter([10.0, 10.5])
+    cpu = iter([1.0, 1.25])
+    with Clock(clock=lambda: next(ticks), cpu_clock=lambda: next(cpu)) as c:
+        pass
+    assert (c.wall, c.cpu) == (0.5, 0.25)
+    backwards = iter([2.0, 1.0])
+    with Clock(clock=iter([0.0, 1.0]).__next__, cpu_clock=lambda: next(backwards)) as c:
+        pass
+    assert c.cpu == 0.0  # a CPU clock read on another core never gives negative time
+
+
+def test_per_batch_keeps_the_first_batch_apart_and_every_other_repeat():
+    from placer.timing import per_batch
+
+    m = per_batch([0.9, 0.2, 0.4, 0.1, 0.3, 0.5], label="decode")
+    assert m.first_call_s == 0.9 and m.raw_times == [0.2, 0.4, 0.1, 0.3, 0.5] and m.label == "decode"
+    assert m.lower_quartile_s == 0.2 and m.median_s == 0.3 and m.iqr_s > 0
+    two = per_batch([0.9, 0.2])  # too few to set a warm-up batch apart: the last one
+    assert two.raw_times == [0.2] and two.first_call_s is None
+    with pytest.raises(ValueError, match="decode"):
+        per_batch([], label="decode")
+
+
+def test_timings_keep_every_reading_under_its_key():
+    from placer.timing import Clock, Timings
+
+    t = Timings()
+    for w in (0.3, 0.1, 0.2):
+        c = Clock()
+        c.wall, c.cpu = w, w / 2
+        t.add(("x", "host", "gpu"), c)
+    t.add_seconds("pinned", 0.05)
+    assert t.keys() == [("x", "host", "gpu"), "pinned"] and "pinned" in t and "other" not in t
+    assert t.wall(("x", "host", "gpu")).raw_times == [0.1, 0.2] and t.cpu(("x", "host", "gpu")).median_s == pytest.approx(0.075)
+    assert "pinned" not in t.cpu_s  # no CPU reading given: none kept
+
+
+def test_torch_threads_are_set_for_the_block_and_restored_even_on_error():
+    torch = pytest.importorskip("torch")
+    from placer.timing import torch_threads
+
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError):
+        with torch_threads(1) as n:
+            assert n == 1 and torch.get_num_threads() == 1
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
+    with torch_threads(None) as n:
+        assert n == before == torch.get_num_threads()
+    with pytest.raises(ValueError, match="at least 1"):
+        with torch_threads(0):
+            pass
+
+
+def test_torch_threads_set_numba_too_when_asked():
+    numba = pytest.importorskip("numba")
+    pytest.importorskip("torch")
+    from placer.timing import torch_threads
+
+    before = numba.get_num_threads()
+    with torch_threads(1, numba=True):
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before
+
+
+def test_a_clock_without_a_cpu_clock_reads_wall_time_only():
+    from placer.timing import Clock
+
+    with Clock(clock=iter([1.0, 3.0]).__next__, cpu_clock=None) as c:
+        pass
+    assert (c.wall, c.cpu) == (2.0, 0.0)

@@ -72,8 +72,7 @@ def stream_summary(s, plan) -> dict:
     the bottleneck, the usual settings measured, and the what-if table."""
     return {
         "source": s.source, "step": s.step,
-        "settings": plan.model_dump(include={"placement", "workers", "stage_workers", "worker_kind", "prefetch",
-                                             "pin_memory", "cache", "torch_threads"}),
+        "settings": {"placement": dict(plan.placement), **plan.settings.decisions()},
         "predicted_samples_per_s": s.predicted_samples_per_s,
         "measured_samples_per_s": s.samples_per_s,
         "bottleneck": s.bottleneck, "bottleneck_sentence": s.sentence,

@@ -209,8 +209,9 @@ def _print_stream(plan) -> None:
     for s in plan.stages:
         t.add_row(s.name, s.device, str(s.workers), f"{s.seconds_per_batch:.4g}", f"{s.batches_per_s:.4g}", s.reason)
     c.print(t)
-    c.print(f"  settings: prefetch {plan.prefetch}, pin_memory {plan.pin_memory}, cache {plan.cache or 'none'}"
-            + (f", torch threads {plan.torch_threads}" if plan.torch_threads else ""))
+    s = plan.settings
+    c.print(f"  settings: prefetch {s.prefetch}, pin_memory {s.pin_memory}, cache {s.cache or 'none'}"
+            + (f", torch threads {s.torch_threads}" if s.torch_threads else ""))
     for r in plan.reasons:
         c.print(f"  {r}")
     for b in plan.baselines:

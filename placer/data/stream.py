@@ -11,21 +11,141 @@ and what copying it to or from each accelerator costs, and the step's rate on
 already-prepared batches (the differential test: what the consumer could take).
 
 A :class:`StreamPlan` is what :mod:`placer.stream.planner` chose from it: a device
-per stage, the stream settings (the fields of
-:class:`placer.stream.StreamConfig`), the predicted samples per second and the
-bottleneck, a reason per stage, baselines, a what-if table and, when verified, the
-measured samples per second of the best few candidates.
+per stage, the :class:`StreamSettings` (how the stream runs), the predicted samples
+per second and the bottleneck, a reason per stage, baselines, a what-if table and,
+when verified, the measured samples per second of the best few candidates.
+
+Two models hold every setting of a stream, and nothing else repeats their fields:
+
+- :class:`StreamSettings`: how a stream runs (workers per stage and their kind,
+  prefetch, pinned copies, a cache point, torch's intra-op threads). The runner
+  takes it (``placer.stream.StreamConfig`` is the same class), the planner's
+  candidates carry it, a plan holds it (saved flat, beside the plan's other
+  fields), and merging or overriding settings are its methods.
+- :class:`LoaderSettings`: a torch ``DataLoader``'s worker settings in its own
+  terms (what the drop-in tries and a profile records of a source's loader), with
+  the one conversion to and from :class:`StreamSettings`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from placer.data.views import Views
 
-WorkerKind = Literal["thread", "process"]
+#: who runs a per-batch stage's workers: threads of this process, worker processes, or tasks on the
+#: dask cluster in use (:mod:`placer.stream.dask_workers`)
+WorkerKind = Literal["thread", "process", "dask"]
+
+
+class StreamSettings(BaseModel):
+    """How a stream runs: the settings a plan chooses and a person may write.
+
+    Attributes
+    ----------
+    workers : int
+        Parallel workers of every per-batch CPU stage (and of a Dataset source's
+        DataLoader) unless ``stage_workers`` says otherwise. ``0`` runs the stream
+        sequentially in the calling thread: every batch goes through every stage
+        before the next is read (the reference run: same outputs, no overlap).
+    stage_workers : dict
+        Workers of one stage (overrides ``workers``).
+    worker_kind : dict
+        ``thread`` (the default: code that releases the GIL, numpy and torch),
+        ``process``, or ``dask`` (tasks on the cluster in use, see
+        :mod:`placer.stream.dask_workers`) per stage.
+    prefetch : int
+        Batches each queue between two stages holds: the bound on batches in flight
+        (backpressure) and how far ahead the source reads.
+    pin_memory : bool
+        Copy batches to a GPU from pinned host memory (``non_blocking``).
+    cache : str or None
+        A deterministic stage (or the source) whose output is kept in memory after
+        the first epoch; later epochs start after it.
+    torch_threads : int or None
+        torch's intra-op threads for the run (``torch.set_num_threads``, restored
+        after it); None leaves torch's setting as it is. With CPU workers on the same
+        cores, fewer threads for a step on the CPU can be faster.
+    cache_bytes : int
+        The most bytes the cache may hold; beyond it caching stops, with a note.
+    max_batches : int or None
+        Stop after this many batches (for bounded measurement runs).
+
+    ``cache_bytes`` and ``max_batches`` bound one run (:data:`RUN_LIMITS`); the
+    others are the decisions a plan records (:meth:`decisions`).
+
+    Examples
+    --------
+    >>> s = StreamSettings(workers=2, stage_workers={"decode": 4}, worker_kind={"decode": "process"})
+    >>> s.workers_of("decode"), s.workers_of("augment"), s.kind_of("decode"), s.kind_of("augment")
+    (4, 2, 'process', 'thread')
+    >>> s.override(prefetch=4).prefetch, StreamSettings(workers=0).sequential
+    (4, True)
+    """
+
+    workers: int = Field(1, ge=0)
+    stage_workers: dict[str, int] = Field(default_factory=dict)
+    worker_kind: dict[str, WorkerKind] = Field(default_factory=dict)
+    prefetch: int = Field(2, ge=1)
+    pin_memory: bool = True
+    cache: str | None = None
+    torch_threads: int | None = Field(None, ge=1)
+    cache_bytes: int = Field(2 << 30, ge=0)
+    max_batches: int | None = Field(None, ge=1)
+
+    #: fields that bound one run rather than say how the stream runs: a plan does not record them
+    RUN_LIMITS: ClassVar[frozenset[str]] = frozenset({"cache_bytes", "max_batches"})
+
+    @property
+    def sequential(self) -> bool:
+        """One batch at a time through every stage, in the calling thread (``workers == 0``)."""
+        return self.workers == 0
+
+    def workers_of(self, stage: str) -> int:
+        return max(1, self.stage_workers.get(stage, self.workers))
+
+    def kind_of(self, stage: str) -> WorkerKind:
+        return self.worker_kind.get(stage, "thread")
+
+    @classmethod
+    def decision_fields(cls) -> list[str]:
+        """The fields a plan records, in order (every field but :data:`RUN_LIMITS`)."""
+        return [n for n in cls.model_fields if n not in cls.RUN_LIMITS]
+
+    def decisions(self) -> dict[str, Any]:
+        """The settings a plan records (every field but :data:`RUN_LIMITS`), as plain data."""
+        return self.model_dump(exclude=set(self.RUN_LIMITS))
+
+    def override(self, **changes: Any) -> StreamSettings:
+        """These settings with ``changes`` (validated: a bad value names its field)."""
+        if not changes:
+            return self
+        return type(self).model_validate({**self.model_dump(), **changes})
+
+    @classmethod
+    def merge(cls, many: Sequence[StreamSettings]) -> StreamSettings:
+        """The settings of several streams of one pipeline, run together.
+
+        Stage workers and worker kinds are united (each stage belongs to one stream);
+        the deepest prefetch, pinned copies only where every stream pins, the first
+        cache point and the first torch thread count set; one batch at a time only
+        when every stream runs so.
+        """
+        return cls(
+            workers=0 if all(s.sequential for s in many) else 1,
+            stage_workers={m: w for s in many for m, w in s.stage_workers.items()},
+            worker_kind={m: k for s in many for m, k in s.worker_kind.items()},
+            prefetch=max([2, *(s.prefetch for s in many)]),
+            pin_memory=all(s.pin_memory for s in many),
+            cache=next((s.cache for s in many if s.cache), None),
+            torch_threads=next((s.torch_threads for s in many if s.torch_threads), None))
+
+    def key(self) -> tuple:
+        """A hashable value equal for equal settings (mappings compared whatever their order)."""
+        return tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v for v in self.__dict__.values())
 
 
 class ScalingRow(BaseModel):
@@ -141,12 +261,67 @@ class CopyProfile(BaseModel):
 
 
 class LoaderSettings(BaseModel):
-    """The worker settings of a DataLoader a source returned (the user's own baseline)."""
+    """A torch ``DataLoader``'s worker settings in its own terms, and torch's intra-op threads.
 
-    num_workers: int = 0
-    pin_memory: bool = False
+    What the drop-in (:mod:`placer.stream.dropin`) tries, and what a stream profile
+    records of the DataLoader a source returned (the user's own baseline). In a stream
+    a DataLoader source is one stage: :meth:`to_stream` and :meth:`from_stream` are the
+    one conversion between these terms and :class:`StreamSettings`.
+
+    Examples
+    --------
+    >>> lo = LoaderSettings(num_workers=4, prefetch_factor=3, torch_threads=2)
+    >>> s = lo.to_stream("images")
+    >>> s.stage_workers, s.prefetch, s.torch_threads
+    ({'images': 4}, 3, 2)
+    >>> LoaderSettings.from_stream(s, "images") == lo
+    True
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    num_workers: int = Field(0, ge=0)
     prefetch_factor: int | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    #: torch's intra-op threads beside the loader (None: as they are)
+    torch_threads: int | None = None
+    #: the loader's own batch size, where recorded (the drop-in keeps the user's)
     batch_size: int | None = None
+
+    @classmethod
+    def of(cls, loader: Any) -> LoaderSettings:
+        """The worker settings a DataLoader was built with."""
+        w = int(loader.num_workers)
+        return cls(num_workers=w, prefetch_factor=(loader.prefetch_factor or 2) if w else None,
+                   pin_memory=bool(loader.pin_memory), persistent_workers=bool(w and loader.persistent_workers))
+
+    @property
+    def worker_kind(self) -> str:
+        """``processes`` (DataLoader's workers) or ``main process`` (no workers)."""
+        return "processes" if self.num_workers else "main process"
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``DataLoader`` these settings are."""
+        kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        if self.num_workers:
+            kw |= {"prefetch_factor": self.prefetch_factor, "persistent_workers": self.persistent_workers}
+        return kw
+
+    def to_stream(self, source: str) -> StreamSettings:
+        """The stream settings of a stream whose source ``source`` is this DataLoader: its workers the
+        source's, ``prefetch_factor`` the queue depth, the same pinning and torch threads."""
+        return StreamSettings(stage_workers={source: self.num_workers}, prefetch=self.prefetch_factor or 2,
+                              pin_memory=self.pin_memory, torch_threads=self.torch_threads)
+
+    @classmethod
+    def from_stream(cls, settings: StreamSettings, source: str) -> LoaderSettings:
+        """The DataLoader settings the source ``source`` runs with under ``settings``: its stage
+        workers as worker processes (none one batch at a time), the queue depth as
+        ``prefetch_factor``, workers not kept between epochs (the stream makes a loader per epoch)."""
+        w = 0 if settings.sequential else settings.stage_workers.get(source, 0)
+        return cls(num_workers=w, prefetch_factor=settings.prefetch if w else None, pin_memory=settings.pin_memory,
+                   torch_threads=settings.torch_threads)
 
 
 class StreamProfile(BaseModel):
@@ -254,9 +429,12 @@ class Verification(BaseModel):
 class StreamPlan(Views, BaseModel):
     """How one stream should run, and why.
 
-    ``workers``, ``stage_workers``, ``worker_kind``, ``prefetch``, ``pin_memory``,
-    ``cache`` and ``torch_threads`` are the fields of :class:`placer.stream.StreamConfig`
-    (:func:`placer.stream.planner.stream_config` builds one). ``objective`` is
+    ``settings`` is the :class:`StreamSettings` the plan chose (the runner takes it as
+    it is, :func:`placer.stream.planner.stream_config` merges several plans'); the rest
+    is the plan's prediction, reasons, baselines and what-ifs. Saved, the settings'
+    decisions sit flat beside those (``workers``, ``stage_workers``, ``worker_kind``,
+    ``prefetch``, ``pin_memory``, ``cache``, ``torch_threads``: the schema
+    ``stream-plan``), and flat data reads back the same way. ``objective`` is
     ``throughput`` (steady-state samples per second) or ``total_time`` (seconds over
     ``epochs`` epochs, where a cache point pays off).
     """
@@ -267,13 +445,7 @@ class StreamPlan(Views, BaseModel):
     objective: Literal["throughput", "total_time"] = "throughput"
     epochs: int = 1
     placement: dict[str, str] = Field(default_factory=dict)
-    workers: int = 1
-    stage_workers: dict[str, int] = Field(default_factory=dict)
-    worker_kind: dict[str, WorkerKind] = Field(default_factory=dict)
-    prefetch: int = 2
-    pin_memory: bool = True
-    cache: str | None = None
-    torch_threads: int | None = None
+    settings: StreamSettings = Field(default_factory=StreamSettings)
     #: the objective's samples per second: the steady state, or (``total_time``) the mean over the epochs
     predicted_samples_per_s: float = 0.0
     predicted_total_s: float | None = None
@@ -290,11 +462,41 @@ class StreamPlan(Views, BaseModel):
     profile_s: float = 0.0
     planning_s: float = 0.0
 
-    def config_fields(self) -> dict:
-        """The :class:`~placer.stream.StreamConfig` fields this plan chose."""
-        return {"workers": self.workers, "stage_workers": dict(self.stage_workers),
-                "worker_kind": dict(self.worker_kind), "prefetch": self.prefetch,
-                "pin_memory": self.pin_memory, "cache": self.cache, "torch_threads": self.torch_threads}
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_settings(cls, data: Any) -> Any:
+        """Flat settings (as saved) go into ``settings``."""
+        if not isinstance(data, dict) or "settings" in data:
+            return data
+        names = set(StreamSettings.decision_fields())
+        return {**{k: v for k, v in data.items() if k not in names},
+                "settings": {k: v for k, v in data.items() if k in names}}
+
+    @model_serializer(mode="wrap")
+    def _flat_settings(self, handler: Any) -> dict[str, Any]:
+        """Saved with the settings' decisions flat, where ``settings`` stands."""
+        out: dict[str, Any] = {}
+        for k, v in handler(self).items():
+            if k == "settings":
+                out |= {n: x for n, x in v.items() if n not in StreamSettings.RUN_LIMITS}
+            else:
+                out[k] = v
+        return out
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        """The schema of the saved (flat) form: the settings' decisions in place of ``settings``."""
+        schema = handler(core_schema)
+        target = handler.resolve_ref_schema(schema)
+        flat = StreamSettings.model_json_schema()["properties"]
+        props: dict[str, Any] = {}
+        for k, v in target["properties"].items():
+            if k == "settings":
+                props |= {n: flat[n] for n in StreamSettings.decision_fields()}
+            else:
+                props[k] = v
+        target["properties"] = props
+        return schema
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=1)

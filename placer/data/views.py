@@ -192,7 +192,8 @@ def stream_plan_html(plan: Any) -> str:
     t = stream_plan_tables(plan)
     lines = [f"predicted {plan.predicted_samples_per_s:,.1f} samples/s ({plan.objective.replace('_', ' ')}); "
              f"bottleneck {plan.bottleneck}",
-             f"prefetch {plan.prefetch}, pin_memory {plan.pin_memory}, cache {plan.cache or 'none'}"]
+             f"prefetch {plan.settings.prefetch}, pin_memory {plan.settings.pin_memory}, "
+             f"cache {plan.settings.cache or 'none'}"]
     return html(f"Stream plan {plan.source} -> {plan.step} ({plan.pipeline})", lines,
                 [{"caption": "stages", "columns": _columns(t["stages"]), "rows": t["stages"]},
                  {"caption": "baselines and what-ifs", "columns": _columns(t["what_if"]), "rows": t["what_if"]}],

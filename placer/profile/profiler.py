@@ -59,7 +59,7 @@ from placer.profile.transfers import measure_transfers
 from placer.errors import PlacerError, StageFailedError
 from placer.log import get_logger
 from placer.pipeline import Pipeline, Stage, as_pipeline
-from placer.timing import load_average, measure
+from placer.timing import load_average, measure, torch_threads
 
 
 class StageInputWarning(UserWarning):
@@ -270,31 +270,10 @@ def profile(
 @contextlib.contextmanager
 def cpu_threads(n: int | None):
     """Set torch's and numba's intra-op threads to ``n`` for the block; yield the count in use."""
-    import torch
+    import torch  # noqa: F401 - loaded, so that the count in use is torch's
 
-    old = torch.get_num_threads()
-    if n is None:
-        yield old
-        return
-    if n < 1:
-        raise ValueError(f"threads must be at least 1, got {n}")
-    nb_old = None
-    try:
-        import numba
-
-        nb_old = numba.get_num_threads()
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    except Exception:  # noqa: BLE001 - numba is optional for profiling
-        nb_old = None
-    torch.set_num_threads(n)
-    try:
-        yield n
-    finally:
-        torch.set_num_threads(old)
-        if nb_old is not None:
-            import numba
-
-            numba.set_num_threads(nb_old)
+    with torch_threads(n, numba=True) as used:
+        yield used
 
 
 def _profile(pipeline, *, size, max_size, sizes, budget_s, devices, inventory, cache, count_work_for_absent,

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from placer.costmodel.bus import fit_link
 from placer.data.measures import TransferModel, copy_mode
 from placer.devices import Device
-from placer.timing import measure
+from placer.timing import Measurement, measure
 
 #: transfer sizes measured (bytes), KB to hundreds of MB
 TRANSFER_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 128 << 20)
@@ -64,3 +65,43 @@ def measure_transfers(device: Device, *, budget_s: float = 10.0, sizes: Iterable
         h2d["staged"] = fallback
     return TransferModel(device=device.name, label="measured", links=links, fingerprint=fingerprint,
                          pin_threshold=PIN_THRESHOLD)
+
+
+def value_copies(value: Any, device: Device, *, max_time_s: float = 0.05) -> dict[str, Measurement]:
+    """Copying every array of a per-batch ``value`` into ``device`` in each further way its kind offers
+    host→device (on a GPU: ``pinned`` and ``pageable``; none elsewhere): way → the time of all the
+    value's arrays copied in turn, synchronised through the device (a few repeats)."""
+    import numpy as np
+
+    from placer.executor.transfer import to_location
+
+    calls: dict[str, list] = {}
+    for host in _host_arrays(value, np):
+        on_dev = to_location(host, device)[0]
+        for direction, mode, call in device.driver.extra_copies(device, host, on_dev):
+            if direction == "h2d" and mode in ("pinned", "pageable"):
+                calls.setdefault(mode, []).append(call)
+    return {mode: measure(lambda cs=cs: [c() for c in cs], sync=device.synchronize, cold=False, warmup=0,
+                          min_reps=1, max_reps=3, min_time_s=0.0, max_time_s=max_time_s, warn=False,
+                          label=f"{mode} copy into {device.name}")
+            for mode, cs in calls.items()}
+
+
+def _host_arrays(value: Any, np: Any) -> list:
+    """The numeric arrays of a value (dicts, lists and tuples walked), as numpy arrays on the host."""
+    out: list = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, np.ndarray) and v.dtype != object:
+            out.append(np.ascontiguousarray(v))
+        elif type(v).__module__.startswith("torch") and getattr(getattr(v, "device", None), "type", None) == "cpu":
+            out.append(v.detach().numpy())
+
+    walk(value)
+    return out

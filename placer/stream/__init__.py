@@ -1,7 +1,7 @@
 """Streams of minibatches: a source, per-batch stages, and a step that consumes them.
 
-May import: placer.stream.*, placer.executor.stream (whose runner names it re-exports).
-Import cost stays low: torch is reached only when a source returns a Dataset or
+May import: placer.stream.*, placer.data.stream, placer.executor.stream (whose runner names it
+re-exports). Import cost stays low: torch is reached only when a source returns a Dataset or
 DataLoader, or a stage runs on a GPU.
 
 A stream is declared in a pipeline with :meth:`placer.Pipeline.source`, per-batch
@@ -25,6 +25,7 @@ the planner's and the drop-in's are loaded on first use.
 from importlib import import_module
 from typing import Any
 
+from placer.data.stream import LoaderSettings, StreamSettings
 from placer.executor.stream import BatchInfo, StreamConfig, StreamFailed, StreamRun, interrupt
 
 _LAZY = {
@@ -33,7 +34,6 @@ _LAZY = {
     "profile_stream": "placer.stream.profile",
     "predict": "placer.stream.model",
     "LoaderAdvice": "placer.stream.dropin",
-    "LoaderSettings": "placer.stream.dropin",
     "MeasuredLoader": "placer.stream.dropin",
     "advise_loader": "placer.stream.dropin",
     "measure": "placer.stream.dropin",
@@ -51,4 +51,5 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = ["BatchInfo", "StreamConfig", "StreamFailed", "StreamRun", "interrupt", *_LAZY]
+__all__ = ["BatchInfo", "LoaderSettings", "StreamConfig", "StreamFailed", "StreamRun", "StreamSettings", "interrupt",
+           *_LAZY]

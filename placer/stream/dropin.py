@@ -1,6 +1,7 @@
 """Advice for an existing training script: its own DataLoader and train step, measured.
 
-May import: placer.devices, placer.executor.stream.nodes; torch inside functions.
+May import: placer.data.stream, placer.devices, placer.executor.stream.nodes, placer.timing; torch inside
+functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
 number of batches and answers two questions. *Who waits for whom*: the step alone on
@@ -30,54 +31,39 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu, torch_device_name
 from placer.executor.stream.nodes import batch_len
+from placer.timing import Clock, Deadline, Measurement, Timings, torch_threads
 
+#: what an exhausted iterator gives ``next``
+_END = object()
 #: a setting is recommended only when it is this much faster than the user's own
 MIN_GAIN = 0.10
 #: among settings this close to the fastest, the one with the fewest workers is chosen
 NEAR_BEST = 0.95
 
 
-@dataclass(frozen=True)
-class LoaderSettings:
-    """DataLoader settings in DataLoader's own terms, plus torch's intra-op threads."""
+def _as_dict(s: LoaderSettings) -> dict[str, Any]:
+    """Settings as the advice's JSON shows them (a trial keeps the user's batch size: not shown)."""
+    return {**s.model_dump(exclude={"batch_size"}), "worker_kind": s.worker_kind}
 
-    num_workers: int
-    prefetch_factor: int | None
-    pin_memory: bool
-    persistent_workers: bool
-    torch_threads: int
 
-    @property
-    def worker_kind(self) -> str:
-        """``processes`` (DataLoader's workers) or ``main process`` (no workers)."""
-        return "processes" if self.num_workers else "main process"
+def label(s: LoaderSettings) -> str:
+    """Settings in words: ``num_workers=2 (processes), prefetch_factor=2, ...``."""
+    parts = [f"num_workers={s.num_workers} ({s.worker_kind})"]
+    if s.num_workers:
+        parts += [f"prefetch_factor={s.prefetch_factor}", f"persistent_workers={s.persistent_workers}"]
+    return ", ".join([*parts, f"pin_memory={s.pin_memory}", f"torch threads {s.torch_threads}"])
 
-    def kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of ``DataLoader`` these settings are."""
-        kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
-        if self.num_workers:
-            kw |= {"prefetch_factor": self.prefetch_factor, "persistent_workers": self.persistent_workers}
-        return kw
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "worker_kind": self.worker_kind}
-
-    def label(self) -> str:
-        parts = [f"num_workers={self.num_workers} ({self.worker_kind})"]
-        if self.num_workers:
-            parts += [f"prefetch_factor={self.prefetch_factor}", f"persistent_workers={self.persistent_workers}"]
-        return ", ".join([*parts, f"pin_memory={self.pin_memory}", f"torch threads {self.torch_threads}"])
-
-    def cost(self) -> tuple:
-        """Orders settings by what they hold: workers, then batches in flight, then pinned memory."""
-        return (self.num_workers, self.prefetch_factor or 0, self.pin_memory, -self.torch_threads)
+def _cost(s: LoaderSettings) -> tuple:
+    """Orders settings by what they hold: workers, then batches in flight, then pinned memory."""
+    return (s.num_workers, s.prefetch_factor or 0, s.pin_memory, -(s.torch_threads or 0))
 
 
 @dataclass(frozen=True)
@@ -91,9 +77,11 @@ class Trial:
     batches: int
     samples: int
     seconds: float
+    #: the wait on each counted ``next(loader)``: every repeat kept (median and spread)
+    fetch: Measurement | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.settings.as_dict(), "samples_per_s": round(self.samples_per_s, 2),
+        return {**_as_dict(self.settings), "samples_per_s": round(self.samples_per_s, 2),
                 "first_batch_s": round(self.first_batch_s, 4), "fetch_fraction": round(self.fetch_fraction, 4),
                 "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4)}
 
@@ -178,10 +166,7 @@ def settings_of(loader: Any) -> LoaderSettings:
     """The settings a DataLoader was built with (and torch's current intra-op threads)."""
     import torch
 
-    w = int(loader.num_workers)
-    return LoaderSettings(num_workers=w, prefetch_factor=(loader.prefetch_factor or 2) if w else None,
-                          pin_memory=bool(loader.pin_memory), persistent_workers=bool(w and loader.persistent_workers),
-                          torch_threads=torch.get_num_threads())
+    return LoaderSettings.of(loader).model_copy(update={"torch_threads": torch.get_num_threads()})
 
 
 def rebuild(loader: Any, settings: LoaderSettings) -> Any:
@@ -223,7 +208,7 @@ def candidates(user: LoaderSettings, *, cores: int, gpu: bool, iterable: bool) -
 
 def _measured_as(s: LoaderSettings) -> LoaderSettings:
     # persistent workers only matter between epochs: a bounded run measures them the same
-    return replace(s, persistent_workers=False)
+    return s.model_copy(update={"persistent_workers": False})
 
 
 # -- measuring -----------------------------------------------------------------------------
@@ -246,63 +231,64 @@ def _close(it: Any) -> None:
 
 
 def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, warmup: int,
-               device: Device, deadline: float, keep: list | None = None) -> Trial | None:
+               device: Device, deadline: Deadline, keep: list | None = None) -> Trial | None:
     """Fetch up to ``batches`` batches (and step on each); the rate counts batches after ``warmup``.
 
     Stops early at ``deadline`` (after at least one counted batch). ``keep`` collects
     the first batches for the step-alone run. None when the loader runs out during the warm-up.
     """
-    t0 = time.perf_counter()
-    it = iter(loader)
-    first = start = None
-    fetch = 0.0
+    waits = Timings()
+    first = start = end = None
     samples = counted = 0
-    try:
-        for i in range(batches):
-            if i == warmup:
-                device.synchronize()
-            a = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            b = time.perf_counter()
-            first = b - t0 if first is None else first
-            start = a if i == warmup else start
-            if i >= warmup:
-                fetch += b - a
-                samples += batch_len(batch)
-                counted += 1
-            if keep is not None and len(keep) < 4:
-                keep.append(batch)
-            if step is not None:
-                step(batch)
-            if counted and time.perf_counter() > deadline:
-                break
-        device.synchronize()
-        end = time.perf_counter()
-    finally:
-        _close(it)
+    with Clock() as run:
+        it = iter(loader)
+        try:
+            for i in range(batches):
+                if i == warmup:
+                    device.synchronize()
+                with Clock() as fetch:
+                    batch = next(it, _END)
+                if batch is _END:
+                    break
+                first = run.elapsed() if first is None else first
+                if i == warmup:
+                    start = run.elapsed() - fetch.wall
+                if i >= warmup:
+                    waits.add("fetch", fetch)
+                    samples += batch_len(batch)
+                    counted += 1
+                if keep is not None and len(keep) < 4:
+                    keep.append(batch)
+                if step is not None:
+                    step(batch)
+                if counted and deadline.passed():
+                    break
+            device.synchronize()
+            end = run.elapsed()
+        finally:
+            _close(it)
     if not counted:  # the loader ran out during the warm-up
         return None
     seconds = end - start
+    fetch_s = waits.wall_s["fetch"]
     return Trial(settings=settings_of(loader), samples_per_s=samples / seconds, first_batch_s=first,
-                 fetch_fraction=fetch / seconds, batches=counted, samples=samples, seconds=seconds)
+                 fetch_fraction=sum(fetch_s) / seconds, batches=counted, samples=samples, seconds=seconds,
+                 fetch=Measurement(raw_times=fetch_s, label="next(loader)"))
 
 
-def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: float) -> float:
+def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: Deadline) -> float:
     """Samples/s of the step on batches fetched once (no loader in the way)."""
     device.synchronize()
-    start = time.perf_counter()
     samples = 0
-    for i in range(batches):
-        batch = kept[i % len(kept)]
-        step(batch)
-        samples += batch_len(batch)
-        if time.perf_counter() > deadline:
-            break
-    device.synchronize()
-    return samples / (time.perf_counter() - start)
+    with Clock() as run:
+        for i in range(batches):
+            batch = kept[i % len(kept)]
+            step(batch)
+            samples += batch_len(batch)
+            if deadline.passed():
+                break
+        device.synchronize()
+    return samples / run.wall
 
 
 @contextlib.contextmanager
@@ -324,18 +310,6 @@ def _random_state_kept(loader: Any) -> Iterator[None]:
             g.set_state(state)
 
 
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -344,18 +318,17 @@ def _cores() -> int:
 
 
 # -- the advice ----------------------------------------------------------------------------
-class _Clock:
+class _Budget:
     """Splits what is left of the budget evenly over the runs still to come."""
 
     def __init__(self, budget_s: float, runs: int):
-        self.end = time.perf_counter() + budget_s
+        self.total = Deadline(budget_s)
         self.runs = runs
 
-    def deadline(self) -> float:
-        now = time.perf_counter()
-        share = max(self.end - now, 0.0) / max(self.runs, 1)
+    def deadline(self) -> Deadline:
+        share = self.total.left() / max(self.runs, 1)
         self.runs -= 1
-        return now + share
+        return Deadline(share)
 
 
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
@@ -382,32 +355,32 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     -------
     LoaderAdvice
     """
-    t0 = time.perf_counter()
+    took = Deadline(None)
     dev = _step_device(device)
     from torch.utils.data import IterableDataset
 
     user = settings_of(loader)
     cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
-    clock = _Clock(budget_s, runs=len(cands) + 4)
+    budget = _Budget(budget_s, runs=len(cands) + 4)
     with _random_state_kept(loader):
         kept: list = []
-        mine = _must(_trial(loader, user, step, batches, dev, clock, keep=kept))
-        step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=clock.deadline())
-        alone = _trial(loader, user, None, batches, dev, clock)
-        trials = [mine] + [t for s in cands if (t := _trial(loader, s, step, batches, dev, clock)) is not None]
+        mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept))
+        step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline())
+        alone = _trial(loader, user, None, batches, dev, budget)
+        trials = [mine] + [t for s in cands if (t := _trial(loader, s, step, batches, dev, budget)) is not None]
         best = choose(mine, trials)
         threads = None
         if best.settings.num_workers and dev.kind == "cpu":
-            best, threads = _try_threads(loader, best, step, batches, dev, clock, trials)
+            best, threads = _try_threads(loader, best, step, batches, dev, budget, trials)
     if best is not mine and best.settings.num_workers:
-        best = replace(best, settings=replace(best.settings, persistent_workers=True))
-    return _advice(mine, best, trials, step_rate, alone, dev, threads, loader, time.perf_counter() - t0)
+        best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
+    return _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
 
 
-def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, clock: _Clock,
+def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, budget: _Budget,
            keep: list | None = None) -> Trial | None:
-    trial = run_loader(rebuild(loader, replace(settings, persistent_workers=False)), step, batches=batches,
-                       warmup=max(1, settings.num_workers), device=dev, deadline=clock.deadline(), keep=keep)
+    trial = run_loader(rebuild(loader, settings.model_copy(update={"persistent_workers": False})), step, batches=batches,
+                       warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep)
     return None if trial is None else replace(trial, settings=settings)
 
 
@@ -426,21 +399,21 @@ def choose(user: Trial, trials: list[Trial]) -> Trial:
     best = max(trials, key=lambda t: t.samples_per_s)
     if best.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
         near = [t for t in trials if t.samples_per_s >= NEAR_BEST * best.samples_per_s]
-        return min(near, key=lambda t: t.settings.cost())
+        return min(near, key=lambda t: _cost(t.settings))
     fewer = [t for t in trials if t.settings.num_workers < user.settings.num_workers
              and t.samples_per_s >= NEAR_BEST * user.samples_per_s]
-    return min(fewer, key=lambda t: t.settings.cost()) if fewer else user
+    return min(fewer, key=lambda t: _cost(t.settings)) if fewer else user
 
 
-def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, clock: _Clock,
+def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
                  trials: list[Trial]) -> tuple[Trial, dict[str, Any] | None]:
     """With worker processes on the same cores, fewer intra-op threads for the step may help."""
     now = best.settings.torch_threads
     n = max(1, _cores() - best.settings.num_workers)
     if n >= now:
         return best, None
-    with _threads(n):
-        t = _trial(loader, replace(best.settings, torch_threads=n), step, batches, dev, clock)
+    with torch_threads(n):
+        t = _trial(loader, best.settings.model_copy(update={"torch_threads": n}), step, batches, dev, budget)
     if t is None:
         return best, None
     trials.append(t)
@@ -499,10 +472,10 @@ def describe(a: LoaderAdvice) -> list[str]:
     """The advice as lines of text."""
     lines = [f"Loader advice ({len(a.trials)} settings measured in {a.seconds:.1f} s; "
              f"loader on cpu, step on {a.step_device})", verdict(a),
-             f"Your settings: {a.user.settings.label()} -> {_rate(a.user.samples_per_s)}"]
+             f"Your settings: {label(a.user.settings)} -> {_rate(a.user.samples_per_s)}"]
     if a.change:
         kw = ", ".join(f"{k}={v}" for k, v in a.recommended.settings.kwargs().items())
-        lines += [f"Recommended:   {a.recommended.settings.label()} -> {_rate(a.recommended.samples_per_s)}, "
+        lines += [f"Recommended:   {label(a.recommended.settings)} -> {_rate(a.recommended.samples_per_s)}, "
                   f"{a.speedup:.2f}x yours", f"  DataLoader(..., {kw})"]
         if a.recommended.settings.torch_threads != a.user.settings.torch_threads:
             lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")
@@ -538,21 +511,20 @@ class MeasuredLoader:
     def __iter__(self) -> Iterator[Any]:
         self.fetch_s, self.samples = [], []
         it = iter(self.loader)
-        start = time.perf_counter()
-        try:
-            while True:
-                a = time.perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                self.fetch_s.append(time.perf_counter() - a)
-                self.samples.append(batch_len(batch))
-                self.seconds = time.perf_counter() - start
-                yield batch
-        finally:
-            self.device.synchronize()
-            self.seconds = time.perf_counter() - start
+        with Clock() as loop:
+            try:
+                while True:
+                    with Clock() as fetch:
+                        batch = next(it, _END)
+                    if batch is _END:
+                        break
+                    self.fetch_s.append(fetch.wall)
+                    self.samples.append(batch_len(batch))
+                    self.seconds = loop.elapsed()
+                    yield batch
+            finally:
+                self.device.synchronize()
+                self.seconds = loop.elapsed()
 
     def trial(self) -> Trial:
         """The loop's steady state: every batch but the first (whose wait includes starting workers)."""

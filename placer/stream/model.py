@@ -1,6 +1,6 @@
 """Predicting a stream's throughput from its profile: operational analysis, as in Plumber.
 
-May import: placer.data.stream, placer.executor.stream.config. Pure arithmetic on a
+May import: placer.data.stream. Pure arithmetic on a
 :class:`~placer.data.stream.StreamProfile`: no device, no measuring.
 
 A stream runs as a chain of nodes (source, copies where data changes location,
@@ -30,7 +30,7 @@ than its busiest resource allows:
   workers hold it in this process only to move batches (their one-process round trip
   beyond the stage's in-process seconds). All of them share one GIL:
   ``1 / sum(g * t)``;
-- **torch intra-op threads**: with ``StreamConfig.torch_threads`` set, a step on the
+- **torch intra-op threads**: with ``StreamSettings.torch_threads`` set, a step on the
   CPU takes the seconds measured at that count (where measured);
 - **the cores the step shares**: a step on the CPU was also timed beside a thread
   keeping one core busy (``busy_seconds``; a parallel region waits for its slowest
@@ -50,8 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from placer.data.stream import StreamProfile
-from placer.executor.stream.config import StreamConfig
+from placer.data.stream import StreamProfile, StreamSettings
 
 HOST = "host"
 
@@ -199,7 +198,7 @@ def _moving_share(st) -> float:
     return min(1.0, max(0.0, 1.0 / one - t) / t)
 
 
-def _node_gil(profile: StreamProfile, n: ChainNode, config: StreamConfig) -> float:
+def _node_gil(profile: StreamProfile, n: ChainNode, config: StreamSettings) -> float:
     """The share of its time node ``n``'s thread(s) hold this process's GIL."""
     st = profile.stage(n.name)
     if n.kind == "batch":
@@ -212,7 +211,7 @@ def _node_gil(profile: StreamProfile, n: ChainNode, config: StreamConfig) -> flo
 
 
 def rates(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
-          config: StreamConfig) -> list[Rate]:
+          config: StreamSettings) -> list[Rate]:
     """Every resource's rate for the nodes of one steady state, slowest first."""
     out: list[Rate] = []
     pooled: dict[tuple[str, str], list] = {}
@@ -251,7 +250,7 @@ def rates(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[floa
     return sorted(out, key=lambda r: r.batches_per_s)
 
 
-def _cpu_rate(profile: StreamProfile, n: ChainNode, wall: float, config: StreamConfig) -> Rate:
+def _cpu_rate(profile: StreamProfile, n: ChainNode, wall: float, config: StreamSettings) -> Rate:
     st = profile.stage(n.name)
     if n.kind == "batch":
         w = config.workers_of(n.name)
@@ -265,7 +264,7 @@ def _cpu_rate(profile: StreamProfile, n: ChainNode, wall: float, config: StreamC
     return Rate(n.name, "stage", s * _inv(wall), wall / s if s else float("inf"), [n.name])
 
 
-def _loader_workers(profile: StreamProfile, config: StreamConfig) -> int:
+def _loader_workers(profile: StreamProfile, config: StreamSettings) -> int:
     """Worker processes of a Dataset or DataLoader source under ``config``."""
     if config.sequential:
         return 0
@@ -281,7 +280,7 @@ def _inv(seconds: float) -> float:
 
 
 def _steady(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
-            config: StreamConfig) -> tuple[float, str, list[Rate]]:
+            config: StreamSettings) -> tuple[float, str, list[Rate]]:
     if not nodes:
         return float("inf"), "", []
     if config.sequential:
@@ -299,7 +298,7 @@ def _busy_wall(profile: StreamProfile, st, threads: int | None) -> float | None:
 
 
 def _contended(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
-               config: StreamConfig) -> tuple[float, str, list[Rate], list[tuple[float, float]]]:
+               config: StreamSettings) -> tuple[float, str, list[Rate], list[tuple[float, float]]]:
     """The steady state with a CPU step slowed by the cores the other host nodes keep busy."""
     bps, neck, rs = _steady(profile, nodes, costs, config)
     i = next((k for k, n in enumerate(nodes) if n.kind == "step" and n.device == "cpu"), None)
@@ -338,7 +337,7 @@ def cache_bytes(profile: StreamProfile, nodes: list[ChainNode], at: int) -> int:
     return total
 
 
-def predict(profile: StreamProfile, placement: dict[str, str], config: StreamConfig,
+def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSettings,
             epochs: int | None = None) -> Prediction:
     """The predicted throughput (and total time over ``epochs``) of one placement and configuration.
 

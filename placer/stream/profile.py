@@ -1,9 +1,10 @@
 """Profiling a stream: each stage per batch on each device, copies, thread scaling, the consumer's rate.
 
-May import: numpy, networkx, placer.pipeline, placer.devices, placer.errors,
+May import: numpy, networkx, placer.pipeline, placer.devices, placer.errors, placer.log,
 placer.data.stream, placer.executor (to compute one-shot inputs) and
-placer.executor.transfer, placer.stream.*; torch inside functions (pinned and
-pageable copies on a real GPU).
+placer.executor.transfer, placer.timing (every timing: per-batch repeats, torch's threads),
+placer.profile.transfers (pinned and pageable copies, through the device's kind),
+placer.stream.*. No torch of its own.
 
 :func:`profile_stream` measures one stream at its real batch size:
 
@@ -50,12 +51,17 @@ import networkx as nx
 from placer.data.stream import GIL_SPEEDUP, CopyProfile, LoaderSettings, ScalingRow, StageProfile, StreamProfile
 from placer.devices import Device, Inventory, discover, same_device
 from placer.errors import PlacerError
+from placer.log import get_logger
+from placer.profile.transfers import value_copies
+from placer.timing import Clock, Deadline, Measurement, Timings, torch_threads
 from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import BATCH_INFO, Pipeline
 from placer.executor.stream.config import StreamConfig
 from placer.executor.stream.nodes import Bundle, Node, batch_len, takes
 from placer.executor.stream.runner import StreamRun
 from placer.executor.stream.source import call_source, describe_source
+
+log = get_logger(__name__)
 
 #: batches measured per device sweep (the first pays for warm-up and is not used)
 DEFAULT_BATCHES = 8
@@ -109,18 +115,6 @@ def can_run(pipeline: Pipeline, name: str, device: str) -> bool:
     return st.impl_for("cpu" if device == "cpu" else "gpu") is not None
 
 
-class _Clock:
-    """Wall and process CPU seconds of a block."""
-
-    def __enter__(self):
-        self.w, self.c = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall = time.perf_counter() - self.w
-        self.cpu = time.process_time() - self.c
-
-
 class _Sweep:
     """One device sweep: the stream run sequentially, every node and copy timed per batch."""
 
@@ -130,22 +124,22 @@ class _Sweep:
         self.devices = {m: inv.resolve(d, stage=m) for m, d in placement.items()}
         cfg = StreamConfig(workers=0, max_batches=prof.batches)
         self.run = StreamRun(prof.pipeline, prof.source, self.devices, prof.consts, cfg)
-        self.wall: dict[str, list[float]] = {}
-        self.cpu: dict[str, list[float]] = {}
+        #: every member's wall and CPU seconds, batch by batch
+        self.timings = Timings()
         self.inputs: dict[str, list[Bundle]] = {}
         self.samples: list[int] = []
 
     def go(self, budget_s: float | None) -> int:
-        run, t_end = self.run, _deadline(budget_s)
+        run, deadline = self.run, Deadline(budget_s)
         run.step.start()
         it = run.bundles()
         done = 0
         while True:
-            with _Clock() as c:
+            with Clock() as c:
                 b = next(it, None)
             if b is None:
                 break
-            self._add(run.nodes[0].name, c)
+            self.timings.add(run.nodes[0].name, c)
             value = b.values[self.prof.source]["host"]
             self.prof.observe(self.prof.source, "host", value, done)
             for node in run.nodes[1:]:
@@ -154,7 +148,7 @@ class _Sweep:
                     self.samples.append(batch_len(b.values[src][node.location]))
                 self._one(node, b, done)
             done += 1
-            if done >= 2 and time.perf_counter() > t_end:
+            if done >= 2 and deadline.passed():
                 break
         return done
 
@@ -164,27 +158,20 @@ class _Sweep:
             kept.append(Bundle(b.seq, b.info, {k: dict(v) for k, v in b.values.items()}))
             if node.kind == "step" and len(kept) > STEP_KEPT:
                 kept.pop(0)
-        with _Clock() as c:
+        with Clock() as c:
             self.run.work(node, b)
         if node.kind == "copy":
             return
-        self._add(node.name, c)
+        self.timings.add(node.name, c)
         if node.kind == "batch":
             self.prof.observe(node.name, node.location, b.values[node.name][node.location], index)
 
-    def _add(self, name: str, c: _Clock) -> None:
-        self.wall.setdefault(name, []).append(c.wall)
-        self.cpu.setdefault(name, []).append(max(0.0, c.cpu))
 
-
-def _deadline(budget_s: float | None) -> float:
-    return float("inf") if budget_s is None else time.perf_counter() + budget_s
-
-
-def steady(samples: list[float]) -> float:
+def steady(m: Measurement) -> float:
     """Seconds per batch: the lower quartile after the first batch (warm-up); noise only adds time."""
-    xs = sorted(samples[1:] if len(samples) >= 3 else samples[-1:])
-    return xs[(len(xs) - 1) // 4] if xs else 0.0
+    log.debug("%s: lower quartile %.4g s, spread (IQR) %.2g s%s", m.label, m.lower_quartile_s, m.iqr_s,
+              " (noisy)" if m.noisy else "")
+    return m.lower_quartile_s
 
 
 class _Profiler:
@@ -198,8 +185,8 @@ class _Profiler:
         self.cores = os.cpu_count() or 1
         self.max_threads = max_threads or max(4, min(8, 2 * self.cores))
         self.accel = [d for d in inventory.devices if d.is_accelerator]
-        self.copies: dict[tuple[str, str, str], dict[str, list[float]]] = {}
-        self.copy_cpu: dict[tuple[str, str, str], list[float]] = {}
+        #: (value, from, to) → way of copying → seconds, copy by copy (CPU seconds for the executor's copy)
+        self.copies: dict[tuple[str, str, str], Timings] = {}
         self.copy_bytes: dict[tuple[str, str, str], int] = {}
         self.out_bytes: dict[str, dict[str, int]] = {}
         self.notes: list[str] = []
@@ -214,53 +201,18 @@ class _Profiler:
             if dev.location == loc:
                 continue
             key = (value_of, loc, dev.location)
-            with _Clock() as c:
+            timings = self.copies.setdefault(key, Timings())
+            with Clock() as c:
                 to_location(value, dev)
                 dev.synchronize()
-            self.copies.setdefault(key, {}).setdefault("executor", []).append(c.wall)
-            self.copy_cpu.setdefault(key, []).append(max(0.0, c.cpu))
+            timings.add("executor", c)
             self.copy_bytes[key] = nbytes(value)
             if loc == "host" and dev.is_gpu:
-                for mode, secs in _torch_copies(value, dev).items():
-                    self.copies[key].setdefault(mode, []).append(secs)
+                for mode, m in value_copies(value, dev).items():
+                    timings.add_seconds(mode, m.median_s)
 
     def _read_later(self, name: str) -> bool:
         return any(name in self.pipeline.stages[m].inputs.values() for m in self.members)
-
-
-def _torch_copies(value: Any, device: Device) -> dict[str, float]:
-    """Seconds to copy a value's arrays to a real GPU from pageable and from pinned memory."""
-    import numpy as np
-    import torch
-
-    leaves: list = []
-
-    def walk(v):
-        if isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                walk(x)
-        elif isinstance(v, np.ndarray) and v.dtype != object:
-            leaves.append(torch.from_numpy(np.ascontiguousarray(v)))
-        elif isinstance(v, torch.Tensor) and v.device.type == "cpu":
-            leaves.append(v)
-
-    walk(value)
-    if not leaves:
-        return {}
-    dev = device.torch_device()
-    out = {}
-    pinned = [t.pin_memory() for t in leaves]
-    for mode, src, kw in (("pageable", leaves, {}), ("pinned", pinned, {"non_blocking": True})):
-        torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        for t in src:
-            t.to(dev, **kw)
-        torch.cuda.synchronize(dev)
-        out[mode] = time.perf_counter() - t0
-    return out
 
 
 def thread_scaling(node: Node, inputs: list[Bundle], *, max_threads: int, budget_s: float | None,
@@ -304,10 +256,10 @@ def process_scaling(node: Node, inputs: list[Bundle], *, count: int, budget_s: f
 
     stop = threading.Event()
     pool = ProcessPool(node.name, StageCall(node.stage, node.device, node.consts, node.takes_info), count, stop)
-    t = time.perf_counter()
+    budget = Deadline(budget_s)
     pool.start()
     try:
-        left = None if budget_s is None else max(0.1, budget_s - (time.perf_counter() - t))
+        left = None if budget_s is None else max(0.1, budget.left())
 
         def caller(child):
             def call(b: Bundle):
@@ -327,12 +279,12 @@ def _rate(calls: list, inputs: list[Bundle], seconds: float) -> float:
     threads = len(calls)
     done = [0] * threads
     start = threading.Barrier(threads + 1)
-    t_end = [0.0]
+    deadline: list[Deadline] = []
 
     def loop(i: int) -> None:
         start.wait()
         k = i
-        while time.perf_counter() < t_end[0] or done[i] == 0:
+        while not deadline[0].passed() or done[i] == 0:
             calls[i](inputs[k % len(inputs)])
             done[i] += 1
             k += threads
@@ -340,12 +292,11 @@ def _rate(calls: list, inputs: list[Bundle], seconds: float) -> float:
     workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
     for w in workers:
         w.start()
-    t0 = time.perf_counter()
-    t_end[0] = t0 + seconds
+    deadline.append(Deadline(seconds))
     start.wait()
     for w in workers:
         w.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = deadline[0].spent()
     return sum(done) / elapsed if elapsed > 0 else 0.0
 
 
@@ -394,15 +345,16 @@ def gil_held(call, inputs: list, *, rounds: int = 1) -> float | None:
         with _Probe() as probe:
             for _ in range(rounds):
                 for x in inputs:
-                    c, t = probe.count, time.perf_counter()
-                    call(x)
-                    d = time.perf_counter() - t
+                    c = probe.count
+                    with Clock(cpu_clock=None) as beside:
+                        call(x)
                     counted += probe.count - c
-                    during += d
-                    c, t = probe.count, time.perf_counter()
-                    time.sleep(d)
+                    during += beside.wall
+                    c = probe.count
+                    with Clock(cpu_clock=None) as rest:
+                        time.sleep(beside.wall)
                     counted_alone += probe.count - c
-                    alone += time.perf_counter() - t
+                    alone += rest.wall
                     n += 1
     finally:
         sys.setswitchinterval(interval)
@@ -451,7 +403,7 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
     -------
     StreamProfile
     """
-    t0 = time.perf_counter()
+    budget = Deadline(budget_s)
     p = pipeline.validate()
     streams = p.streams()
     if not streams:
@@ -470,14 +422,14 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
     stages = _stages(prof, sweeps)
 
     def left(share: float = 1.0) -> float | None:
-        return None if budget_s is None else share * max(0.0, budget_s - (time.perf_counter() - t0))
+        return None if budget_s is None else share * budget.left()
 
     cpu = sweeps.get("cpu")
     _scale(prof, cpu, stages, left(0.5))
     floor = PROCESS_MIN_S if budget_s is None or budget_s >= 4 * PROCESS_MIN_S else 0.0
     _scale_processes(prof, cpu, stages, None if budget_s is None else max(floor, left(0.7)))
     _step_extras(prof, cpu, stages[prof.members[-1]])
-    return _assemble(prof, sweeps, stages, budget_s, time.perf_counter() - t0)
+    return _assemble(prof, sweeps, stages, budget_s, budget.spent())
 
 
 def _stages(prof: _Profiler, sweeps: dict[str, _Sweep]) -> dict[str, StageProfile]:
@@ -494,9 +446,9 @@ def _stages(prof: _Profiler, sweeps: dict[str, _Sweep]) -> dict[str, StageProfil
                               reads=[s for s in st.inputs.values() if s in members], pin=st.pin,
                               out_bytes=prof.out_bytes.get(m, {}), cacheable=not random_seen and st.role != "step")
         for d, sw in sweeps.items():
-            if sw.placement[m] == d and m in sw.wall:
-                prof_m.seconds[d] = steady(sw.wall[m])
-                prof_m.cpu_seconds[d] = steady(sw.cpu[m])
+            if sw.placement[m] == d and m in sw.timings:
+                prof_m.seconds[d] = steady(sw.timings.wall(m))
+                prof_m.cpu_seconds[d] = steady(sw.timings.cpu(m))
         out[m] = prof_m
     return out
 
@@ -508,10 +460,10 @@ def _scale(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile
     todo = [n for n in sweep.run.nodes if n.kind == "batch" and n.device.kind == "cpu" and sweep.inputs.get(n.name)]
     for i, node in enumerate(todo):
         share = None if budget_s is None else budget_s / (len(todo) - i)
-        t = time.perf_counter()
-        rows = thread_scaling(node, sweep.inputs[node.name], max_threads=prof.max_threads, budget_s=share)
+        with Clock() as took:
+            rows = thread_scaling(node, sweep.inputs[node.name], max_threads=prof.max_threads, budget_s=share)
         if budget_s is not None:
-            budget_s = max(0.0, budget_s - (time.perf_counter() - t))
+            budget_s = max(0.0, budget_s - took.wall)
         st = stages[node.name]
         st.scaling = rows
         two = next((r for r in rows if r.workers == 2), None)
@@ -535,15 +487,15 @@ def _scale_processes(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, St
             prof.notes.append(f"{node.name}: process workers not measured (under {PROCESS_MIN_S:g} s of the "
                               "profile's budget left); give the profile more time to weigh them")
             continue
-        t = time.perf_counter()
-        try:
-            rows = process_scaling(node, sweep.inputs[node.name], count=count, budget_s=share)
-        except Exception as exc:  # noqa: BLE001 - a stage a child cannot load runs on threads
-            prof.notes.append(f"{node.name}: process workers could not run it ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:160]}); threads only")
-            rows = []
+        with Clock() as took:
+            try:
+                rows = process_scaling(node, sweep.inputs[node.name], count=count, budget_s=share)
+            except Exception as exc:  # noqa: BLE001 - a stage a child cannot load runs on threads
+                prof.notes.append(f"{node.name}: process workers could not run it ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0][:160]}); threads only")
+                rows = []
         if budget_s is not None:
-            budget_s = max(0.0, budget_s - (time.perf_counter() - t))
+            budget_s = max(0.0, budget_s - took.wall)
         st = stages[node.name]
         st.scaling = [*st.scaling, *rows]
         if rows:
@@ -572,8 +524,7 @@ def _step_extras(prof: _Profiler, sweep: _Sweep | None, step: StageProfile) -> N
         alone = {threads or 1: step.seconds["cpu"], **step.torch_seconds}
         for n, r in _busy_ratios(torch, call, kept, sorted(alone)).items():
             step.busy_seconds[n] = alone[n] * r
-    one = _torch_threads(torch, 1)
-    with one:
+    with torch_threads(1 if torch is not None else None):
         held = gil_held(call, kept)
     if held is not None and step.seconds["cpu"] > 0:
         step.gil = min(1.0, held / step.seconds["cpu"])
@@ -585,40 +536,20 @@ def _step_call(run: StreamRun, node: Node):
     return call
 
 
-class _torch_threads:
-    """torch's intra-op threads set to ``n`` for a block (nothing without torch)."""
-
-    def __init__(self, torch: Any, n: int):
-        self.torch, self.n, self.before = torch, n, None
-
-    def __enter__(self):
-        if self.torch is not None:
-            self.before = self.torch.get_num_threads()
-            self.torch.set_num_threads(self.n)
-        return self
-
-    def __exit__(self, *exc):
-        if self.before is not None:
-            self.torch.set_num_threads(self.before)
-
-
 def _threads_ratio(torch: Any, call, kept: list[Bundle], threads: int, rounds: int = 2) -> tuple[float, float]:
     """Wall and CPU seconds of the step at one intra-op thread over those at ``threads``: medians of
     runs interleaved batch by batch, so that a change of load affects both alike."""
-    import statistics
-
-    wall: dict[int, list[float]] = {1: [], threads: []}
-    cpu: dict[int, list[float]] = {1: [], threads: []}
+    t = Timings()
     for _ in range(rounds):
         for b in kept:
             for n in (threads, 1):
-                with _torch_threads(torch, n), _Clock() as c:
+                with torch_threads(n if torch is not None else None), Clock() as c:
                     call(b)
-                wall[n].append(c.wall)
-                cpu[n].append(max(0.0, c.cpu))
-    w0, c0 = statistics.median(wall[threads]), statistics.median(cpu[threads])
-    return (statistics.median(wall[1]) / w0 if w0 > 0 else 1.0,
-            statistics.median(cpu[1]) / c0 if c0 > 0 else 1.0)
+                t.add(n, c)
+    wall = {n: Measurement(raw_times=xs, label=f"step at {n} threads").median_s for n, xs in t.wall_s.items()}
+    cpu = {n: Measurement(raw_times=xs, label=f"step at {n} threads (CPU)").median_s for n, xs in t.cpu_s.items()}
+    return (wall[1] / wall[threads] if wall[threads] > 0 else 1.0,
+            cpu[1] / cpu[threads] if cpu[threads] > 0 else 1.0)
 
 
 class _Busy(_SideThread):
@@ -652,12 +583,12 @@ def _busy_ratios(torch: Any, call, kept: list[Bundle], counts: list[int], batche
     with _Busy() as busy:
         for b in kept[-batches:]:
             for n in counts:
-                with _torch_threads(torch, n):
-                    with _Clock() as alone:
+                with torch_threads(n if torch is not None else None):
+                    with Clock(cpu_clock=None) as alone:
                         call(b)
                     busy.work.set()
                     time.sleep(0.001)  # the busy thread is running before the call starts
-                    with _Clock() as beside:
+                    with Clock(cpu_clock=None) as beside:
                         call(b)
                     busy.work.clear()
                 if alone.wall > 0:
@@ -675,9 +606,8 @@ def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, Stag
     kind, loader, per_epoch = _source_facts(prof, spb)
     devs = {"cpu": HOST_DEVICE, **{d.name: d for d in prof.accel}}
     copies = [CopyProfile(value=v, src=a, dst=b, bytes=prof.copy_bytes[(v, a, b)],
-                          seconds={m: steady(xs) for m, xs in modes.items()},
-                          cpu_seconds=steady(prof.copy_cpu[(v, a, b)]))
-              for (v, a, b), modes in prof.copies.items()]
+                          seconds={m: steady(t.wall(m)) for m in t.keys()}, cpu_seconds=steady(t.cpu("executor")))
+              for (v, a, b), t in prof.copies.items()]
     return StreamProfile(
         pipeline=p.name, source=prof.source, step=prof.members[-1], members=list(prof.members), epochs=src.epochs,
         batch_size=src.batch_size, samples_per_batch=spb, batches_per_epoch=per_epoch, source_kind=kind,
@@ -700,9 +630,7 @@ def _source_facts(prof: _Profiler, spb: float) -> tuple[str, LoaderSettings | No
     kind = describe_source(obj)
     loader = None
     if kind == "loader":
-        loader = LoaderSettings(num_workers=obj.num_workers, pin_memory=bool(obj.pin_memory),
-                                prefetch_factor=obj.prefetch_factor if obj.num_workers else None,
-                                batch_size=obj.batch_size)
+        loader = LoaderSettings.of(obj).model_copy(update={"batch_size": obj.batch_size})
     per_epoch = None
     if kind == "dataset":
         per_epoch = math.ceil(len(obj) / (src.batch_size or 1))
@@ -718,10 +646,11 @@ def _source_facts(prof: _Profiler, spb: float) -> tuple[str, LoaderSettings | No
 
 def _count(obj: Any, limit_s: float = 1.0) -> int | None:
     """Batches of an iterable, counted within ``limit_s`` (None when it takes longer)."""
-    t_end = time.perf_counter() + limit_s
+    deadline = Deadline(limit_s)
     n = 0
     for _ in obj:
         n += 1
-        if time.perf_counter() > t_end:
+        if deadline.passed():
             return None
     return n
+

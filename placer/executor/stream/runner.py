@@ -1,6 +1,6 @@
 """Running one stream: bounded queues between nodes, workers per node, batches kept in order.
 
-May import: placer.pipeline, placer.devices, placer.errors, placer.data.run,
+May import: placer.pipeline, placer.devices, placer.errors, placer.data.run, placer.timing,
 placer.executor.transfer, placer.executor.stream.*; torch inside functions.
 
 The source reads ahead at most ``prefetch`` batches into the first queue; every
@@ -42,6 +42,7 @@ from placer.executor.stream.source import batches, call_source
 from placer.executor.stream.workers import ProcessPool, StageCall, WorkerStopped
 from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline
+from placer.timing import torch_threads
 
 _END = object()
 #: seconds between checks of the stop flag while waiting on a queue
@@ -189,7 +190,7 @@ class StreamRun:
         """Run the stream to its end; return the step's result (on the host) and the statistics."""
         with _ACTIVE_LOCK:
             _ACTIVE.add(self)
-        threads = _TorchThreads(self.config.torch_threads)
+        threads = torch_threads(self.config.torch_threads)  # the workers started here take it
         try:
             threads.__enter__()
             t_setup = now()
@@ -208,7 +209,7 @@ class StreamRun:
                 raise
         finally:
             self._close_pools()
-            threads.__exit__()
+            threads.__exit__(None, None, None)
             with _ACTIVE_LOCK:
                 _ACTIVE.discard(self)
         if self.interrupted:
@@ -430,31 +431,6 @@ def _pool_note(pool: ProcessPool, node: Node) -> str:
             f"{t.start_s:.2f} s, before the stream's clock; of its {node.stats.busy_s:.2f} s busy, "
             f"{t.compute_s:.2f} s computing in the workers, {t.round_trip_s - t.compute_s:.2f} s moving "
             "batches to and from them")
-
-
-class _TorchThreads:
-    """torch's intra-op threads set for a run and restored after it (nothing when ``n`` is None).
-
-    Threads started during the run (the stream's workers) take the count set here.
-    """
-
-    def __init__(self, n: int | None):
-        self.n, self.before = n, None
-
-    def __enter__(self) -> _TorchThreads:
-        if self.n is not None:
-            import torch
-
-            self.before = torch.get_num_threads()
-            torch.set_num_threads(self.n)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.before is not None:
-            import torch
-
-            torch.set_num_threads(self.before)
-            self.before = None
 
 
 class _Ordered:

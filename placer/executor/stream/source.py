@@ -1,6 +1,6 @@
 """A stream's source: what its function returns, turned into batches for each epoch.
 
-May import: placer.pipeline, placer.errors, placer.executor.stream.{config,nodes}; torch inside functions (only when
+May import: placer.pipeline, placer.errors, placer.data.stream, placer.executor.stream.{config,nodes}; torch inside functions (only when
 the source returns a ``Dataset`` or a ``DataLoader``).
 
 A source function returns an iterable of batches (a generator, a list), a
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from placer.pipeline import BATCH_INFO, Stage
+from placer.data.stream import LoaderSettings
 from placer.executor.stream.config import BatchInfo, StreamConfig
 from placer.executor.stream.nodes import takes
 
@@ -58,7 +59,6 @@ def loader_for(stage: Stage, obj: Any, config: StreamConfig) -> Any:
     from torch.utils.data import DataLoader
 
     given = stage.name in config.stage_workers or config.sequential
-    workers = 0 if config.sequential else config.stage_workers.get(stage.name, 0)
     if _is_loader(obj):
         if not given:
             return obj
@@ -68,8 +68,9 @@ def loader_for(stage: Stage, obj: Any, config: StreamConfig) -> Any:
                   dataset=obj.dataset)
     else:
         kw = dict(dataset=obj, batch_size=stage.batch_size or 1, shuffle=False)
-    extra = {"prefetch_factor": config.prefetch, "persistent_workers": False} if workers > 0 else {}
-    return DataLoader(num_workers=workers, pin_memory=False, **kw, **extra)
+    # in a stream the copy node pins batches for a GPU, not the loader
+    settings = LoaderSettings.from_stream(config, stage.name).model_copy(update={"pin_memory": False})
+    return DataLoader(**kw, **settings.kwargs())
 
 
 def _is_loader(obj: Any) -> bool:

@@ -1,0 +1,308 @@
+"""Searching a stream's settings: the candidates, their predictions, and the best first.
+
+May import: placer.data.stream, placer.stream.model.
+
+A candidate is a placement and the :class:`~placer.data.stream.StreamSettings` the
+runner would take (:class:`Candidate`). The space is small: a device per stage (those
+it has implementations for), 1..N thread workers per CPU stage (N: the most measured;
+process workers too where the profile measured them, as ``ScalingRow(kind="process")``),
+DataLoader worker processes for a Dataset or DataLoader source, pinned or pageable
+copies (only where a real GPU measured both), torch's intra-op threads for a step on
+the CPU (where measured), one batch at a time, and a cache point (only over several
+epochs). :func:`search` tries each up to :data:`EXHAUSTIVE_LIMIT` candidates, else
+climbs from the rule of thumb (the best single change, repeated); among candidates
+within :data:`TIE` of the best, :func:`tie_cost` prefers the fewest workers. Prefetch
+does not change the modelled steady state; it is set so that every worker of every
+stage has a batch waiting (:func:`prefetch_for`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from placer.data.stream import StreamProfile, StreamSettings
+from placer.stream.model import Prediction, predict
+
+#: candidates searched exhaustively; beyond it, hill climbing
+EXHAUSTIVE_LIMIT = 20_000
+
+
+#: candidates within this relative distance of the best count as ties (fewer workers win)
+TIE = 0.01
+
+
+#: the most batches a queue holds
+MAX_PREFETCH = 8
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search: a device per member, and the stream settings.
+
+    The settings are those the runner takes: workers of the CPU members in
+    ``stage_workers`` (``workers=0``: one batch at a time, none), ``process`` in
+    ``worker_kind`` for stages run by worker processes, prefetch enough to feed every
+    worker (:func:`settled` keeps them so).
+    """
+
+    placement: tuple[tuple[str, str], ...]
+    settings: StreamSettings = field(compare=False, hash=False)
+    _key: tuple = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_key", self.settings.key())
+
+    @property
+    def place(self) -> dict[str, str]:
+        return dict(self.placement)
+
+    @property
+    def workers(self) -> dict[str, int]:
+        """The workers of each CPU member (none one batch at a time)."""
+        return self.settings.stage_workers
+
+    @property
+    def processes(self) -> set[str]:
+        """The stages run by worker processes."""
+        return {m for m, k in self.settings.worker_kind.items() if k == "process"}
+
+    def with_(self, placement: tuple[tuple[str, str], ...] | None = None, **changes: Any) -> Candidate:
+        """This candidate moved to ``placement`` and/or with settings ``changes``: process workers only
+        for stages on the CPU, torch's threads only for a step on the CPU, prefetch as :func:`settled`."""
+        settings = self.settings.override(**changes)
+        if placement is None:
+            return Candidate(self.placement, settled(settings))
+        place = dict(placement)
+        kinds = {m: k for m, k in settings.worker_kind.items() if place.get(m) == "cpu"}
+        step = self.placement[-1][0]
+        threads = settings.torch_threads if place.get(step) in (None, "cpu") else None
+        return Candidate(placement, settled(settings.override(worker_kind=kinds, torch_threads=threads)))
+
+
+def settled(settings: StreamSettings) -> StreamSettings:
+    """Settings as the search holds them: one batch at a time has no stage workers or kinds (and the
+    default prefetch); with workers, prefetch feeds every worker (:func:`prefetch_for`)."""
+    if settings.sequential:
+        return settings.override(stage_workers={}, worker_kind={}, prefetch=2)
+    return settings.override(workers=1, prefetch=prefetch_for(settings.stage_workers))
+
+
+def make(placement: tuple[tuple[str, str], ...], workers: dict[str, int], *, cache: str | None = None,
+         pin: bool = True, processes: tuple[str, ...] = (), threads: int | None = None,
+         sequential: bool = False) -> Candidate:
+    """A candidate with ``workers`` per CPU member (or one batch at a time)."""
+    if sequential:
+        settings = StreamSettings(workers=0, cache=cache, pin_memory=pin, torch_threads=threads)
+    else:
+        settings = StreamSettings(workers=1, stage_workers=workers, prefetch=prefetch_for(workers), cache=cache,
+                                  pin_memory=pin, worker_kind={m: "process" for m in processes},
+                                  torch_threads=threads)
+    return Candidate(placement, settings)
+
+
+def prefetch_for(workers: dict[str, int]) -> int:
+    """Queue places: at least 2, and as many as the most workers of one stage (each gets a batch)."""
+    return min(MAX_PREFETCH, max([2, *workers.values()]))
+
+
+# -- the space --------------------------------------------------------------------------------------
+def options(profile: StreamProfile) -> dict[str, list[str]]:
+    """Member → the devices it was measured on (the source stays on the CPU)."""
+    return {s.name: (["cpu"] if s.role == "source" else [d for d in profile.devices if d in s.seconds])
+            for s in profile.stages}
+
+
+def worker_options(profile: StreamProfile, member: str, kind: str = "thread") -> list[int]:
+    st = profile.stage(member)
+    if member == profile.source:
+        return list(range(0, min(profile.cores, 8) + 1)) if profile.source_kind != "iterable" else [1]
+    most = max([1, *[r.workers for r in st.scaling if r.kind == kind]])
+    return list(range(1, most + 1))
+
+
+def kind_options(profile: StreamProfile, member: str) -> list[str]:
+    """``thread``, and ``process`` where the profile measured process workers for the stage."""
+    st = profile.stage(member)
+    return ["thread", *(["process"] if st.role == "batch" and any(r.kind == "process" for r in st.scaling) else [])]
+
+
+def cache_options(profile: StreamProfile, epochs: int) -> list[str | None]:
+    if epochs < 2 or not profile.batches_per_epoch:
+        return [None]
+    # after a per-batch stage only: the runner offers batches to its cache as stages finish them
+    return [None, *[s.name for s in profile.stages if s.cacheable and s.role == "batch"]]
+
+
+def torch_options(profile: StreamProfile, place: dict[str, str]) -> list[int | None]:
+    """torch's own intra-op threads, and each other count measured for a step on the CPU."""
+    if place.get(profile.step) != "cpu":
+        return [None]
+    return [None, *sorted(profile.stage(profile.step).torch_seconds)]
+
+
+def pin_options(profile: StreamProfile) -> list[bool]:
+    both = any({"pinned", "pageable"} <= set(c.seconds) for c in profile.copies)
+    return [True, False] if both else [True]
+
+
+def cpu_members(profile: StreamProfile, place: dict[str, str]) -> list[str]:
+    """Members whose workers matter under ``place``: CPU batch stages, and a DataLoader source."""
+    out = [s.name for s in profile.stages if s.role == "batch" and place[s.name] == "cpu"]
+    return ([profile.source] if profile.source_kind != "iterable" else []) + out
+
+
+def candidates(profile: StreamProfile, epochs: int) -> Iterator[Candidate]:
+    """Every candidate of the space, placements first."""
+    opts = options(profile)
+    names = list(opts)
+    for devs in itertools.product(*(opts[n] for n in names)):
+        place = tuple(zip(names, devs))
+        cpu = cpu_members(profile, dict(place))
+        for kinds in itertools.product(*(kind_options(profile, m) for m in cpu)):
+            procs = tuple(m for m, k in zip(cpu, kinds) if k == "process")
+            for ws in itertools.product(*(worker_options(profile, m, k) for m, k in zip(cpu, kinds))):
+                for cache in cache_options(profile, epochs):
+                    for pin in pin_options(profile):
+                        for threads in torch_options(profile, dict(place)):
+                            yield make(place, dict(zip(cpu, ws)), cache=cache, pin=pin, processes=procs,
+                                       threads=threads)
+        for cache in cache_options(profile, epochs):
+            for pin in pin_options(profile):
+                for threads in torch_options(profile, dict(place)):
+                    yield make(place, {}, cache=cache, pin=pin, threads=threads, sequential=True)
+
+
+def space_size(profile: StreamProfile, epochs: int) -> int:
+    opts = options(profile)
+    total = 0
+    for devs in itertools.product(*opts.values()):
+        n = len(torch_options(profile, dict(zip(opts, devs))))
+        for m in cpu_members(profile, dict(zip(opts, devs))):
+            n *= sum(len(worker_options(profile, m, k)) for k in kind_options(profile, m))
+        total += n + len(torch_options(profile, dict(zip(opts, devs))))  # and one batch at a time
+    return total * len(cache_options(profile, epochs)) * len(pin_options(profile))
+
+
+# -- scoring and searching --------------------------------------------------------------------------
+class Scorer:
+    """Predictions of candidates under one objective (cached)."""
+
+    def __init__(self, profile: StreamProfile, objective: str, epochs: int):
+        self.profile, self.objective, self.epochs = profile, objective, epochs
+        self.seen: dict[Candidate, Prediction] = {}
+
+    def predict(self, c: Candidate) -> Prediction:
+        if c not in self.seen:
+            self.seen[c] = predict(self.profile, c.place, c.settings, epochs=self.epochs)
+        return self.seen[c]
+
+    def value(self, pred: Prediction) -> float:
+        """Larger is better: samples per second, or the mean over the epochs for total time."""
+        return pred.mean_samples_per_s if self.objective == "total_time" else pred.samples_per_s
+
+    def score(self, c: Candidate) -> float:
+        return self.value(self.predict(c))
+
+
+def tie_cost(c: Candidate, rule: dict[str, str], profile: StreamProfile | None = None) -> tuple:
+    """Among ties: fewer workers, threads rather than processes, no cache (else the latest cache point:
+    it removes the most work from later epochs), torch's own threads, fewer departures from the rule of
+    thumb."""
+    s = c.settings
+    later = -profile.members.index(s.cache) if profile is not None and s.cache in profile.members else 0
+    return (sum(c.workers.values()), len(c.processes), s.cache is not None, later,
+            s.torch_threads is not None, sum(rule.get(m) != d for m, d in c.placement))
+
+
+def search(profile: StreamProfile, scorer: Scorer, rule: Candidate) -> tuple[list[Candidate], str, int]:
+    """The candidates best first (ties broken by :func:`tie_cost`), how they were searched, and how many."""
+    size = space_size(profile, scorer.epochs)
+    if size <= EXHAUSTIVE_LIMIT:
+        pool = list(candidates(profile, scorer.epochs))
+        how = f"exhaustive over {size:,} candidates"
+    else:
+        pool = _climb(profile, scorer, rule)
+        how = f"hill climbing from the rule of thumb ({size:,} candidates is too many to try each)"
+    scored = sorted(pool, key=scorer.score, reverse=True)
+    top = scorer.score(scored[0])
+    place = rule.place
+    ties = sorted([c for c in scored if scorer.score(c) >= top * (1 - TIE)], key=lambda c: tie_cost(c, place, profile))
+    rest = [c for c in scored if c not in set(ties)]
+    return ties + rest, how, len(pool)
+
+
+def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Candidate]:
+    """Single changes: one member's device, one stage's workers, the cache point, pinned copies, one
+    batch at a time (or workers again)."""
+    place, s = c.place, c.settings
+    if s.sequential:
+        yield c.with_(workers=1, stage_workers={m: default_workers(profile, m) for m in cpu_members(profile, place)})
+    else:
+        yield c.with_(workers=0)
+    workers = c.workers
+    for m, devs in options(profile).items():
+        for d in devs:
+            if d != place[m]:
+                new = {**place, m: d}
+                ws = {k: workers.get(k, 1) for k in cpu_members(profile, new)}
+                yield c.with_(placement=tuple(new.items()), stage_workers=ws)
+    for m in cpu_members(profile, place) if not s.sequential else []:
+        kind = s.kind_of(m)
+        for w in worker_options(profile, m, kind):
+            if w != workers.get(m):
+                yield c.with_(stage_workers={**workers, m: w})
+        for other in kind_options(profile, m):
+            if other != kind:
+                kinds = {p: k for p, k in s.worker_kind.items() if p != m} | ({m: other} if other != "thread" else {})
+                w = min(workers.get(m, 1), max(worker_options(profile, m, other)))
+                yield c.with_(worker_kind=kinds, stage_workers={**workers, m: w})
+    for cache in cache_options(profile, epochs):
+        if cache != s.cache:
+            yield c.with_(cache=cache)
+    for threads in torch_options(profile, place):
+        if threads != s.torch_threads:
+            yield c.with_(torch_threads=threads)
+    for pin in pin_options(profile):
+        if pin != s.pin_memory:
+            yield c.with_(pin_memory=pin)
+
+
+def _climb(profile: StreamProfile, scorer: Scorer, start: Candidate) -> list[Candidate]:
+    seen = [start]
+    cur = start
+    while True:
+        near = list(neighbours(profile, cur, scorer.epochs))
+        seen += near
+        best = max(near, key=scorer.score, default=cur)
+        if scorer.score(best) <= scorer.score(cur) * (1 + 1e-9):
+            return seen
+        cur = best
+
+
+# -- the rule of thumb -----------------------------------------------------------------------------
+def rule_of_thumb(profile: StreamProfile) -> dict[str, str]:
+    """Preprocess on the CPU, train or infer on the first accelerator (where each can run)."""
+    opts = options(profile)
+    accel = next((d for d in profile.devices if d != "cpu"), None)
+    out = {}
+    for s in profile.stages:
+        want = accel if s.role == "step" and s.kind in ("training", "inference") and accel else "cpu"
+        out[s.name] = want if want in opts[s.name] else opts[s.name][0]
+    return out
+
+
+def rule_candidate(profile: StreamProfile, place: dict[str, str], workers: int = 1, cache: str | None = None,
+               pin: bool = True) -> Candidate:
+    ws = {m: (workers if m != profile.source else source_default(profile)) for m in cpu_members(profile, place)}
+    return make(tuple(place.items()), ws, cache=cache, pin=pin)
+
+
+def default_workers(profile: StreamProfile, member: str) -> int:
+    return source_default(profile) if member == profile.source else 1
+
+
+def source_default(profile: StreamProfile) -> int:
+    return profile.loader.num_workers if profile.loader is not None else 0

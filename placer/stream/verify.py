@@ -1,0 +1,138 @@
+"""Verifying a stream plan by running the best few candidates, interleaved, several rounds.
+
+May import: placer.pipeline, placer.devices, placer.errors, placer.data.stream,
+placer.stream.search; placer.executor.stream (the runner) inside :func:`measure`.
+
+The model's prediction decides the ranking; short measured runs of the best few
+distinct candidates (:func:`verify`) replace the predicted best only when another ran
+faster by more than the runs' spread, in most rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from placer.data.stream import StreamProfile, StreamSettings, Verification
+from placer.devices import Inventory
+from placer.errors import PlacerError
+from placer.pipeline import Pipeline
+from placer.stream.search import Candidate, Scorer
+
+#: candidates verified by short measured runs when the budget allows
+VERIFY = 3
+
+
+#: rounds of verification runs (each round runs every candidate once, in turn): at least the first,
+#: the rest while the budget lasts
+VERIFY_ROUNDS = 5
+
+
+MIN_VERIFY_ROUNDS = 3
+
+
+#: the fewest batches of one verification run
+VERIFY_BATCHES = 12
+
+
+#: the least measured gain over the predicted best that replaces it
+MIN_GAIN = 0.05
+
+
+def measure(pipeline: Pipeline, source: str, placement: dict[str, str], config: StreamSettings,
+            inventory: Inventory, consts: dict[str, Any]) -> tuple[float, int]:
+    """Samples per second (steady state) and batches of a short run of one stream."""
+    from placer.executor.stream.runner import StreamRun
+
+    devices = {m: inventory.resolve(d, stage=m) for m, d in placement.items()}
+    _, stats = StreamRun(pipeline, source, devices, consts, config).run()
+    return stats.samples_per_s, stats.batches
+
+
+def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], scorer: Scorer,
+           inventory: Inventory, consts: dict[str, Any], budget_s: float) -> tuple[Candidate, list[Verification]]:
+    """Run the best few distinct candidates (one of them with other torch intra-op threads for a step on
+    the CPU, where the profile measured them), interleaved, several rounds; keep the predicted best
+    unless another measured faster by more than the noise.
+
+    Every round runs each candidate once, in turn, so that a change of load on a shared
+    machine falls on all of them alike; each run reads as many batches as the budget
+    allows at the candidate's rate (predicted, then as measured; at least
+    :data:`VERIFY_BATCHES`, at most the stream's whole length). Three rounds always run,
+    up to five while the budget lasts. The predicted best is replaced only by a candidate
+    whose median exceeds its own by more than :data:`MIN_GAIN` *and* that ran faster
+    than it in most rounds (the noise of a shared machine moves whole rounds; within a
+    round it mostly cancels); among several, the fastest median.
+    """
+    top = _distinct(ranked, VERIFY)
+    total = (profile.batches_per_epoch or 0) * scorer.epochs or None
+    rounds = VERIFY_ROUNDS
+    runs: dict[int, list[tuple[float, int, float]]] = {i: [] for i in range(len(top))}
+    skipped: set[int] = set()
+    t_end = time.perf_counter() + budget_s
+    for r in range(rounds):
+        for i, c in enumerate(top):
+            if i in skipped or (r >= MIN_VERIFY_ROUNDS and time.perf_counter() > t_end):
+                continue
+            share = budget_s / (len(top) * MIN_VERIFY_ROUNDS)
+            rate = scorer.predict(c).batches_per_s  # then as measured: a model that is off sizes runs badly
+            if runs[i]:
+                rate = statistics.median(b / t for _, b, t in runs[i] if t > 0)
+            n = max(VERIFY_BATCHES, int(rate * share * 0.8))
+            n = min(n, total) if total else n
+            t = time.perf_counter()
+            try:
+                sps, b = measure(pipeline, profile.source, c.place, c.settings.override(max_batches=n), inventory,
+                                 consts)
+                runs[i].append((sps, b, time.perf_counter() - t))
+            except PlacerError:  # a setting this executor cannot run here: not verified
+                skipped.add(i)
+    done = [i for i in range(len(top)) if runs[i]]
+    if 0 not in done:
+        return top[0], []
+    med = {i: statistics.median(x for x, _, _ in runs[i]) for i in done}
+    rows = [Verification(name="plan" if i == 0 else f"candidate {i + 1}", placement=top[i].place,
+                         config=top[i].settings.decisions(),
+                         predicted_samples_per_s=scorer.score(top[i]),
+                         measured_samples_per_s=med[i], batches=runs[i][-1][1],
+                         runs=[x for x, _, _ in runs[i]]) for i in done]
+    better = [i for i in done[1:] if med[i] > med[0] * (1 + MIN_GAIN) and _wins(runs[i], runs[0])]
+    chosen = top[max(better, key=lambda i: med[i])] if better else top[0]
+    return chosen, rows
+
+
+def _wins(mine: list[tuple[float, int, float]], plan: list[tuple[float, int, float]]) -> bool:
+    """Whether ``mine`` ran faster than the plan in most of the rounds both ran (at least two): runs of
+    one round share the machine's load of that moment, so comparing within rounds cancels most of it."""
+    pairs = list(zip(mine, plan))
+    return len(pairs) >= 2 and sum(a[0] > b[0] for a, b in pairs) * 2 > len(pairs)
+
+
+def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
+    """The first ``n`` candidates that differ in more than the workers of one stage by one; the last
+    place goes to the best with other torch intra-op threads for the step when none of them has other
+    threads (how a step shares the cores with workers is the model's least certain term, so it is
+    measured)."""
+    out: list[Candidate] = []
+    for c in ranked:
+        if all(_far(c, o) for o in out):
+            out.append(c)
+        if len(out) == n:
+            break
+    threads = out[0].settings.torch_threads if out else None
+    if len(out) > 1 and all(c.settings.torch_threads == threads for c in out):
+        other = next((c for c in ranked if c.settings.torch_threads != threads), None)
+        if other is not None:
+            out[-1] = other
+    return out
+
+
+def _far(a: Candidate, b: Candidate) -> bool:
+    """Whether ``a`` and ``b`` differ in more than the workers of one stage by one."""
+    # prefetch follows the workers (:func:`settled`)
+    rest = {"stage_workers", "prefetch"}
+    if a.placement != b.placement or a.settings.model_dump(exclude=rest) != b.settings.model_dump(exclude=rest):
+        return True
+    wa, wb = a.workers, b.workers
+    return sum(abs(wa.get(k, 1) - wb.get(k, 1)) for k in {*wa, *wb}) > 1

@@ -492,7 +492,8 @@ def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, placement: dic
         if better:
             mine = [m for m in stages if m in sp.placement]
             s = sp.settings
-            sp.settings = s.override(workers=max(1, s.workers), worker_kind={**s.worker_kind, **dict.fromkeys(mine, "dask")},
+            sp.settings = s.override(workers=max(1, s.workers),
+                                     worker_kind={**s.worker_kind, **dict.fromkeys(mine, "dask")},
                                      stage_workers={**s.stage_workers, **{m: offload.stage_workers[m] for m in mine}},
                                      prefetch=offload.prefetch)
     return kept

@@ -238,7 +238,8 @@ def test_advise_on_a_cluster_measures_the_streams_cpu_stages_there_and_keeps_the
     kinds = {s.name: s.worker_kind for s in advised.run.stages}
     on_cluster = other.name == "this machine only"
     assert (kinds["preprocess"] == "dask") == on_cluster, kinds
-    assert (plan.worker_kind.get("preprocess") == "dask") == on_cluster
+    assert (plan.settings.worker_kind.get("preprocess") == "dask") == on_cluster
+    assert type(plan).model_validate_json(plan.to_json()) == plan  # a plan kept on the cluster reloads
     assert advised.run.outputs_digest == sequential.outputs_digest
     assert all(r.outputs_digest == sequential.outputs_digest for r in advised.baselines.values())
 

@@ -114,3 +114,9 @@ def test_loader_settings_read_a_dataloader():
     assert (lo.num_workers, lo.prefetch_factor, lo.pin_memory, lo.persistent_workers) == (2, 3, False, True)
     assert LoaderSettings.of(DataLoader(list(range(8)))) == LoaderSettings()
     assert torch is not None
+
+
+def test_one_plans_config_is_its_own_settings():
+    for prof in (synthetic(), synthetic(cores=1, epochs=5, batches=10)):
+        plan, _, _ = plan_from_profile(prof)
+        assert stream_config(plan) == plan.settings

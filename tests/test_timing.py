@@ -195,7 +195,8 @@ def test_timings_keep_every_reading_under_its_key():
         t.add(("x", "host", "gpu"), c)
     t.add_seconds("pinned", 0.05)
     assert t.keys() == [("x", "host", "gpu"), "pinned"] and "pinned" in t and "other" not in t
-    assert t.wall(("x", "host", "gpu")).raw_times == [0.1, 0.2] and t.cpu(("x", "host", "gpu")).median_s == pytest.approx(0.075)
+    key = ("x", "host", "gpu")
+    assert t.wall(key).raw_times == [0.1, 0.2] and t.cpu(key).median_s == pytest.approx(0.075)
     assert "pinned" not in t.cpu_s  # no CPU reading given: none kept
 
 

@@ -379,7 +379,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
 
 def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, budget: _Budget,
            keep: list | None = None) -> Trial | None:
-    trial = run_loader(rebuild(loader, settings.model_copy(update={"persistent_workers": False})), step, batches=batches,
+    measured = settings.model_copy(update={"persistent_workers": False})
+    trial = run_loader(rebuild(loader, measured), step, batches=batches,
                        warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep)
     return None if trial is None else replace(trial, settings=settings)
 

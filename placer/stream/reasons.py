@@ -20,6 +20,7 @@ from placer.stream.model import Prediction, predict
 from placer.stream.search import (TIE, Candidate, Scorer, cpu_members, neighbours, options, rule_candidate,
                                   rule_of_thumb, worker_options)
 
+
 def device_title(profile: StreamProfile, device: str) -> str:
     """A device in words: ``the CPU``, ``GPU gpu:0``, ``gpu-sim (simulated test device)``."""
     if device == "cpu":
@@ -246,7 +247,8 @@ def _pin_reason(profile: StreamProfile, c: Candidate) -> str:
     if both:
         pin = sum(x.seconds["pinned"] for x in both)
         page = sum(x.seconds["pageable"] for x in both)
-        return (f"pin_memory={c.settings.pin_memory}: copies to the GPU take {fmt_s(pin)} pinned, {fmt_s(page)} pageable "
+        return (f"pin_memory={c.settings.pin_memory}: copies to the GPU take {fmt_s(pin)} pinned, "
+                f"{fmt_s(page)} pageable "
                 "per batch (all values measured)")
     sims = [d for d in profile.devices if d in profile.simulated]
     if sims:

@@ -28,12 +28,8 @@ from placer.stream.model import Prediction, predict
 
 #: candidates searched exhaustively; beyond it, hill climbing
 EXHAUSTIVE_LIMIT = 20_000
-
-
 #: candidates within this relative distance of the best count as ties (fewer workers win)
 TIE = 0.01
-
-
 #: the most batches a queue holds
 MAX_PREFETCH = 8
 

@@ -22,20 +22,12 @@ from placer.stream.search import Candidate, Scorer
 
 #: candidates verified by short measured runs when the budget allows
 VERIFY = 3
-
-
 #: rounds of verification runs (each round runs every candidate once, in turn): at least the first,
 #: the rest while the budget lasts
 VERIFY_ROUNDS = 5
-
-
 MIN_VERIFY_ROUNDS = 3
-
-
 #: the fewest batches of one verification run
 VERIFY_BATCHES = 12
-
-
 #: the least measured gain over the predicted best that replaces it
 MIN_GAIN = 0.05
 

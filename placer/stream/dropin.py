@@ -344,7 +344,7 @@ def _cores() -> int:
 
 
 # -- the advice ----------------------------------------------------------------------------
-class _Clock:
+class _Budget:
     """Splits what is left of the budget evenly over the runs still to come."""
 
     def __init__(self, budget_s: float, runs: int):
@@ -388,7 +388,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
 
     user = settings_of(loader)
     cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
-    clock = _Clock(budget_s, runs=len(cands) + 4)
+    clock = _Budget(budget_s, runs=len(cands) + 4)
     with _random_state_kept(loader):
         kept: list = []
         mine = _must(_trial(loader, user, step, batches, dev, clock, keep=kept))
@@ -404,7 +404,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     return _advice(mine, best, trials, step_rate, alone, dev, threads, loader, time.perf_counter() - t0)
 
 
-def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, clock: _Clock,
+def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, clock: _Budget,
            keep: list | None = None) -> Trial | None:
     trial = run_loader(rebuild(loader, replace(settings, persistent_workers=False)), step, batches=batches,
                        warmup=max(1, settings.num_workers), device=dev, deadline=clock.deadline(), keep=keep)
@@ -432,7 +432,7 @@ def choose(user: Trial, trials: list[Trial]) -> Trial:
     return min(fewer, key=lambda t: t.settings.cost()) if fewer else user
 
 
-def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, clock: _Clock,
+def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, clock: _Budget,
                  trials: list[Trial]) -> tuple[Trial, dict[str, Any] | None]:
     """With worker processes on the same cores, fewer intra-op threads for the step may help."""
     now = best.settings.torch_threads

@@ -199,7 +199,7 @@ def _remote_profile(payload: bytes, devices: list[str], size: int | None, budget
     from placer.profile import profile
 
     inv = discover()
-    # a CPU stage on this worker gets its threads, as in a run (see _remote_stage)
+    # a CPU stage on this worker gets its threads, as in a run (see placer.executor.distributed.tasks.stage_task)
     cpu = inv.get("cpu").model_copy(update={"workers": get_worker().state.nthreads})
     inv = inv.model_copy(update={"devices": [cpu if d.name == "cpu" else d for d in inv.devices]})
     return profile(cloudpickle.loads(payload), size=size, budget_s=budget_s, devices=devices,

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "placer"
+ARCHITECTURE = PKG.parent / "docs" / "architecture.md"
 
 
 def paths() -> dict[str, Path]:
@@ -249,3 +250,34 @@ def test_every_module_imports_only_what_its_may_import_line_names(name):
                          if mod != own and not mod.startswith(own + ".")
                          and not any(mod == d or mod.startswith(d + ".") for d in declared)})
     assert not undeclared, f"{name} imports what its 'May import' line does not name: {undeclared}"
+
+
+def documented_imports() -> dict[str, set[str]]:
+    """The block under "Imports between packages" in docs/architecture.md: package -> packages it may import."""
+    text = ARCHITECTURE.read_text()
+    section = text[text.index("## Imports between packages"):]
+    block = re.search(r"```\n(.*?)```", section, re.S)
+    assert block is not None, "docs/architecture.md: no block of allowed imports under 'Imports between packages'"
+    out = {}
+    for line in block.group(1).splitlines():
+        found = re.match(r"(\S+)\s+->\s*([^(]*)", line)
+        assert found, f"docs/architecture.md: cannot read {line!r} (write 'package -> a, b')"
+        out[found.group(1)] = {m.strip() for m in found.group(2).split(",") if m.strip()}
+    return out
+
+
+def test_every_package_imports_only_what_docs_architecture_allows():
+    allowed = documented_imports()
+    packages = {package_of(n) for n in MODULES} - {"placer"}
+    assert packages <= set(allowed), f"docs/architecture.md does not list {sorted(packages - set(allowed))}"
+    extra = []
+    for (a, b), where in sorted(package_graph().items()):
+        if b not in allowed.get(a, set()):
+            extra.append(f"{a} -> {b} ({where[0]}{f' and {len(where) - 1} more' if len(where) > 1 else ''})")
+    assert not extra, "imports between packages that docs/architecture.md does not allow:\n" + "\n".join(extra)
+
+
+def test_the_documented_imports_are_read():
+    allowed = documented_imports()
+    assert "stream" not in allowed["executor"] and "executor" in allowed["stream"]
+    assert allowed["errors"] == set() and "site" not in allowed["cluster"]

@@ -186,10 +186,15 @@ def test_two_gpu_workers_are_two_devices_profiled_once_and_both_used():
     from placer.executor.distributed import WorkerInfo, cluster_devices
 
     h200 = [("NVIDIA H200", 141 << 30)]
+    # what each GPU worker's discovery reports: its own gpu:0
+    found = [{"name": "gpu:0", "kind": "gpu", "index": 0, "label": "NVIDIA H200", "memory_bytes": 141 << 30,
+              "backends": ["torch"]}]
     workers = [
         WorkerInfo(address="tcp://10.0.0.6:1", name="cpu0", nthreads=8),
-        WorkerInfo(address="tcp://10.0.0.7:1", name="g0", nthreads=1, resources={"GPU": 1}, gpus=h200),
-        WorkerInfo(address="tcp://10.0.0.8:1", name="g1", nthreads=1, resources={"GPU": 1}, gpus=h200),
+        WorkerInfo(address="tcp://10.0.0.7:1", name="g0", nthreads=1, resources={"GPU": 1}, gpus=h200,
+                   accelerators=found),
+        WorkerInfo(address="tcp://10.0.0.8:1", name="g1", nthreads=1, resources={"GPU": 1}, gpus=h200,
+                   accelerators=found),
     ]
     inv = cluster_devices(_FakeClient(), workers)
     assert [d.name for d in inv.devices if d.kind == "gpu"] == ["gpu:0", "gpu:1"]

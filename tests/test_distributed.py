@@ -129,8 +129,9 @@ def _free_port() -> int:
 
 def test_unreachable_scheduler_is_a_clear_error_within_the_timeout(monkeypatch):
     from placer.executor import distributed as dist
+    from placer.executor.distributed import connection
 
-    monkeypatch.setattr(dist, "CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(connection, "CONNECT_TIMEOUT_S", 1.0)
     address = f"tcp://127.0.0.1:{_free_port()}"
     t0 = time.monotonic()
     with pytest.raises(dist.SchedulerUnreachableError, match=f"{address}.*dask scheduler"):

@@ -36,13 +36,13 @@ import hashlib
 import sys
 import sysconfig
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from placer.errors import DeviceError
-from placer.pipeline import Stage
+from placer.pipeline import Pipeline, Stage
 
 #: how deep :func:`find_unpicklable` looks into functions, containers and objects
 _DEPTH = 6
@@ -416,6 +416,39 @@ def _global_names(code: types.CodeType) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+
+# -- a pipeline's stages and modules, for a cluster or a fresh process ----------------------
+def ship_by_value(fns: Sequence[Any]) -> None:
+    """Have cloudpickle pickle these functions' modules by value when they are not installed.
+
+    For one fresh process that takes the parent's ``sys.path`` (a stream's process
+    workers); dask workers get the modules as source instead (:mod:`placer.executor.shipping`).
+    """
+    import cloudpickle
+
+    registered = set(cloudpickle.list_registry_pickle_by_value())
+    for fn in fns:
+        name = getattr(fn, "__module__", None)
+        if name and name != "__main__" and name not in registered and not installed(name):
+            cloudpickle.register_pickle_by_value(sys.modules[name])
+            registered.add(name)
+
+
+def stage_payloads(pipeline: Pipeline, modules: Sequence[ModuleSource] = ()) -> dict[str, bytes]:
+    """Each stage, pickled for the workers, which have ``modules`` (see :func:`ship_code`).
+
+    Raises
+    ------
+    ShippingError
+        Naming the stage and the object that cannot be pickled.
+    """
+    return {n: dumps_stage(st, modules) for n, st in pipeline.stages.items()}
+
+
+def ship_code(client: Any, pipeline: Pipeline) -> list[ModuleSource]:
+    """Install the pipeline's modules that are not installed on the cluster's workers."""
+    return ship_modules(client, stage_objects(pipeline.stages.values()))
+
 __all__ = [
     "ModuleSource",
     "ShippingError",
@@ -424,7 +457,10 @@ __all__ = [
     "install",
     "installed",
     "modules_to_ship",
+    "ship_by_value",
+    "ship_code",
     "ship_modules",
     "stage_objects",
+    "stage_payloads",
     "unpicklable_stage",
 ]

@@ -1,7 +1,7 @@
 """Process workers for a per-batch CPU stage: one child process per worker thread.
 
 May import: placer.pipeline, placer.devices, placer.errors, placer.executor.stagecall,
-placer.executor.distributed, placer.executor.stream.config; cloudpickle inside functions.
+placer.executor.shipping, placer.executor.stream.config; cloudpickle inside functions.
 
 Pure-Python per-sample code holds the GIL, so thread workers of such a stage run
 one at a time. With ``StreamConfig(worker_kind={stage: "process"})`` each of the
@@ -46,7 +46,7 @@ from typing import Any
 
 from placer.devices import Device
 from placer.errors import PlacerError
-from placer.executor.distributed import ship_by_value
+from placer.executor.shipping import ship_by_value
 from placer.executor.stagecall import call_stage
 from placer.executor.stream.config import BatchInfo
 from placer.pipeline import BATCH_INFO, Stage

@@ -33,7 +33,7 @@ CASES = {
                            ["--num-workers", "2", "--worker-kind", "thread", "--cache"]]),
     "mlp_big_train": (["--size", "64", "--epochs", "2", "--batch-size", "16", "--width", "64"],
                       [["--num-workers", "2"]]),
-    "numpy_augment_infer": (["--size", "8", "--batch-size", "4"],
+    "numpy_augment_infer": (["--size", "6", "--batch-size", "2"],
                             [["--num-workers", "2"], ["--num-workers", "2", "--worker-kind", "thread"]]),
 }
 

@@ -370,19 +370,23 @@ def main() -> None:
 
     t0 = time.perf_counter()
     load_start = [round(x, 2) for x in os.getloadavg()]
-    with tempfile.TemporaryDirectory(prefix="plain_grid_") as data:
-        results = [bench_script(n, a, Path(data), log) for n in names]
-    mode = "quick" if a.quick else "full"
-    doc = {"machine": describe(), "mode": mode, "load_start": load_start,
-           "load_end": [round(x, 2) for x in os.getloadavg()], "seconds": round(time.perf_counter() - t0, 1),
-           "command": " ".join(["python benchmarks/plain_grid.py", *sys.argv[1:]]),
-           "settings": {"repeats": a.repeats, "final_rounds": a.final_rounds, "top": a.top, "cores": os.cpu_count()},
-           "scripts": results}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"plain-{a.machine}" + ("-quick" if a.quick else "")
-    _write(out / f"{stem}.json", json.dumps(doc, indent=1))
-    _write(out / f"{stem}.md", markdown(doc))
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="plain_grid_") as data:
+        for n in names:
+            results.append(bench_script(n, a, Path(data), log))
+            # after every script, so that a long run keeps what it measured
+            doc = {"machine": describe(), "mode": "quick" if a.quick else "full", "load_start": load_start,
+                   "load_end": [round(x, 2) for x in os.getloadavg()],
+                   "seconds": round(time.perf_counter() - t0, 1),
+                   "command": " ".join(["python benchmarks/plain_grid.py", *sys.argv[1:]]),
+                   "settings": {"repeats": a.repeats, "final_rounds": a.final_rounds, "top": a.top,
+                                "cores": os.cpu_count()},
+                   "scripts": results}
+            _write(out / f"{stem}.json", json.dumps(doc, indent=1))
+            _write(out / f"{stem}.md", markdown(doc))
     log(f"wrote {out / stem}.json and .md")
 
 

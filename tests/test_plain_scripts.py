@@ -74,3 +74,24 @@ def test_digest_sees_other_data(tmp_path, capsys, monkeypatch):
     a = run("mlp_big_train", base, capsys, monkeypatch)
     b = run("mlp_big_train", [*base, "--seed", "1"], capsys, monkeypatch)
     assert a["digest"] != b["digest"]
+
+
+def test_grid_cells_are_the_scripts_flags():
+    """Every grid cell is distinct and reads back from the flags the runner passes the script."""
+    sys.path.insert(0, str(PLAIN.parent))
+    try:
+        import plain_grid
+    finally:
+        sys.path.remove(str(PLAIN.parent))
+    for script, spec in plain_grid.SCRIPTS.items():
+        cells = plain_grid.grid(script, cores=2, gpu=False)
+        assert len(set(cells)) == len(cells)
+        assert {c.num_workers for c in cells} == {0, 1, 2, 3, 4}
+        assert ({c.worker_kind for c in cells} == {"process", "thread"}) == spec["thread"]
+        assert any(c.cache for c in cells) == spec["cache"]
+        for c in cells:
+            assert plain_grid.config_from_flags(" ".join(c.args())) == c
+    advice = {"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True, "pin_memory": False,
+              "torch_threads": 1, "worker_kind": "processes"}
+    assert plain_grid.config_from_advice(advice).args() == [
+        "--num-workers", "2", "--prefetch-factor", "4", "--persistent-workers", "--threads", "1"]

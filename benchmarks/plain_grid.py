@@ -381,7 +381,7 @@ def main() -> None:
             doc = {"machine": describe(), "mode": "quick" if a.quick else "full", "load_start": load_start,
                    "load_end": [round(x, 2) for x in os.getloadavg()],
                    "seconds": round(time.perf_counter() - t0, 1),
-                   "command": " ".join(["python benchmarks/plain_grid.py", *sys.argv[1:]]),
+                   "command": shlex.join(["python", "benchmarks/plain_grid.py", *sys.argv[1:]]),
                    "settings": {"repeats": a.repeats, "final_rounds": a.final_rounds, "top": a.top,
                                 "cores": os.cpu_count()},
                    "scripts": results}

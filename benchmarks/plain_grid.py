@@ -1,0 +1,394 @@
+"""Plain scripts under an exhaustive grid of loader settings, and given settings scored against its best.
+
+Each script of ``benchmarks/plain/`` is an ordinary PyTorch program (a Dataset with
+its work in ``__getitem__``, a DataLoader, a model, an epoch loop) with flags for
+its loader settings; its last line of output is JSON with its loop's seconds,
+samples/s and a digest of every batch it read. This benchmark runs each script as a
+subprocess:
+
+1. **as written** (no loader flags): the reference, which also writes the script's
+   data once into a shared folder;
+2. **the grid**: every combination of ``num_workers`` 0 to twice the cores, worker
+   processes or (where the script has a thread-pool loader) threads, prefetch 1, 2,
+   4, 8, persistent workers off and on (processes), torch intra-op threads 1 to the
+   cores, the script's ``--cache`` off and on (where it has one) and pinned memory
+   (only with a GPU); every configuration repeated (``--repeats``, at least 3),
+   round-robin (each round runs every configuration once, in a shuffled order), with
+   its median and spread;
+3. **the final comparison**: the grid's best few (by median), the script as written
+   and the configurations to score, run again interleaved for ``--final-rounds``
+   rounds; each scored configuration's median over the best median of the final
+   round (the grid's best is a maximum over many noisy cells, which flatters it,
+   so it is re-measured beside the scored ones).
+
+Configurations to score: ``--advise`` runs each script that has a
+``--placer-advice`` flag once with it (the drop-in, ``placer.stream.advise_loader``,
+applied as a user would) and scores the settings it recommended; ``--score``
+adds any other, e.g. the pipeline form's choice written as the script's flags:
+``--score "images_train:pipeline=--num-workers 2 --worker-kind thread --prefetch-factor 4"``.
+Every run's digest is checked against the run as written: a setting must not change
+the batches a script reads.
+
+Results: ``benchmarks/results/plain-<machine>.json`` (every run) and ``.md`` (the
+tables), naming the machine and its load average at the start and the end.
+
+Usage
+-----
+    python benchmarks/plain_grid.py --quick                       # a smoke run: tiny sizes, a few cells
+    python benchmarks/plain_grid.py --scripts audio_cache_train --advise
+    python benchmarks/plain_grid.py --advise --repeats 3 --final-rounds 5   # the full grid: hours on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PLAIN = HERE / "plain"
+sys.path.insert(0, str(HERE))
+
+from _machine import describe  # noqa: E402
+
+#: name -> the script's file, whether it has a thread-pool loader (--worker-kind thread) and
+#: --cache, and the sizes of a --quick run
+SCRIPTS = {
+    "images_train": dict(thread=True, cache=False, quick=["--size", "96", "--epochs", "2"]),
+    "table_train": dict(thread=False, cache=False, quick=["--size", "384", "--epochs", "2"]),
+    "text_infer": dict(thread=True, cache=False, quick=["--size", "256", "--epochs", "1"]),
+    "audio_cache_train": dict(thread=True, cache=True, quick=["--size", "48", "--epochs", "3"]),
+    "mlp_big_train": dict(thread=False, cache=False, quick=["--size", "256", "--epochs", "2"]),
+    "numpy_augment_infer": dict(thread=True, cache=False, quick=["--size", "64", "--epochs", "1"]),
+}
+PREFETCH = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Loader settings of one run, as the scripts' flags."""
+
+    num_workers: int = 0
+    worker_kind: str = "process"
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    pin_memory: bool = False
+    threads: int | None = None
+    cache: bool = False
+
+    def args(self) -> list[str]:
+        out = []
+        if self.num_workers:
+            out += ["--num-workers", str(self.num_workers)]
+            if self.worker_kind != "process":
+                out += ["--worker-kind", self.worker_kind]
+            if self.prefetch_factor is not None:
+                out += ["--prefetch-factor", str(self.prefetch_factor)]
+            if self.persistent_workers:
+                out.append("--persistent-workers")
+        if self.pin_memory:
+            out.append("--pin-memory")
+        if self.threads is not None:
+            out += ["--threads", str(self.threads)]
+        if self.cache:
+            out.append("--cache")
+        return out
+
+    def label(self) -> str:
+        if not self.num_workers:
+            parts = ["0 workers"]
+        else:
+            kind = "thread" if self.worker_kind == "thread" else "proc"
+            parts = [f"{self.num_workers} {kind}", f"prefetch {self.prefetch_factor or 2}"]
+            parts += ["persistent"] if self.persistent_workers else []
+        parts += ["pinned"] if self.pin_memory else []
+        parts += [f"torch threads {self.threads}"] if self.threads is not None else []
+        parts += ["cache"] if self.cache else []
+        return ", ".join(parts)
+
+
+def config_from_flags(flags: str) -> Config:
+    """A configuration from the scripts' flags, e.g. ``--num-workers 2 --prefetch-factor 4``."""
+    ap = argparse.ArgumentParser(prog="--score", add_help=False, exit_on_error=False)
+    ap.add_argument("--num-workers", type=int, default=0)
+    ap.add_argument("--worker-kind", choices=["process", "thread"], default="process")
+    ap.add_argument("--prefetch-factor", type=int, default=None)
+    ap.add_argument("--persistent-workers", action="store_true")
+    ap.add_argument("--pin-memory", action="store_true")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--cache", action="store_true")
+    a = ap.parse_args(shlex.split(flags))
+    return Config(a.num_workers, a.worker_kind, a.prefetch_factor, a.persistent_workers, a.pin_memory,
+                  a.threads, a.cache)
+
+
+def config_from_advice(advice: dict) -> Config:
+    """The drop-in's recommended settings (``LoaderSettings.as_dict()``) as the scripts' flags."""
+    w = int(advice["num_workers"])
+    return Config(num_workers=w, prefetch_factor=advice.get("prefetch_factor") if w else None,
+                  persistent_workers=bool(w and advice.get("persistent_workers")),
+                  pin_memory=bool(advice.get("pin_memory")), threads=advice.get("torch_threads"))
+
+
+def grid(script: str, cores: int, gpu: bool) -> list[Config]:
+    """Every configuration of the exhaustive grid for one script."""
+    spec = SCRIPTS[script]
+    loaders: list[dict] = [dict(num_workers=0)]
+    for w in range(1, 2 * cores + 1):
+        for pf in PREFETCH:
+            loaders += [dict(num_workers=w, prefetch_factor=pf, persistent_workers=p) for p in (False, True)]
+            if spec["thread"]:
+                loaders.append(dict(num_workers=w, worker_kind="thread", prefetch_factor=pf))
+    out = []
+    for loader, threads, cache, pin in itertools.product(
+            loaders, range(1, cores + 1), (False, True) if spec["cache"] else (False,),
+            (False, True) if gpu else (False,)):
+        out.append(Config(**loader, threads=threads, cache=cache, pin_memory=pin))
+    return out
+
+
+def quick_grid(script: str) -> list[Config]:
+    """A few cells for a smoke run: no workers, two processes, two threads, the cache."""
+    spec = SCRIPTS[script]
+    out = [Config(threads=1), Config(num_workers=2, prefetch_factor=2, threads=1)]
+    if spec["thread"]:
+        out.append(Config(num_workers=2, worker_kind="thread", prefetch_factor=2, threads=1))
+    if spec["cache"]:
+        out.append(Config(threads=1, cache=True))
+    return out
+
+
+# -- running -------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One run of a script: what it printed last (JSON) or why it failed."""
+
+    script: str
+    label: str
+    args: list[str]
+    phase: str
+    wall_s: float
+    ok: bool
+    seconds: float | None = None
+    samples_per_s: float | None = None
+    digest: str | None = None
+    result: float | None = None
+    advice: dict | None = None
+    error: str | None = None
+    output: str | None = field(default=None, repr=False)
+
+
+def run_script(script: str, config: Config | None, *, base: list[str], phase: str, timeout_s: float,
+               extra: list[str] = (), label: str | None = None, keep_output: bool = False) -> Run:
+    args = [*(config.args() if config else []), *extra]
+    cmd = [sys.executable, str(PLAIN / f"{script}.py"), *base, *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    label = label or (config.label() if config else "as written")
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return Run(script, label, args, phase, time.perf_counter() - t0, False, error=f"timed out after {timeout_s} s")
+    wall = time.perf_counter() - t0
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or not lines:
+        return Run(script, label, args, phase, wall, False, error=(p.stderr or p.stdout)[-2000:],
+                   output=p.stdout[-8000:])
+    try:
+        out = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return Run(script, label, args, phase, wall, False, error=f"last line is not JSON: {lines[-1][:200]}")
+    return Run(script, label, args, phase, wall, True, seconds=out["seconds"], samples_per_s=out["samples_per_s"],
+               digest=out["digest"], result=out.get("result"), advice=out.get("advice"),
+               output=p.stdout[-8000:] if keep_output else None)
+
+
+def stats(runs: list[Run]) -> dict:
+    rates = [r.samples_per_s for r in runs if r.ok]
+    if not rates:
+        return {"runs": len(runs), "ok": 0, "median": None, "min": None, "max": None, "spread": None}
+    med = statistics.median(rates)
+    return {"runs": len(runs), "ok": len(rates), "median": round(med, 2), "min": round(min(rates), 2),
+            "max": round(max(rates), 2), "spread": round((max(rates) - min(rates)) / med, 3)}
+
+
+def interleaved(script: str, configs: dict[str, Config], rounds: int, *, base, phase, timeout_s, seed,
+                log) -> dict[str, list[Run]]:
+    """``rounds`` rounds, each running every configuration once in a shuffled order."""
+    runs: dict[str, list[Run]] = {k: [] for k in configs}
+    rng = random.Random(seed)
+    for r in range(rounds):
+        order = list(configs)
+        rng.shuffle(order)
+        for k in order:
+            run = run_script(script, configs[k], base=base, phase=phase, timeout_s=timeout_s, label=k)
+            runs[k].append(run)
+            log(f"  {phase} round {r + 1}/{rounds} {k}: "
+                + (f"{run.samples_per_s:,.1f} samples/s" if run.ok else f"FAILED {run.error[-200:]!r}"))
+    return runs
+
+
+def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dict:
+    cores = os.cpu_count() or 1
+    base = ["--data-dir", str(data_dir), *(SCRIPTS[script]["quick"] if a.quick else [])]
+    log(f"{script}: as written")
+    ref = run_script(script, None, base=base, phase="reference", timeout_s=a.timeout_s, keep_output=True)
+    if not ref.ok:
+        log(f"  FAILED: {ref.error}")
+        return {"script": script, "reference": asdict(ref), "error": "the script as written failed"}
+    scored: dict[str, Config] = {}
+    advice_runs = []
+    if a.advise and "--placer-advice" in (PLAIN / f"{script}.py").read_text():
+        log(f"{script}: the drop-in (--placer-advice)")
+        adv = run_script(script, None, base=base, phase="advice", timeout_s=a.timeout_s,
+                         extra=["--placer-advice"], label="drop-in run", keep_output=True)
+        advice_runs.append(adv)
+        if adv.ok and adv.advice:
+            scored["drop-in: " + config_from_advice(adv.advice).label()] = config_from_advice(adv.advice)
+        else:
+            log(f"  the drop-in run FAILED: {adv.error}")
+    for spec in a.score:
+        name, _, rest = spec.partition(":")
+        if name == script:
+            label, _, flags = rest.partition("=")
+            scored[f"{label}: {config_from_flags(flags).label()}"] = config_from_flags(flags)
+
+    cells = quick_grid(script) if a.quick else grid(script, cores, a.gpu)
+    log(f"{script}: grid of {len(cells)} configurations x {a.repeats} rounds")
+    grid_runs = interleaved(script, {c.label(): c for c in cells}, a.repeats, base=base, phase="grid",
+                            timeout_s=a.timeout_s, seed=1, log=log)
+    table = {k: stats(v) for k, v in grid_runs.items()}
+    ranked = sorted((k for k in table if table[k]["median"] is not None), key=lambda k: -table[k]["median"])
+    by_label = {c.label(): c for c in cells}
+    final = {"as written": Config(), **{f"grid #{i + 1}: {k}": by_label[k] for i, k in enumerate(ranked[:a.top])},
+             **scored}
+    log(f"{script}: final comparison of {len(final)} configurations x {a.final_rounds} rounds")
+    final_runs = interleaved(script, final, a.final_rounds, base=base, phase="final", timeout_s=a.timeout_s,
+                             seed=2, log=log)
+    final_table = {k: stats(v) for k, v in final_runs.items()}
+    best = max((s["median"] for k, s in final_table.items() if k.startswith("grid #") and s["median"]), default=None)
+    scores = {k: (round(final_table[k]["median"] / best, 3) if best and final_table[k]["median"] else None)
+              for k in final_table}
+    every = [r for v in [*grid_runs.values(), *final_runs.values()] for r in v] + advice_runs
+    mismatched = sorted({r.label for r in every if r.ok and r.digest != ref.digest})
+    failed = sorted({r.label for r in every if not r.ok})
+    return {"script": script, "reference": asdict(ref), "grid": table, "final": final_table,
+            "score_vs_grid_best": scores, "scored": {k: asdict(v) for k, v in scored.items()},
+            "digest_mismatch": mismatched, "failed": failed,
+            "advice_output": [r.output for r in advice_runs],
+            "runs": [asdict(r) | {"output": None} for r in every]}
+
+
+# -- writing -------------------------------------------------------------------------------
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _rate(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.1f}"
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"# Plain scripts: loader grid and scored settings ({doc['mode']})", "", doc["machine"], "",
+             f"Load average at the start {doc['load_start']}, at the end {doc['load_end']}; "
+             f"{doc['seconds']:.0f} s in all. Command: `{doc['command']}`.", "",
+             "Samples/s of each script's own loop (its epochs, worker start-up included), median of the "
+             "runs with the lowest and highest; spread = (max - min) / median.", ""]
+    for s in doc["scripts"]:
+        lines += [f"## {s['script']}", ""]
+        if "error" in s:
+            lines += [f"FAILED as written: `{(s['reference'].get('error') or '')[-300:]}`", ""]
+            continue
+        ranked = sorted((k for k in s["grid"] if s["grid"][k]["median"]), key=lambda k: -s["grid"][k]["median"])
+        lines += [f"Grid: {len(s['grid'])} configurations; the best {min(10, len(ranked))}:", "",
+                  "| configuration | median | min–max | spread | runs |", "|---|---|---|---|---|"]
+        for k in ranked[:10]:
+            g = s["grid"][k]
+            lines.append(f"| {k} | {_rate(g['median'])} | {_rate(g['min'])}–{_rate(g['max'])} | {g['spread']} "
+                         f"| {g['ok']}/{g['runs']} |")
+        lines += ["", "Final comparison (interleaved):", "",
+                  "| configuration | median | min–max | ÷ grid's best | runs |", "|---|---|---|---|---|"]
+        for k, g in sorted(s["final"].items(), key=lambda kv: -(kv[1]["median"] or 0)):
+            lines.append(f"| {k} | {_rate(g['median'])} | {_rate(g['min'])}–{_rate(g['max'])} | "
+                         f"{s['score_vs_grid_best'].get(k)} | {g['ok']}/{g['runs']} |")
+        lines += ["", f"Digest equal to the run as written: "
+                  + ("every run" if not s["digest_mismatch"] else "NOT for " + "; ".join(s["digest_mismatch"]))]
+        if s["failed"]:
+            lines.append(f"Failed: {'; '.join(s['failed'])}")
+        for out in s["advice_output"]:
+            if out:
+                text = "\n".join(line for line in out.splitlines() if not line.startswith("{"))
+                lines += ["", "The drop-in's advice as printed:", "", "```", text.strip(), "```"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scripts", default=",".join(SCRIPTS), help="comma-separated names")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, a few cells, 2 rounds")
+    ap.add_argument("--repeats", type=int, default=None, help="grid rounds (default 3; 2 with --quick)")
+    ap.add_argument("--final-rounds", type=int, default=None, help="final rounds (default 5; 2 with --quick)")
+    ap.add_argument("--top", type=int, default=3, help="grid configurations in the final comparison")
+    ap.add_argument("--advise", action="store_true", help="score the drop-in's choice (--placer-advice)")
+    ap.add_argument("--score", action="append", default=[], metavar="SCRIPT:LABEL=FLAGS",
+                    help="score these flags on SCRIPT, e.g. 'images_train:pipeline=--num-workers 2'")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="per run")
+    ap.add_argument("--gpu", action="store_true", help="add pin_memory to the grid (default: when CUDA is there)")
+    ap.add_argument("--machine", default="vm", help="names the result files")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    a = ap.parse_args()
+    a.repeats = a.repeats or (2 if a.quick else 3)
+    a.final_rounds = a.final_rounds or (2 if a.quick else 5)
+    if not a.quick and (a.repeats < 3 or a.final_rounds < 3):
+        ap.error("a recorded grid needs --repeats and --final-rounds of at least 3 (or --quick)")
+    names = [s.strip() for s in a.scripts.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SCRIPTS]
+    if unknown:
+        ap.error(f"unknown script(s) {unknown}: choose from {', '.join(SCRIPTS)}")
+    try:
+        import torch
+        a.gpu = a.gpu or torch.cuda.is_available()
+    except ImportError:
+        pass
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"plain-{a.machine}" + ("-quick" if a.quick else "")
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="plain_grid_") as data:
+        for n in names:
+            results.append(bench_script(n, a, Path(data), log))
+            # after every script, so that a long run keeps what it measured
+            doc = {"machine": describe(), "mode": "quick" if a.quick else "full", "load_start": load_start,
+                   "load_end": [round(x, 2) for x in os.getloadavg()],
+                   "seconds": round(time.perf_counter() - t0, 1),
+                   "command": shlex.join(["python", "benchmarks/plain_grid.py", *sys.argv[1:]]),
+                   "settings": {"repeats": a.repeats, "final_rounds": a.final_rounds, "top": a.top,
+                                "cores": os.cpu_count()},
+                   "scripts": results}
+            _write(out / f"{stem}.json", json.dumps(doc, indent=1))
+            _write(out / f"{stem}.md", markdown(doc))
+    log(f"wrote {out / stem}.json and .md")
+
+
+if __name__ == "__main__":
+    main()

@@ -120,3 +120,11 @@ def test_one_plans_config_is_its_own_settings():
     for prof in (synthetic(), synthetic(cores=1, epochs=5, batches=10)):
         plan, _, _ = plan_from_profile(prof)
         assert stream_config(plan) == plan.settings
+
+
+def test_loader_settings_as_dict_shows_the_advices_terms_without_the_batch_size():
+    """The drop-in's recommended settings as a dict, as scripts read them (``advice.recommended.settings``)."""
+    d = LoaderSettings(num_workers=2, prefetch_factor=4, torch_threads=1, batch_size=64).as_dict()
+    assert d == {"num_workers": 2, "prefetch_factor": 4, "pin_memory": False, "persistent_workers": False,
+                 "torch_threads": 1, "worker_kind": "processes"}
+    assert LoaderSettings().as_dict()["worker_kind"] == "main process"

@@ -301,6 +301,10 @@ class LoaderSettings(BaseModel):
         """``processes`` (DataLoader's workers) or ``main process`` (no workers)."""
         return "processes" if self.num_workers else "main process"
 
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as the drop-in's advice shows them: fields and ``worker_kind``, without the batch size."""
+        return {**self.model_dump(exclude={"batch_size"}), "worker_kind": self.worker_kind}
+
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``DataLoader`` these settings are."""
         kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}

@@ -50,7 +50,7 @@ NEAR_BEST = 0.95
 
 def _as_dict(s: LoaderSettings) -> dict[str, Any]:
     """Settings as the advice's JSON shows them (a trial keeps the user's batch size: not shown)."""
-    return {**s.model_dump(exclude={"batch_size"}), "worker_kind": s.worker_kind}
+    return s.as_dict()
 
 
 def label(s: LoaderSettings) -> str:

@@ -17,7 +17,8 @@ data-dependent shapes such as a boolean-mask compaction).
 
 The host side of a GPU run is measured, not inferred from CPU times: the time the
 call spends outside torch ops (:func:`count_work`'s ``outside_s``: Python, numpy, a
-DataLoader; this thread's CPU time, torch's own work kept out of it), and the
+DataLoader; this thread's CPU time, torch's own work and the counter's kept out of
+it), and the
 framework's cost of issuing one op (:func:`dispatch_s`, tiny tensors), which the
 cost model charges per op issued.
 """
@@ -36,8 +37,7 @@ VERSION = "2"
 _PREC = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
 
-def count_work(fn: Callable[[], Any], *, repeats: int = 3, budget_s: float = 0.5,
-               _bias: float | None = None) -> tuple[Any, Work]:
+def count_work(fn: Callable[[], Any], *, repeats: int = 3, budget_s: float = 0.5) -> tuple[Any, Work]:
     """Run ``fn`` (on CPU torch tensors) and count its work.
 
     ``fn`` runs once, and again (up to ``repeats`` times) while the runs fit in
@@ -51,10 +51,13 @@ def count_work(fn: Callable[[], Any], *, repeats: int = 3, budget_s: float = 0.5
     step included (autograd runs them through the same dispatcher). The time outside
     torch ops (``outside_s``) is this thread's CPU time between ops, less the counter's
     own overhead: a stall, another process or torch's intra-op threads add nothing to
-    it. Freeing a large tensor (returning its pages to the system) is torch's work
-    that a GPU's caching allocator does not repeat: the counter keeps each large
-    output's storage until the first op after everyone else let go of it, so it is
-    freed inside that op's time, not outside.
+    it. The counter's overhead is measured where it is paid: after each op, a tiny op
+    goes through the counter and its time outside the handler is taken off (this also
+    refills the caches the op evicted, as a GPU's work never does). Freeing a large
+    tensor (returning its pages to the system) is torch's work that a GPU's caching
+    allocator does not repeat: the counter keeps each large output's storage until
+    the first op after everyone else let go of it, so it is freed inside that op's
+    time, not outside.
 
     Returns
     -------
@@ -63,33 +66,31 @@ def count_work(fn: Callable[[], Any], *, repeats: int = 3, budget_s: float = 0.5
         is not counted as work (see :func:`tensor_bytes_work` for those); its
         time is kept as ``outside_s``, host time a GPU run pays too.
     """
-    bias = mode_overhead_s() if _bias is None else _bias
-
     def runs():
         t0 = time.perf_counter()
-        result, work = _count_once(fn, bias)
+        result, work = _count_once(fn)
         outside = [work.outside_s]
         while len(outside) < repeats and (time.perf_counter() - t0) * (len(outside) + 1) / len(outside) <= budget_s:
-            result, again = _count_once(fn, bias)
+            result, again = _count_once(fn)
             outside.append(again.outside_s)
         return result, work.model_copy(update={"outside_s": min(outside)})
 
     return _one_thread(runs)
 
 
-def _count_once(fn: Callable[[], Any], bias: float) -> tuple[Any, Work]:
-    """One counted run of ``fn`` (see :func:`count_work`); ``bias``: the counter's own seconds
-    per op outside the op's handling (:func:`mode_overhead_s`)."""
+def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
+    """One counted run of ``fn`` (see :func:`count_work`)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import flop_registry
 
-    tally = {"bytes": 0, "ops": 0, "syncs": 0, "elems": 0, "flops": 0, "prec": {}, "inside": 0.0, "calls": 0}
+    tally = {"bytes": 0, "ops": 0, "syncs": 0, "elems": 0, "flops": 0, "prec": {}, "inside": 0.0, "calls": 0,
+             "probes": 0.0}
+    probe = {"on": False, "in": 0.0, "out": 0.0, "x": torch.zeros(1)}
     held: dict[int, Any] = {}  # storages of large outputs, by address: freed inside an op's time
     use_count = torch._C._storage_Use_Count
     clock = time.thread_time
-    warm = _tiny_ops()
 
     def release() -> None:
         for key in [k for k, s in held.items() if use_count(s._cdata) <= 1]:
@@ -101,24 +102,38 @@ def _count_once(fn: Callable[[], Any], bias: float) -> tuple[Any, Work]:
             return False
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if probe["on"]:
+                probe["in"] = clock()
+                out = func(*args, **(kwargs or {}))
+                probe["out"] = clock()
+                return out
             t0 = clock()
             try:
                 release()
-                return self._count(func, args, kwargs or {})
+                out = self._count(func, args, kwargs or {})
+                self._probe()
+                return out
             finally:
                 tally["inside"] += clock() - t0
                 tally["calls"] += 1
+
+        def _probe(self):
+            """A tiny op through the counter, in the caches this op left: the counter's own
+            cost outside a handler, measured where the stage's next op will pay it."""
+            probe["on"] = True
+            try:
+                with self:
+                    p0 = clock()
+                    probe["x"].add(0)
+                    p1 = clock()
+            finally:
+                probe["on"] = False
+            tally["probes"] += (probe["in"] - p0) + (p1 - probe["out"])
 
         def _count(self, func, args, kwargs):
             out = func(*args, **kwargs)
             name = func.__name__.split(".")[0]
             outs = tree_flatten(out)[0]
-            moved = 0
-            for t in tree_flatten((args, kwargs))[0] + outs:
-                if isinstance(t, torch.Tensor):
-                    moved += t.nelement() * t.element_size()
-            if moved >= WARM_BYTES:
-                warm()  # the op evicted the dispatcher from the caches: refill them inside its time
             for t in outs:
                 if isinstance(t, torch.Tensor) and t.nelement() * t.element_size() >= HOLD_BYTES:
                     try:
@@ -159,7 +174,7 @@ def _count_once(fn: Callable[[], Any], bias: float) -> tuple[Any, Work]:
         bytes=float(tally["bytes"]),
         ops=max(1, tally["ops"]),
         syncs=tally["syncs"],
-        outside_s=max(total - tally["inside"] - tally["calls"] * bias, 0.0),
+        outside_s=max(total - tally["inside"] - tally["probes"], 0.0),
         precision=prec,
         source="counted",
     )
@@ -169,11 +184,6 @@ def _count_once(fn: Callable[[], Any], bias: float) -> tuple[Any, Work]:
 #: outputs of at least this many bytes are held until an op runs after their last user let go
 #: (their free, which returns pages to the system, is then torch's time, not the stage's own)
 HOLD_BYTES = 1 << 16
-#: after an op that moved at least this many bytes, a round of tiny ops runs inside its time: it
-#: evicted the interpreter and dispatcher from the CPU caches, which a GPU's work never does
-WARM_BYTES = 1 << 21
-
-_overhead: list[float] = []
 
 
 def _tiny_ops() -> Callable[[], None]:
@@ -214,29 +224,13 @@ def _one_thread(fn: Callable[[], Any]) -> Any:
         torch.set_num_threads(old)
 
 
-def mode_overhead_s() -> float:
-    """Seconds of this thread's CPU time the counter adds per op outside the op's own handling
-    (the Python call, and the dispatch into the counter), measured once per process at one
-    thread on rounds of tiny ops (:func:`_tiny_ops`), where the time outside ops is the
-    counter's alone, and taken off the time a call spends outside torch ops."""
-    if not _overhead:
-        mix = _tiny_ops()
-
-        def runs():
-            _count_once(mix, 0.0)  # first use initialises the counter
-            return [_count_once(lambda: [mix() for _ in range(40)], 0.0)[1] for _ in range(7)]
-
-        _overhead.append(min(w.outside_s for w in _one_thread(runs)) / (40 * _MIX_CALLS))
-    return _overhead[0]
-
-
 def dispatch_s(*, rounds: int = 5, per_round: int = 40) -> float:
     """Seconds of this thread's CPU time a tiny torch op costs from Python: the framework's
     own cost of issuing an op (the call, argument parsing, dispatch, allocation, a
     near-empty kernel).
 
-    Measured at one thread on rounds of the same mix of tiny ops as
-    :func:`mode_overhead_s`, the fastest of ``rounds`` (noise only adds time); a few
+    Measured at one thread on rounds of a mix of tiny ops (:func:`_tiny_ops`), the
+    fastest of ``rounds`` (noise only adds time); a few
     milliseconds. :func:`placer.target.calibrate.this_cpu` keeps it per machine.
     """
     mix = _tiny_ops()

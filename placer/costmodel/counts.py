@@ -32,7 +32,7 @@ from typing import Any
 from placer.data.measures import Work
 
 #: the version of what :func:`count_work` measures; counted work of another version is counted again
-VERSION = "2"
+VERSION = "3"
 
 _PREC = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 

@@ -176,12 +176,6 @@ def test_the_core_imports_without_torch_dask_or_numba():
 
 
 #: pairs of packages that still import each other, each with the change that removes it
-KNOWN_CYCLES = {
-    # placer.costmodel.model reads a named target description; being removed on branch pred19
-    frozenset({"costmodel", "target"}),
-}
-
-
 def test_runtime_imports_leave_out_type_checking_blocks_and_see_inside_functions():
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import placer.site\n"
                      "def f():\n    from placer.executor import transfer\n")
@@ -201,21 +195,13 @@ def test_no_two_packages_import_each_other():
     import networkx as nx
 
     edges = package_graph()
-    graph = nx.DiGraph([e for e in edges if frozenset(e) not in KNOWN_CYCLES])
+    graph = nx.DiGraph(list(edges))
     cycles = [c for c in nx.strongly_connected_components(graph) if len(c) > 1]
     lines = []
     for comp in cycles:
         lines.append(f"packages {sorted(comp)} import each other:")
         lines += [f"  {w}" for (a, b), where in sorted(edges.items()) if {a, b} <= comp for w in where]
     assert not cycles, "\n".join(lines)
-
-
-def test_the_known_cycles_are_still_there():
-    """An exception that no longer applies is removed (so that the cycle cannot come back unnoticed)."""
-    edges = package_graph()
-    gone = [sorted(pair) for pair in KNOWN_CYCLES if not all((a, b) in edges for a, b in [sorted(pair),
-                                                                                          sorted(pair)[::-1]])]
-    assert not gone, f"no longer a cycle, remove from KNOWN_CYCLES: {gone}"
 
 
 def declared_imports(doc: str) -> set[str] | None:

@@ -2,8 +2,8 @@
 
 May import: numpy, pydantic, placer.costmodel.*, placer.data (it reads a
 :class:`~placer.data.profile.Profile` and writes a :class:`~placer.data.costs.CostTable`),
-placer.devices (device names and kinds), placer.errors, placer.target.description (inside a
-function: a target named by a string). Never torch, the profiler or the optimizer.
+placer.devices (device names and kinds), placer.errors. Never torch, the profiler, the optimizer
+or placer.target (a target's CPU scale and CPU arrive as arguments).
 
 For each (stage, device) a :class:`~placer.costmodel.fit.SizeFit` is fitted to the
 measured medians; at a measured size the measurement itself is returned (labelled
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from placer.costmodel.fit import SizeFit, fit_size_model
-from placer.costmodel.roofline import DeviceDescription
+from placer.costmodel.roofline import DeviceDescription, load_gpus
 from placer.data.costs import CostTable
 from placer.data.measures import Prediction, TransferModel, Work
 from placer.data.profile import DeviceProfile, Point, Profile, StageProfile
@@ -87,8 +87,11 @@ class CostModel:
     """
 
     def __init__(self, profile: Profile, describe: list[DeviceDescription | str] | None = None, *,
-                 cpu_scale: Any = None, target_cpu: Any = None, host_scale: Any = None):
+                 cpu_scale: Any = None, target_cpu: Any = None, host_scale: Any = None,
+                 dispatch_s: float | None = None):
         self.profile = profile
+        #: seconds one op costs to issue on the profiled machine (default: its CPU calibration's)
+        self._dispatch = dispatch_s
         self._fits: dict[tuple[str, str], SizeFit] = {}
         self._out: dict[str, SizeFit] = {}
         self._peak: dict[tuple[str, str], SizeFit] = {}
@@ -114,7 +117,8 @@ class CostModel:
             if not pts:
                 continue
             self._fits[(name, dev)] = fit_size_model([p.size for p in pts], [fit_value(p) for p in pts])
-            peak = [(p.size, p.peak_device_bytes if dp.kind == "gpu" else p.peak_host_bytes) for p in pts]
+            on_device = getattr(kinds().get(dp.kind), "accelerator", False)  # its memory is the device's
+            peak = [(p.size, p.peak_device_bytes if on_device else p.peak_host_bytes) for p in pts]
             peak = [(s, b) for s, b in peak if b is not None and b > 0]
             if peak:
                 self._peak[(name, dev)] = fit_size_model(*zip(*peak), forms=("linear", "power"))
@@ -131,31 +135,31 @@ class CostModel:
     def host_seconds(self, stage: str) -> list[float]:
         """Host-side seconds a GPU run of ``stage`` pays at each counted size (``profile.stages[stage].work``).
 
-        The stage's dispatch-bound CPU time (its CPU fit at the smallest size, the fixed
-        cost at most, less the time it spent outside torch ops there) per operation
-        issued there, times the operations issued at each size, plus the time each
-        size spent outside torch ops (Python, numpy, a DataLoader: ``Work.outside_s``):
-        a loop of many small steps pays its host time per step, and CPU work inside a
-        GPU stage is host time. Scaled to the target's CPU when the target describes
-        one (never this machine's constants for a described machine).
+        Measured, never read off a CPU fit: the framework's cost of issuing one op
+        (:meth:`dispatch_s`, measured with tiny tensors) times the ops counted at that
+        size (forward, backward and optimizer ops alike), plus the time the counted call
+        spent outside torch ops there (``Work.outside_s``: Python, numpy, a DataLoader;
+        torch's own work kept out of it). Both are one thread's time on this machine,
+        scaled to the target's CPU by the per-core ratio when the target describes one
+        (``host_scale.dispatch_ratio``). Without this machine's dispatch cost (a profile
+        from a machine never calibrated), the target CPU's own is charged per op.
         """
         work = self.profile.stages[stage].work
-        cpu = self._fits.get((stage, "cpu"))
-        if cpu is None or not work:
-            return [0.0] * len(work)
-        host = min(cpu.c, cpu(max(cpu.n_min, 1.0))) if cpu.c > 0 else cpu(max(cpu.n_min, 1.0))
-        first = min(work, key=lambda w: w.size).work
-        # the time outside torch ops at the smallest size, from the least per op over every counted
-        # size (one counted call each: a stall in one must not erase the dispatch time)
-        outside_per_op = min(w.work.outside_s / max(w.work.ops, 1) for w in work)
-        outside_first = min(first.outside_s, outside_per_op * max(first.ops, 1), host)
-        per_op = max(host - outside_first, 0.0) / max(first.ops, 1)
-        # the time outside torch ops comes from one counted call: never more than the stage's
-        # measured CPU time at that size (a stall on a busy machine must not become host time)
-        out = [per_op * max(w.work.ops, first.ops) + min(w.work.outside_s, max(cpu(w.size), 0.0)) for w in work]
-        if self.host_scale is not None:  # host time is one thread's: the per-core ratio
-            out = [h * self.host_scale.dispatch_ratio for h in out]
-        return out
+        ratio = self.host_scale.dispatch_ratio if self.host_scale is not None else 1.0
+        here = self.dispatch_s()
+        if here is not None:
+            return [(w.work.ops * here + w.work.outside_s) * ratio for w in work]
+        there = getattr(self.target_cpu, "dispatch_s", None) or 0.0
+        return [w.work.ops * there + w.work.outside_s * ratio for w in work]
+
+    def dispatch_s(self) -> float | None:
+        """Seconds one op costs to issue on the machine the profile was measured on (its CPU
+        calibration's ``dispatch_s``: tiny ops, measured once per machine), or None when unknown."""
+        if self._dispatch is not None:
+            return self._dispatch
+        cal = self.profile.machine.get("cpu_calibration") or {}
+        value = cal.get("dispatch_s") if isinstance(cal, dict) else None
+        return float(value) if value else None
 
     def loop_carried(self, stage: str) -> bool:
         """Whether measurements show sequential (loop-carried) work: an accelerator that
@@ -168,7 +172,7 @@ class CostModel:
             return False
         cpu_at = {p.size: fit_value(p) for p in cpu.points}
         for dev, dp in sp.devices.items():
-            if dp.kind == "cpu" or len(dp.points) < 3:
+            if not getattr(kinds().get(dp.kind), "accelerator", True) or len(dp.points) < 3:
                 continue
             ratios = [fit_value(p) / cpu_at[p.size] for p in sorted(dp.points, key=lambda p: p.size)
                       if p.size in cpu_at and cpu_at[p.size] > 0]
@@ -406,9 +410,7 @@ def _gpus_of(desc: Any) -> list[DeviceDescription]:
     """The GPU descriptions in ``desc``: a name or file (every GPU of a target), a target
     (:class:`placer.target.TargetDescription`: its ``gpus``), or one GPU's description."""
     if isinstance(desc, str):
-        from placer.target.description import load_target
-
-        return list(load_target(desc).gpus)
+        return load_gpus(desc)
     if hasattr(desc, "gpus"):
         return list(desc.gpus)
     return [desc]

@@ -19,9 +19,10 @@ are the kernel launches the stage makes per call and ``syncs`` the times it wait
 for the device (``.item()``, a boolean-mask compaction), both counted by
 :func:`~placer.costmodel.counts.count_work`: a loop of many small steps is never
 predicted faster than its launches and synchronisations allow. ``host_s`` is the
-stage's CPU time at a tiny input (from the profile, scaled to the target's CPU
-when the target describes it): a stage whose time is host-side Python and
-dispatch pays that on a GPU too.
+stage's host time, measured (:meth:`placer.costmodel.model.CostModel.host_seconds`: the
+ops it issues times a tiny op's cost, plus its time outside torch ops, scaled to the
+target's CPU when the target describes one): a stage whose time is host-side Python
+and dispatch pays that on a GPU too.
 
 Every number that comes out of it is labelled ``roofline``: a prediction, not a
 measurement.
@@ -149,9 +150,19 @@ def load_description(name_or_path: str | Path) -> DeviceDescription:
     FileNotFoundError
         Neither a shipped description nor a file of that name exists.
     """
+    return _load(name_or_path, _first_gpu)
+
+
+def load_gpus(name_or_path: str | Path) -> list[DeviceDescription]:
+    """Every GPU of a shipped target (``"h200"``) or of a JSON file (a whole-machine target,
+    or one GPU's description); errors as :func:`load_description`."""
+    return _load(name_or_path, _all_gpus)
+
+
+def _load(name_or_path: str | Path, pick):
     p = Path(name_or_path)
     if p.suffix == ".json" or p.exists():
-        return _from_file(p)
+        return _from_file(p, pick)
     key = str(name_or_path).lower().replace("nvidia-", "").replace("nvidia ", "")
     try:
         text = _data().joinpath(f"{key}.json").read_text()
@@ -161,7 +172,7 @@ def load_description(name_or_path: str | Path) -> DeviceDescription:
             f"no device description {name_or_path!r}; shipped ones: {', '.join(have)}, "
             "or give a path to a description JSON file"
         ) from exc
-    return _first_gpu(json.loads(text))
+    return pick(json.loads(text))
 
 
 def _first_gpu(data: dict) -> DeviceDescription:
@@ -173,7 +184,14 @@ def _first_gpu(data: dict) -> DeviceDescription:
     return DeviceDescription.model_validate(data)
 
 
-def _from_file(p: Path) -> DeviceDescription:
+def _all_gpus(data: dict) -> list[DeviceDescription]:
+    """Every GPU of a whole-machine target, or the one GPU of a GPU description."""
+    if isinstance(data, dict) and "gpus" in data:
+        return [DeviceDescription.model_validate(g) for g in data["gpus"]]
+    return [DeviceDescription.model_validate(data)]
+
+
+def _from_file(p: Path, pick=_first_gpu):
     """A description file; :class:`~placer.errors.InputFileError` names the file and the bad fields."""
     where = f"device description {str(p)!r}"
     try:
@@ -185,7 +203,7 @@ def _from_file(p: Path) -> DeviceDescription:
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise InputFileError(f"{where} is not valid JSON ({type(exc).__name__}: {exc}); fix it") from None
     try:
-        return _first_gpu(data)
+        return pick(data)
     except ValueError as exc:
         if not isinstance(exc, ValidationError):
             raise InputFileError(f"{where}: {exc}") from None

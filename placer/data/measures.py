@@ -120,14 +120,15 @@ class Work(BaseModel):
     precision : str
         The floating-point type that dominates (``fp32``, ``bf16``, ``fp16``, ``fp64``).
     host_s : float
-        The stage's measured CPU time at a tiny input: an estimate of the host-side
-        (Python, dispatch) cost that a GPU run pays too.
+        The host-side (Python, dispatch) seconds a GPU run pays: the ops issued times a
+        tiny op's measured cost, plus ``outside_s`` (filled in by the cost model).
     source : str
         ``counted`` (torch), ``declared`` (the stage's own counts) or ``tensor sizes``
         (only the bytes of inputs and outputs were known).
     outside_s : float
-        Seconds the counted call spent outside torch operations (Python, numpy, a
-        DataLoader): host work that a GPU run of the stage pays as well.
+        Seconds of the counting thread's CPU time the counted call spent outside torch
+        operations (Python, numpy, a DataLoader), torch's own work (freeing its tensors)
+        kept out: host work that a GPU run of the stage pays as well.
     """
 
     flops: float = 0.0
@@ -137,8 +138,7 @@ class Work(BaseModel):
     outside_s: float = 0.0
     precision: str = "fp32"
     source: str = "counted"
-    #: host-side time of the stage when it is dispatch-bound: its measured CPU time at
-    #: the smallest profiled size (0 when unknown)
+    #: host-side seconds a GPU run pays (filled in by the cost model; 0 when unknown)
     host_s: float = 0.0
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 
+from placer.costmodel.counts import VERSION as COUNT_VERSION
 from placer.costmodel.counts import count_work, tensor_bytes_work
 from placer.costmodel.fit import fit_size_model
 from placer.data.measures import Work
@@ -146,7 +147,7 @@ def memory_note(prof: Profile, last: int, nxt: int) -> str | None:
 
 def stage_key(versions: Iterable[str], sizes: Iterable[int]) -> str:
     """A cache key from a stage's code hashes at the planned sizes and the sizes."""
-    h = hashlib.sha256()
+    h = hashlib.sha256(COUNT_VERSION.encode())  # work counted by another counter is counted again
     for v in sorted(set(versions)):
         h.update(v.encode())
     h.update(repr(sorted(sizes)).encode())

@@ -8,7 +8,8 @@ placer.target.calibrate measures, with torch inside its functions).
 - :mod:`placer.target.scale`: :class:`CpuScale`, this machine's CPU times scaled to
   the target's CPU by ops measured on both;
 - :mod:`placer.target.ops`: the reference ops both CPUs run;
-- :mod:`placer.target.calibrate`: measuring this machine (``placer describe``).
+- :mod:`placer.target.calibrate`: measuring this machine (``placer describe``, and the per-op
+  dispatch cost that GPU host time is charged by).
 
 :func:`host_scale` joins them for planning: the scale from the CPU a profile was
 measured on to a target's CPU.

@@ -11,7 +11,8 @@ on this CPU (a few seconds; each at all threads by the wall clock and at one thr
 its own CPU time, keeping the faster: a busy machine stalls threaded small ops and
 shares its cores, and a thread's CPU time leaves out the time it waited; each row
 records the threads it kept busy, CPU over wall time and at least its speed-up over
-one thread, and its counted work), a tiny op (the per-call dispatch cost) and a
+one thread, and its counted work), the per-op dispatch cost (:func:`placer.costmodel.counts.dispatch_s`:
+tiny ops, one thread's CPU time; a GPU stage's host time is charged by it) and a
 matrix product at one thread and at all (thread scaling). :func:`this_cpu` keeps that
 calibration per CPU in the profile cache directory, so it runs once per machine.
 :func:`describe_machine` adds each GPU (peak FLOP/s from matrix products, memory
@@ -47,7 +48,7 @@ def calibrate_cpu(*, budget_s: float = CPU_BUDGET_S, rows=None) -> CpuDescriptio
     """Time the calibration ops on this CPU (each within its share of ``budget_s``)."""
     import torch
 
-    from placer.costmodel.counts import count_work
+    from placer.costmodel.counts import count_work, dispatch_s
     from placer.devices import discover
     from placer.target.ops import CALIBRATION, OPS
     from placer.timing import measure
@@ -84,12 +85,9 @@ def calibrate_cpu(*, budget_s: float = CPU_BUDGET_S, rows=None) -> CpuDescriptio
         _, work = count_work(fn)
         out.append(OpRow(op=op, size=size, seconds=seconds, threads=n, threads_used=used, ops=work.ops,
                          bytes=work.bytes or None))
-    tiny = torch.zeros(1)
-    dispatch = _best(measure(lambda: tiny.add_(1), min_reps=5, max_reps=200, min_time_s=0.01, max_time_s=0.05,
-                             warn=False))
     cores = int(host.get("cores") or 1)
     return CpuDescription(model=str(host.get("cpu_model") or "unknown CPU"), cores=cores,
-                          threads=torch.get_num_threads(), dispatch_s=dispatch,
+                          threads=torch.get_num_threads(), dispatch_s=dispatch_s(),
                           thread_scaling=_thread_scaling(cores), ops=out,
                           source=f"placer calibration on {host.get('hostname', 'this machine')} "
                                  f"(torch {host.get('torch')}), {len(out)} ops")
@@ -158,12 +156,12 @@ def describe_gpu(device, *, budget_s: float = 10.0, fingerprint: str = ""):
     from placer.profile.transfers import measure_transfers
     from placer.timing import measure
 
-    if device.kind != "gpu":
-        raise TargetError(f"cannot describe {device.name} ({device.kind}): only CUDA GPUs are described")
+    if not device.is_gpu:
+        raise TargetError(f"cannot describe {device.name} ({device.kind}): only real GPUs are described")
     dev = device.torch_device()
 
     def sync():
-        torch.cuda.synchronize(dev)
+        device.synchronize()
 
     def timed(fn, max_s=0.3):
         return _best(measure(fn, sync=sync, min_reps=3, max_reps=50, min_time_s=0.02, max_time_s=max_s, warn=False))

@@ -62,7 +62,6 @@ class Part:
 def check(inputs: Inputs) -> None:
     """Raise :class:`MismatchedInputsError` (one line, naming the inputs and, for one file, the field)
     unless each names known devices and its own stages, and they belong together."""
-    check_fields(inputs)
     parts = _parts(inputs)
     named = [p for p in parts if p.pipeline is not None]
     for p in named[1:]:
@@ -71,6 +70,7 @@ def check(inputs: Inputs) -> None:
     for p in parts[1:]:
         if p.stages != parts[0].stages:
             raise _mismatch(parts[0], p, "different stages (" + stage_difference(parts[0], p) + ")")
+    check_fields(inputs)
     if inputs.plan is not None and inputs.run is not None:
         moved = placement_difference(inputs.plan.placement, run_placement(inputs.run))
         if moved:

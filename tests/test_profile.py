@@ -104,7 +104,9 @@ def build_slow(size=None):
 
 def test_profile_respects_its_budget():
     prof = _run(build_slow, sizes=[100, 200, 400, 800, 1600, 3200, 6400, 12800], budget_s=1.5, devices=["cpu"])
-    assert prof.elapsed_s < 3.0
+    # the last sizes alone would take tens of seconds; the bound leaves room for a loaded machine
+    # (3.7 s was seen with a load average of 11 on 2 cores), not for ignoring the budget
+    assert prof.elapsed_s < 6.0
     assert len(prof.measured_sizes) < 8
     assert any("stopped before size" in n for n in prof.notes), prof.notes
 

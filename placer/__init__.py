@@ -30,9 +30,8 @@ Examples
 
 from __future__ import annotations
 
-from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version as _dist_version
-from typing import Any
+from importlib import import_module as _import_module
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError, version as _dist_version
 
 from placer.errors import (
     CycleError,
@@ -52,7 +51,7 @@ from placer.warnings import NoisyMeasurementWarning, PlacerWarning
 
 try:
     __version__ = _dist_version("placer")
-except PackageNotFoundError:  # a source checkout that was never installed
+except _PackageNotFoundError:  # a source checkout that was never installed
     __version__ = "0.1.0"
 
 #: public names loaded on first use: name -> the module that defines it
@@ -73,19 +72,20 @@ _LAZY = {
 _CALLABLE_PACKAGES = ("profile", "report")
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _CALLABLE_PACKAGES:
-        return import_module(f"placer.{name}")
+        return _import_module(f"placer.{name}")
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'placer' has no attribute {name!r}")
-    value = getattr(import_module(mod), name)
+    value = getattr(_import_module(mod), name)
     globals()[name] = value  # later look-ups skip __getattr__
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, *_CALLABLE_PACKAGES})
+    """placer's API: the names of ``__all__`` and ``__version__`` (not the modules it imports, nor their names)."""
+    return sorted({*__all__, "__version__"})
 
 
 __all__ = [

@@ -106,3 +106,12 @@ def test_version_matches_the_package_metadata():
     from importlib.metadata import version
 
     assert placer.__version__ == version("placer")
+
+
+def test_dir_lists_placers_api_only():
+    """No names placer merely imports (typing's Any, importlib's helpers, the __future__ feature)."""
+    names = set(dir(placer))
+    assert names == set(placer.__all__) | {"__version__"}
+    assert not names & {"Any", "annotations", "import_module", "PackageNotFoundError", "errors", "pipeline"}
+    for name in placer.__all__:  # each still resolves (lazily loaded or not)
+        assert getattr(placer, name) is not None

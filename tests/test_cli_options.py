@@ -218,3 +218,75 @@ def test_profiling_progress_is_silent_when_not_a_terminal(capsys):
     placer.profile(_slow_pipeline, size=640, cache=False, budget_s=3, devices=["cpu"], progress=None)
     out = capsys.readouterr()
     assert out.out == "" and out.err == ""
+
+
+# -- global options after the command ------------------------------------------------------------
+FAILS = '''
+import numpy as np
+from placer import Pipeline
+
+def _deep_in_my_code(x):
+    raise ValueError("the stage's own error")
+
+def build(size=None):
+    p = Pipeline("fails", size=10)
+    p.add(name="make", cpu=lambda: np.ones(3))
+    p.add(name="broken", cpu=lambda make: _deep_in_my_code(make), inputs={"make": "make"})
+    return p
+'''
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_traceback_before_or_after_the_command_shows_the_stages_own_traceback(tmp_path, where):
+    f = tmp_path / "fails.py"
+    f.write_text(FAILS)
+    run = ["run", str(f), "--placement", "all=cpu"]
+    r = placer(*(["--traceback", *run] if where == "before" else [*run, "--traceback", "-v"]))
+    assert r.returncode == 1
+    assert "Traceback" in r.stderr and "in _deep_in_my_code" in r.stderr and str(f) in r.stderr
+    assert "ValueError: the stage's own error" in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "placer: error: stage 'broken' failed on cpu: ValueError: the stage's own error"
+
+
+def test_without_traceback_one_line_says_how_to_see_it(tmp_path):
+    f = tmp_path / "fails.py"
+    f.write_text(FAILS)
+    r = placer("run", str(f), "--placement", "all=cpu")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "placer: error: stage 'broken' failed on cpu: ValueError: the stage's own error "
+        "(rerun with --traceback to see your code's traceback)"]
+
+
+def test_verbose_and_quiet_after_the_command_act_as_before_it():
+    from typer.testing import CliRunner
+
+    from placer.cli import app
+
+    args = ["plan", "pipelines/tabular.py", "--size", "2000", "--budget-s", "3", "--json"]
+    loud = placer(*args, "-v")
+    assert loud.returncode == 0, loud.stderr
+    assert "placer: profiling tabular at sizes" in loud.stderr
+    json.loads(loud.stdout)
+    quiet = placer(*args, "-q")
+    assert quiet.returncode == 0 and "placer:" not in quiet.stderr, quiet.stderr
+    # -v before and -v after add up: debug detail
+    from placer.cli.app import options
+
+    CliRunner().invoke(app, ["-v", "schema", "plan", "-v"])
+    assert options.verbose == 2 and not options.quiet
+    CliRunner().invoke(app, ["schema", "plan"])  # a new command starts from nothing
+    assert options.verbose == 0
+    logging.getLogger("placer").setLevel(logging.NOTSET)
+
+
+def test_every_command_takes_the_global_options_after_it():
+    from typer.testing import CliRunner
+
+    from placer.cli import app
+
+    for info in app.registered_commands:
+        r = CliRunner().invoke(app, [info.name, "--help"])
+        assert r.exit_code == 0, (info.name, r.output)
+        for opt in ("--traceback", "--verbose", "--quiet"):
+            assert opt in r.output, (info.name, opt)

@@ -5,15 +5,20 @@ times, no measured points, absurd nesting, a cache folder that cannot be created
 checks three things: the command exits 0, exactly one warning names the file or folder, and
 nothing is lost (the stages are measured again and ``-o`` gets the profile).
 
-Root ignores file permissions, so an unwritable cache is made by putting the cache folder under a
-regular file, or by making the write itself fail (``os.replace`` raising PermissionError).
+Root ignores file permissions: an unwritable cache is made by putting the cache folder under a
+regular file, by making the write itself fail (``os.replace`` raising PermissionError), and, for
+read-only and unreadable folders, by running the command as root without the capabilities that
+override file modes (``setpriv``, from util-linux; the tests that need it skip, saying so, when it
+is missing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -260,18 +265,79 @@ def test_a_broken_cached_transfer_model_is_remeasured_with_one_warning(tmp_path)
         assert len(msgs) == 1 and str(path) in msgs[0]
 
 
-def test_a_read_only_cache_folder_means_no_cache_with_one_warning(tmp_path, pipe, env):
+# -- a cache the user may not write or read (file modes bite: no root override) -------------------
+#: run a command as root without the capabilities that let root ignore file modes
+DROP_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+                 "--inh-caps=-dac_override,-dac_read_search"]
+
+
+def _as_plain_user(args, env, cache: Path):
+    """``_cli`` for a user whose file modes are enforced: root drops its override through setpriv."""
+    prefix: list[str] = []
     if os.geteuid() == 0:
-        pytest.skip("root writes into read-only folders; the cases above make the write fail instead")
-    root = tmp_path / "cache"
-    (root / "profiles").mkdir(parents=True)
-    (root / "transfer").mkdir()
-    for d in (root / "profiles", root / "transfer", root):
-        d.chmod(0o500)
+        if shutil.which("setpriv") is None:
+            pytest.skip("root ignores file modes and setpriv (util-linux), which drops that override, is missing")
+        prefix = DROP_OVERRIDE
+    env = {**env, "PLACER_CACHE_DIR": str(cache)}
+    return subprocess.run([*prefix, sys.executable, "-c", "from placer.cli import main; main()", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@contextlib.contextmanager
+def _mode(mode: int, *folders: Path):
+    """``folders`` (deepest first) with ``mode`` for the block, as they were afterwards."""
+    for d in folders:
+        d.chmod(mode)
     try:
-        saved = tmp_path / "out.json"
-        out = _cli(_profile_args(pipe, "-o", str(saved)), env, root)
-        _assert_one_warning_and_remeasured(out, str(root), saved)
+        yield
     finally:
-        for d in (root, root / "profiles", root / "transfer"):
+        for d in reversed(folders):
             d.chmod(0o700)
+
+
+def _assert_no_cache_one_warning(out, root: Path, verb: str):
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("ProfileCacheWarning") == 1, out.stderr
+    assert f"{str(root)!r} cannot be {verb}" in out.stderr and "continuing without a cache" in out.stderr
+    assert "Traceback" not in out.stderr and "PermissionError" not in out.stderr
+
+
+def test_a_read_only_cache_with_its_files_intact_means_no_cache_for_profile_plan_and_advise(
+        tmp_path, pipe, env, good):
+    root = tmp_path / "cache"
+    path = _install(root, pipe, good)
+    (root / "transfer").mkdir()
+    saved = tmp_path / "out.json"
+    with _mode(0o500, path.parent, root / "transfer", root):
+        for args in (_profile_args(pipe, "-o", str(saved)),
+                     ["plan", str(pipe), "--size", "2000", "--budget-s", "5"],
+                     ["advise", str(pipe), "--size", "2000", "--budget-s", "5", "--target", "none"]):
+            out = _as_plain_user(args, env, root)
+            _assert_no_cache_one_warning(out, root, "written")
+        assert sorted(p.name for p in root.rglob("*")) == sorted(["profiles", "transfer", path.name])
+    assert all(sp.devices["cpu"].points for sp in Profile.load(saved).stages.values())
+
+
+def test_a_read_only_empty_cache_with_fresh_still_writes_o_and_calibrates_the_cpu(tmp_path, pipe, env):
+    """``--target`` scales this CPU's times, which calibrates the CPU and would keep that in the cache."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    saved = tmp_path / "fresh.json"
+    with _mode(0o500, root):
+        args = ["profile", str(pipe), "--size", "2000", "--budget-s", "5", "--devices", "cpu", "--target", "h200",
+                "--fresh", "-o", str(saved)]
+        out = _as_plain_user(args, env, root)
+        _assert_no_cache_one_warning(out, root, "written")
+        assert not list(root.iterdir())
+    doc = json.loads(saved.read_text())
+    assert doc["target"]["cpu"] and all(sp.devices["cpu"].points for sp in Profile.load(saved).stages.values())
+
+
+def test_a_cache_folder_that_cannot_be_entered_means_no_cache_with_one_warning(tmp_path, pipe, env, good):
+    root = tmp_path / "cache"
+    _install(root, pipe, good)
+    saved = tmp_path / "plan.json"
+    with _mode(0o000, root):
+        out = _as_plain_user(["plan", str(pipe), "--size", "2000", "--budget-s", "5", "-o", str(saved)], env, root)
+        _assert_no_cache_one_warning(out, root, "read")
+    assert json.loads(saved.read_text())["stages"]

@@ -227,6 +227,9 @@ def test_advise_on_a_cluster_measures_the_streams_cpu_stages_there_and_keeps_the
 
     size, params = STREAMS["stream_inference"]
     p = load_pipeline(str(ROOT / "pipelines" / "stream_inference.py"), size, **params)
+    # the CPU per-batch stage this test offloads: pinned, so that the plan never gives it to the
+    # simulated test device (which it did when that measured faster, leaving nothing to offload)
+    p.stages["preprocess"].pin = "cpu"
     sequential = execute(p, "all=cpu", stream=StreamConfig(workers=0))
     advised = advise(p, scheduler=client, budget_s=6, target="none")
     plan = advised.stream_plans[0]

@@ -5,8 +5,12 @@ May import: typer, rich; placer.executor.stream.runner and placer.executor.engin
 the library lazily inside the command, so that ``placer --help`` stays fast.
 
 Errors: :func:`fail` prints one ``placer: error:`` line and exits 1 (a failure) or, through
-:func:`usage`, 2 (a bad option value); ``placer --traceback COMMAND`` also prints the
-traceback, the user's own frames included. Option values and output paths are checked
+:func:`usage`, 2 (a bad option value); with ``--traceback`` it also prints the traceback,
+the user's own frames included.
+
+Global options (``--traceback``, ``-v``/``-vv``, ``-q``) are accepted before the command
+(``placer -v run PIPE``) and after it (``placer run PIPE -v``): :func:`with_global_options`
+adds them to every command. Option values and output paths are checked
 by the callbacks here (:func:`positive_int`, :func:`positive_seconds`,
 :func:`output_path`, :func:`output_folder`) before any work starts.
 
@@ -43,9 +47,21 @@ INTERRUPTED = 128 + signal.SIGINT
 
 
 class _Options:
-    """Options of every command (``placer --traceback COMMAND``)."""
+    """Options of every command (``placer --traceback COMMAND`` or ``placer COMMAND --traceback``)."""
 
     traceback = False
+    verbose = 0
+    quiet = False
+
+    def reset(self, *, traceback: bool, verbose: int, quiet: bool) -> None:
+        self.traceback, self.verbose, self.quiet = traceback, verbose, quiet
+        self.apply()
+
+    def apply(self) -> None:
+        """Set the log level from ``-v``/``-q`` as given so far."""
+        from placer.log import configure
+
+        configure(-1 if self.quiet else self.verbose)
 
 
 options = _Options()
@@ -54,14 +70,14 @@ options = _Options()
 def fail(message: str, code: int = FAILED) -> None:
     """Print one line to stderr and exit non-zero.
 
-    With ``placer --traceback``, the traceback of the exception being handled (the
-    user's own code's frames included, through the chain of causes) comes first.
+    With ``--traceback``, the traceback of the exception being handled (the user's own
+    code's frames included, through the chain of causes) comes first.
     """
     exc = sys.exc_info()[1]
     if options.traceback and exc is not None:
         traceback.print_exc(file=sys.stderr)
     elif _from_user_code(exc):
-        message += " (`placer --traceback ...` shows your code's traceback)"
+        message += " (rerun with --traceback to see your code's traceback)"
     print(f"placer: error: {message}", file=sys.stderr)
     raise typer.Exit(code)
 
@@ -147,8 +163,11 @@ def scheduler_address(value: str | None) -> str | None:
 def stage_timeout_option():
     """``--stage-timeout SECONDS``: a stage that runs longer is stopped and the command fails naming it."""
     return typer.Option(None, "--stage-timeout", callback=positive_seconds, metavar="SECONDS",
-                        help="Stop a stage that runs longer than this and fail naming it; finished stages' "
-                             "outputs are kept (default: none; profiling bounds each stage by the budget).")
+                        help="Fail naming a stage (one batch, for a stream) that runs longer than this; finished "
+                             "stages' outputs are kept. A stage in a worker process (--processes) is killed; one in "
+                             "a thread is stopped when it runs Python code, else placer stops waiting for it "
+                             "(docs/timeouts.md). Default: none; profiling bounds each stage call by twice "
+                             "--budget-s, at least 30 s.")
 
 
 class Interrupted(SystemExit):
@@ -200,11 +219,74 @@ def _every_command(
         False, "--traceback", help="On an error, also print its full traceback, your own code's frames included."),
 ) -> None:
     """Set the log level; handle Ctrl-C while the command runs (the previous handler is back afterwards)."""
-    from placer.log import configure
-
-    configure(-1 if quiet else verbose)
-    options.traceback = show_traceback
+    options.reset(traceback=show_traceback, verbose=verbose, quiet=quiet)
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.signal(signal.SIGINT, _on_interrupt)
     ctx.call_on_close(lambda: signal.signal(signal.SIGINT, previous))
+
+
+# -- the global options, accepted after the command too ---------------------------------------------
+GLOBAL_PANEL = "Global options (also before the command)"
+
+
+def _set_traceback(ctx: typer.Context, param, value: bool) -> bool:
+    options.traceback = options.traceback or bool(value)
+    return value
+
+
+def _add_verbose(ctx: typer.Context, param, value: int) -> int:
+    if value:
+        options.verbose += int(value)
+        options.apply()
+    return value
+
+
+def _set_quiet(ctx: typer.Context, param, value: bool) -> bool:
+    if value:
+        options.quiet = True
+        options.apply()
+    return value
+
+
+#: name -> the parameter every command gets (processed before the command's own options)
+_GLOBAL_PARAMS = {
+    "global_verbose": (int, typer.Option(0, "-v", "--verbose", count=True, callback=_add_verbose, is_eager=True,
+                                         rich_help_panel=GLOBAL_PANEL,
+                                         help="Log what each step does on stderr (-vv: debug detail).")),
+    "global_quiet": (bool, typer.Option(False, "-q", "--quiet", callback=_set_quiet, is_eager=True,
+                                        rich_help_panel=GLOBAL_PANEL,
+                                        help="Only errors on stderr: no log, no placer warnings.")),
+    "global_traceback": (bool, typer.Option(False, "--traceback", callback=_set_traceback, is_eager=True,
+                                            rich_help_panel=GLOBAL_PANEL,
+                                            help="On an error, also print its full traceback, your own code's "
+                                                 "frames included.")),
+}
+
+
+def with_global_options(command):
+    """``command`` taking ``--traceback``, ``-v``/``--verbose`` and ``-q``/``--quiet`` as well.
+
+    They add to what was given before the command (``placer -v run PIPE -v`` is ``-vv``);
+    their callbacks set them before the command's own options are checked.
+    """
+    import functools
+    import inspect
+
+    if getattr(command, "_placer_global_options", False):
+        return command
+    sig = inspect.signature(command)
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        for name in _GLOBAL_PARAMS:
+            kwargs.pop(name, None)
+        return command(*args, **kwargs)
+
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind, default=default)
+             for name, (kind, default) in _GLOBAL_PARAMS.items()]
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
+    wrapper.__annotations__ = {**getattr(command, "__annotations__", {}),
+                               **{name: kind for name, (kind, _) in _GLOBAL_PARAMS.items()}}
+    wrapper._placer_global_options = True
+    return wrapper

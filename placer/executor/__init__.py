@@ -99,9 +99,9 @@ class Prepared:
         cpu = inv.get("cpu")
         self.workers = int(workers or (cpu.workers if cpu else 1))
         self._streams: list[StreamStats] = []
-        run_p, run_devices = collapse(p, self.devices, stream or StreamConfig(), cpu, self._streams)
-        self.lanes = lanes if lanes is not None else choose_lanes(run_p, run_devices, executor, self.workers)
         timeout = stage_timeout if stage_timeout is not None else default_stage_timeout()
+        run_p, run_devices = collapse(p, self.devices, stream or StreamConfig(), cpu, self._streams, timeout)
+        self.lanes = lanes if lanes is not None else choose_lanes(run_p, run_devices, executor, self.workers)
         self.engine = Engine(run_p, run_devices, self.lanes, timeout_s=timeout,
                              streams=[n for n in run_p.stages if n not in p.stages or p.stages[n].role == "step"])
         self.size = size if size is not None else p.size

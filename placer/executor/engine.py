@@ -29,7 +29,11 @@ at the same time.
 Stopping. With ``timeout_s``, a stage that runs longer fails with
 :class:`~placer.executor.stagecall.StageTimeoutError` and its thread is stopped
 (:func:`~placer.executor.stagecall.stop_thread`); stages already running finish,
-nothing new starts, and the outputs of finished stages are kept. When the thread
+nothing new starts, and the outputs of finished stages are kept. The engine's own
+thread never runs a stage that has a time limit (the inline lane then runs its tasks
+in a helper thread, :meth:`InlineLanes.bound`), so a stage stuck in one call Python
+cannot interrupt is abandoned after
+:data:`~placer.executor.stagecall.STOP_WAIT_S` and the run ends all the same. When the thread
 running the engine is interrupted (``KeyboardInterrupt``, or the CLI's Ctrl-C
 handler after :func:`interrupt`), the stages running on every lane are stopped and
 abandoned at once, and the same exception is raised again carrying
@@ -60,7 +64,8 @@ from typing import Any
 
 from placer.devices import Device
 from placer.data.run import StageRecord, TransferRecord
-from placer.executor.stagecall import StageTimeoutError, StopStage, call_stage, stop_thread, timeout_message
+from placer.executor.stagecall import (STOP_WAIT_S, StageTimeoutError, StopStage, abandon_thread, call_stage,
+                                      stop_thread, timeout_message)
 from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import Pipeline
 from placer.schedule import ReadyQueues, copy_targets, dispatch_order
@@ -73,21 +78,40 @@ STOP_GRACE_S = 2.0
 
 
 class InlineLanes:
-    """Run every task in the calling thread, at once."""
+    """Run every task in the calling thread, at once.
+
+    With a stage timeout (:meth:`bound`), every task runs instead in one helper thread,
+    in the order submitted, so that the calling thread can stop waiting for a stage
+    stuck in a call Python cannot interrupt.
+    """
 
     name = "inline"
 
     def __init__(self, workers: int = 1):
         self.workers = workers
+        self._pool: _Pool | None = None
+
+    def bound(self) -> None:
+        """Stages have a time limit: run tasks in a helper thread (one at a time, in order)."""
+        if self._pool is None:
+            self._pool = _Pool(1, "placer-inline")
 
     def submit(self, lane: str, task: Callable[[], None]) -> None:
-        task()
+        if self._pool is None:
+            task()
+        else:
+            self._pool.submit(task)
 
     def lane_name(self, lane: str) -> str:
         return "cpu/0" if lane == "cpu" else lane
 
+    def abandon(self, stage: str, ident: int) -> None:
+        if self._pool is not None:
+            self._pool.abandon(ident)
+
     def close(self) -> None:
-        pass
+        if self._pool is not None:
+            self._pool.close(wait=True)
 
 
 class _Pool:
@@ -205,6 +229,8 @@ class Engine:
                  streams: Any = ()):
         self.p = pipeline
         self.timeout_s = timeout_s
+        if timeout_s is not None and hasattr(lanes, "bound"):
+            lanes.bound()  # the engine's thread must be free to stop waiting for a stuck stage
         #: stages that run a whole stream (stopped by the stream's own interrupt, not timed out)
         self.streams = set(streams)
         self.devices = devices
@@ -362,13 +388,25 @@ class _Run:
             hook(n, ident)
 
     def time_out(self, n: str) -> None:
-        """Timer thread: stage ``n`` overran the timeout; stop it and tell the loop."""
+        """Timer thread: stage ``n`` overran the timeout; stop it, wait a moment for it to leave, tell the loop.
+
+        A stage that does not leave (stuck in a call Python cannot interrupt) is
+        abandoned: the loop goes on without it (:func:`~placer.executor.stagecall.abandon_thread`).
+        """
         with self.lock:
             ident = self.running.get(n)
             if ident is None or n in self.abandoned:
                 return
             self.abandon(n, ident, inject=True)
-        self.events.put(("timeout", n, None, self.started.get(n, 0.0), self.perf() - self.t_start, None, None))
+        deadline = time.monotonic() + STOP_WAIT_S
+        while time.monotonic() < deadline and self.running.get(n) == ident:
+            time.sleep(0.01)
+        stopped = self.running.get(n) != ident
+        if not stopped:
+            thread = next((t for t in threading.enumerate() if t.ident == ident), None)
+            if thread is not None:
+                abandon_thread(n, thread)
+        self.events.put(("timeout", n, stopped, self.started.get(n, 0.0), self.perf() - self.t_start, None, None))
 
     # -- tasks ------------------------------------------------------------------------------
     def stage_task(self, n: str, args: dict[str, Any]):
@@ -447,7 +485,7 @@ class _Run:
             return  # a stopped stage's late report: it was counted when it was stopped
         self.inflight -= 1
         if kind == "timeout":
-            self.timed_out(key, t0, t1)
+            self.timed_out(key, t0, t1, stopped=value)
         elif kind == "stage":
             self.stage_done(key, value, t0, t1, extra, exc)
         else:
@@ -481,10 +519,10 @@ class _Run:
                 e.lanes.submit("link", self.transfer_task(n, value, here, to))
         self.arrive((n, here), value)
 
-    def timed_out(self, n: str, t0: float, t1: float) -> None:
+    def timed_out(self, n: str, t0: float, t1: float, *, stopped: bool = True) -> None:
         e = self.e
         self.queues.release(e.lane_of[n])
-        err = StageTimeoutError(timeout_message(n, e.timeout_s), stage=n, seconds=e.timeout_s)
+        err = StageTimeoutError(timeout_message(n, e.timeout_s, stopped=stopped), stage=n, seconds=e.timeout_s)
         self.stage_recs.append(StageRecord(
             name=n, device=e.devices[n].name, lane=e.lane_of[n], start_s=t0, end_s=t1, seconds=t1 - t0,
             output_bytes=0, status="failed", error=_describe(err)))

@@ -12,9 +12,12 @@ The cache never stops the work:
   validation (NaN, negative or absurd times, no measured points) or belongs to another
   pipeline or machine is ignored with one :class:`ProfileCacheWarning` naming the file,
   and the stages are measured again;
-- a cache folder that cannot be created or written (a read-only home, a path under a
-  regular file) turns the cache off for the rest of the process with one warning; the
-  measurements are returned (and saved with ``-o``) all the same.
+- a cache folder that cannot be created, read or written (a read-only home, a path under a
+  regular file, a folder the user may not enter) turns the cache off for the rest of the
+  process with one warning; the measurements are returned (and saved with ``-o``) all the
+  same. That covers every file under the cache folder: profiles, transfer models and this
+  machine's CPU calibration (:meth:`ProfileCache.read_text` / :meth:`ProfileCache.write_text`,
+  used by :func:`placer.target.calibrate.this_cpu`).
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ from placer.warnings import ProfileCacheWarning
 
 TRANSFER_SCHEMA = "placer.transfer/1"
 
-#: cache roots found unwritable in this process (each warned about once)
+#: cache roots found unwritable in this process (each warned about once, with the unreadable ones)
 _UNWRITABLE: set[str] = set()
+#: cache roots found unreadable in this process (also treated as unwritable)
+_UNREADABLE: set[str] = set()
 
 
 def _warn(message: str) -> None:
@@ -67,8 +72,59 @@ class ProfileCache:
 
     @property
     def writable(self) -> bool:
-        """False once a write failed (the cache is off for the rest of the process)."""
+        """False once a write (or a read) was refused: nothing is written for the rest of the process."""
         return str(self.root) not in _UNWRITABLE
+
+    @property
+    def readable(self) -> bool:
+        """False once a read was refused: the cache is off for the rest of the process."""
+        return str(self.root) not in _UNREADABLE
+
+    def _turn_off(self, verb: str, exc: OSError, path: Path) -> None:
+        """Stop writing (``verb`` "written") or reading and writing ("read"), with one warning a process."""
+        warned = not self.writable
+        _UNWRITABLE.add(str(self.root))
+        if verb == "read":
+            _UNREADABLE.add(str(self.root))
+        if warned:
+            return
+        _warn(f"the profile cache {str(self.root)!r} cannot be {verb} ({exc.strerror or exc}: "
+              f"{exc.filename or path}); continuing without a cache (set PLACER_CACHE_DIR to a "
+              "writable folder to keep measurements between runs)")
+
+    def _exists(self, path: Path) -> bool:
+        """Whether ``path`` is a file that can be opened; a refusal turns the cache off (one warning)."""
+        if not self.readable:
+            return False
+        try:
+            if not path.is_file():
+                return False
+            with open(path, "rb"):
+                return True
+        except PermissionError as exc:
+            self._turn_off("read", exc, path)
+        except OSError:
+            pass
+        return False
+
+    def read_text(self, path: str | os.PathLike) -> str | None:
+        """The text of a file under the cache folder, or None when it is absent or cannot be read
+        (a refused read turns the cache off with one warning; an undecodable file is None)."""
+        p = Path(path)
+        if not self._exists(p):
+            return None
+        try:
+            return p.read_text(encoding="utf-8")
+        except PermissionError as exc:
+            self._turn_off("read", exc, p)
+        except (OSError, UnicodeDecodeError):
+            pass
+        return None
+
+    def write_text(self, path: str | os.PathLike, text: str) -> Path | None:
+        """Write ``text`` atomically to ``path`` under the cache folder; on failure warn once,
+        turn the cache off and return None."""
+        return self._write(Path(path), lambda p: write_text_atomic(p, text))
 
     def path(self, pipeline: str, fingerprint: str, source: str = "") -> Path:
         tag = f"-{hashlib.sha256(source.encode()).hexdigest()[:10]}" if source else ""
@@ -80,10 +136,7 @@ class ProfileCache:
     def load(self, pipeline: str, fingerprint: str, source: str = "") -> Profile | None:
         """The cached profile, or None (with one warning naming the file when it is unusable)."""
         p = self.path(pipeline, fingerprint, source)
-        try:
-            if not p.is_file():
-                return None
-        except OSError:
+        if not self._exists(p):
             return None
         try:
             prof = Profile.load(p)
@@ -111,9 +164,9 @@ class ProfileCache:
 
     def load_transfer(self, device: str, fingerprint: str) -> TransferModel | None:
         p = self.transfer_path(device, fingerprint)
+        if not self._exists(p):
+            return None
         try:
-            if not p.is_file():
-                return None
             raw = p.read_bytes()
             text = raw.decode("utf-8")
             if too_deep(text, MAX_DEPTH):
@@ -123,6 +176,9 @@ class ProfileCache:
                 found = data.get("schema") if isinstance(data, dict) else type(data).__name__
                 raise ValueError(f"schema is {found!r}, expected {TRANSFER_SCHEMA!r}")
             tm = TransferModel.model_validate(data["model"])
+        except PermissionError as exc:
+            self._turn_off("read", exc, p)
+            return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, ValidationError) as exc:
             _warn(f"ignoring cached transfer model {str(p)!r}: {type(exc).__name__}: "
                   f"{str(exc).splitlines()[0] if str(exc) else ''}; re-measuring")
@@ -140,10 +196,7 @@ class ProfileCache:
         try:
             return write(path)
         except OSError as exc:
-            _UNWRITABLE.add(str(self.root))
-            _warn(f"the profile cache {str(self.root)!r} cannot be written ({exc.strerror or exc}: "
-                  f"{exc.filename or path}); continuing without a cache (set PLACER_CACHE_DIR to a "
-                  "writable folder to keep measurements between runs)")
+            self._turn_off("written", exc, path)
             return None
 
 

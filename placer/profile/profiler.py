@@ -568,7 +568,10 @@ def profiling_bound(budget_s: float | None) -> float | None:
 
     So a stage that hangs ends the profile with an error naming it soon after the
     budget runs out, never many budgets later, while a slow first call (imports,
-    compilation) on a small budget still gets its time.
+    compilation) on a small budget still gets its time. Each call runs in a helper
+    thread (:func:`~placer.executor.stagecall.call_with_limit`), so even a stage stuck
+    in a call Python cannot interrupt ends the profile at the bound plus
+    :data:`~placer.executor.stagecall.STOP_WAIT_S` (``docs/timeouts.md``).
     """
     from placer.executor.stagecall import default_stage_timeout
 
@@ -580,6 +583,8 @@ def profiling_bound(budget_s: float | None) -> float | None:
 
 #: the shortest bound on one stage call while profiling (see :func:`profiling_bound`)
 MIN_BOUND_S = 30.0
+#: why a stage call is bounded while profiling (in the timeout's message)
+WHY = "profiling bounds each stage by the budget"
 
 
 def _can_run(stage: Stage, device: Device) -> bool:
@@ -620,7 +625,7 @@ def _reference_run(p: Pipeline, cpu: Device, bound: float | None = None
 
     A failing stage is run again through :func:`placer.executor.execute`, whose error names it."""
     from placer.executor import call_stage, execute
-    from placer.executor.stagecall import StageTimeoutError, time_limit
+    from placer.executor.stagecall import StageTimeoutError, call_with_limit
 
     outputs: dict[str, Any] = {}
     first: dict[str, float] = {}
@@ -631,8 +636,7 @@ def _reference_run(p: Pipeline, cpu: Device, bound: float | None = None
         before = {a: data_signature(v) for a, v in ins.items() if not isinstance(v, Iterator)}
         t0 = time.perf_counter()
         try:
-            with time_limit(bound, n, why="profiling bounds each stage by the budget"):
-                outputs[n] = call_stage(st, cpu, ins, workers=cpu.workers)
+            outputs[n] = call_with_limit(lambda: call_stage(st, cpu, ins, workers=cpu.workers), bound, n, why=WHY)
         except StageTimeoutError as exc:
             raise StageFailedError(str(exc), stage=n, outputs=dict(outputs)) from exc
         except Exception:  # noqa: BLE001 - the executor reports it, naming the stage
@@ -691,7 +695,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
 
     Returns the seconds spent on one-time costs (first calls beyond steady state)."""
     from placer.executor import call_stage
-    from placer.executor.stagecall import time_limit
+    from placer.executor.stagecall import call_with_limit
     from placer.executor.transfer import nbytes, to_location
 
     cpu_dev = next((d for d in devs if not d.is_accelerator), None) or discover().get("cpu")
@@ -721,10 +725,10 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                 setup = None if fresh is None else (lambda place=place: place(fresh()))
                 workers = cpu_dev.workers if on_host else 1
                 call = lambda ins, d=d, workers=workers: call_stage(st, d, ins, workers=workers)  # noqa: E731
-                cold = None
                 # the calls below: a cold one, a warm-up and at least three timed repeats
                 limit = None if bound is None else bound + 5 * first[n] + 2.0
-                with time_limit(limit, n, why="profiling bounds each stage by the budget"):
+
+                def timed(d=d, on_host=on_host, inputs=inputs, setup=setup, call=call, share=share):
                     if on_host:
                         cold = first[n]  # the reference run was this size's first call
                     else:
@@ -737,6 +741,9 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                                 cold=False, warmup=0, min_reps=3, max_reps=30,
                                 min_time_s=min(MIN_TIMED_S, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),
                                 label=f"stage {n!r} on {d.name} at size {size}", warn=False)
+                    return cold, mem, m
+
+                cold, mem, m = call_with_limit(timed, limit, n, why=WHY)
             except Exception as exc:  # noqa: BLE001 - recorded; other stages still profiled
                 dp.error = f"{type(exc).__name__}: {exc}"
                 notes.append(f"stage {n!r} on {d.name} at size {size} failed: {dp.error}")

@@ -1,6 +1,7 @@
 """Refusing a plan, runs, cost table and pipeline that do not belong together.
 
-May import: placer.report.inputs.
+May import: placer.report.inputs, placer.devices (the registry's names: ``kind_for``,
+``same_device``, ``valid_names``).
 
 A report puts its inputs side by side, so they must describe one pipeline: the same
 stages everywhere, the same pipeline name where it is known (a run and a live pipeline
@@ -8,6 +9,12 @@ know theirs, a plan when its ``pipeline`` is set; a cost table does not), and th
 plan's run must have placed every stage where the plan does. Baseline runs (all on
 the CPU, all on the GPU, the rule of thumb) place stages elsewhere on purpose: only
 their pipeline and stages are compared.
+
+Each saved file is also checked on its own, against the devices it names and the stages
+it has: a plan or run whose placement names a device no registered kind knows
+(``"tpu"``), a run record on such a device, or a run record of a stage the plan (else the
+run's own placement) does not have, is refused naming the file and the field
+(``the run 'run.json' (pipeline 'p'): field stages[1].device is 'tpu', ...``).
 
 Examples
 --------
@@ -25,14 +32,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from placer.devices import kind_for, same_device, valid_names
 from placer.report.inputs import Inputs, ReportInputError
 
 #: stage names listed in a message before "and N more"
 SHOWN = 5
 #: what every mismatch of pipeline or stages asks for
 FIX = "give a plan, runs and cost table of one pipeline"
-#: names of one device (``gpu`` means the first GPU)
-ALIASES = ({"gpu", "gpu:0"},)
+#: what every refused field asks for
+FIX_FIELD = "fix the file, or make it again with placer"
 
 
 class MismatchedInputsError(ReportInputError):
@@ -52,7 +60,8 @@ class Part:
 
 
 def check(inputs: Inputs) -> None:
-    """Raise :class:`MismatchedInputsError` (one line, naming both inputs) unless they belong together."""
+    """Raise :class:`MismatchedInputsError` (one line, naming the inputs and, for one file, the field)
+    unless each names known devices and its own stages, and they belong together."""
     parts = _parts(inputs)
     named = [p for p in parts if p.pipeline is not None]
     for p in named[1:]:
@@ -61,11 +70,55 @@ def check(inputs: Inputs) -> None:
     for p in parts[1:]:
         if p.stages != parts[0].stages:
             raise _mismatch(parts[0], p, "different stages (" + stage_difference(parts[0], p) + ")")
+    check_fields(inputs)
     if inputs.plan is not None and inputs.run is not None:
         moved = placement_difference(inputs.plan.placement, run_placement(inputs.run))
         if moved:
             raise _mismatch(parts[0], parts[1], moved,
                             "give the run of this plan as the run, and other runs as baselines")
+
+
+def check_fields(inputs: Inputs) -> None:
+    """Refuse a plan or run that names an unknown device, or a run record of a stage it should not have."""
+    files = inputs.files
+    plan = inputs.plan
+    if plan is not None:
+        title = _part("plan", files.get("plan"), (), plan.pipeline).title
+        _devices_known(title, {f"placement.{n}": d for n, d in plan.placement.items()})
+        _devices_known(title, {f"schedule.stages[{i}].device": e.device for i, e in enumerate(plan.schedule.stages)})
+    runs = [("run", "run", inputs.run)] + [(f"baselines.{key}", f"{key} run", r) for key, r in inputs.baselines.items()]
+    for key, what, run in runs:
+        if run is None:
+            continue
+        title = _part(what, files.get(key), (), run.pipeline).title
+        _devices_known(title, {f"placement.{n}": d for n, d in run.placement.items()})
+        _devices_known(title, {f"stages[{i}].device": r.device for i, r in enumerate(run.stages)})
+        if plan is not None:
+            have, whose = set(plan.placement), _part("plan", files.get("plan"), ()).title
+        else:
+            have, whose = set(run.placement), "its placement"
+        if not have:
+            continue
+        names = [(f"stages[{i}].name", r.name) for i, r in enumerate(run.stages)]
+        names += [("failed_stage", run.failed_stage)] if run.failed_stage is not None else []
+        for field, name in names:
+            if name not in have:
+                raise MismatchedInputsError(
+                    f"{title}: field {field} names stage {name!r}, which {whose} does not have "
+                    f"(it has {_listed(have)}); {FIX}")
+
+
+def _devices_known(title: str, fields: dict[str, str]) -> None:
+    """Refuse the first field whose device no registered kind knows, naming it."""
+    for field, device in fields.items():
+        if not isinstance(device, str) or kind_for(device) is None:
+            raise MismatchedInputsError(f"{title}: field {field} is {device!r}, not a device placer knows "
+                                        f"(use {valid_names()}); {FIX_FIELD}")
+
+
+def _listed(names) -> str:
+    names = sorted(names)
+    return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
 
 
 def _parts(inputs: Inputs) -> list[Part]:
@@ -95,11 +148,6 @@ def _part(what: str, path: str | None, stages, pipeline: str | None = None) -> P
 def run_placement(run) -> dict[str, str]:
     """Where a run placed each stage (its records' devices when its placement is empty)."""
     return dict(run.placement) or {s.name: s.device for s in run.stages}
-
-
-def same_device(a: str, b: str) -> bool:
-    """Whether two device names mean one device (``gpu`` and ``gpu:0`` do)."""
-    return a == b or any({a, b} == names for names in ALIASES)
 
 
 def placement_difference(planned: dict[str, str], ran: dict[str, str]) -> str:

@@ -115,19 +115,20 @@ def _thread_scaling(cores: int) -> dict[int, float]:
 def this_cpu(*, refresh: bool = False, budget_s: float = CPU_BUDGET_S) -> CpuDescription:
     """This machine's CPU calibration: from the cache, or measured now (and cached)."""
     from placer.devices import discover
-    from placer.files import write_text_atomic
-    from placer.profile.cache import cache_dir
+    from placer.profile.cache import ProfileCache
 
-    path = cache_dir() / f"cpu-{cpu_key(discover().host)}.json"
-    if path.exists() and not refresh:
+    cache = ProfileCache()  # a cache that cannot be read or written is no cache (one warning)
+    path = cache.root / f"cpu-{cpu_key(discover().host)}.json"
+    text = None if refresh else cache.read_text(path)
+    if text is not None:
         try:
-            cpu = CpuDescription.model_validate_json(path.read_text())
+            cpu = CpuDescription.model_validate_json(text)
             if all(r.ops is not None for r in cpu.ops):  # else an older calibration: measure again
                 return cpu
         except ValueError:
             pass  # unreadable: measure again
     cpu = calibrate_cpu(budget_s=budget_s)
-    write_text_atomic(path, cpu.model_dump_json(indent=1))
+    cache.write_text(path, cpu.model_dump_json(indent=1))
     return cpu
 
 

@@ -1,7 +1,7 @@
 """Running one stream: bounded queues between nodes, workers per node, batches kept in order.
 
 May import: placer.pipeline, placer.devices, placer.errors, placer.data.run, placer.timing,
-placer.executor.transfer, placer.executor.stream.*; torch inside functions.
+placer.executor.{transfer,stagecall}, placer.executor.stream.*; torch inside functions.
 
 The source reads ahead at most ``prefetch`` batches into the first queue; every
 node takes from its input queue, works, and hands its result on in sequence order
@@ -85,11 +85,17 @@ class StreamRun:
     consts : dict
         One-shot stage → its output on the host, for every one-shot input of the stream.
     config : StreamConfig
+    stage_timeout : float, optional
+        The longest one call of a stage (one batch; the source: reading one batch) may take;
+        a call over it fails the stream naming the stage (see :class:`~placer.executor.stagecall.CallWatch`).
     """
 
     def __init__(self, pipeline: Pipeline, source: str, devices: dict[str, Device], consts: dict[str, Any],
-                 config: StreamConfig):
+                 config: StreamConfig, stage_timeout: float | None = None):
+        from placer.executor.stagecall import CallWatch
+
         self.pipeline, self.source, self.config = pipeline, source, config
+        self.watch = CallWatch(stage_timeout)
         self.members = pipeline.streams()[source]
         self.step_name = self.members[-1]
         self.nodes: list[Node] = build_nodes(pipeline, self.members, devices, consts, config)
@@ -134,13 +140,13 @@ class StreamRun:
                     if self._enough(seq):
                         return
                 continue
-            it = batches(src, call_source(src, consts, epoch), self.config)
-            nxt = next(it, _END)
+            it = batches(src, self.watch.call(self.source, call_source, src, consts, epoch), self.config)
+            nxt = self.watch.call(self.source, next, it, _END)
             index = 0
             while nxt is not _END and not self.stop.is_set():
                 cur, error = nxt, None
                 try:  # one batch ahead, to know the last of an epoch (for the cache)
-                    nxt = next(it, _END)
+                    nxt = self.watch.call(self.source, next, it, _END)
                 except Exception as exc:  # noqa: BLE001 - the batch read before it is still good
                     nxt, error = _END, exc
                 info = BatchInfo(epoch, index, seq)
@@ -161,6 +167,10 @@ class StreamRun:
     def work(self, node: Node, b: Bundle) -> Bundle:
         if b.start > node.index:
             return b
+        # a worker process (or a cluster task) stops when the stream does; a thread is told to stop
+        return self.watch.call(node.name, self._work, node, b, key=(b.info, b.seq), stoppable=node.pool is None)
+
+    def _work(self, node: Node, b: Bundle) -> Bundle:
         if node.kind == "step":
             self._step(node, b)
             return b
@@ -199,8 +209,13 @@ class StreamRun:
                 self.step.start()
             self.t0 = now()
             self.setup_s = self.t0 - t_setup
-            if self.config.sequential:
+            if self.config.sequential and self.watch.seconds is None:
                 self._run_inline()
+            elif self.config.sequential:  # in a thread of its own, so that a stuck stage can be left behind
+                from placer.executor.stagecall import without_stop
+
+                self._wait([threading.Thread(target=without_stop(self._run_inline), name=f"placer-{self.source}",
+                                             daemon=True)])
             else:
                 self._run_threads()
         except BaseException as exc:
@@ -282,26 +297,37 @@ class StreamRun:
             self.peak_bytes = max(self.peak_bytes, size * self.inflight)
 
     def _run_threads(self) -> None:
+        from placer.executor.stagecall import without_stop
+
         cap = self.config.prefetch
         self.queues = [queue.Queue(maxsize=cap) for _ in self.nodes[1:]]
-        threads = [threading.Thread(target=self._source_loop, name=f"placer-{self.source}", daemon=True)]
+        threads = [threading.Thread(target=without_stop(self._source_loop), name=f"placer-{self.source}",
+                                    daemon=True)]
         for i, node in enumerate(self.nodes[1:], start=1):
             out = _Ordered(self.queues[i] if i < len(self.queues) else None, self.stop)
             shared = _Exit(node.workers, out)
             for w in range(node.workers):
-                threads.append(threading.Thread(target=self._node_loop, args=(node, self.queues[i - 1], out, shared),
+                threads.append(threading.Thread(target=without_stop(self._node_loop),
+                                                args=(node, self.queues[i - 1], out, shared),
                                                 name=f"placer-{node.name}-{w}", daemon=True))
+        self._wait(threads)
+
+    def _wait(self, threads: list[threading.Thread]) -> None:
+        """Start ``threads`` and wait for them; a stage call over the stage timeout stops the stream."""
         for t in threads:
             t.start()
         try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(_POLL_S)
+            late = self.watch.wait(threads, self.stop)
         except BaseException:  # Ctrl-C, or the exit the command line turns it into
             self.stop.set()
             for t in threads:
                 t.join(_JOIN_S)
             raise
+        if late is not None:
+            info, seq = self.watch.overdue[1] or (None, None)
+            with self.lock:
+                self.failure = (late.stage, info, late)
+                self.fail_seq = min(self.fail_seq, seq if seq is not None else -1)
 
     def _source_loop(self) -> None:
         node, q = self.nodes[0], self.queues[0]

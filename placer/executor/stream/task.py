@@ -25,18 +25,21 @@ class StreamTask:
     """The engine's callable for one stream: runs it and keeps its statistics in ``sink``."""
 
     def __init__(self, pipeline: Pipeline, source: str, devices: dict[str, Device], config: StreamConfig,
-                 sink: list[StreamStats]):
+                 sink: list[StreamStats], stage_timeout: float | None = None):
         self.pipeline, self.source, self.devices, self.config, self.sink = pipeline, source, devices, config, sink
+        self.stage_timeout = stage_timeout
 
     def __call__(self, **consts: Any) -> Any:
-        result, stats = StreamRun(self.pipeline, self.source, self.devices, consts, self.config).run()
+        result, stats = StreamRun(self.pipeline, self.source, self.devices, consts, self.config,
+                                  stage_timeout=self.stage_timeout).run()
         self.sink.append(stats)
         return result
 
 
 def collapse(p: Pipeline, devices: dict[str, Device], config: StreamConfig, cpu: Device,
-             sink: list[StreamStats]) -> tuple[Pipeline, dict[str, Device]]:
-    """The pipeline the engine runs: every stream replaced by one task named after its step."""
+             sink: list[StreamStats], stage_timeout: float | None = None) -> tuple[Pipeline, dict[str, Device]]:
+    """The pipeline the engine runs: every stream replaced by one task named after its step
+    (``stage_timeout`` bounds each call of a stream's stage, one batch)."""
     streams = p.streams()
     if not streams:
         return p, devices
@@ -49,7 +52,7 @@ def collapse(p: Pipeline, devices: dict[str, Device], config: StreamConfig, cpu:
         if n in steps:
             src = steps[n]
             ext = sorted({s for m in streams[src] for s in p.stages[m].inputs.values() if s not in member})
-            task = StreamTask(p, src, {m: devices[m] for m in streams[src]}, config, sink)
+            task = StreamTask(p, src, {m: devices[m] for m in streams[src]}, config, sink, stage_timeout)
             out.add(Stage(name=n, kind=st.kind, cpu=Impl(fn=task, api="any"), inputs={s: s for s in ext}))
             placed[n] = cpu
         elif n not in member:

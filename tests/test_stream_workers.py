@@ -188,7 +188,7 @@ def test_a_successful_run_leaves_no_worker_process():
 
 # -- Ctrl-C on the command line -------------------------------------------------------------------
 SLOW = '''
-import os, pathlib, time
+import os, pathlib, threading, time
 import numpy as np
 from placer import Pipeline
 
@@ -206,7 +206,9 @@ def build(size=None):
 
     @p.stage(kind="preprocessing", device="cpu")
     def augment(batches):
-        pathlib.Path(os.environ["MARKER"]).write_text(str(os.getpid()))
+        mine = pathlib.Path(f"{os.environ['MARKER']}.{os.getpid()}.{threading.get_ident()}")  # whole, then renamed:
+        mine.write_text(str(os.getpid()))                                # the test never reads it half-written
+        os.replace(mine, os.environ["MARKER"])
         time.sleep(0.05)
         return batches * 2
 

@@ -233,11 +233,14 @@ def explain_stages(
         others = [e for e in range(len(pb.devices))
                   if e != d and pb.devices[e] not in blocked]
         alt = min(others, key=lambda e: pb.time[v][e], default=None)
-        delta = 0.0 if alt is None else (
-            copies_around(pb, place, v, d) - copies_around(pb, place, v, alt))
+        around = {}
+        if alt is not None:
+            around = {d: copies_around(pb, place, v, d), alt: copies_around(pb, place, v, alt)}
+        delta = 0.0 if alt is None else around[d] - around[alt]
         text = reason(pb, place, v, objective=objective, value=value,
                       flips=None if flips is None else flips[v], at=at,
-                      loop_carried=st.loop_carried, pinned=st.pin is not None, blocked=blocked)
+                      loop_carried=st.loop_carried, pinned=st.pin is not None, blocked=blocked,
+                      around=around)
         out[name] = StageChoice(
             name=name,
             kind=st.kind,

@@ -331,6 +331,25 @@ def test_a_timeline_resimulates_moves_to_the_same_makespan_bit_for_bit(table, da
     assert line.record() == runs
 
 
+def test_a_timeline_re_times_inputs_that_arrived_before_its_saved_state():
+    """``w`` reads ``a`` (done at 1 s, 8 GB) and ``b`` (done at 3 s): moved to the GPU after
+    ``a`` is done, it still waits for ``a``'s 8 s copy."""
+    from placer.optimize.simulate import Timeline, makespan
+
+    table = CostTable.model_validate({
+        "devices": {"cpu": {"kind": "cpu", "workers": 2}, "gpu": {"kind": "gpu"}},
+        "link": {"h2d": {"latency_s": 0.0, "bandwidth_Bps": 1e9}, "d2h": {"latency_s": 0.0, "bandwidth_Bps": 1e9}},
+        "stages": [{"name": "a", "output_bytes": 8e9, "seconds": {"cpu": 1.0}},
+                   {"name": "b", "seconds": {"cpu": 3.0}},
+                   {"name": "w", "inputs": ["a", "b"], "seconds": {"cpu": 1.0, "gpu": 1.0}}]})
+    pb = Problem(table)
+    cpu, gpu = pb.dev_index["cpu"], pb.dev_index["gpu"]
+    line = Timeline(pb, [cpu, cpu, cpu], saves=pb.n)
+    assert line.makespan([cpu, cpu, cpu]) == 4.0
+    assert line.makespan([cpu, cpu, gpu]) == makespan(pb, [cpu, cpu, gpu]) == 10.0  # 1 + 8 + 1
+    assert line.saved[-1][0] >= 2  # there is a state saved after ``a`` completed
+
+
 def test_a_timeline_resumes_late_moves_from_a_saved_state():
     """On a long chain a move of the last stage replays only the last rounds (counted here)."""
     import importlib
@@ -360,6 +379,32 @@ def test_a_timeline_resumes_late_moves_from_a_saved_state():
     finally:
         sim._simulate = real
     assert rounds and rounds[0] >= line.every * 10  # resumed past the first half of the saves
+
+
+def test_the_timeline_changes_no_plan(monkeypatch):
+    """The same search with and without resuming moves gives the same plan (a counting clock
+    stands in for the time budget, so both searches make the same moves)."""
+    import random
+
+    import placer.optimize.heuristic as heuristic_module
+    from placer.optimize.synthetic import random_table
+
+    class Clock:
+        t = 0.0
+
+        def perf_counter(self):
+            self.t += 1e-3
+            return self.t
+
+    table = random_table(random.Random(11), 120, accelerators=2, max_inputs=2)
+    plans = []
+    for first in (heuristic_module.TIMELINE_MIN, 10**9):
+        monkeypatch.setattr(heuristic_module, "time", Clock())
+        monkeypatch.setattr(heuristic_module, "TIMELINE_MIN", first)
+        doc = json.loads(plan(table, method="heuristic").to_json())
+        doc.pop("planning_s")
+        plans.append(doc)
+    assert plans[0] == plans[1]
 
 
 # -- search ------------------------------------------------------------------------------

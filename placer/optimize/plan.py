@@ -226,8 +226,9 @@ def explain_stages(
         flips = flip_values(pb, place, lambda p: objective.evaluate(pb, p, deadline_s))
     at = f" at {size:,.0f} {unit}" if size else ""
     out = {}
+    by_name = {st.name: st for st in table.stages}
     for v, name in enumerate(pb.names):
-        st = table.stage(name)
+        st = by_name[name]
         d = place[v]
         blocked = pb.blocked[v]
         others = [e for e in range(len(pb.devices))

@@ -5,22 +5,29 @@
     model; the gap of a plan is ``value / optimum - 1``. Printed per objective for
     ``method="exact"`` and ``method="heuristic"``.
 (b) Speed: ``placer.optimize.plan`` (the library call, explanations and baselines
-    included) on random pipelines of 1,000 and 10,000 stages, and exact search on
-    16 free stages.
+    included) on random pipelines of 1,000 and 10,000 stages, each in a fresh
+    process; ``placer plan --costs`` on the 1,000-stage table, beyond the start-up
+    of the same command on a one-stage table; and exact search on 16 free stages.
+    With ``--baseline DIR`` (another checkout of placer), the library call and the
+    command are timed there too, alternating with this tree's, so that both meet
+    the same machine load.
 
-Usage: ``python benchmarks/optimizer.py [--cases N] [--out benchmarks/results/optimizer.txt]``
+Usage: ``python benchmarks/optimizer.py [--cases N] [--baseline DIR] [--out benchmarks/results/optimizer.txt]``
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import platform
 import random
 import statistics
+import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +41,21 @@ from placer.optimize.problem import Problem  # noqa: E402
 from placer.optimize.synthetic import random_model, random_table  # noqa: E402
 
 TARGETS = {"exact_worst": 0.0, "heuristic_worst": 0.05, "heuristic_mean": 0.01,
-           1000: 1.0, 10000: 10.0}
+           1000: 0.5, 10000: 5.0, "cli": 0.5}
+ROOT = Path(__file__).resolve().parents[1]
+#: one plan(table) of a random pipeline, in a fresh process of the tree on PYTHONPATH: prints its numbers
+ONE_PLAN = """
+import json, random, sys, time
+from placer.optimize import plan
+from placer.optimize.synthetic import random_table
+table = random_table(random.Random(int(sys.argv[2])), int(sys.argv[1]), max_inputs=2)
+t0 = time.perf_counter()
+p = plan(table)
+s = time.perf_counter() - t0
+known = [v for v in p.baselines.values() if v is not None]
+print(json.dumps({"s": s, "method": p.method, "makespan": p.predicted_makespan_s,
+                  "rule": p.baselines["rule_of_thumb"], "best": min(known) if known else None}))
+"""
 
 
 def machine() -> list[str]:
@@ -106,24 +127,43 @@ def quality(cases: int, seed: int) -> list[str]:
     return lines
 
 
-def speed(seed: int, repeats: int) -> list[str]:
-    lines = ["(b) speed: plan(table) library call, explanations and baselines included "
-             f"(median of {repeats})",
-             f"{'stages':>7} {'method':<10} {'planning s':>10} {'max s':>7} {'target':>7} "
+def _tree_env(tree: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": str(tree)}
+
+
+def _one_plan(tree: Path, n: int, seed: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", ONE_PLAN, str(n), str(seed)], cwd=tree, env=_tree_env(tree),
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _command_s(tree: Path, table: Path, *extra: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "placer", "plan", "--costs", str(table), *extra], cwd=tree,
+                   env=_tree_env(tree), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def speed(seed: int, repeats: int, baseline: Path | None = None) -> list[str]:
+    trees = [("this tree", ROOT)] + ([("baseline", baseline)] if baseline is not None else [])
+    lines = ["(b) speed: plan(table) library call in a fresh process, explanations and baselines "
+             f"included (median of {repeats})" + (f"; baseline: {baseline}" if baseline else ""),
+             f"{'stages':>7} {'tree':<10} {'method':<10} {'planning s':>10} {'max s':>7} {'target':>7} "
              f"{'makespan':>9} {'rule of thumb':>14} {'best baseline':>14}"]
     for n in (1000, 10000):
-        times, p = [], None
+        got: dict[str, list[dict]] = {name: [] for name, _ in trees}
         for r in range(repeats):
-            table = random_table(random.Random(seed + r), n, max_inputs=2)
-            t0 = time.perf_counter()
-            p = plan(table)
-            times.append(time.perf_counter() - t0)
-        known = [v for v in p.baselines.values() if v is not None]
-        rule = p.baselines["rule_of_thumb"]
-        lines.append(f"{n:>7} {p.method:<10} {statistics.median(times):>10.2f} {max(times):>7.2f} "
-                     f"{'< ' + str(TARGETS[n]):>7} {p.predicted_makespan_s:>9.2f} "
-                     f"{rule if rule is None else round(rule, 2)!s:>14} "
-                     f"{min(known) if known else float('nan'):>14.2f}")
+            for name, tree in trees:  # alternating: the trees meet the same load
+                got[name].append(_one_plan(tree, n, seed + r))
+        for name, _ in trees:
+            times = [g["s"] for g in got[name]]
+            last = got[name][-1]
+            rule = last["rule"]
+            lines.append(f"{n:>7} {name:<10} {last['method']:<10} {statistics.median(times):>10.2f} "
+                         f"{max(times):>7.2f} {'< ' + str(TARGETS[n]):>7} {last['makespan']:>9.2f} "
+                         f"{rule if rule is None else round(rule, 2)!s:>14} "
+                         f"{last['best'] if last['best'] is not None else float('nan'):>14.2f}")
+    lines += command(seed, repeats, trees)
     times = []
     rng = random.Random(seed)
     for _ in range(10):
@@ -136,16 +176,45 @@ def speed(seed: int, repeats: int) -> list[str]:
     return lines
 
 
+def command(seed: int, repeats: int, trees: list[tuple[str, Path]]) -> list[str]:
+    """``placer plan --costs`` on the 1,000-stage table beyond start-up (best of ``repeats``)."""
+    lines = [f"command line: placer plan --costs on the 1,000-stage table (seed {seed}), seconds beyond "
+             f"start-up (the same command on a one-stage table), best of {repeats}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        big, one = Path(tmp) / "pipeline-1000.json", Path(tmp) / "one-stage.json"
+        write_text_atomic(big, random_table(random.Random(seed), 1000, max_inputs=2).model_dump_json())
+        write_text_atomic(one, json.dumps({"devices": {"cpu": {"kind": "cpu"}},
+                                           "stages": [{"name": "a", "seconds": {"cpu": 1.0}}]}))
+        for extra, what in ((["--json"], "--json"), ([], "table printed")):
+            best: dict[str, list[float]] = {name: [math.inf, math.inf] for name, _ in trees}
+            for _ in range(repeats):
+                for name, tree in trees:
+                    best[name][0] = min(best[name][0], _command_s(tree, one, *extra))
+                    best[name][1] = min(best[name][1], _command_s(tree, big, *extra))
+            for name, _ in trees:
+                start, total = best[name]
+                lines.append(f"  {name:<10} {what:<14} start-up {start:5.2f} s, 1,000 stages {total:5.2f} s: "
+                             f"{total - start:5.2f} s beyond start-up (target < {TARGETS['cli']})")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=2024)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another placer checkout to time alongside this one (speed only)")
+    ap.add_argument("--speed-only", action="store_true", help="skip (a), the quality comparison")
     args = ap.parse_args()
     lines = ["placer optimizer benchmark", *machine(), ""]
     print("\n".join(lines), flush=True)
-    for part in (quality(args.cases, args.seed), [""], speed(args.seed, args.repeats)):
+    parts = [] if args.speed_only else [lambda: quality(args.cases, args.seed), lambda: [""]]
+    parts += [lambda: speed(args.seed, args.repeats, args.baseline),
+              lambda: ["load average at the end: " + " ".join(f"{x:.1f}" for x in os.getloadavg())]]
+    for run in parts:
+        part = run()
         print("\n".join(part), flush=True)
         lines += part
     if args.out is not None:

@@ -119,6 +119,14 @@ class ReadyQueues:
         """A task on ``lane`` completed: its slot is free."""
         self.free[lane] += 1
 
+    def copy(self) -> ReadyQueues:
+        """An independent copy: the same ready tasks and free slots."""
+        other = ReadyQueues.__new__(ReadyQueues)
+        other.free = dict(self.free)
+        other._lanes = [(lane, heap[:]) for lane, heap in self._lanes]
+        other._ready = dict(other._lanes)
+        return other
+
     def pop_startable(self) -> list[tuple[Hashable, Any]]:
         """Take the slots: ``(lane, task)`` for every task that starts now, in dispatch order.
 

@@ -309,6 +309,104 @@ def test_fast_simulator_matches_the_reference(table, data):
     assert rel_eq(simulate(table, place).makespan_s, reference_makespan(table, place))
 
 
+@FAST
+@given(tables(min_n=2, max_n=9), st.data())
+def test_a_timeline_resimulates_moves_to_the_same_makespan_bit_for_bit(table, data):
+    """Moves near a followed placement, resumed from a saved state, equal a full simulation."""
+    from placer.optimize.simulate import Timeline, following, makespan
+
+    pb = Problem(table, pins=False)
+    base = [data.draw(st.sampled_from(al)) for al in pb.allowed]
+    line = Timeline(pb, base, saves=data.draw(st.sampled_from([1, 3, pb.n])))
+    view = following(pb, base)
+    assert line.makespan(base) == makespan(pb, base) == makespan(view, base)
+    for _ in range(6):
+        place = base[:]
+        for v in data.draw(st.sets(st.integers(0, pb.n - 1), min_size=1, max_size=3)):
+            place[v] = data.draw(st.sampled_from(pb.allowed[v]))
+        assert line.makespan(place) == makespan(pb, place) == makespan(view, place)
+    assert view.timeline.place == base and pb.timeline is None  # the table's problem is untouched
+    runs: list = []
+    makespan(pb, base, runs)
+    assert line.record() == runs
+
+
+def test_a_timeline_re_times_inputs_that_arrived_before_its_saved_state():
+    """``w`` reads ``a`` (done at 1 s, 8 GB) and ``b`` (done at 3 s): moved to the GPU after
+    ``a`` is done, it still waits for ``a``'s 8 s copy."""
+    from placer.optimize.simulate import Timeline, makespan
+
+    table = CostTable.model_validate({
+        "devices": {"cpu": {"kind": "cpu", "workers": 2}, "gpu": {"kind": "gpu"}},
+        "link": {"h2d": {"latency_s": 0.0, "bandwidth_Bps": 1e9}, "d2h": {"latency_s": 0.0, "bandwidth_Bps": 1e9}},
+        "stages": [{"name": "a", "output_bytes": 8e9, "seconds": {"cpu": 1.0}},
+                   {"name": "b", "seconds": {"cpu": 3.0}},
+                   {"name": "w", "inputs": ["a", "b"], "seconds": {"cpu": 1.0, "gpu": 1.0}}]})
+    pb = Problem(table)
+    cpu, gpu = pb.dev_index["cpu"], pb.dev_index["gpu"]
+    line = Timeline(pb, [cpu, cpu, cpu], saves=pb.n)
+    assert line.makespan([cpu, cpu, cpu]) == 4.0
+    assert line.makespan([cpu, cpu, gpu]) == makespan(pb, [cpu, cpu, gpu]) == 10.0  # 1 + 8 + 1
+    assert line.saved[-1][0] >= 2  # there is a state saved after ``a`` completed
+
+
+def test_a_timeline_resumes_late_moves_from_a_saved_state():
+    """On a long chain a move of the last stage replays only the last rounds (counted here)."""
+    import importlib
+    import random
+
+    from placer.optimize.synthetic import random_table
+
+    sim = importlib.import_module("placer.optimize.simulate")  # the package's name is the function
+
+    pb = Problem(random_table(random.Random(5), 200, chain=True))
+    base = [al[0] for al in pb.allowed]
+    line = sim.Timeline(pb, base, saves=20)
+    line.makespan(base)  # simulates the followed placement once
+    rounds = []
+    real = sim._simulate
+
+    def counting(pb_, place, loc, record=None, state=None, round0=0, **kw):
+        rounds.append(round0)
+        return real(pb_, place, loc, record, state, round0, **kw)
+
+    sim._simulate = counting
+    try:
+        last = [v for v in range(pb.n) if len(pb.allowed[v]) > 1][-1]
+        place = base[:]
+        place[last] = pb.allowed[last][1]
+        assert line.makespan(place) == real(pb, place, [pb.loc[d] for d in place])
+    finally:
+        sim._simulate = real
+    assert rounds and rounds[0] >= line.every * 10  # resumed past the first half of the saves
+
+
+def test_the_timeline_changes_no_plan(monkeypatch):
+    """The same search with and without resuming moves gives the same plan (a counting clock
+    stands in for the time budget, so both searches make the same moves)."""
+    import random
+
+    import placer.optimize.heuristic as heuristic_module
+    from placer.optimize.synthetic import random_table
+
+    class Clock:
+        t = 0.0
+
+        def perf_counter(self):
+            self.t += 1e-3
+            return self.t
+
+    table = random_table(random.Random(11), 120, accelerators=2, max_inputs=2)
+    plans = []
+    for first in (heuristic_module.TIMELINE_MIN, 10**9):
+        monkeypatch.setattr(heuristic_module, "time", Clock())
+        monkeypatch.setattr(heuristic_module, "TIMELINE_MIN", first)
+        doc = json.loads(plan(table, method="heuristic").to_json())
+        doc.pop("planning_s")
+        plans.append(doc)
+    assert plans[0] == plans[1]
+
+
 # -- search ------------------------------------------------------------------------------
 
 

@@ -133,6 +133,17 @@ def test_ready_queues_fill_each_lanes_free_slots_with_its_best_tasks():
     assert q.pop_startable() == [("cpu", "urgent")]
 
 
+def test_a_copy_of_the_queues_dispatches_alike_and_apart():
+    q = ReadyQueues({"cpu": 1, "gpu": 1})
+    q.push("a", "cpu", 2)
+    q.push("b", "cpu", 1)
+    c = q.copy()
+    q.push("z", "gpu", 0)
+    assert c.pop_startable() == [("cpu", "b")]
+    assert q.pop_startable() == [("cpu", "b"), ("gpu", "z")]
+    assert c.free == {"cpu": 0, "gpu": 1} and q.free == {"cpu": 0, "gpu": 0}
+
+
 def test_copies_go_once_to_every_other_consumer_location_and_home_for_a_sink():
     assert copy_targets("host", ["gpu:1", "host", "gpu:0", "gpu:1"], sink=False, home="host") == ["gpu:0", "gpu:1"]
     assert copy_targets("gpu:0", ["gpu:0"], sink=False, home="host") == []

@@ -74,9 +74,15 @@ def copies_in(pb: Problem, place: list[int], v: int) -> float:
 
 def copies_out(pb: Problem, place: list[int], v: int) -> float:
     """Seconds of the copies of ``v``'s output (once per destination location)."""
-    lv = pb.loc[place[v]]
-    dests = {pb.loc[place[w]] for w in pb.succs[v]} | ({0} if not pb.succs[v] else set())
-    return sum(pb.tr(v, lv, lw) for lw in dests if lw != lv)
+    loc = pb.loc
+    lv = loc[place[v]]
+    succs = pb.succs[v]
+    dests = {loc[place[w]] for w in succs} if succs else {0}
+    dests.discard(lv)
+    if not dests:
+        return 0
+    tr = pb.tr
+    return sum(tr(v, lv, lw) for lw in dests)
 
 
 def copies_around(pb: Problem, place: list[int], v: int, d: int) -> float:
@@ -115,8 +121,13 @@ def reason(
     loop_carried: bool,
     pinned: bool,
     blocked: dict[str, str],
+    around: dict[int, float] | None = None,
 ) -> str:
-    """One plain sentence: why stage ``v`` runs on ``place[v]`` (under ``objective``, worth ``value``)."""
+    """One plain sentence: why stage ``v`` runs on ``place[v]`` (under ``objective``, worth ``value``).
+
+    ``around`` (device -> :func:`copies_around` of ``v`` there) saves recomputing those
+    a caller already has; missing devices are computed.
+    """
     d = place[v]
     here, tc = device_word(pb, d), pb.time[v][d]
     others = [e for e in range(len(pb.devices)) if e != d and pb.devices[e] not in blocked]
@@ -130,7 +141,11 @@ def reason(
     there, ta = device_word(pb, alt), pb.time[v][alt]
     if pinned:
         return f"pinned to {here} ({there} would take {fmt_s(ta)} instead of {fmt_s(tc)})"
-    saved = copies_around(pb, place, v, alt) - copies_around(pb, place, v, d)
+    around = {} if around is None else around
+    for e in (alt, d):
+        if e not in around:
+            around[e] = copies_around(pb, place, v, e)
+    saved = around[alt] - around[d]
     own = objective.reason(pb, place, v, alt, flips, value)
     if own is not None:
         return own

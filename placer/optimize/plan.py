@@ -226,18 +226,22 @@ def explain_stages(
         flips = flip_values(pb, place, lambda p: objective.evaluate(pb, p, deadline_s))
     at = f" at {size:,.0f} {unit}" if size else ""
     out = {}
+    by_name = {st.name: st for st in table.stages}
     for v, name in enumerate(pb.names):
-        st = table.stage(name)
+        st = by_name[name]
         d = place[v]
         blocked = pb.blocked[v]
         others = [e for e in range(len(pb.devices))
                   if e != d and pb.devices[e] not in blocked]
         alt = min(others, key=lambda e: pb.time[v][e], default=None)
-        delta = 0.0 if alt is None else (
-            copies_around(pb, place, v, d) - copies_around(pb, place, v, alt))
+        around = {}
+        if alt is not None:
+            around = {d: copies_around(pb, place, v, d), alt: copies_around(pb, place, v, alt)}
+        delta = 0.0 if alt is None else around[d] - around[alt]
         text = reason(pb, place, v, objective=objective, value=value,
                       flips=None if flips is None else flips[v], at=at,
-                      loop_carried=st.loop_carried, pinned=st.pin is not None, blocked=blocked)
+                      loop_carried=st.loop_carried, pinned=st.pin is not None, blocked=blocked,
+                      around=around)
         out[name] = StageChoice(
             name=name,
             kind=st.kind,

@@ -1,11 +1,11 @@
 """A cost table compiled to plain lists, indexed by dispatch priority, for fast search.
 
-May import: networkx, placer.data.costs, placer.devices (device names). Never torch,
-dask or numba.
+May import: placer.data.costs, placer.devices (device names), placer.schedule (the
+dispatch order). Never torch, dask or numba.
 
 Stage ``i`` of a :class:`Problem` is the ``i``-th stage in dispatch priority: the
 topological order with ties broken by the stage's position in the table
-(``networkx.lexicographical_topological_sort`` keyed by that position). Devices are
+(:func:`placer.schedule.dispatch_order`, which the executor's engine uses too). Devices are
 numbered in table order; location 0 is the host (the CPU's), and accelerator ``k``
 has location ``k`` (its own memory).
 """
@@ -15,10 +15,9 @@ from __future__ import annotations
 import copy
 import math
 
-import networkx as nx
-
 from placer.data.costs import CostTable, resolve_pin
 from placer.devices import same_device
+from placer.schedule import dispatch_order
 
 INF = math.inf
 
@@ -51,15 +50,17 @@ class Problem:
         accelerator copy is ``d2h + h2d - net`` (see :meth:`tr`).
     ext_h2d : list of float
         Seconds to copy each stage's external input to an accelerator (0 if none).
+    timeline : placer.optimize.simulate.Timeline or None
+        When set (on a copy, see :func:`placer.optimize.simulate.following`), the
+        simulator re-simulates placements near the timeline's from where they differ.
     """
+
+    timeline = None
 
     def __init__(self, table: CostTable, *, pins: bool = True):
         self.table = table
-        pos = {st.name: i for i, st in enumerate(table.stages)}
-        g = nx.DiGraph()
-        g.add_nodes_from(pos)
-        g.add_edges_from((src, st.name) for st in table.stages for src in st.inputs)
-        self.names = list(nx.lexicographical_topological_sort(g, key=pos.__getitem__))
+        by_name = {st.name: st for st in table.stages}
+        self.names = dispatch_order(list(by_name), {n: st.inputs for n, st in by_name.items()})
         self.index = {n: i for i, n in enumerate(self.names)}
         self.n = len(self.names)
         self.devices = list(table.devices)
@@ -77,11 +78,10 @@ class Problem:
                 acc += 1
                 self.loc.append(acc)
         self.cpu = self.loc.index(0)
-        self._compile_stages(table, pins)
+        self._compile_stages(table, [by_name[n] for n in self.names], pins)
 
-    def _compile_stages(self, table: CostTable, pins: bool) -> None:
+    def _compile_stages(self, table: CostTable, stages: list, pins: bool) -> None:
         link = table.link
-        stages = [table.stage(n) for n in self.names]
         self.out = [st.output_bytes for st in stages]
         self.ext = [st.input_bytes for st in stages]
         self.preds = [[self.index[s] for s in st.inputs] for st in stages]

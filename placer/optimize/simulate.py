@@ -39,6 +39,7 @@ Examples
 
 from __future__ import annotations
 
+import copy
 from heapq import heapify, heappop, heappush
 
 from placer.data.costs import CostTable
@@ -55,26 +56,50 @@ def makespan(pb: Problem, place: list[int], record: list | None = None) -> float
     Dispatch follows :mod:`placer.schedule` (a stage's index is its priority); this
     function adds the clock and what stages and copies cost. With ``record`` (a
     list), appends ``(v, start, end)`` for every stage run, in dispatch order.
+    When ``pb`` follows a :class:`Timeline` (``pb.timeline``), a placement near the
+    timeline's is re-simulated from where it first differs (the same value).
     """
-    loc = [pb.loc[d] for d in place]
-    time, succs, h2d, d2h, net = pb.time, pb.succs, pb.h2d, pb.d2h, pb.net
+    if record is None and pb.timeline is not None:
+        return pb.timeline.makespan(place)
+    return _simulate(pb, place, [pb.loc[d] for d in place], record)
+
+
+def _start(pb: Problem, loc: list[int]) -> tuple:
+    """The simulation's state at t=0: ``(rem, ready, future, running, queues, end, done)``."""
     rem = pb.indeg[:]
     ready = [pb.ext_h2d[v] if loc[v] else 0.0 for v in range(pb.n)]
     future = [(ready[v], v) for v in range(pb.n) if not rem[v]]
     heapify(future)
-    running: list = []
-    queues = ReadyQueues(dict(enumerate(pb.slots)))
+    return rem, ready, future, [], ReadyQueues(dict(enumerate(pb.slots))), 0.0, 0
+
+
+def _simulate(pb: Problem, place: list[int], loc: list[int], record: list | None = None,
+              state: tuple | None = None, round0: int = 0, saves: list | None = None,
+              every: int = 0, finished: list[int] | None = None) -> float:
+    """The schedule model's event loop, from ``state`` (default: t=0) at round ``round0``.
+
+    A round is one pass of the loop: one instant's completions, arrivals and dispatch.
+    With ``saves``, the state before every ``every``-th round is appended to it as
+    ``(round, rem, ready, future, running, queues, end, done)``; with ``finished``,
+    ``finished[v]`` is set to the round in which stage ``v`` completed.
+    """
+    time, succs, h2d, d2h, net = pb.time, pb.succs, pb.h2d, pb.d2h, pb.net
+    rem, ready, future, running, queues, end, done = _start(pb, loc) if state is None else state
     push, release = queues.push, queues.release
-    end, done, n = 0.0, 0, pb.n
+    n, r = pb.n, round0
     while done < n:
         if running and (not future or running[0][0] <= future[0][0]):
             now = running[0][0]
         else:
             now = future[0][0]
+        if every and not r % every:
+            saves.append((r, rem[:], ready[:], future[:], running[:], queues.copy(), end, done))
         while running and running[0][0] <= now:  # every completion of the instant
             v = heappop(running)[1]
             release(place[v])
             done += 1
+            if finished is not None:
+                finished[v] = r
             lv = loc[v]
             if not succs[v]:
                 arr = now + d2h[v] if lv else now
@@ -102,7 +127,98 @@ def makespan(pb: Problem, place: list[int], record: list | None = None) -> float
             heappush(running, (f, v))
             if record is not None:
                 record.append((v, now, f))
+        r += 1
     return end
+
+
+class Timeline:
+    """One placement simulated with its state saved along the way, to simulate others near it.
+
+    A stage's device is first read when its last producer completes (its input copies
+    are then known) or, for a source, at t=0; every round before that is the same for
+    any device. :meth:`makespan` of a placement that differs from this one in a few
+    stages therefore resumes from the last state saved before the earliest such
+    round, with the moved stages' input arrivals recomputed: the value is the full
+    simulation's, bit for bit, for a fraction of its work when the moves are late.
+
+    Parameters
+    ----------
+    pb : Problem
+    place : list of int
+        The placement to follow (copied).
+    saves : int
+        About how many states to keep along the way.
+    """
+
+    def __init__(self, pb: Problem, place: list[int], saves: int = 32):
+        self.pb = pb
+        self.place = place[:]
+        self.every = max(1, pb.n // saves)
+        self._built = False
+
+    def _build(self) -> None:
+        pb = self.pb
+        self.loc = [pb.loc[d] for d in self.place]
+        #: ``(v, start, end)`` of every stage run, in dispatch order
+        self.runs: list = []
+        self.saved: list = []
+        self.finished = [0] * pb.n
+        self.span = _simulate(pb, self.place, self.loc, self.runs, saves=self.saved, every=self.every,
+                              finished=self.finished)
+        self.end = [0.0] * pb.n
+        for v, _, f in self.runs:
+            self.end[v] = f
+        self._built = True
+
+    def record(self) -> list:
+        """``(v, start, end)`` of every stage run of the followed placement, in dispatch order."""
+        if not self._built:
+            self._build()
+        return self.runs
+
+    def makespan(self, place: list[int]) -> float:
+        """The simulated makespan of ``place``, as :func:`makespan` computes it."""
+        if not self._built:
+            self._build()
+        pb, base = self.pb, self.place
+        if place == base:
+            return self.span
+        moved = [v for v, (d, e) in enumerate(zip(place, base)) if d != e]
+        preds, finished = pb.preds, self.finished
+        first = min(max([finished[u] for u in preds[v]], default=0) for v in moved)
+        loc = [pb.loc[d] for d in place]
+        k = min(first // self.every, len(self.saved) - 1)
+        if k <= 0:
+            return _simulate(pb, place, loc)
+        r0, rem, ready, future, running, queues, end, done = self.saved[k]
+        ready = ready[:]
+        h2d, d2h, net, at = pb.h2d, pb.d2h, pb.net, self.end
+        for w in moved:  # the arrivals already counted were counted for the old device
+            lw = loc[w]
+            t = pb.ext_h2d[w] if lw else 0.0
+            for v in preds[w]:
+                if finished[v] < r0:
+                    now, lv = at[v], loc[v]
+                    if lw == lv:
+                        arr = now
+                    elif lv == 0:
+                        arr = now + h2d[v]
+                    elif lw == 0:
+                        arr = now + d2h[v]
+                    else:
+                        arr = now + d2h[v] + h2d[v] - net[v]
+                    if arr > t:
+                        t = arr
+            ready[w] = t
+        state = (rem[:], ready, future[:], running[:], queues.copy(), end, done)
+        return _simulate(pb, place, loc, state=state, round0=r0)
+
+
+def following(pb: Problem, place: list[int]) -> Problem:
+    """``pb`` (shallowly copied) whose :func:`makespan` follows a :class:`Timeline` of ``place``."""
+    view = copy.copy(pb)
+    view.timeline = Timeline(pb, place)
+    return view
 
 
 def check_placement(pb: Problem, placement: dict[str, str]) -> list[int]:

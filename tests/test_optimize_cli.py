@@ -63,6 +63,23 @@ def test_plan_prints_a_table_with_reasons_and_baselines(table_file):
         assert text in r.stdout
 
 
+def test_a_large_plan_prints_one_plain_line_per_stage_with_its_device_and_reason(tmp_path):
+    from placer.cli.plan import PLAIN_ROWS
+
+    n = PLAIN_ROWS + 5
+    stages = [{"name": f"s{i}", "inputs": [f"s{i - 1}"] if i else [], "output_bytes": 1e3,
+               "seconds": {"cpu": 0.01 * (1 + i % 3), "gpu": 0.002 if i % 2 else 0.05}} for i in range(n)]
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({**TABLE, "stages": stages}))
+    r = placer("plan", "--costs", str(path))
+    assert r.returncode == 0, r.stderr
+    lines = {ln.split()[0]: ln.split() for ln in r.stdout.splitlines() if ln.startswith("s") and ln[1:2].isdigit()}
+    assert len(lines) == n
+    doc = json.loads(placer("plan", "--costs", str(path), "--json").stdout)
+    assert {s["name"]: s["device"] for s in doc["stages"]} == {k: v[1] for k, v in lines.items()}
+    assert not set("┏┃│╭") & set(r.stdout)   # plain columns, no frame
+
+
 @pytest.mark.parametrize(
     "edit, args, expected",
     [

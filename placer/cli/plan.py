@@ -126,6 +126,17 @@ def _for_cluster(pipeline, scheduler, size, budget_s, objective, method, deadlin
     return result, costs.table(), costs.notes + failed
 
 
+#: above this many stages the plan is printed as plain aligned columns, one line a stage (a framed,
+#: wrapped table of a thousand rows takes seconds to lay out and is read with grep, not by eye)
+PLAIN_ROWS = 200
+
+
+def _plain_table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell, the last one (the reason) left unpadded."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(r, widths)), r[-1]]) for r in [header, *rows])
+
+
 def _print(result, notes: list[str] = ()) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -139,13 +150,19 @@ def _print(result, notes: list[str] = ()) -> None:
     devs = list(result.devices)
     title = (f"{result.objective} plan ({result.method}: {result.algorithm}); "
              f"predicted makespan {fmt_s(result.predicted_makespan_s)}")
-    t = Table(title=title)
-    for col in ["stage", "device", *[f"{d} s" for d in devs], "copies", "why"]:
-        t.add_column(col, overflow="fold")
-    for s in result.stages:
-        times = [f"{s.predicted_s[d]:.4g}" if d in s.predicted_s else "-" for d in devs]
-        t.add_row(s.name, s.device, *times, fmt_s(s.copy_s), s.reason)
-    c.print(t)
+    header = ["stage", "device", *[f"{d} s" for d in devs], "copies", "why"]
+    rows = [[s.name, s.device, *[f"{s.predicted_s[d]:.4g}" if d in s.predicted_s else "-" for d in devs],
+             fmt_s(s.copy_s), s.reason] for s in result.stages]
+    if len(rows) > PLAIN_ROWS:
+        c.out(title, highlight=False)
+        c.out(_plain_table(header, rows), highlight=False)
+    else:
+        t = Table(title=title)
+        for col in header:
+            t.add_column(col, overflow="fold")
+        for row in rows:
+            t.add_row(*row)
+        c.print(t)
     for name, secs in result.baselines.items():
         label = name.replace("_", " ")
         c.print(f"  {label}: " + ("impossible" if secs is None else fmt_s(secs)))

@@ -30,15 +30,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu, torch_device_name
-from placer.executor.stream.nodes import batch_len
+from placer.executor.stream.nodes import leading_len
 from placer.timing import Clock, Deadline, Measurement, Timings, torch_threads
+
+log = logging.getLogger(__name__)
 
 #: what an exhausted iterator gives ``next``
 _END = object()
@@ -46,6 +50,10 @@ _END = object()
 MIN_GAIN = 0.10
 #: among settings this close to the fastest, the one with the fewest workers is chosen
 NEAR_BEST = 0.95
+#: a step that waits for data at most this share of the time waits within noise: even a loader
+#: that never kept it waiting would gain at most ``1 / (1 - WAIT_NOISE)``, i.e. ``MIN_GAIN``, so no
+#: loader setting is recommended for it (a single run that measured more measured noise)
+WAIT_NOISE = 1 - 1 / (1 + MIN_GAIN)
 
 
 def _as_dict(s: LoaderSettings) -> dict[str, Any]:
@@ -230,13 +238,46 @@ def _close(it: Any) -> None:
         shutdown()
 
 
+class SampleCount:
+    """Samples in a batch: its first array's leading dimension, else the loader's batch size.
+
+    When neither is known a batch counts as one sample and :attr:`unknown` is set.
+    """
+
+    def __init__(self, batch_size: int | None = None):
+        self.batch_size = batch_size
+        self.unknown = False
+
+    def __call__(self, batch: Any) -> int:
+        n = leading_len(batch)
+        if n is not None:
+            return n
+        if self.batch_size:
+            return int(self.batch_size)
+        if not self.unknown:
+            log.warning("a batch has no array and the loader no batch size: each batch counts as one sample")
+        self.unknown = True
+        return 1
+
+
+#: batches counted with neither a leading dimension nor a batch size (a note says so)
+UNKNOWN_COUNT = ("samples are counted as batches: a batch has no array with a leading dimension and the "
+                 "loader no batch_size, so each batch counts as one sample")
+
+
+def counter_of(loader: Any) -> SampleCount:
+    return SampleCount(getattr(loader, "batch_size", None))
+
+
 def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, warmup: int,
-               device: Device, deadline: Deadline, keep: list | None = None) -> Trial | None:
+               device: Device, deadline: Deadline, keep: list | None = None,
+               count: SampleCount | None = None) -> Trial | None:
     """Fetch up to ``batches`` batches (and step on each); the rate counts batches after ``warmup``.
 
     Stops early at ``deadline`` (after at least one counted batch). ``keep`` collects
     the first batches for the step-alone run. None when the loader runs out during the warm-up.
     """
+    count = count or counter_of(loader)
     waits = Timings()
     first = start = end = None
     samples = counted = 0
@@ -255,7 +296,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                     start = run.elapsed() - fetch.wall
                 if i >= warmup:
                     waits.add("fetch", fetch)
-                    samples += batch_len(batch)
+                    samples += count(batch)
                     counted += 1
                 if keep is not None and len(keep) < 4:
                     keep.append(batch)
@@ -276,15 +317,17 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                  fetch=Measurement(raw_times=fetch_s, label="next(loader)"))
 
 
-def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: Deadline) -> float:
+def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: Deadline,
+               count: SampleCount | None = None) -> float:
     """Samples/s of the step on batches fetched once (no loader in the way)."""
+    count = count or SampleCount()
     device.synchronize()
     samples = 0
     with Clock() as run:
         for i in range(batches):
             batch = kept[i % len(kept)]
             step(batch)
-            samples += batch_len(batch)
+            samples += count(batch)
             if deadline.passed():
                 break
         device.synchronize()
@@ -362,26 +405,33 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     user = settings_of(loader)
     cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
     budget = _Budget(budget_s, runs=len(cands) + 4)
+    count = counter_of(loader)
     with _random_state_kept(loader):
         kept: list = []
-        mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept))
-        step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline())
-        alone = _trial(loader, user, None, batches, dev, budget)
-        trials = [mine] + [t for s in cands if (t := _trial(loader, s, step, batches, dev, budget)) is not None]
-        best = choose(mine, trials)
+        mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept, count=count))
+        step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline(), count=count)
+        alone = _trial(loader, user, None, batches, dev, budget, count=count)
+        trials = [mine] + [t for s in cands if (t := _trial(loader, s, step, batches, dev, budget, count=count))
+                           is not None]
+        wait = max(0.0, 1 - mine.samples_per_s / step_rate)
+        best = choose(mine, trials, waits=wait > WAIT_NOISE)
         threads = None
         if best.settings.num_workers and dev.kind == "cpu":
             best, threads = _try_threads(loader, best, step, batches, dev, budget, trials)
     if best is not mine and best.settings.num_workers:
         best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
-    return _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
+    advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
+    if count.unknown:
+        advice.notes.append(UNKNOWN_COUNT)
+    return advice
 
 
 def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, budget: _Budget,
-           keep: list | None = None) -> Trial | None:
+           keep: list | None = None, count: SampleCount | None = None) -> Trial | None:
     measured = settings.model_copy(update={"persistent_workers": False})
     trial = run_loader(rebuild(loader, measured), step, batches=batches,
-                       warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep)
+                       warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep,
+                       count=count)
     return None if trial is None else replace(trial, settings=settings)
 
 
@@ -392,13 +442,15 @@ def _must(trial: Trial | None) -> Trial:
     return trial
 
 
-def choose(user: Trial, trials: list[Trial]) -> Trial:
+def choose(user: Trial, trials: list[Trial], *, waits: bool = True) -> Trial:
     """The recommendation: the cheapest setting near the fastest when that beats the user's clearly.
 
-    Otherwise the user's own settings, or fewer workers when they are as fast.
+    Otherwise the user's own settings, or fewer workers when they are as fast. A step
+    that waits for data only within noise (``waits=False``) sets the pace: no faster
+    loader setting is recommended for it, whatever a single run measured.
     """
     best = max(trials, key=lambda t: t.samples_per_s)
-    if best.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
+    if waits and best.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
         near = [t for t in trials if t.samples_per_s >= NEAR_BEST * best.samples_per_s]
         return min(near, key=lambda t: _cost(t.settings))
     fewer = [t for t in trials if t.settings.num_workers < user.settings.num_workers
@@ -434,7 +486,7 @@ def _advice(mine: Trial, best: Trial, trials: list[Trial], step_rate: float, alo
     elif best.settings.num_workers and best is not mine:
         notes.append("persistent_workers=True keeps the worker processes between epochs (starting them took "
                      f"{best.first_batch_s:.2f} s before the first batch)")
-    if best.settings.num_workers != mine.settings.num_workers:
+    if best.settings.num_workers != mine.settings.num_workers and draws_unseeded(loader.dataset):
         notes.append("a dataset that draws random numbers in __getitem__ draws them in the workers, each seeded "
                      "from the loader's generator and its worker id: with other num_workers, other draws")
     if best.settings.pin_memory and not mine.settings.pin_memory:
@@ -443,6 +495,64 @@ def _advice(mine: Trial, best: Trial, trials: list[Trial], step_rate: float, alo
                         wait_fraction=max(0.0, 1 - mine.samples_per_s / step_rate), step_samples_per_s=step_rate,
                         loader_samples_per_s=loader_rate, step_device=dev.name, threads=threads, notes=notes,
                         seconds=seconds, source=loader)
+
+
+def draws_unseeded(dataset: Any) -> bool:
+    """Whether ``dataset[i]`` draws random numbers that the index does not fix.
+
+    The check: read the first sample twice, under two different states of Python's,
+    numpy's and torch's global random generators (restored afterwards). A dataset that
+    draws none, or seeds its own generator from the index, gives equal samples; one
+    that draws from a global generator gives different ones. Only such a dataset draws
+    other numbers when ``num_workers`` changes (each worker seeds its own generators).
+    An iterable dataset, or one that cannot be read here, is assumed not to draw.
+    """
+    import numpy as np
+    import torch
+
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return False
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        if len(dataset) == 0:
+            return False
+        out = []
+        for seed in (12345, 54321):
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+            out.append(dataset[0])
+        return not _equal(out[0], out[1])
+    except Exception as e:  # a dataset that cannot be read twice: say nothing rather than guess
+        log.debug("could not check whether the dataset draws random numbers: %s", e)
+        return False
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+def _equal(a: Any, b: Any) -> bool:
+    import numpy as np
+    import torch
+
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.shape == b.shape and bool(np.array_equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if hasattr(a, "tobytes") and hasattr(b, "tobytes"):  # PIL images and the like
+        try:
+            return a.tobytes() == b.tobytes()
+        except Exception:
+            return False
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 # -- words ---------------------------------------------------------------------------------
@@ -459,6 +569,12 @@ def verdict(a: LoaderAdvice) -> str:
     if a.bottleneck == "loader":
         return (f"{waits}: the loader caps you at {_rate(a.loader_samples_per_s)}, the step could take "
                 f"{a.step_samples_per_s:,.0f}.")
+    if a.wait_fraction > WAIT_NOISE:
+        return (f"{waits}: the loader alone delivers {_rate(a.loader_samples_per_s)}, more than the step's "
+                f"{_rate(a.step_samples_per_s)}, yet together they are slower (they share the cores).")
+    if a.change and a.speedup > 1 + MIN_GAIN:
+        return (f"{waits}: the step sets the pace ({_rate(a.step_samples_per_s)}; the loader alone delivers "
+                f"{_rate(a.loader_samples_per_s)}).")
     return (f"{waits}: the loader is fast enough ({_rate(a.loader_samples_per_s)} alone); the step takes "
             f"{_rate(a.step_samples_per_s)}.")
 
@@ -480,6 +596,9 @@ def describe(a: LoaderAdvice) -> list[str]:
                   f"{a.speedup:.2f}x yours", f"  DataLoader(..., {kw})"]
         if a.recommended.settings.torch_threads != a.user.settings.torch_threads:
             lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")
+    elif len(a.trials) > 1 and a.bottleneck == "step" and a.wait_fraction <= WAIT_NOISE:
+        lines.append("Recommended:   keep your settings (the step waits for data only within noise: "
+                     "no loader setting can make it faster)")
     elif len(a.trials) > 1:
         lines.append("Recommended:   keep your settings (no setting tried was more than "
                      f"{MIN_GAIN:.0%} faster)")
@@ -504,6 +623,7 @@ class MeasuredLoader:
         self.device = _step_device(device)
         self.fetch_s: list[float] = []
         self.samples: list[int] = []
+        self.count = counter_of(loader)
         self.seconds = 0.0
 
     def __len__(self) -> int:
@@ -520,7 +640,7 @@ class MeasuredLoader:
                     if batch is _END:
                         break
                     self.fetch_s.append(fetch.wall)
-                    self.samples.append(batch_len(batch))
+                    self.samples.append(self.count(batch))
                     self.seconds = loop.elapsed()
                     yield batch
             finally:
@@ -546,6 +666,8 @@ class MeasuredLoader:
         step_rate = t.samples / step if step > 0 else None
         loader_bound = fetch > step
         notes = ["measured in your loop: no settings were tried (advise_loader tries them)"]
+        if self.count.unknown:
+            notes.append(UNKNOWN_COUNT)
         return LoaderAdvice(user=t, recommended=t, trials=[t], bottleneck="loader" if loader_bound else "step",
                             wait_fraction=t.fetch_fraction, step_samples_per_s=step_rate,
                             loader_samples_per_s=loader_rate, step_device=self.device.name, notes=notes,

@@ -1,0 +1,139 @@
+"""The drop-in's words agree with what it measured: samples counted right, no advice within noise,
+no note that does not apply, nothing an accelerator-less machine cannot use."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from placer.data.stream import LoaderSettings
+from placer.executor.stream.nodes import batch_len, leading_len
+from placer.stream import advise_loader, dropin
+from placer.stream.dropin import Trial, candidates, draws_unseeded, measure
+
+
+class Requests(Dataset):
+    """Text requests: each sample is a string (and an id), as a serving loop reads them."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return f"request number {i}", i
+
+
+class Strings(Requests):
+    def __getitem__(self, i):
+        return f"request number {i}"
+
+
+class Plain(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((3,), float(i))
+
+
+class Unseeded(Plain):
+    def __getitem__(self, i):
+        return torch.full((3,), float(i)) + torch.rand(3)
+
+
+class SeededPerSample(Plain):
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.full((3,), float(i)) + torch.rand(3, generator=g)
+
+
+class NumpyUnseeded(Plain):
+    def __getitem__(self, i):
+        return np.full(3, float(i)) + np.random.rand(3)
+
+
+def test_a_batch_of_strings_counts_its_strings_not_one_sample():
+    loader = DataLoader(Requests(), batch_size=16)
+    batch = next(iter(loader))
+    assert isinstance(batch[0], (list, tuple)) and isinstance(batch[0][0], str)
+    assert batch_len(batch) == 16
+    assert batch_len(next(iter(DataLoader(Strings(), batch_size=8)))) == 8
+    assert leading_len([["a", "b"], ["c", "d"]]) == 2 and leading_len(object()) is None
+
+
+def test_samples_come_from_the_batch_size_when_the_batch_does_not_say_and_a_note_when_neither_does():
+    class Opaque:
+        pass
+
+    with_size = measure(DataLoader(Plain(), batch_size=8, collate_fn=lambda b: Opaque()))
+    for _ in with_size:
+        pass
+    assert with_size.trial().samples == 8 * 7 and not any("counted as batches" in n for n in with_size.advice().notes)
+    sizeless = measure(DataLoader(Plain(), batch_size=None, collate_fn=lambda b: Opaque()))
+    for _ in sizeless:
+        pass
+    assert sizeless.trial().samples == 63
+    assert any("counted as batches" in n for n in sizeless.advice().notes)
+
+
+def scripted(monkeypatch, rates: dict[int, float], step_rate: float, loader_rate: float):
+    """Measuring returns fixed rates: ``rates`` by num_workers with the step, ``loader_rate`` without."""
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        rate = rates[loader.num_workers] if step is not None else loader_rate
+        return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
+                     fetch_fraction=0.1, batches=10, samples=10 * 8, seconds=80 / rate)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: step_rate)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+
+
+def test_a_consumer_bound_loop_gets_no_loader_recommendation(monkeypatch):
+    # one run measured 2 workers 17 % faster, but the step does not wait: that is noise
+    scripted(monkeypatch, {0: 1000.0, 1: 1050.0, 2: 1170.0}, step_rate=1010.0, loader_rate=5000.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    text = str(advice)
+    assert not advice.change and "num_workers=2" not in text.split("Measured")[0]
+    assert "fast enough" in text and "within noise" in text
+
+
+def test_a_step_that_waits_a_large_share_is_not_told_the_loader_is_fast_enough(monkeypatch):
+    scripted(monkeypatch, {0: 680.0, 1: 700.0, 2: 690.0}, step_rate=1000.0, loader_rate=5000.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert advice.wait_fraction == pytest.approx(0.32)
+    assert "fast enough" not in str(advice) and "waits for data 32%" in str(advice)
+
+
+def test_a_clear_speed_up_is_recommended_without_fast_enough_words(monkeypatch):
+    scripted(monkeypatch, {0: 500.0, 1: 900.0, 2: 950.0}, step_rate=1000.0, loader_rate=520.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert advice.change and advice.speedup > 1.5 and "fast enough" not in str(advice)
+
+
+def test_no_more_workers_than_cores_and_no_pinned_memory_without_an_accelerator(monkeypatch):
+    user = LoaderSettings(num_workers=0, torch_threads=2)
+    for s in candidates(user, cores=2, gpu=False, iterable=False):
+        assert s.num_workers <= 2 and not s.pin_memory
+    scripted(monkeypatch, {0: 500.0, 1: 900.0, 2: 950.0}, step_rate=1000.0, loader_rate=520.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert all(t.settings.num_workers <= 2 and not t.settings.pin_memory for t in advice.trials)
+    assert "pin_memory=True" not in str(advice) and "GPU" not in str(advice)
+
+
+def test_the_random_draw_check_tells_unseeded_draws_from_none_and_per_sample_seeds():
+    assert draws_unseeded(Unseeded()) and draws_unseeded(NumpyUnseeded())
+    assert not draws_unseeded(Plain()) and not draws_unseeded(SeededPerSample()) and not draws_unseeded(Requests())
+    before = torch.get_rng_state()
+    draws_unseeded(Unseeded())
+    assert torch.equal(before, torch.get_rng_state())
+
+
+@pytest.mark.parametrize("dataset, noted", [(Plain(), False), (SeededPerSample(), False), (Unseeded(), True)])
+def test_the_note_on_random_draws_only_when_the_dataset_draws_unseeded(monkeypatch, dataset, noted):
+    scripted(monkeypatch, {0: 500.0, 1: 900.0, 2: 950.0}, step_rate=1000.0, loader_rate=520.0)
+    advice = advise_loader(DataLoader(dataset, batch_size=8), lambda b: None)
+    assert advice.change
+    assert any("draws random numbers" in n for n in advice.notes) is noted

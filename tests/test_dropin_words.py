@@ -137,3 +137,30 @@ def test_the_note_on_random_draws_only_when_the_dataset_draws_unseeded(monkeypat
     advice = advise_loader(DataLoader(dataset, batch_size=8), lambda b: None)
     assert advice.change
     assert any("draws random numbers" in n for n in advice.notes) is noted
+
+
+def test_fewer_step_threads_are_tried_without_workers_too(monkeypatch):
+    # a step whose threads contend for loaded cores: 1 thread measures 4x faster, with no workers
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        rate = 400.0 if torch.get_num_threads() == 1 else 100.0
+        rate = rate if step is not None else 5000.0
+        return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
+                     fetch_fraction=0.01, batches=10, samples=80, seconds=80 / rate)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 101.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    finally:
+        torch.set_num_threads(before)
+    assert advice.recommended.settings.num_workers == 0 and advice.recommended.settings.torch_threads == 1
+    assert advice.threads["helped"] and advice.speedup == pytest.approx(4.0)
+    text = str(advice)
+    assert "torch.set_num_threads(1)" in text and "fast enough" not in text
+    assert dropin.thread_counts(2, 0, 2) == [1] and dropin.thread_counts(8, 2, 4) == [2, 1]
+    assert dropin.thread_counts(1, 0, 2) == []

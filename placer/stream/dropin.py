@@ -404,7 +404,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
 
     user = settings_of(loader)
     cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
-    budget = _Budget(budget_s, runs=len(cands) + 4)
+    budget = _Budget(budget_s, runs=len(cands) + 5)
     count = counter_of(loader)
     with _random_state_kept(loader):
         kept: list = []
@@ -416,7 +416,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         wait = max(0.0, 1 - mine.samples_per_s / step_rate)
         best = choose(mine, trials, waits=wait > WAIT_NOISE)
         threads = None
-        if best.settings.num_workers and dev.kind == "cpu":
+        if dev.kind == "cpu":
             best, threads = _try_threads(loader, best, step, batches, dev, budget, trials)
     if best is not mine and best.settings.num_workers:
         best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
@@ -458,21 +458,33 @@ def choose(user: Trial, trials: list[Trial], *, waits: bool = True) -> Trial:
     return min(fewer, key=lambda t: _cost(t.settings)) if fewer else user
 
 
+def thread_counts(now: int, workers: int, cores: int) -> list[int]:
+    """Intra-op thread counts tried for the step: the cores the workers leave, and 1; fewer than ``now``.
+
+    Tried with or without workers: a step whose threads contend with other work on the
+    cores (the loader's, or another program's) can run several times faster on fewer.
+    """
+    return sorted({n for n in (max(1, cores - workers), 1) if n < now}, reverse=True)
+
+
 def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
                  trials: list[Trial]) -> tuple[Trial, dict[str, Any] | None]:
-    """With worker processes on the same cores, fewer intra-op threads for the step may help."""
+    """Fewer intra-op threads for the step: measured with the best loader setting found."""
     now = best.settings.torch_threads
-    n = max(1, _cores() - best.settings.num_workers)
-    if n >= now:
+    tried = []
+    for n in thread_counts(now, best.settings.num_workers, _cores()):
+        with torch_threads(n):
+            t = _trial(loader, best.settings.model_copy(update={"torch_threads": n}), step, batches, dev, budget)
+        if t is not None:
+            trials.append(t)
+            tried.append(t)
+    if not tried:
         return best, None
-    with torch_threads(n):
-        t = _trial(loader, best.settings.model_copy(update={"torch_threads": n}), step, batches, dev, budget)
-    if t is None:
-        return best, None
-    trials.append(t)
-    helped = t.samples_per_s > best.samples_per_s * (1 + MIN_GAIN)
-    info = {"current": now, "tried": n, "samples_per_s": round(t.samples_per_s, 2), "helped": helped}
-    return (t if helped else best), info
+    top = max(tried, key=lambda t: t.samples_per_s)
+    helped = top.samples_per_s > best.samples_per_s * (1 + MIN_GAIN)
+    info = {"current": now, "tried": top.settings.torch_threads, "samples_per_s": round(top.samples_per_s, 2),
+            "helped": helped, "all_tried": {str(t.settings.torch_threads): round(t.samples_per_s, 2) for t in tried}}
+    return (top if helped else best), info
 
 
 def _advice(mine: Trial, best: Trial, trials: list[Trial], step_rate: float, alone: Trial | None, dev: Device,

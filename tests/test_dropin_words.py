@@ -3,6 +3,8 @@ no note that does not apply, nothing an accelerator-less machine cannot use."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -164,3 +166,63 @@ def test_fewer_step_threads_are_tried_without_workers_too(monkeypatch):
     assert "torch.set_num_threads(1)" in text and "fast enough" not in text
     assert dropin.thread_counts(2, 0, 2) == [1] and dropin.thread_counts(8, 2, 4) == [2, 1]
     assert dropin.thread_counts(1, 0, 2) == []
+
+
+# -- measuring enough to decide ------------------------------------------------------------------
+def sequenced(monkeypatch, rates: dict[int, list[float]], *, step_rate=10_000.0, sleep=0.0):
+    """Each run of ``num_workers=w`` returns the next rate of ``rates[w]``; the calls are recorded."""
+    import time
+
+    calls, runs = [], {w: iter(r * 10) for w, r in rates.items()}
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+        time.sleep(sleep)
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        if step is None:
+            rate = 100.0
+        else:
+            calls.append(loader.num_workers)
+            rate = next(runs[loader.num_workers])
+        return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
+                     fetch_fraction=0.5, batches=10, samples=80, seconds=1e-4)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: step_rate)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
+    return calls
+
+
+def test_finalists_run_repeatedly_and_interleaved_and_a_clear_gain_is_recommended(monkeypatch):
+    calls = sequenced(monkeypatch, {0: [100.0, 104.0, 98.0], 1: [150.0, 155.0, 148.0], 2: [200.0, 190.0, 205.0]})
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    # the first round (yours, then workers 1 at prefetch 2 and 4, 2 at 2 and 4), then rounds over the finalists
+    assert calls[:5] == [0, 1, 1, 2, 2]
+    rounds = calls[5:]
+    assert len(rounds) == 2 * len(rounds[: len(rounds) // 2]) and rounds[: len(rounds) // 2] == rounds[len(rounds) // 2:]
+    assert rounds[0] == 0
+    assert advice.change and advice.recommended.settings.num_workers == 2
+    assert len(advice.recommended.rates) == 3 and len(advice.user.rates) == 3
+    assert advice.user.samples_per_s == 100.0 and advice.recommended.samples_per_s == 200.0
+    doc = json.loads(advice.to_json())
+    assert doc["user"]["repeats"] == [100.0, 104.0, 98.0] and doc["within_noise"] is None
+    assert {"bottleneck", "wait_fraction", "samples_per_s", "user", "recommended", "change", "speedup", "threads",
+            "trials", "notes", "seconds", "budget_s"} <= set(doc)
+
+
+def test_a_gain_within_the_spread_keeps_your_settings_and_says_so(monkeypatch):
+    # 2 workers' median is 20 % faster, but its runs overlap yours: noise
+    sequenced(monkeypatch, {0: [100.0, 150.0, 90.0], 1: [100.0, 101.0, 99.0], 2: [120.0, 140.0, 110.0]})
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert not advice.change and advice.within_noise and "within noise" in advice.within_noise
+    assert "keep your settings" in str(advice) and "within noise" in str(advice)
+    assert "Recommended:   num_workers" not in str(advice)
+
+
+def test_the_budget_is_respected_when_each_run_has_a_fixed_start_up_cost(monkeypatch):
+    sequenced(monkeypatch, {0: [100.0], 1: [150.0], 2: [200.0]}, sleep=0.15)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None, budget_s=0.8)
+    # without the check every run would start: about 14 of them, 2 s
+    assert advice.seconds < 0.8 + 0.15 + 0.1
+    assert advice.budget_s == 0.8 and "of a 0.8 s budget" in str(advice)

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu, torch_device_name
 from placer.executor.stream.nodes import leading_len
@@ -50,6 +52,10 @@ _END = object()
 MIN_GAIN = 0.10
 #: among settings this close to the fastest, the one with the fewest workers is chosen
 NEAR_BEST = 0.95
+#: runs of each finalist (the user's settings and the few fastest of the first round), interleaved
+REPEATS = 3
+#: settings besides the user's (and the cheapest near the fastest) repeated after the first round
+FINALISTS = 2
 #: a step that waits for data at most this share of the time waits within noise: even a loader
 #: that never kept it waiting would gain at most ``1 / (1 - WAIT_NOISE)``, i.e. ``MIN_GAIN``, so no
 #: loader setting is recommended for it (a single run that measured more measured noise)
@@ -87,11 +93,36 @@ class Trial:
     seconds: float
     #: the wait on each counted ``next(loader)``: every repeat kept (median and spread)
     fetch: Measurement | None = field(default=None, compare=False, repr=False)
+    #: samples/s of each run of these settings, in the order run (``samples_per_s`` is their median)
+    repeats: tuple[float, ...] = field(default=(), compare=False)
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        return self.repeats or (self.samples_per_s,)
+
+    @property
+    def spread(self) -> float:
+        """The repeats' range over their median (0 with one run)."""
+        r = self.rates
+        return (max(r) - min(r)) / max(self.samples_per_s, 1e-12)
 
     def as_dict(self) -> dict[str, Any]:
         return {**_as_dict(self.settings), "samples_per_s": round(self.samples_per_s, 2),
                 "first_batch_s": round(self.first_batch_s, 4), "fetch_fraction": round(self.fetch_fraction, 4),
-                "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4)}
+                "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4),
+                "repeats": [round(r, 2) for r in self.rates], "spread": round(self.spread, 4)}
+
+
+def merged(first: Trial, more: list[Trial]) -> Trial:
+    """One setting's runs as one trial: the median samples/s, every run's kept in ``repeats``."""
+    if not more:
+        return first
+    runs = [first, *more]
+    rates = tuple(r for t in runs for r in t.rates)
+    return replace(first, samples_per_s=float(np.median(rates)), repeats=rates,
+                   fetch_fraction=float(np.mean([t.fetch_fraction for t in runs])),
+                   batches=sum(t.batches for t in runs), samples=sum(t.samples for t in runs),
+                   seconds=sum(t.seconds for t in runs))
 
 
 @dataclass
@@ -129,6 +160,10 @@ class LoaderAdvice:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     source: Any = field(default=None, repr=False)
+    #: the wall-clock budget the runs were given
+    budget_s: float | None = None
+    #: why a faster-measured setting was not recommended: its gain was within the runs' spread
+    within_noise: str | None = None
 
     @property
     def speedup(self) -> float:
@@ -155,7 +190,7 @@ class LoaderAdvice:
             "user": self.user.as_dict(), "recommended": self.recommended.as_dict(),
             "change": self.change, "speedup": round(self.speedup, 3), "threads": self.threads,
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -362,16 +397,33 @@ def _cores() -> int:
 
 # -- the advice ----------------------------------------------------------------------------
 class _Budget:
-    """Splits what is left of the budget evenly over the runs still to come."""
+    """Splits what is left of the budget evenly over the runs still to come.
+
+    A run's deadline can stop its counted batches only: starting its workers, its
+    warm-up batches and stopping the workers take what they take. The largest such
+    fixed cost seen so far is kept, and an optional run starts only when that much is
+    left (the budget was overrun by these costs when every run started regardless).
+    """
 
     def __init__(self, budget_s: float, runs: int):
         self.total = Deadline(budget_s)
         self.runs = runs
+        self.fixed_s = 0.0
 
     def deadline(self) -> Deadline:
         share = self.total.left() / max(self.runs, 1)
         self.runs -= 1
         return Deadline(share)
+
+    def allows(self) -> bool:
+        """Whether an optional run fits in what is left (it is counted as run either way)."""
+        if self.total.left() > self.fixed_s:
+            return True
+        self.runs -= 1
+        return False
+
+    def ran(self, wall_s: float, counted_s: float) -> None:
+        self.fixed_s = max(self.fixed_s, wall_s - counted_s)
 
 
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
@@ -389,7 +441,18 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         Batches per measured run (the first one, or ``num_workers`` ones, are warm-up).
     budget_s : float
         Wall-clock budget of all runs together; each run stops early at its share
-        (a run always counts at least one batch after its warm-up).
+        (a run always counts at least one batch after its warm-up), and a run besides
+        the user's first starts only when what is left covers the largest start-up and
+        shut-down cost seen so far.
+
+    Notes
+    -----
+    Every setting is run once; then the user's settings, the few fastest and the
+    cheapest near the fastest run ``REPEATS`` times in all, interleaved (one run of each
+    per round), so that the machine's drift falls on all of them alike. A setting is
+    recommended only when its median beats the user's by ``MIN_GAIN`` and its slowest
+    run beats the user's fastest (the gain exceeds the spread); otherwise the advice
+    keeps the user's settings and says the difference is within noise.
     device : str or torch.device, optional
         Where the step runs (``cpu``, ``gpu``, ``gpu:1``, ``cuda:0``); its queued work
         is waited for at the ends of each timed run. Default: ``cpu``.
@@ -404,34 +467,109 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
 
     user = settings_of(loader)
     cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
-    budget = _Budget(budget_s, runs=len(cands) + 5)
+    threads_tried = thread_counts(user.torch_threads or 1, 0, _cores()) if dev.kind == "cpu" else []
+    budget = _Budget(budget_s, runs=3 + len(cands) + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 2))
     count = counter_of(loader)
     with _random_state_kept(loader):
         kept: list = []
         mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept, count=count))
         step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline(), count=count)
-        alone = _trial(loader, user, None, batches, dev, budget, count=count)
-        trials = [mine] + [t for s in cands if (t := _trial(loader, s, step, batches, dev, budget, count=count))
-                           is not None]
-        wait = max(0.0, 1 - mine.samples_per_s / step_rate)
-        best = choose(mine, trials, waits=wait > WAIT_NOISE)
+        alone = _trial(loader, user, None, batches, dev, budget, count=count) if budget.allows() else None
+        trials = [mine] + [t for s in cands if budget.allows()
+                           and (t := _trial(loader, s, step, batches, dev, budget, count=count)) is not None]
+        waits = max(0.0, 1 - mine.samples_per_s / step_rate) > WAIT_NOISE
+        best = choose(mine, trials, waits=waits)
         threads = None
         if dev.kind == "cpu":
             best, threads = _try_threads(loader, best, step, batches, dev, budget, trials)
+        trials = _repeat(loader, trials, best, step, batches, dev, budget, count)
+        mine = trials[0]
+        best, noise = decide(mine, trials, waits=waits)
+        if threads is not None:
+            top = max((t for t in trials if t.settings.torch_threads == threads["tried"]
+                       and t.settings.num_workers == best.settings.num_workers), key=lambda t: t.samples_per_s,
+                      default=None)
+            threads |= {"helped": best.settings.torch_threads != mine.settings.torch_threads,
+                        **({"samples_per_s": round(top.samples_per_s, 2)} if top is not None else {})}
     if best is not mine and best.settings.num_workers:
         best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
     advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
+    advice.budget_s, advice.within_noise = budget_s, noise
     if count.unknown:
         advice.notes.append(UNKNOWN_COUNT)
     return advice
 
 
+def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
+            count: SampleCount) -> list[Trial]:
+    """Run the finalists again, round-robin, until each has ``REPEATS`` runs (or the budget ends).
+
+    The finalists: the user's settings (``trials[0]``), the ``FINALISTS`` fastest of the
+    first round and the setting the first round chose. Returns ``trials`` with each
+    finalist's runs merged (:func:`merged`), in the same order.
+    """
+    ranked = sorted(trials[1:], key=lambda t: -t.samples_per_s)
+    finalists = [trials[0], *[t for t in ranked[:FINALISTS]]]
+    if best not in finalists:
+        finalists.append(best)
+    more: dict[int, list[Trial]] = {id(t): [] for t in finalists}
+    for _ in range(REPEATS - 1):
+        for t in finalists:
+            if not budget.allows():
+                continue
+            again = _trial(loader, t.settings, step, batches, dev, budget, count=count)
+            if again is not None:
+                more[id(t)].append(again)
+    return [merged(t, more.get(id(t), [])) for t in trials]
+
+
+def decide(user: Trial, trials: list[Trial], *, waits: bool = True) -> tuple[Trial, str | None]:
+    """The recommendation from repeated runs, and why a faster one was not taken (or None).
+
+    Only settings run more than once (the user's too) may be recommended. A setting
+    beats the user's when its median is ``MIN_GAIN`` faster and its slowest run is
+    faster than the user's fastest. A step that waits within noise (``waits=False``)
+    gets no loader change: only fewer step threads, or fewer workers as fast.
+    """
+    repeated = [t for t in trials if len(t.rates) > 1 or t is user]
+
+    def loader_part(s: LoaderSettings) -> tuple:
+        return s.num_workers, s.prefetch_factor, s.pin_memory
+
+    eligible = [t for t in repeated if t is not user
+                and (waits or loader_part(t.settings) == loader_part(user.settings))]
+
+    def beats(t: Trial) -> bool:
+        return t.samples_per_s > user.samples_per_s * (1 + MIN_GAIN) and min(t.rates) > max(user.rates)
+
+    winners = [t for t in eligible if beats(t)]
+    if winners:
+        fastest = max(winners, key=lambda t: t.samples_per_s)
+        near = [t for t in winners if t.samples_per_s >= NEAR_BEST * fastest.samples_per_s]
+        return min(near, key=lambda t: _cost(t.settings)), None
+    noise = None
+    fastest = max(eligible, key=lambda t: t.samples_per_s, default=None)
+    if fastest is not None and fastest.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
+        noise = (f"{label(fastest.settings)} measured {_span(fastest)}, yours {_span(user)}: "
+                 "the difference is within noise")
+    fewer = [t for t in repeated if t.settings.num_workers < user.settings.num_workers
+             and t.samples_per_s >= NEAR_BEST * user.samples_per_s]
+    return (min(fewer, key=lambda t: _cost(t.settings)) if fewer else user), noise
+
+
+def _span(t: Trial) -> str:
+    lo, hi = min(t.rates), max(t.rates)
+    return f"{lo:,.0f}-{hi:,.0f} samples/s over {len(t.rates)} runs" if len(t.rates) > 1 else _rate(lo)
+
+
 def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, budget: _Budget,
            keep: list | None = None, count: SampleCount | None = None) -> Trial | None:
     measured = settings.model_copy(update={"persistent_workers": False})
-    trial = run_loader(rebuild(loader, measured), step, batches=batches,
-                       warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep,
-                       count=count)
+    with Clock() as wall, torch_threads(settings.torch_threads):
+        trial = run_loader(rebuild(loader, measured), step, batches=batches,
+                           warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep,
+                           count=count)
+    budget.ran(wall.wall, trial.seconds if trial is not None else 0.0)
     return None if trial is None else replace(trial, settings=settings)
 
 
@@ -473,8 +611,8 @@ def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device,
     now = best.settings.torch_threads
     tried = []
     for n in thread_counts(now, best.settings.num_workers, _cores()):
-        with torch_threads(n):
-            t = _trial(loader, best.settings.model_copy(update={"torch_threads": n}), step, batches, dev, budget)
+        t = _trial(loader, best.settings.model_copy(update={"torch_threads": n}), step, batches, dev, budget) \
+            if budget.allows() else None
         if t is not None:
             trials.append(t)
             tried.append(t)
@@ -599,7 +737,8 @@ def _row(t: Trial, yours: bool) -> str:
 
 def describe(a: LoaderAdvice) -> list[str]:
     """The advice as lines of text."""
-    lines = [f"Loader advice ({len(a.trials)} settings measured in {a.seconds:.1f} s; "
+    budget = f" of a {a.budget_s:g} s budget" if a.budget_s is not None else ""
+    lines = [f"Loader advice ({len(a.trials)} settings measured in {a.seconds:.1f} s{budget}; "
              f"loader on cpu, step on {a.step_device})", verdict(a),
              f"Your settings: {label(a.user.settings)} -> {_rate(a.user.samples_per_s)}"]
     if a.change:
@@ -608,6 +747,8 @@ def describe(a: LoaderAdvice) -> list[str]:
                   f"{a.speedup:.2f}x yours", f"  DataLoader(..., {kw})"]
         if a.recommended.settings.torch_threads != a.user.settings.torch_threads:
             lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")
+    elif a.within_noise:
+        lines.append(f"Recommended:   keep your settings ({a.within_noise})")
     elif len(a.trials) > 1 and a.bottleneck == "step" and a.wait_fraction <= WAIT_NOISE:
         lines.append("Recommended:   keep your settings (the step waits for data only within noise: "
                      "no loader setting can make it faster)")

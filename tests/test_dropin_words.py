@@ -226,3 +226,37 @@ def test_the_budget_is_respected_when_each_run_has_a_fixed_start_up_cost(monkeyp
     # without the check every run would start: about 14 of them, 2 s
     assert advice.seconds < 0.8 + 0.15 + 0.1
     assert advice.budget_s == 0.8 and "of a 0.8 s budget" in str(advice)
+
+
+def test_a_step_that_waits_within_noise_keeps_its_loader_and_may_get_fewer_threads(monkeypatch):
+    # the first run of yours was slow (so the first round picked workers), your median is not:
+    # the step waits within noise, so only the step's threads change, on your loader
+    seen = {"user": 0}
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        if step is None:
+            rate = 5000.0
+        elif torch.get_num_threads() == 1:
+            rate = 400.0
+        elif loader.num_workers == 0:
+            seen["user"] += 1
+            rate = 50.0 if seen["user"] == 1 else 100.0
+        else:
+            rate = 100.0
+        return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
+                     fetch_fraction=0.01, batches=10, samples=80, seconds=80 / rate)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 101.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    finally:
+        torch.set_num_threads(before)
+    assert advice.user.samples_per_s == 100.0 and advice.wait_fraction < dropin.WAIT_NOISE
+    assert advice.recommended.settings.num_workers == 0 and advice.recommended.settings.torch_threads == 1
+    assert len(advice.recommended.rates) == 3

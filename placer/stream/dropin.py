@@ -12,9 +12,14 @@ step's idle share is ``1 - together / step alone`` (the DS-Analyzer differential
 the core count; ``prefetch_factor`` 2 and 4; ``pin_memory`` when the step is on a
 real GPU) are rebuilt from the user's loader (same dataset, sampler or batch
 sampler, batch size, collate function, generator, ``drop_last``) and measured with
-the step, within a time budget. The best is recommended only when it beats the
-user's own settings by a clear margin; otherwise the user's settings are kept (or
-fewer workers, when they are as fast).
+the step, within a time budget, with fewer intra-op threads for the step. After one
+run of each, the user's settings and the few fastest run again, interleaved, until
+each has three runs. The best is recommended only when its median beats the user's
+by a clear margin and its slowest run beats the user's fastest; otherwise the user's
+settings are kept (or fewer workers, when they are as fast) and a gain within the
+spread is called noise. A step that waits for data only within noise gets no loader
+setting at all. Samples are counted from each batch's first array (its leading
+dimension), else from the loader's batch size.
 
 The rebuilt loader yields the same batches in the same order: it draws from the
 same sampler and the same generator. Measuring draws from them too, so the states
@@ -467,8 +472,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
 
     user = settings_of(loader)
     cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
-    threads_tried = thread_counts(user.torch_threads or 1, 0, _cores()) if dev.kind == "cpu" else []
-    budget = _Budget(budget_s, runs=3 + len(cands) + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 2))
+    threads_tried = 2 * thread_counts(user.torch_threads or 1, 0, _cores()) if dev.kind == "cpu" else []
+    budget = _Budget(budget_s, runs=3 + len(cands) + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 3))
     count = counter_of(loader)
     with _random_state_kept(loader):
         kept: list = []
@@ -484,6 +489,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
             best, threads = _try_threads(loader, best, step, batches, dev, budget, trials)
         trials = _repeat(loader, trials, best, step, batches, dev, budget, count)
         mine = trials[0]
+        waits = max(0.0, 1 - mine.samples_per_s / step_rate) > WAIT_NOISE  # from the median of the user's runs
         best, noise = decide(mine, trials, waits=waits)
         if threads is not None:
             top = max((t for t in trials if t.settings.torch_threads == threads["tried"]
@@ -510,6 +516,10 @@ def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: i
     """
     ranked = sorted(trials[1:], key=lambda t: -t.samples_per_s)
     finalists = [trials[0], *[t for t in ranked[:FINALISTS]]]
+    same = [t for t in ranked if (t.settings.num_workers, t.settings.prefetch_factor, t.settings.pin_memory)
+            == (trials[0].settings.num_workers, trials[0].settings.prefetch_factor, trials[0].settings.pin_memory)]
+    if same and same[0] not in finalists:  # the user's loader with other step threads: a step-bound choice
+        finalists.append(same[0])
     if best not in finalists:
         finalists.append(best)
     more: dict[int, list[Trial]] = {id(t): [] for t in finalists}
@@ -610,12 +620,16 @@ def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device,
     """Fewer intra-op threads for the step: measured with the best loader setting found."""
     now = best.settings.torch_threads
     tried = []
-    for n in thread_counts(now, best.settings.num_workers, _cores()):
-        t = _trial(loader, best.settings.model_copy(update={"torch_threads": n}), step, batches, dev, budget) \
-            if budget.allows() else None
-        if t is not None:
-            trials.append(t)
-            tried.append(t)
+    # with the best loader setting found, and with the user's (which a step that waits for data
+    # only within noise keeps: fewer threads may still make its step faster)
+    bases = [best.settings, *([trials[0].settings] if best is not trials[0] else [])]
+    for base in bases:
+        for n in thread_counts(now, base.num_workers, _cores()):
+            t = _trial(loader, base.model_copy(update={"torch_threads": n}), step, batches, dev, budget) \
+                if budget.allows() else None
+            if t is not None:
+                trials.append(t)
+                tried.append(t)
     if not tried:
         return best, None
     top = max(tried, key=lambda t: t.samples_per_s)
@@ -732,7 +746,8 @@ def verdict(a: LoaderAdvice) -> str:
 def _row(t: Trial, yours: bool) -> str:
     s = t.settings
     return (f"  {s.num_workers:>11} {s.prefetch_factor or '-':>15} {str(s.pin_memory):>10} {s.torch_threads:>13} "
-            f"{t.samples_per_s:>10,.0f} {t.first_batch_s:>9.2f} s{'  (yours)' if yours else ''}")
+            f"{t.samples_per_s:>10,.0f} {t.first_batch_s:>9.2f} s {len(t.rates):>4} {t.spread:>6.0%}"
+            f"{'  (yours)' if yours else ''}")
 
 
 def describe(a: LoaderAdvice) -> list[str]:
@@ -755,10 +770,11 @@ def describe(a: LoaderAdvice) -> list[str]:
     elif len(a.trials) > 1:
         lines.append("Recommended:   keep your settings (no setting tried was more than "
                      f"{MIN_GAIN:.0%} faster)")
-    lines += ["Measured (steady state; the first batch waits for the workers to start):" if len(a.trials) > 1
+    lines += ["Measured (steady state, the median of the runs; the first batch waits for the workers to start; "
+              "spread: the runs' range over their median):" if len(a.trials) > 1
               else "Measured (your loop, after its first batch):",
               f"  {'num_workers':>11} {'prefetch_factor':>15} {'pin_memory':>10} {'torch_threads':>13} "
-              f"{'samples/s':>10} {'first batch':>11}"]
+              f"{'samples/s':>10} {'first batch':>11} {'runs':>4} {'spread':>6}"]
     lines += [_row(t, t is a.user) for t in a.trials]
     return lines + [f"Note: {n}" for n in a.notes]
 

@@ -180,7 +180,7 @@ def sequenced(monkeypatch, rates: dict[int, list[float]], *, step_rate=10_000.0,
         if keep is not None:
             keep.append(next(iter(loader)))
         if step is None:
-            rate = 100.0
+            rate = 1e6
         else:
             calls.append(loader.num_workers)
             rate = next(runs[loader.num_workers])
@@ -244,7 +244,7 @@ def test_a_step_that_waits_within_noise_keeps_its_loader_and_may_get_fewer_threa
             seen["user"] += 1
             rate = 50.0 if seen["user"] == 1 else 100.0
         else:
-            rate = 100.0
+            rate = 1e6
         return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
                      fetch_fraction=0.01, batches=10, samples=80, seconds=80 / rate)
 
@@ -260,3 +260,11 @@ def test_a_step_that_waits_within_noise_keeps_its_loader_and_may_get_fewer_threa
     assert advice.user.samples_per_s == 100.0 and advice.wait_fraction < dropin.WAIT_NOISE
     assert advice.recommended.settings.num_workers == 0 and advice.recommended.settings.torch_threads == 1
     assert len(advice.recommended.rates) == 3
+
+
+def test_a_wait_smaller_than_the_spread_of_your_runs_is_noise(monkeypatch):
+    # your runs spread 60 % around their median: a 20 % wait cannot be told from noise
+    sequenced(monkeypatch, {0: [100.0, 140.0, 80.0], 1: [150.0, 150.0, 150.0], 2: [90.0]}, step_rate=125.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert advice.wait_fraction == pytest.approx(0.2) and advice.user.spread == pytest.approx(0.6)
+    assert not advice.change and "fast enough" in str(advice) and "within noise" in str(advice)

@@ -64,6 +64,7 @@ FINALISTS = 2
 #: a step that waits for data at most this share of the time waits within noise: even a loader
 #: that never kept it waiting would gain at most ``1 / (1 - WAIT_NOISE)``, i.e. ``MIN_GAIN``, so no
 #: loader setting is recommended for it (a single run that measured more measured noise)
+#: (or half the spread of the user's runs, when larger: a wait the runs cannot tell from noise)
 WAIT_NOISE = 1 - 1 / (1 + MIN_GAIN)
 
 
@@ -489,7 +490,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
             best, threads = _try_threads(loader, best, step, batches, dev, budget, trials)
         trials = _repeat(loader, trials, best, step, batches, dev, budget, count)
         mine = trials[0]
-        waits = max(0.0, 1 - mine.samples_per_s / step_rate) > WAIT_NOISE  # from the median of the user's runs
+        waits = max(0.0, 1 - mine.samples_per_s / step_rate) > wait_noise(mine)  # the median of the user's runs
         best, noise = decide(mine, trials, waits=waits)
         if threads is not None:
             top = max((t for t in trials if t.settings.torch_threads == threads["tried"]
@@ -531,6 +532,11 @@ def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: i
             if again is not None:
                 more[id(t)].append(again)
     return [merged(t, more.get(id(t), [])) for t in trials]
+
+
+def wait_noise(user: Trial) -> float:
+    """The step's wait that is within noise: ``WAIT_NOISE``, or half the spread of the user's runs if larger."""
+    return max(WAIT_NOISE, user.spread / 2)
 
 
 def decide(user: Trial, trials: list[Trial], *, waits: bool = True) -> tuple[Trial, str | None]:
@@ -733,7 +739,7 @@ def verdict(a: LoaderAdvice) -> str:
     if a.bottleneck == "loader":
         return (f"{waits}: the loader caps you at {_rate(a.loader_samples_per_s)}, the step could take "
                 f"{a.step_samples_per_s:,.0f}.")
-    if a.wait_fraction > WAIT_NOISE:
+    if a.wait_fraction > wait_noise(a.user):
         return (f"{waits}: the loader alone delivers {_rate(a.loader_samples_per_s)}, more than the step's "
                 f"{_rate(a.step_samples_per_s)}, yet together they are slower (they share the cores).")
     if a.change and a.speedup > 1 + MIN_GAIN:
@@ -764,7 +770,7 @@ def describe(a: LoaderAdvice) -> list[str]:
             lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")
     elif a.within_noise:
         lines.append(f"Recommended:   keep your settings ({a.within_noise})")
-    elif len(a.trials) > 1 and a.bottleneck == "step" and a.wait_fraction <= WAIT_NOISE:
+    elif len(a.trials) > 1 and a.bottleneck == "step" and a.wait_fraction <= wait_noise(a.user):
         lines.append("Recommended:   keep your settings (the step waits for data only within noise: "
                      "no loader setting can make it faster)")
     elif len(a.trials) > 1:

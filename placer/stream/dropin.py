@@ -1,6 +1,6 @@
 """Advice for an existing training script: its own DataLoader and train step, measured.
 
-May import: placer.data.stream, placer.devices, placer.executor.stream.nodes, placer.timing; torch inside
+May import: numpy, placer.data.stream, placer.devices, placer.executor.stream.nodes, placer.timing; torch inside
 functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded

@@ -200,7 +200,8 @@ def test_finalists_run_repeatedly_and_interleaved_and_a_clear_gain_is_recommende
     # the first round (yours, then workers 1 at prefetch 2 and 4, 2 at 2 and 4), then rounds over the finalists
     assert calls[:5] == [0, 1, 1, 2, 2]
     rounds = calls[5:]
-    assert len(rounds) == 2 * len(rounds[: len(rounds) // 2]) and rounds[: len(rounds) // 2] == rounds[len(rounds) // 2:]
+    half = len(rounds) // 2
+    assert len(rounds) == 2 * half and rounds[:half] == rounds[half:]
     assert rounds[0] == 0
     assert advice.change and advice.recommended.settings.num_workers == 2
     assert len(advice.recommended.rates) == 3 and len(advice.user.rates) == 3

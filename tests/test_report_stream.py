@@ -125,6 +125,8 @@ def test_a_run_without_queues_is_sequential():
                node("train", "step", 1.2, 0, 0)], idle=0.0, rate=400.0, trace=[])
     f = stream_facts(s)
     assert f.sequential and f.bound == "sequential" and f.bottleneck == "train"
+    # stages run in turn: their shares of the stream's time add up (not 100 % each)
+    assert "the step 'train' took 75% of the stream's time and 'augment' 25%" in f.sentence
     advice = stream_rules(facts_of(s))
     assert any(a.topic == "stream" and "--workers 1 or more" in a.text for a in advice)
 

@@ -161,8 +161,12 @@ def stream_sentence(f: StreamFacts) -> str:
         low = next(s for s in f.stages if s.name == f.bottleneck)
         approach = (f", and the stream could approach {low.name!r}'s {low.capacity_samples_per_s:,.0f} samples/s"
                     if low.capacity_samples_per_s is not None else "")
-        return (f"Sequential run (no overlap): the step {step.name!r} took {busy:.0%} of the stream's time"
-                + (f" and {slow.name!r} {slow.busy_share:.0%}" if slow is not None else "")
+        # stages run in turn: each one's share of the stream's time is its busy time over all of theirs
+        # (each stage's busy_share is of its own time, 100 % for every stage of a run without overlap)
+        total = sum(s.busy_s for s in f.stages)
+        turn = (lambda s: s.busy_s / total) if total > 0 else (lambda s: s.busy_share)
+        return (f"Sequential run (no overlap): the step {step.name!r} took {turn(step):.0%} of the stream's time"
+                + (f" and {slow.name!r} {turn(slow):.0%}" if slow is not None else "")
                 + f"; with workers the stages overlap{approach}.")
     if f.bound == "input":
         return (f"Input-bound: the step {step.name!r} waited for data {idle:.0%} of the time. "

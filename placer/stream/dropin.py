@@ -1,6 +1,6 @@
 """Advice for an existing training script: its own DataLoader and train step, measured.
 
-May import: placer.data.stream, placer.devices, placer.executor.stream.nodes, placer.timing; torch inside
+May import: numpy, placer.data.stream, placer.devices, placer.executor.stream.nodes, placer.timing; torch inside
 functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
@@ -12,9 +12,14 @@ step's idle share is ``1 - together / step alone`` (the DS-Analyzer differential
 the core count; ``prefetch_factor`` 2 and 4; ``pin_memory`` when the step is on a
 real GPU) are rebuilt from the user's loader (same dataset, sampler or batch
 sampler, batch size, collate function, generator, ``drop_last``) and measured with
-the step, within a time budget. The best is recommended only when it beats the
-user's own settings by a clear margin; otherwise the user's settings are kept (or
-fewer workers, when they are as fast).
+the step, within a time budget, with fewer intra-op threads for the step. After one
+run of each, the user's settings and the few fastest run again, interleaved, until
+each has three runs. The best is recommended only when its median beats the user's
+by a clear margin and its slowest run beats the user's fastest; otherwise the user's
+settings are kept (or fewer workers, when they are as fast) and a gain within the
+spread is called noise. A step that waits for data only within noise gets no loader
+setting at all. Samples are counted from each batch's first array (its leading
+dimension), else from the loader's batch size.
 
 The rebuilt loader yields the same batches in the same order: it draws from the
 same sampler and the same generator. Measuring draws from them too, so the states
@@ -30,15 +35,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu, torch_device_name
-from placer.executor.stream.nodes import batch_len
+from placer.executor.stream.nodes import leading_len
 from placer.timing import Clock, Deadline, Measurement, Timings, torch_threads
+
+log = logging.getLogger(__name__)
 
 #: what an exhausted iterator gives ``next``
 _END = object()
@@ -46,6 +57,15 @@ _END = object()
 MIN_GAIN = 0.10
 #: among settings this close to the fastest, the one with the fewest workers is chosen
 NEAR_BEST = 0.95
+#: runs of each finalist (the user's settings and the few fastest of the first round), interleaved
+REPEATS = 3
+#: settings besides the user's (and the cheapest near the fastest) repeated after the first round
+FINALISTS = 2
+#: a step that waits for data at most this share of the time waits within noise: even a loader
+#: that never kept it waiting would gain at most ``1 / (1 - WAIT_NOISE)``, i.e. ``MIN_GAIN``, so no
+#: loader setting is recommended for it (a single run that measured more measured noise)
+#: (or half the spread of the user's runs, when larger: a wait the runs cannot tell from noise)
+WAIT_NOISE = 1 - 1 / (1 + MIN_GAIN)
 
 
 def _as_dict(s: LoaderSettings) -> dict[str, Any]:
@@ -79,11 +99,36 @@ class Trial:
     seconds: float
     #: the wait on each counted ``next(loader)``: every repeat kept (median and spread)
     fetch: Measurement | None = field(default=None, compare=False, repr=False)
+    #: samples/s of each run of these settings, in the order run (``samples_per_s`` is their median)
+    repeats: tuple[float, ...] = field(default=(), compare=False)
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        return self.repeats or (self.samples_per_s,)
+
+    @property
+    def spread(self) -> float:
+        """The repeats' range over their median (0 with one run)."""
+        r = self.rates
+        return (max(r) - min(r)) / max(self.samples_per_s, 1e-12)
 
     def as_dict(self) -> dict[str, Any]:
         return {**_as_dict(self.settings), "samples_per_s": round(self.samples_per_s, 2),
                 "first_batch_s": round(self.first_batch_s, 4), "fetch_fraction": round(self.fetch_fraction, 4),
-                "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4)}
+                "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4),
+                "repeats": [round(r, 2) for r in self.rates], "spread": round(self.spread, 4)}
+
+
+def merged(first: Trial, more: list[Trial]) -> Trial:
+    """One setting's runs as one trial: the median samples/s, every run's kept in ``repeats``."""
+    if not more:
+        return first
+    runs = [first, *more]
+    rates = tuple(r for t in runs for r in t.rates)
+    return replace(first, samples_per_s=float(np.median(rates)), repeats=rates,
+                   fetch_fraction=float(np.mean([t.fetch_fraction for t in runs])),
+                   batches=sum(t.batches for t in runs), samples=sum(t.samples for t in runs),
+                   seconds=sum(t.seconds for t in runs))
 
 
 @dataclass
@@ -121,6 +166,10 @@ class LoaderAdvice:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     source: Any = field(default=None, repr=False)
+    #: the wall-clock budget the runs were given
+    budget_s: float | None = None
+    #: why a faster-measured setting was not recommended: its gain was within the runs' spread
+    within_noise: str | None = None
 
     @property
     def speedup(self) -> float:
@@ -147,7 +196,7 @@ class LoaderAdvice:
             "user": self.user.as_dict(), "recommended": self.recommended.as_dict(),
             "change": self.change, "speedup": round(self.speedup, 3), "threads": self.threads,
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -230,13 +279,46 @@ def _close(it: Any) -> None:
         shutdown()
 
 
+class SampleCount:
+    """Samples in a batch: its first array's leading dimension, else the loader's batch size.
+
+    When neither is known a batch counts as one sample and :attr:`unknown` is set.
+    """
+
+    def __init__(self, batch_size: int | None = None):
+        self.batch_size = batch_size
+        self.unknown = False
+
+    def __call__(self, batch: Any) -> int:
+        n = leading_len(batch)
+        if n is not None:
+            return n
+        if self.batch_size:
+            return int(self.batch_size)
+        if not self.unknown:
+            log.warning("a batch has no array and the loader no batch size: each batch counts as one sample")
+        self.unknown = True
+        return 1
+
+
+#: batches counted with neither a leading dimension nor a batch size (a note says so)
+UNKNOWN_COUNT = ("samples are counted as batches: a batch has no array with a leading dimension and the "
+                 "loader no batch_size, so each batch counts as one sample")
+
+
+def counter_of(loader: Any) -> SampleCount:
+    return SampleCount(getattr(loader, "batch_size", None))
+
+
 def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, warmup: int,
-               device: Device, deadline: Deadline, keep: list | None = None) -> Trial | None:
+               device: Device, deadline: Deadline, keep: list | None = None,
+               count: SampleCount | None = None) -> Trial | None:
     """Fetch up to ``batches`` batches (and step on each); the rate counts batches after ``warmup``.
 
     Stops early at ``deadline`` (after at least one counted batch). ``keep`` collects
     the first batches for the step-alone run. None when the loader runs out during the warm-up.
     """
+    count = count or counter_of(loader)
     waits = Timings()
     first = start = end = None
     samples = counted = 0
@@ -255,7 +337,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                     start = run.elapsed() - fetch.wall
                 if i >= warmup:
                     waits.add("fetch", fetch)
-                    samples += batch_len(batch)
+                    samples += count(batch)
                     counted += 1
                 if keep is not None and len(keep) < 4:
                     keep.append(batch)
@@ -276,15 +358,17 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                  fetch=Measurement(raw_times=fetch_s, label="next(loader)"))
 
 
-def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: Deadline) -> float:
+def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: Deadline,
+               count: SampleCount | None = None) -> float:
     """Samples/s of the step on batches fetched once (no loader in the way)."""
+    count = count or SampleCount()
     device.synchronize()
     samples = 0
     with Clock() as run:
         for i in range(batches):
             batch = kept[i % len(kept)]
             step(batch)
-            samples += batch_len(batch)
+            samples += count(batch)
             if deadline.passed():
                 break
         device.synchronize()
@@ -319,16 +403,33 @@ def _cores() -> int:
 
 # -- the advice ----------------------------------------------------------------------------
 class _Budget:
-    """Splits what is left of the budget evenly over the runs still to come."""
+    """Splits what is left of the budget evenly over the runs still to come.
+
+    A run's deadline can stop its counted batches only: starting its workers, its
+    warm-up batches and stopping the workers take what they take. The largest such
+    fixed cost seen so far is kept, and an optional run starts only when that much is
+    left (the budget was overrun by these costs when every run started regardless).
+    """
 
     def __init__(self, budget_s: float, runs: int):
         self.total = Deadline(budget_s)
         self.runs = runs
+        self.fixed_s = 0.0
 
     def deadline(self) -> Deadline:
         share = self.total.left() / max(self.runs, 1)
         self.runs -= 1
         return Deadline(share)
+
+    def allows(self) -> bool:
+        """Whether an optional run fits in what is left (it is counted as run either way)."""
+        if self.total.left() > self.fixed_s:
+            return True
+        self.runs -= 1
+        return False
+
+    def ran(self, wall_s: float, counted_s: float) -> None:
+        self.fixed_s = max(self.fixed_s, wall_s - counted_s)
 
 
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
@@ -346,7 +447,18 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         Batches per measured run (the first one, or ``num_workers`` ones, are warm-up).
     budget_s : float
         Wall-clock budget of all runs together; each run stops early at its share
-        (a run always counts at least one batch after its warm-up).
+        (a run always counts at least one batch after its warm-up), and a run besides
+        the user's first starts only when what is left covers the largest start-up and
+        shut-down cost seen so far.
+
+    Notes
+    -----
+    Every setting is run once; then the user's settings, the few fastest and the
+    cheapest near the fastest run ``REPEATS`` times in all, interleaved (one run of each
+    per round), so that the machine's drift falls on all of them alike. A setting is
+    recommended only when its median beats the user's by ``MIN_GAIN`` and its slowest
+    run beats the user's fastest (the gain exceeds the spread); otherwise the advice
+    keeps the user's settings and says the difference is within noise.
     device : str or torch.device, optional
         Where the step runs (``cpu``, ``gpu``, ``gpu:1``, ``cuda:0``); its queued work
         is waited for at the ends of each timed run. Default: ``cpu``.
@@ -361,27 +473,119 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
 
     user = settings_of(loader)
     cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
-    budget = _Budget(budget_s, runs=len(cands) + 4)
+    threads_tried = 2 * thread_counts(user.torch_threads or 1, 0, _cores()) if dev.kind == "cpu" else []
+    budget = _Budget(budget_s, runs=3 + len(cands) + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 3))
+    count = counter_of(loader)
     with _random_state_kept(loader):
         kept: list = []
-        mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept))
-        step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline())
-        alone = _trial(loader, user, None, batches, dev, budget)
-        trials = [mine] + [t for s in cands if (t := _trial(loader, s, step, batches, dev, budget)) is not None]
-        best = choose(mine, trials)
+        mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept, count=count))
+        step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline(), count=count)
+        alone = _trial(loader, user, None, batches, dev, budget, count=count) if budget.allows() else None
+        trials = [mine] + [t for s in cands if budget.allows()
+                           and (t := _trial(loader, s, step, batches, dev, budget, count=count)) is not None]
+        waits = max(0.0, 1 - mine.samples_per_s / step_rate) > WAIT_NOISE
+        best = choose(mine, trials, waits=waits)
         threads = None
-        if best.settings.num_workers and dev.kind == "cpu":
+        if dev.kind == "cpu":
             best, threads = _try_threads(loader, best, step, batches, dev, budget, trials)
+        trials = _repeat(loader, trials, best, step, batches, dev, budget, count)
+        mine = trials[0]
+        waits = max(0.0, 1 - mine.samples_per_s / step_rate) > wait_noise(mine)  # the median of the user's runs
+        best, noise = decide(mine, trials, waits=waits)
+        if threads is not None:
+            top = max((t for t in trials if t.settings.torch_threads == threads["tried"]
+                       and t.settings.num_workers == best.settings.num_workers), key=lambda t: t.samples_per_s,
+                      default=None)
+            threads |= {"helped": best.settings.torch_threads != mine.settings.torch_threads,
+                        **({"samples_per_s": round(top.samples_per_s, 2)} if top is not None else {})}
     if best is not mine and best.settings.num_workers:
         best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
-    return _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
+    advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
+    advice.budget_s, advice.within_noise = budget_s, noise
+    if count.unknown:
+        advice.notes.append(UNKNOWN_COUNT)
+    return advice
+
+
+def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
+            count: SampleCount) -> list[Trial]:
+    """Run the finalists again, round-robin, until each has ``REPEATS`` runs (or the budget ends).
+
+    The finalists: the user's settings (``trials[0]``), the ``FINALISTS`` fastest of the
+    first round and the setting the first round chose. Returns ``trials`` with each
+    finalist's runs merged (:func:`merged`), in the same order.
+    """
+    ranked = sorted(trials[1:], key=lambda t: -t.samples_per_s)
+    finalists = [trials[0], *[t for t in ranked[:FINALISTS]]]
+    same = [t for t in ranked if (t.settings.num_workers, t.settings.prefetch_factor, t.settings.pin_memory)
+            == (trials[0].settings.num_workers, trials[0].settings.prefetch_factor, trials[0].settings.pin_memory)]
+    if same and same[0] not in finalists:  # the user's loader with other step threads: a step-bound choice
+        finalists.append(same[0])
+    if best not in finalists:
+        finalists.append(best)
+    more: dict[int, list[Trial]] = {id(t): [] for t in finalists}
+    for _ in range(REPEATS - 1):
+        for t in finalists:
+            if not budget.allows():
+                continue
+            again = _trial(loader, t.settings, step, batches, dev, budget, count=count)
+            if again is not None:
+                more[id(t)].append(again)
+    return [merged(t, more.get(id(t), [])) for t in trials]
+
+
+def wait_noise(user: Trial) -> float:
+    """The step's wait that is within noise: ``WAIT_NOISE``, or half the spread of the user's runs if larger."""
+    return max(WAIT_NOISE, user.spread / 2)
+
+
+def decide(user: Trial, trials: list[Trial], *, waits: bool = True) -> tuple[Trial, str | None]:
+    """The recommendation from repeated runs, and why a faster one was not taken (or None).
+
+    Only settings run more than once (the user's too) may be recommended. A setting
+    beats the user's when its median is ``MIN_GAIN`` faster and its slowest run is
+    faster than the user's fastest. A step that waits within noise (``waits=False``)
+    gets no loader change: only fewer step threads, or fewer workers as fast.
+    """
+    repeated = [t for t in trials if len(t.rates) > 1 or t is user]
+
+    def loader_part(s: LoaderSettings) -> tuple:
+        return s.num_workers, s.prefetch_factor, s.pin_memory
+
+    eligible = [t for t in repeated if t is not user
+                and (waits or loader_part(t.settings) == loader_part(user.settings))]
+
+    def beats(t: Trial) -> bool:
+        return t.samples_per_s > user.samples_per_s * (1 + MIN_GAIN) and min(t.rates) > max(user.rates)
+
+    winners = [t for t in eligible if beats(t)]
+    if winners:
+        fastest = max(winners, key=lambda t: t.samples_per_s)
+        near = [t for t in winners if t.samples_per_s >= NEAR_BEST * fastest.samples_per_s]
+        return min(near, key=lambda t: _cost(t.settings)), None
+    noise = None
+    fastest = max(eligible, key=lambda t: t.samples_per_s, default=None)
+    if fastest is not None and fastest.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
+        noise = (f"{label(fastest.settings)} measured {_span(fastest)}, yours {_span(user)}: "
+                 "the difference is within noise")
+    fewer = [t for t in repeated if t.settings.num_workers < user.settings.num_workers
+             and t.samples_per_s >= NEAR_BEST * user.samples_per_s]
+    return (min(fewer, key=lambda t: _cost(t.settings)) if fewer else user), noise
+
+
+def _span(t: Trial) -> str:
+    lo, hi = min(t.rates), max(t.rates)
+    return f"{lo:,.0f}-{hi:,.0f} samples/s over {len(t.rates)} runs" if len(t.rates) > 1 else _rate(lo)
 
 
 def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, budget: _Budget,
-           keep: list | None = None) -> Trial | None:
+           keep: list | None = None, count: SampleCount | None = None) -> Trial | None:
     measured = settings.model_copy(update={"persistent_workers": False})
-    trial = run_loader(rebuild(loader, measured), step, batches=batches,
-                       warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep)
+    with Clock() as wall, torch_threads(settings.torch_threads):
+        trial = run_loader(rebuild(loader, measured), step, batches=batches,
+                           warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep,
+                           count=count)
+    budget.ran(wall.wall, trial.seconds if trial is not None else 0.0)
     return None if trial is None else replace(trial, settings=settings)
 
 
@@ -392,13 +596,15 @@ def _must(trial: Trial | None) -> Trial:
     return trial
 
 
-def choose(user: Trial, trials: list[Trial]) -> Trial:
+def choose(user: Trial, trials: list[Trial], *, waits: bool = True) -> Trial:
     """The recommendation: the cheapest setting near the fastest when that beats the user's clearly.
 
-    Otherwise the user's own settings, or fewer workers when they are as fast.
+    Otherwise the user's own settings, or fewer workers when they are as fast. A step
+    that waits for data only within noise (``waits=False``) sets the pace: no faster
+    loader setting is recommended for it, whatever a single run measured.
     """
     best = max(trials, key=lambda t: t.samples_per_s)
-    if best.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
+    if waits and best.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
         near = [t for t in trials if t.samples_per_s >= NEAR_BEST * best.samples_per_s]
         return min(near, key=lambda t: _cost(t.settings))
     fewer = [t for t in trials if t.settings.num_workers < user.settings.num_workers
@@ -406,21 +612,37 @@ def choose(user: Trial, trials: list[Trial]) -> Trial:
     return min(fewer, key=lambda t: _cost(t.settings)) if fewer else user
 
 
+def thread_counts(now: int, workers: int, cores: int) -> list[int]:
+    """Intra-op thread counts tried for the step: the cores the workers leave, and 1; fewer than ``now``.
+
+    Tried with or without workers: a step whose threads contend with other work on the
+    cores (the loader's, or another program's) can run several times faster on fewer.
+    """
+    return sorted({n for n in (max(1, cores - workers), 1) if n < now}, reverse=True)
+
+
 def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
                  trials: list[Trial]) -> tuple[Trial, dict[str, Any] | None]:
-    """With worker processes on the same cores, fewer intra-op threads for the step may help."""
+    """Fewer intra-op threads for the step: measured with the best loader setting found."""
     now = best.settings.torch_threads
-    n = max(1, _cores() - best.settings.num_workers)
-    if n >= now:
+    tried = []
+    # with the best loader setting found, and with the user's (which a step that waits for data
+    # only within noise keeps: fewer threads may still make its step faster)
+    bases = [best.settings, *([trials[0].settings] if best is not trials[0] else [])]
+    for base in bases:
+        for n in thread_counts(now, base.num_workers, _cores()):
+            t = _trial(loader, base.model_copy(update={"torch_threads": n}), step, batches, dev, budget) \
+                if budget.allows() else None
+            if t is not None:
+                trials.append(t)
+                tried.append(t)
+    if not tried:
         return best, None
-    with torch_threads(n):
-        t = _trial(loader, best.settings.model_copy(update={"torch_threads": n}), step, batches, dev, budget)
-    if t is None:
-        return best, None
-    trials.append(t)
-    helped = t.samples_per_s > best.samples_per_s * (1 + MIN_GAIN)
-    info = {"current": now, "tried": n, "samples_per_s": round(t.samples_per_s, 2), "helped": helped}
-    return (t if helped else best), info
+    top = max(tried, key=lambda t: t.samples_per_s)
+    helped = top.samples_per_s > best.samples_per_s * (1 + MIN_GAIN)
+    info = {"current": now, "tried": top.settings.torch_threads, "samples_per_s": round(top.samples_per_s, 2),
+            "helped": helped, "all_tried": {str(t.settings.torch_threads): round(t.samples_per_s, 2) for t in tried}}
+    return (top if helped else best), info
 
 
 def _advice(mine: Trial, best: Trial, trials: list[Trial], step_rate: float, alone: Trial | None, dev: Device,
@@ -434,7 +656,7 @@ def _advice(mine: Trial, best: Trial, trials: list[Trial], step_rate: float, alo
     elif best.settings.num_workers and best is not mine:
         notes.append("persistent_workers=True keeps the worker processes between epochs (starting them took "
                      f"{best.first_batch_s:.2f} s before the first batch)")
-    if best.settings.num_workers != mine.settings.num_workers:
+    if best.settings.num_workers != mine.settings.num_workers and draws_unseeded(loader.dataset):
         notes.append("a dataset that draws random numbers in __getitem__ draws them in the workers, each seeded "
                      "from the loader's generator and its worker id: with other num_workers, other draws")
     if best.settings.pin_memory and not mine.settings.pin_memory:
@@ -443,6 +665,64 @@ def _advice(mine: Trial, best: Trial, trials: list[Trial], step_rate: float, alo
                         wait_fraction=max(0.0, 1 - mine.samples_per_s / step_rate), step_samples_per_s=step_rate,
                         loader_samples_per_s=loader_rate, step_device=dev.name, threads=threads, notes=notes,
                         seconds=seconds, source=loader)
+
+
+def draws_unseeded(dataset: Any) -> bool:
+    """Whether ``dataset[i]`` draws random numbers that the index does not fix.
+
+    The check: read the first sample twice, under two different states of Python's,
+    numpy's and torch's global random generators (restored afterwards). A dataset that
+    draws none, or seeds its own generator from the index, gives equal samples; one
+    that draws from a global generator gives different ones. Only such a dataset draws
+    other numbers when ``num_workers`` changes (each worker seeds its own generators).
+    An iterable dataset, or one that cannot be read here, is assumed not to draw.
+    """
+    import numpy as np
+    import torch
+
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return False
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        if len(dataset) == 0:
+            return False
+        out = []
+        for seed in (12345, 54321):
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+            out.append(dataset[0])
+        return not _equal(out[0], out[1])
+    except Exception as e:  # a dataset that cannot be read twice: say nothing rather than guess
+        log.debug("could not check whether the dataset draws random numbers: %s", e)
+        return False
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+def _equal(a: Any, b: Any) -> bool:
+    import numpy as np
+    import torch
+
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.shape == b.shape and bool(np.array_equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if hasattr(a, "tobytes") and hasattr(b, "tobytes"):  # PIL images and the like
+        try:
+            return a.tobytes() == b.tobytes()
+        except Exception:
+            return False
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 # -- words ---------------------------------------------------------------------------------
@@ -459,6 +739,12 @@ def verdict(a: LoaderAdvice) -> str:
     if a.bottleneck == "loader":
         return (f"{waits}: the loader caps you at {_rate(a.loader_samples_per_s)}, the step could take "
                 f"{a.step_samples_per_s:,.0f}.")
+    if a.wait_fraction > wait_noise(a.user):
+        return (f"{waits}: the loader alone delivers {_rate(a.loader_samples_per_s)}, more than the step's "
+                f"{_rate(a.step_samples_per_s)}, yet together they are slower (they share the cores).")
+    if a.change and a.speedup > 1 + MIN_GAIN:
+        return (f"{waits}: the step sets the pace ({_rate(a.step_samples_per_s)}; the loader alone delivers "
+                f"{_rate(a.loader_samples_per_s)}).")
     return (f"{waits}: the loader is fast enough ({_rate(a.loader_samples_per_s)} alone); the step takes "
             f"{_rate(a.step_samples_per_s)}.")
 
@@ -466,12 +752,14 @@ def verdict(a: LoaderAdvice) -> str:
 def _row(t: Trial, yours: bool) -> str:
     s = t.settings
     return (f"  {s.num_workers:>11} {s.prefetch_factor or '-':>15} {str(s.pin_memory):>10} {s.torch_threads:>13} "
-            f"{t.samples_per_s:>10,.0f} {t.first_batch_s:>9.2f} s{'  (yours)' if yours else ''}")
+            f"{t.samples_per_s:>10,.0f} {t.first_batch_s:>9.2f} s {len(t.rates):>4} {t.spread:>6.0%}"
+            f"{'  (yours)' if yours else ''}")
 
 
 def describe(a: LoaderAdvice) -> list[str]:
     """The advice as lines of text."""
-    lines = [f"Loader advice ({len(a.trials)} settings measured in {a.seconds:.1f} s; "
+    budget = f" of a {a.budget_s:g} s budget" if a.budget_s is not None else ""
+    lines = [f"Loader advice ({len(a.trials)} settings measured in {a.seconds:.1f} s{budget}; "
              f"loader on cpu, step on {a.step_device})", verdict(a),
              f"Your settings: {label(a.user.settings)} -> {_rate(a.user.samples_per_s)}"]
     if a.change:
@@ -480,13 +768,19 @@ def describe(a: LoaderAdvice) -> list[str]:
                   f"{a.speedup:.2f}x yours", f"  DataLoader(..., {kw})"]
         if a.recommended.settings.torch_threads != a.user.settings.torch_threads:
             lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")
+    elif a.within_noise:
+        lines.append(f"Recommended:   keep your settings ({a.within_noise})")
+    elif len(a.trials) > 1 and a.bottleneck == "step" and a.wait_fraction <= wait_noise(a.user):
+        lines.append("Recommended:   keep your settings (the step waits for data only within noise: "
+                     "no loader setting can make it faster)")
     elif len(a.trials) > 1:
         lines.append("Recommended:   keep your settings (no setting tried was more than "
                      f"{MIN_GAIN:.0%} faster)")
-    lines += ["Measured (steady state; the first batch waits for the workers to start):" if len(a.trials) > 1
+    lines += ["Measured (steady state, the median of the runs; the first batch waits for the workers to start; "
+              "spread: the runs' range over their median):" if len(a.trials) > 1
               else "Measured (your loop, after its first batch):",
               f"  {'num_workers':>11} {'prefetch_factor':>15} {'pin_memory':>10} {'torch_threads':>13} "
-              f"{'samples/s':>10} {'first batch':>11}"]
+              f"{'samples/s':>10} {'first batch':>11} {'runs':>4} {'spread':>6}"]
     lines += [_row(t, t is a.user) for t in a.trials]
     return lines + [f"Note: {n}" for n in a.notes]
 
@@ -504,6 +798,7 @@ class MeasuredLoader:
         self.device = _step_device(device)
         self.fetch_s: list[float] = []
         self.samples: list[int] = []
+        self.count = counter_of(loader)
         self.seconds = 0.0
 
     def __len__(self) -> int:
@@ -520,7 +815,7 @@ class MeasuredLoader:
                     if batch is _END:
                         break
                     self.fetch_s.append(fetch.wall)
-                    self.samples.append(batch_len(batch))
+                    self.samples.append(self.count(batch))
                     self.seconds = loop.elapsed()
                     yield batch
             finally:
@@ -546,6 +841,8 @@ class MeasuredLoader:
         step_rate = t.samples / step if step > 0 else None
         loader_bound = fetch > step
         notes = ["measured in your loop: no settings were tried (advise_loader tries them)"]
+        if self.count.unknown:
+            notes.append(UNKNOWN_COUNT)
         return LoaderAdvice(user=t, recommended=t, trials=[t], bottleneck="loader" if loader_bound else "step",
                             wait_fraction=t.fetch_fraction, step_samples_per_s=step_rate,
                             loader_samples_per_s=loader_rate, step_device=self.device.name, notes=notes,

@@ -34,6 +34,8 @@ def explain(profile: StreamProfile, scorer: Scorer, c: Candidate, how: str = "",
     """The :class:`StreamPlan` of candidate ``c``: settings, prediction, reasons, baselines, what-ifs."""
     pred = scorer.predict(c)
     cfg = c.settings
+    if cfg.pin_memory and all(d == "cpu" for d in profile.devices):  # nothing to pin for: do not show it
+        cfg = cfg.model_copy(update={"pin_memory": False})
     value = scorer.value(pred)
     stages = []
     for s in profile.stages:
@@ -62,15 +64,19 @@ def baselines(profile: StreamProfile, scorer: Scorer, plan_value: float) -> list
     thumb, and the user's DataLoader when the source returns one."""
     rule = rule_of_thumb(profile)
     out = []
-    rows = [("num_workers=0", "every batch through every stage in turn", StreamSettings(workers=0), None),
-            ("rule of thumb", "preprocess on the CPU, the step on the accelerator; 1 worker per stage",
-             None, rule_candidate(profile, rule)),
-            (f"workers={profile.cores}, pin_memory", f"{profile.cores} workers per CPU stage, pinned copies", None,
-             rule_candidate(profile, rule, workers=profile.cores, pin=True))]
+    # pinned memory and "the step on the accelerator" mean something only where there is one
+    accel = any(d != "cpu" for d in profile.devices)
+    rows = [("num_workers=0", "every batch through every stage in turn", StreamSettings(workers=0, pin_memory=accel),
+             None),
+            ("rule of thumb", "preprocess on the CPU, the step on the accelerator; 1 worker per stage" if accel
+             else "every stage on the CPU; 1 worker per stage", None, rule_candidate(profile, rule, pin=accel)),
+            (f"workers={profile.cores}, pin_memory" if accel else f"workers={profile.cores}",
+             f"{profile.cores} workers per CPU stage" + (", pinned copies" if accel else ""), None,
+             rule_candidate(profile, rule, workers=profile.cores, pin=accel))]
     if profile.loader is not None:
         lo = profile.loader
         rows.append(("your DataLoader", f"as given: num_workers={lo.num_workers}, pin_memory={lo.pin_memory}",
-                     None, rule_candidate(profile, rule)))
+                     None, rule_candidate(profile, rule, pin=bool(lo.pin_memory) and accel)))
     for name, change, cfg, cand in rows:
         pred = predict(profile, rule, cfg, epochs=scorer.epochs) if cfg is not None else scorer.predict(cand)
         conf = cfg if cfg is not None else cand.settings

@@ -157,18 +157,47 @@ class StepState:
         return self.value if self.fold else self.outputs
 
 
-def batch_len(value: Any) -> int:
-    """Samples in a batch: the leading dimension of its first array (1 when it has none)."""
-    if isinstance(value, dict) and value:
-        return batch_len(next(iter(value.values())))
-    if isinstance(value, (tuple, list)) and value and not isinstance(value[0], (int, float)):
-        return batch_len(value[0])
-    shape = getattr(value, "shape", None)
-    if shape is not None and len(shape) >= 1:
-        return int(shape[0])
-    if hasattr(value, "iloc") or isinstance(value, (list, tuple)):
+def leading_len(value: Any) -> int | None:
+    """Samples in a batch, or None when the batch does not say.
+
+    The leading dimension of its first array (searched depth-first through dicts,
+    tuples and lists, as a collate function nests them); else the length of a list of
+    plain items (strings, numbers: a collated text column); else None.
+    """
+    shaped = _first_shaped(value)
+    if shaped is not None:
+        return shaped
+    if hasattr(value, "iloc"):
         return len(value)
-    return 1
+    if isinstance(value, dict) and value:
+        return leading_len(next(iter(value.values())))
+    if isinstance(value, (tuple, list)) and value:
+        if all(not isinstance(v, (tuple, list, dict)) for v in value):
+            return len(value)
+        return leading_len(value[0])
+    return None
+
+
+def _first_shaped(value: Any, depth: int = 0) -> int | None:
+    shape = getattr(value, "shape", None)
+    if shape is not None and not isinstance(shape, (int, float)):
+        try:
+            return int(shape[0]) if len(shape) >= 1 else None
+        except TypeError:
+            return None
+    if depth >= 4:
+        return None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    for v in items:
+        if (n := _first_shaped(v, depth + 1)) is not None:
+            return n
+    return None
+
+
+def batch_len(value: Any) -> int:
+    """Samples in a batch: :func:`leading_len`, or 1 when the batch does not say."""
+    n = leading_len(value)
+    return 1 if n is None else n
 
 
 def bundle_bytes(b: Bundle) -> int:

@@ -1,0 +1,271 @@
+"""The drop-in's words agree with what it measured: samples counted right, no advice within noise,
+no note that does not apply, nothing an accelerator-less machine cannot use."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from placer.data.stream import LoaderSettings
+from placer.executor.stream.nodes import batch_len, leading_len
+from placer.stream import advise_loader, dropin
+from placer.stream.dropin import Trial, candidates, draws_unseeded, measure
+
+
+class Requests(Dataset):
+    """Text requests: each sample is a string (and an id), as a serving loop reads them."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return f"request number {i}", i
+
+
+class Strings(Requests):
+    def __getitem__(self, i):
+        return f"request number {i}"
+
+
+class Plain(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((3,), float(i))
+
+
+class Unseeded(Plain):
+    def __getitem__(self, i):
+        return torch.full((3,), float(i)) + torch.rand(3)
+
+
+class SeededPerSample(Plain):
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.full((3,), float(i)) + torch.rand(3, generator=g)
+
+
+class NumpyUnseeded(Plain):
+    def __getitem__(self, i):
+        return np.full(3, float(i)) + np.random.rand(3)
+
+
+def test_a_batch_of_strings_counts_its_strings_not_one_sample():
+    loader = DataLoader(Requests(), batch_size=16)
+    batch = next(iter(loader))
+    assert isinstance(batch[0], (list, tuple)) and isinstance(batch[0][0], str)
+    assert batch_len(batch) == 16
+    assert batch_len(next(iter(DataLoader(Strings(), batch_size=8)))) == 8
+    assert leading_len([["a", "b"], ["c", "d"]]) == 2 and leading_len(object()) is None
+
+
+def test_samples_come_from_the_batch_size_when_the_batch_does_not_say_and_a_note_when_neither_does():
+    class Opaque:
+        pass
+
+    with_size = measure(DataLoader(Plain(), batch_size=8, collate_fn=lambda b: Opaque()))
+    for _ in with_size:
+        pass
+    assert with_size.trial().samples == 8 * 7 and not any("counted as batches" in n for n in with_size.advice().notes)
+    sizeless = measure(DataLoader(Plain(), batch_size=None, collate_fn=lambda b: Opaque()))
+    for _ in sizeless:
+        pass
+    assert sizeless.trial().samples == 63
+    assert any("counted as batches" in n for n in sizeless.advice().notes)
+
+
+def scripted(monkeypatch, rates: dict[int, float], step_rate: float, loader_rate: float):
+    """Measuring returns fixed rates: ``rates`` by num_workers with the step, ``loader_rate`` without."""
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        rate = rates[loader.num_workers] if step is not None else loader_rate
+        return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
+                     fetch_fraction=0.1, batches=10, samples=10 * 8, seconds=80 / rate)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: step_rate)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+
+
+def test_a_consumer_bound_loop_gets_no_loader_recommendation(monkeypatch):
+    # one run measured 2 workers 17 % faster, but the step does not wait: that is noise
+    scripted(monkeypatch, {0: 1000.0, 1: 1050.0, 2: 1170.0}, step_rate=1010.0, loader_rate=5000.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    text = str(advice)
+    assert not advice.change and "num_workers=2" not in text.split("Measured")[0]
+    assert "fast enough" in text and "within noise" in text
+
+
+def test_a_step_that_waits_a_large_share_is_not_told_the_loader_is_fast_enough(monkeypatch):
+    scripted(monkeypatch, {0: 680.0, 1: 700.0, 2: 690.0}, step_rate=1000.0, loader_rate=5000.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert advice.wait_fraction == pytest.approx(0.32)
+    assert "fast enough" not in str(advice) and "waits for data 32%" in str(advice)
+
+
+def test_a_clear_speed_up_is_recommended_without_fast_enough_words(monkeypatch):
+    scripted(monkeypatch, {0: 500.0, 1: 900.0, 2: 950.0}, step_rate=1000.0, loader_rate=520.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert advice.change and advice.speedup > 1.5 and "fast enough" not in str(advice)
+
+
+def test_no_more_workers_than_cores_and_no_pinned_memory_without_an_accelerator(monkeypatch):
+    user = LoaderSettings(num_workers=0, torch_threads=2)
+    for s in candidates(user, cores=2, gpu=False, iterable=False):
+        assert s.num_workers <= 2 and not s.pin_memory
+    scripted(monkeypatch, {0: 500.0, 1: 900.0, 2: 950.0}, step_rate=1000.0, loader_rate=520.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert all(t.settings.num_workers <= 2 and not t.settings.pin_memory for t in advice.trials)
+    assert "pin_memory=True" not in str(advice) and "GPU" not in str(advice)
+
+
+def test_the_random_draw_check_tells_unseeded_draws_from_none_and_per_sample_seeds():
+    assert draws_unseeded(Unseeded()) and draws_unseeded(NumpyUnseeded())
+    assert not draws_unseeded(Plain()) and not draws_unseeded(SeededPerSample()) and not draws_unseeded(Requests())
+    before = torch.get_rng_state()
+    draws_unseeded(Unseeded())
+    assert torch.equal(before, torch.get_rng_state())
+
+
+@pytest.mark.parametrize("dataset, noted", [(Plain(), False), (SeededPerSample(), False), (Unseeded(), True)])
+def test_the_note_on_random_draws_only_when_the_dataset_draws_unseeded(monkeypatch, dataset, noted):
+    scripted(monkeypatch, {0: 500.0, 1: 900.0, 2: 950.0}, step_rate=1000.0, loader_rate=520.0)
+    advice = advise_loader(DataLoader(dataset, batch_size=8), lambda b: None)
+    assert advice.change
+    assert any("draws random numbers" in n for n in advice.notes) is noted
+
+
+def test_fewer_step_threads_are_tried_without_workers_too(monkeypatch):
+    # a step whose threads contend for loaded cores: 1 thread measures 4x faster, with no workers
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        rate = 400.0 if torch.get_num_threads() == 1 else 100.0
+        rate = rate if step is not None else 5000.0
+        return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
+                     fetch_fraction=0.01, batches=10, samples=80, seconds=80 / rate)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 101.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    finally:
+        torch.set_num_threads(before)
+    assert advice.recommended.settings.num_workers == 0 and advice.recommended.settings.torch_threads == 1
+    assert advice.threads["helped"] and advice.speedup == pytest.approx(4.0)
+    text = str(advice)
+    assert "torch.set_num_threads(1)" in text and "fast enough" not in text
+    assert dropin.thread_counts(2, 0, 2) == [1] and dropin.thread_counts(8, 2, 4) == [2, 1]
+    assert dropin.thread_counts(1, 0, 2) == []
+
+
+# -- measuring enough to decide ------------------------------------------------------------------
+def sequenced(monkeypatch, rates: dict[int, list[float]], *, step_rate=10_000.0, sleep=0.0):
+    """Each run of ``num_workers=w`` returns the next rate of ``rates[w]``; the calls are recorded."""
+    import time
+
+    calls, runs = [], {w: iter(r * 10) for w, r in rates.items()}
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+        time.sleep(sleep)
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        if step is None:
+            rate = 1e6
+        else:
+            calls.append(loader.num_workers)
+            rate = next(runs[loader.num_workers])
+        return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
+                     fetch_fraction=0.5, batches=10, samples=80, seconds=1e-4)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: step_rate)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
+    return calls
+
+
+def test_finalists_run_repeatedly_and_interleaved_and_a_clear_gain_is_recommended(monkeypatch):
+    calls = sequenced(monkeypatch, {0: [100.0, 104.0, 98.0], 1: [150.0, 155.0, 148.0], 2: [200.0, 190.0, 205.0]})
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    # the first round (yours, then workers 1 at prefetch 2 and 4, 2 at 2 and 4), then rounds over the finalists
+    assert calls[:5] == [0, 1, 1, 2, 2]
+    rounds = calls[5:]
+    half = len(rounds) // 2
+    assert len(rounds) == 2 * half and rounds[:half] == rounds[half:]
+    assert rounds[0] == 0
+    assert advice.change and advice.recommended.settings.num_workers == 2
+    assert len(advice.recommended.rates) == 3 and len(advice.user.rates) == 3
+    assert advice.user.samples_per_s == 100.0 and advice.recommended.samples_per_s == 200.0
+    doc = json.loads(advice.to_json())
+    assert doc["user"]["repeats"] == [100.0, 104.0, 98.0] and doc["within_noise"] is None
+    assert {"bottleneck", "wait_fraction", "samples_per_s", "user", "recommended", "change", "speedup", "threads",
+            "trials", "notes", "seconds", "budget_s"} <= set(doc)
+
+
+def test_a_gain_within_the_spread_keeps_your_settings_and_says_so(monkeypatch):
+    # 2 workers' median is 20 % faster, but its runs overlap yours: noise
+    sequenced(monkeypatch, {0: [100.0, 150.0, 90.0], 1: [100.0, 101.0, 99.0], 2: [120.0, 140.0, 110.0]})
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert not advice.change and advice.within_noise and "within noise" in advice.within_noise
+    assert "keep your settings" in str(advice) and "within noise" in str(advice)
+    assert "Recommended:   num_workers" not in str(advice)
+
+
+def test_the_budget_is_respected_when_each_run_has_a_fixed_start_up_cost(monkeypatch):
+    sequenced(monkeypatch, {0: [100.0], 1: [150.0], 2: [200.0]}, sleep=0.15)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None, budget_s=0.8)
+    # without the check every run would start: about 14 of them, 2 s
+    assert advice.seconds < 0.8 + 0.15 + 0.1
+    assert advice.budget_s == 0.8 and "of a 0.8 s budget" in str(advice)
+
+
+def test_a_step_that_waits_within_noise_keeps_its_loader_and_may_get_fewer_threads(monkeypatch):
+    # the first run of yours was slow (so the first round picked workers), your median is not:
+    # the step waits within noise, so only the step's threads change, on your loader
+    seen = {"user": 0}
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        if step is None:
+            rate = 5000.0
+        elif torch.get_num_threads() == 1:
+            rate = 400.0
+        elif loader.num_workers == 0:
+            seen["user"] += 1
+            rate = 50.0 if seen["user"] == 1 else 100.0
+        else:
+            rate = 1e6
+        return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
+                     fetch_fraction=0.01, batches=10, samples=80, seconds=80 / rate)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 101.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    finally:
+        torch.set_num_threads(before)
+    assert advice.user.samples_per_s == 100.0 and advice.wait_fraction < dropin.WAIT_NOISE
+    assert advice.recommended.settings.num_workers == 0 and advice.recommended.settings.torch_threads == 1
+    assert len(advice.recommended.rates) == 3
+
+
+def test_a_wait_smaller_than_the_spread_of_your_runs_is_noise(monkeypatch):
+    # your runs spread 60 % around their median: a 20 % wait cannot be told from noise
+    sequenced(monkeypatch, {0: [100.0, 140.0, 80.0], 1: [150.0, 150.0, 150.0], 2: [90.0]}, step_rate=125.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert advice.wait_fraction == pytest.approx(0.2) and advice.user.spread == pytest.approx(0.6)
+    assert not advice.change and "fast enough" in str(advice) and "within noise" in str(advice)

@@ -129,6 +129,10 @@ def test_a_run_without_queues_is_sequential():
     assert "the step 'train' took 75% of the stream's time and 'augment' 25%" in f.sentence
     advice = stream_rules(facts_of(s))
     assert any(a.topic == "stream" and "--workers 1 or more" in a.text for a in advice)
+    # a plan that chose one batch at a time is not told to undo its own choice
+    planned = facts_of(s)
+    planned.streams[0] = planned.streams[0].model_copy(update={"predicted_samples_per_s": 410.0})
+    assert not [a for a in stream_rules(planned) if "--workers 1 or more" in a.text]
 
 
 # -- advice --------------------------------------------------------------------------------------

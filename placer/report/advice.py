@@ -352,6 +352,9 @@ def _queue_advice(s: StreamFacts, *, starved: bool) -> list[Advice]:
 
 
 def _sequential_advice(s: StreamFacts) -> list[Advice]:
+    if s.predicted_samples_per_s is not None:
+        # the plan chose one batch at a time (its reasons say why): no advice to undo its own choice
+        return []
     low = _stage(s, s.bottleneck)
     could = (f"; it could approach {low.name!r}'s {low.capacity_samples_per_s:,.0f} samples/s"
              if low is not None and low.capacity_samples_per_s else "")

@@ -63,9 +63,13 @@ def fit_value(p: Point) -> float:
 
     Noise from other work on the machine only ever adds time, so the lower quartile
     estimates the stage's own cost better than the median when the machine is busy,
-    and equals it when it is quiet.
+    and equals it when it is quiet. A point whose repeats came in stall-sized steps
+    (``stalled``: a thread waiting for a core on a busy machine) takes its least
+    repeat, which may be all that was not stalled.
     """
     raw = [t for t in p.raw_times if t > 0]
+    if p.stalled and raw:
+        return float(min(min(raw), p.median_s))
     if len(raw) >= 3:
         return float(min(np.percentile(raw, 25), p.median_s))
     return p.median_s
@@ -139,18 +143,20 @@ class CostModel:
         (:meth:`dispatch_s`, measured with tiny tensors) times the ops counted at that
         size (forward, backward and optimizer ops alike), plus the time the counted call
         spent outside torch ops there (``Work.outside_s``: Python, numpy, a DataLoader;
-        torch's own work kept out of it). Both are one thread's time on this machine,
+        torch's own work kept out of it; each size's the median of it and its neighbours',
+        :func:`smoothed_outside`). Both are one thread's time on this machine,
         scaled to the target's CPU by the per-core ratio when the target describes one
         (``host_scale.dispatch_ratio``). Without this machine's dispatch cost (a profile
         from a machine never calibrated), the target CPU's own is charged per op.
         """
         work = self.profile.stages[stage].work
         ratio = self.host_scale.dispatch_ratio if self.host_scale is not None else 1.0
+        outside = smoothed_outside(work)
         here = self.dispatch_s()
         if here is not None:
-            return [(w.work.ops * here + w.work.outside_s) * ratio for w in work]
+            return [(w.work.ops * here + o) * ratio for w, o in zip(work, outside)]
         there = getattr(self.target_cpu, "dispatch_s", None) or 0.0
-        return [w.work.ops * there + w.work.outside_s * ratio for w in work]
+        return [w.work.ops * there + o * ratio for w, o in zip(work, outside)]
 
     def dispatch_s(self) -> float | None:
         """Seconds one op costs to issue on the machine the profile was measured on (its CPU
@@ -230,7 +236,8 @@ class CostModel:
         dp: DeviceProfile = self.profile.stages[stage].devices[device]
         at = [p for p in dp.points if p.size == size]
         if at:
-            med = sum(p.median_s for p in at) / len(at)
+            # for a target, this machine's noise is no part of the stage's cost: the lower quartile
+            med = sum(fit_value(p) if self.scaled(device) else p.median_s for p in at) / len(at)
             iqr = max(p.iqr_s for p in at)
             here = Prediction(value=med, rel_error=iqr / med if med else 0.0, label="measured")
         else:
@@ -404,6 +411,41 @@ class CostModel:
                 entry[dev] = e
             out[name] = entry
         return out
+
+
+def smoothed_outside(work: list) -> list[float]:
+    """Each counted size's time outside torch ops (``Work.outside_s``), checked against its
+    neighbours': in size order, the median of its own and its two neighbours' readings;
+    at an end, the median of its own, its neighbour's (checked) and the line through the
+    two nearest (checked) extended to it.
+
+    That time is a few microseconds of a thread's CPU time less the counter's measured
+    overhead: on a busy machine one size's reading can be off by tens of microseconds
+    either way (nothing at one size, 25 µs at the next, for one Python call), and a
+    GPU stage's host time does not jump between neighbouring sizes. A time that grows
+    with the size (numpy work) is kept as it is: the median of three increasing
+    readings is the middle one, and a line through two extends them. With fewer than
+    three counted sizes the readings are kept.
+    """
+    order = sorted(range(len(work)), key=lambda i: work[i].size)
+    xs = [float(work[i].size) for i in order]
+    vs = [work[i].work.outside_s for i in order]
+    if len(order) < 3:
+        return [w.work.outside_s for w in work]
+    mid = [float(np.median(vs[k - 1:k + 2])) if 0 < k < len(vs) - 1 else vs[k] for k in range(len(vs))]
+
+    def extended(a: int, b: int, x: float) -> float:  # the line through checked a and b, at x
+        if xs[b] == xs[a]:
+            return mid[a]
+        return mid[a] + (mid[b] - mid[a]) * (x - xs[a]) / (xs[b] - xs[a])
+
+    last = len(vs) - 1
+    mid[0] = float(np.median([vs[0], mid[1], extended(1, 2, xs[0])]))
+    mid[last] = float(np.median([vs[last], mid[last - 1], extended(last - 2, last - 1, xs[last])]))
+    out = [0.0] * len(work)
+    for k, i in enumerate(order):
+        out[i] = max(mid[k], 0.0)
+    return out
 
 
 def _gpus_of(desc: Any) -> list[DeviceDescription]:

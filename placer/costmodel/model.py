@@ -143,8 +143,8 @@ class CostModel:
         (:meth:`dispatch_s`, measured with tiny tensors) times the ops counted at that
         size (forward, backward and optimizer ops alike), plus the time the counted call
         spent outside torch ops there (``Work.outside_s``: Python, numpy, a DataLoader;
-        torch's own work kept out of it; each size's the median of it and its neighbours',
-        :func:`smoothed_outside`). Both are one thread's time on this machine,
+        torch's own work kept out of it; read off the robust line through every counted
+        size's reading, :func:`smoothed_outside`). Both are one thread's time on this machine,
         scaled to the target's CPU by the per-core ratio when the target describes one
         (``host_scale.dispatch_ratio``). Without this machine's dispatch cost (a profile
         from a machine never calibrated), the target CPU's own is charged per op.
@@ -414,38 +414,27 @@ class CostModel:
 
 
 def smoothed_outside(work: list) -> list[float]:
-    """Each counted size's time outside torch ops (``Work.outside_s``), checked against its
-    neighbours': in size order, the median of its own and its two neighbours' readings;
-    at an end, the median of its own, its neighbour's (checked) and the line through the
-    two nearest (checked) extended to it.
+    """Each counted size's time outside torch ops (``Work.outside_s``), read off the robust line
+    through all of them (Theil-Sen: the median of the slopes between every two sizes, and the
+    median intercept), never below zero; with fewer than three counted sizes, the readings.
 
     That time is a few microseconds of a thread's CPU time less the counter's measured
     overhead: on a busy machine one size's reading can be off by tens of microseconds
-    either way (nothing at one size, 25 µs at the next, for one Python call), and a
-    GPU stage's host time does not jump between neighbouring sizes. A time that grows
-    with the size (numpy work) is kept as it is: the median of three increasing
-    readings is the middle one, and a line through two extends them. With fewer than
-    three counted sizes the readings are kept.
+    either way (nothing at one size, 25 µs at the next, for one Python call), and a GPU
+    stage's host time does not jump between sizes. Time outside ops is a fixed cost per
+    call plus a cost per item (Python per batch, numpy per element): a line, which a
+    minority of wrong readings does not move. A time exactly in proportion to the size
+    is kept as it is.
     """
-    order = sorted(range(len(work)), key=lambda i: work[i].size)
-    xs = [float(work[i].size) for i in order]
-    vs = [work[i].work.outside_s for i in order]
-    if len(order) < 3:
-        return [w.work.outside_s for w in work]
-    mid = [float(np.median(vs[k - 1:k + 2])) if 0 < k < len(vs) - 1 else vs[k] for k in range(len(vs))]
-
-    def extended(a: int, b: int, x: float) -> float:  # the line through checked a and b, at x
-        if xs[b] == xs[a]:
-            return mid[a]
-        return mid[a] + (mid[b] - mid[a]) * (x - xs[a]) / (xs[b] - xs[a])
-
-    last = len(vs) - 1
-    mid[0] = float(np.median([vs[0], mid[1], extended(1, 2, xs[0])]))
-    mid[last] = float(np.median([vs[last], mid[last - 1], extended(last - 2, last - 1, xs[last])]))
-    out = [0.0] * len(work)
-    for k, i in enumerate(order):
-        out[i] = max(mid[k], 0.0)
-    return out
+    vs = [w.work.outside_s for w in work]
+    xs = [float(w.size) for w in work]
+    if len(work) < 3:
+        return vs
+    slopes = [(vs[b] - vs[a]) / (xs[b] - xs[a]) for a in range(len(xs)) for b in range(a + 1, len(xs))
+              if xs[b] != xs[a]]
+    slope = float(np.median(slopes)) if slopes else 0.0
+    cut = float(np.median([v - slope * x for v, x in zip(vs, xs)]))
+    return [max(cut + slope * x, 0.0) for x in xs]
 
 
 def _gpus_of(desc: Any) -> list[DeviceDescription]:

@@ -95,3 +95,14 @@ def test_a_time_outside_ops_that_grows_with_the_size_is_kept():
 def test_a_stalled_point_is_its_least_repeat():
     p = _point(8, 1e-3, 1e-3, stalled=True)
     assert p.median_s > 0.04 and fit_value(p) == pytest.approx(1e-3)
+
+
+def test_noisy_host_readings_widen_the_targets_noise_so_a_flip_within_it_is_a_tie():
+    quiet, noisy = _profile(1), _profile(2)
+    for sp in (quiet.stages["infer"], noisy.stages["infer"]):  # the same CPU times: only the readings differ
+        sp.devices = _profile(1).stages["infer"].devices
+    q = costs_from_profile(quiet, size=32, describe="h200").target_model
+    n = costs_from_profile(noisy, size=32, describe="h200").target_model
+    assert q.host_noise(["gpu:0"]) == 0.0 and n.host_noise(["gpu:0"]) > 0.0
+    assert n.noise(["cpu", "gpu:0"]) >= min(n.host_noise(["gpu:0"]), 0.25)
+    assert n.noise(["cpu"]) == q.noise(["cpu"])  # a CPU-only table is not widened

@@ -281,12 +281,41 @@ class CostModel:
                     kw["bytes"] = w.work.bytes * size / w.size
         return kw
 
-    def noise(self) -> float:
+    def noise(self, devices: list[str] | None = None) -> float:
         """The relative spread of the measurements (median IQR / median over every measured
-        point, kept within 2-25%): predicted times closer than this are within the noise."""
+        point, kept within 2-25%): predicted times closer than this are within the noise.
+
+        With a described device among ``devices`` (default: none), at least the spread
+        of its host time (:meth:`host_noise`): the readings it is made of are noisier
+        than the timed repeats.
+        """
         spread = [p.iqr_s / p.median_s for sp in self.profile.stages.values() for dp in sp.devices.values()
                   for p in dp.points if p.median_s > 0 and p.reps >= 3]
-        return float(min(max(np.median(spread) if spread else NOISE_FLOOR, NOISE_FLOOR), 0.25))
+        base = np.median(spread) if spread else NOISE_FLOOR
+        if devices and any(d in self.described for d in devices):
+            base = max(base, self.host_noise([d for d in devices if d in self.described]))
+        return float(min(max(base, NOISE_FLOOR), 0.25))
+
+    def host_noise(self, devices: list[str]) -> float:
+        """How far the time outside torch ops read at each counted size lies from the line
+        the host time uses (:func:`smoothed_outside`), as a fraction of the described
+        device's predicted seconds there: each stage's mean over its counted sizes, the
+        median over the stages (0 without a stage counted at three sizes or more)."""
+        ratio = self.host_scale.dispatch_ratio if self.host_scale is not None else 1.0
+        per_stage = []
+        for name, sp in self.profile.stages.items():
+            if len(sp.work) < 3:
+                continue
+            line = smoothed_outside(sp.work)
+            for dev in devices:
+                if (name, dev) not in self._fits:
+                    continue
+                fit = self._fits[(name, dev)]
+                rel = [abs(w.work.outside_s - o) * ratio / at for w, o in zip(sp.work, line)
+                       if (at := float(fit(w.size))) > 0]
+                if rel:
+                    per_stage.append(float(np.mean(rel)))
+        return float(np.median(per_stage)) if per_stage else 0.0
 
     def output_bytes(self, stage: str, size: float) -> float:
         fit = self._out.get(stage)
@@ -375,7 +404,7 @@ class CostModel:
                            "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs)})
         tm = self.transfer_model()
         doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit,
-               "noise": self.noise()}
+               "noise": self.noise(devs)}
         if tm is not None and any(self.devices[d].get("kind") != "cpu" for d in devs):
             doc["link"] = tm.table_link()
         return _cost_table(doc)

@@ -37,12 +37,14 @@ VERSION = "3"
 _PREC = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
 
-def count_work(fn: Callable[[], Any], *, repeats: int = 3, budget_s: float = 0.5) -> tuple[Any, Work]:
+def count_work(fn: Callable[[], Any], *, repeats: int = 7, budget_s: float = 0.5) -> tuple[Any, Work]:
     """Run ``fn`` (on CPU torch tensors) and count its work.
 
     ``fn`` runs once, and again (up to ``repeats`` times) while the runs fit in
     ``budget_s``: the counts are one run's, the time outside torch ops the least of
-    the runs' (noise only adds time). The result is the last run's. It runs at one
+    the runs' (noise only adds time: on a busy 2-core machine one reading of a few
+    tens of microseconds can be off by half; a small stage's seven runs cost
+    milliseconds). The result is the last run's. It runs at one
     intra-op thread: a thread pool sharing busy cores with the caller slows the
     caller's own work between ops, and the profile's thread count must not change
     what the host of a GPU pays.

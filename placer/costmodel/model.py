@@ -63,9 +63,13 @@ def fit_value(p: Point) -> float:
 
     Noise from other work on the machine only ever adds time, so the lower quartile
     estimates the stage's own cost better than the median when the machine is busy,
-    and equals it when it is quiet.
+    and equals it when it is quiet. A point whose repeats came in stall-sized steps
+    (``stalled``: a thread waiting for a core on a busy machine) takes its least
+    repeat, which may be all that was not stalled.
     """
     raw = [t for t in p.raw_times if t > 0]
+    if p.stalled and raw:
+        return float(min(min(raw), p.median_s))
     if len(raw) >= 3:
         return float(min(np.percentile(raw, 25), p.median_s))
     return p.median_s
@@ -139,18 +143,20 @@ class CostModel:
         (:meth:`dispatch_s`, measured with tiny tensors) times the ops counted at that
         size (forward, backward and optimizer ops alike), plus the time the counted call
         spent outside torch ops there (``Work.outside_s``: Python, numpy, a DataLoader;
-        torch's own work kept out of it). Both are one thread's time on this machine,
+        torch's own work kept out of it; read off the robust line through every counted
+        size's reading, :func:`smoothed_outside`). Both are one thread's time on this machine,
         scaled to the target's CPU by the per-core ratio when the target describes one
         (``host_scale.dispatch_ratio``). Without this machine's dispatch cost (a profile
         from a machine never calibrated), the target CPU's own is charged per op.
         """
         work = self.profile.stages[stage].work
         ratio = self.host_scale.dispatch_ratio if self.host_scale is not None else 1.0
+        outside = smoothed_outside(work)
         here = self.dispatch_s()
         if here is not None:
-            return [(w.work.ops * here + w.work.outside_s) * ratio for w in work]
+            return [(w.work.ops * here + o) * ratio for w, o in zip(work, outside)]
         there = getattr(self.target_cpu, "dispatch_s", None) or 0.0
-        return [w.work.ops * there + w.work.outside_s * ratio for w in work]
+        return [w.work.ops * there + o * ratio for w, o in zip(work, outside)]
 
     def dispatch_s(self) -> float | None:
         """Seconds one op costs to issue on the machine the profile was measured on (its CPU
@@ -230,7 +236,8 @@ class CostModel:
         dp: DeviceProfile = self.profile.stages[stage].devices[device]
         at = [p for p in dp.points if p.size == size]
         if at:
-            med = sum(p.median_s for p in at) / len(at)
+            # for a target, this machine's noise is no part of the stage's cost: the lower quartile
+            med = sum(fit_value(p) if self.scaled(device) else p.median_s for p in at) / len(at)
             iqr = max(p.iqr_s for p in at)
             here = Prediction(value=med, rel_error=iqr / med if med else 0.0, label="measured")
         else:
@@ -274,12 +281,41 @@ class CostModel:
                     kw["bytes"] = w.work.bytes * size / w.size
         return kw
 
-    def noise(self) -> float:
+    def noise(self, devices: list[str] | None = None) -> float:
         """The relative spread of the measurements (median IQR / median over every measured
-        point, kept within 2-25%): predicted times closer than this are within the noise."""
+        point, kept within 2-25%): predicted times closer than this are within the noise.
+
+        With a described device among ``devices`` (default: none), at least the spread
+        of its host time (:meth:`host_noise`): the readings it is made of are noisier
+        than the timed repeats.
+        """
         spread = [p.iqr_s / p.median_s for sp in self.profile.stages.values() for dp in sp.devices.values()
                   for p in dp.points if p.median_s > 0 and p.reps >= 3]
-        return float(min(max(np.median(spread) if spread else NOISE_FLOOR, NOISE_FLOOR), 0.25))
+        base = np.median(spread) if spread else NOISE_FLOOR
+        if devices and any(d in self.described for d in devices):
+            base = max(base, self.host_noise([d for d in devices if d in self.described]))
+        return float(min(max(base, NOISE_FLOOR), 0.25))
+
+    def host_noise(self, devices: list[str]) -> float:
+        """How far the time outside torch ops read at each counted size lies from the line
+        the host time uses (:func:`smoothed_outside`), as a fraction of the described
+        device's predicted seconds there: each stage's mean over its counted sizes, the
+        median over the stages (0 without a stage counted at three sizes or more)."""
+        ratio = self.host_scale.dispatch_ratio if self.host_scale is not None else 1.0
+        per_stage = []
+        for name, sp in self.profile.stages.items():
+            if len(sp.work) < 3:
+                continue
+            line = smoothed_outside(sp.work)
+            for dev in devices:
+                if (name, dev) not in self._fits:
+                    continue
+                fit = self._fits[(name, dev)]
+                rel = [abs(w.work.outside_s - o) * ratio / at for w, o in zip(sp.work, line)
+                       if (at := float(fit(w.size))) > 0]
+                if rel:
+                    per_stage.append(float(np.mean(rel)))
+        return float(np.median(per_stage)) if per_stage else 0.0
 
     def output_bytes(self, stage: str, size: float) -> float:
         fit = self._out.get(stage)
@@ -368,7 +404,7 @@ class CostModel:
                            "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs)})
         tm = self.transfer_model()
         doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit,
-               "noise": self.noise()}
+               "noise": self.noise(devs)}
         if tm is not None and any(self.devices[d].get("kind") != "cpu" for d in devs):
             doc["link"] = tm.table_link()
         return _cost_table(doc)
@@ -404,6 +440,30 @@ class CostModel:
                 entry[dev] = e
             out[name] = entry
         return out
+
+
+def smoothed_outside(work: list) -> list[float]:
+    """Each counted size's time outside torch ops (``Work.outside_s``), read off the robust line
+    through all of them (Theil-Sen: the median of the slopes between every two sizes, and the
+    median intercept), never below zero; with fewer than three counted sizes, the readings.
+
+    That time is a few microseconds of a thread's CPU time less the counter's measured
+    overhead: on a busy machine one size's reading can be off by tens of microseconds
+    either way (nothing at one size, 25 µs at the next, for one Python call), and a GPU
+    stage's host time does not jump between sizes. Time outside ops is a fixed cost per
+    call plus a cost per item (Python per batch, numpy per element): a line, which a
+    minority of wrong readings does not move. A time exactly in proportion to the size
+    is kept as it is.
+    """
+    vs = [w.work.outside_s for w in work]
+    xs = [float(w.size) for w in work]
+    if len(work) < 3:
+        return vs
+    slopes = [(vs[b] - vs[a]) / (xs[b] - xs[a]) for a in range(len(xs)) for b in range(a + 1, len(xs))
+              if xs[b] != xs[a]]
+    slope = float(np.median(slopes)) if slopes else 0.0
+    cut = float(np.median([v - slope * x for v, x in zip(vs, xs)]))
+    return [max(cut + slope * x, 0.0) for x in xs]
 
 
 def _gpus_of(desc: Any) -> list[DeviceDescription]:

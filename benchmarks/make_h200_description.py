@@ -14,7 +14,10 @@ repository. The script:
 2. re-creates each reference torch op on CPU tensors and counts its work
    (FLOPs, bytes moved, ops issued) with :func:`placer.costmodel.counts.count_work`
    at two sizes, extending the counts linearly to the measured sizes;
-3. takes the fixed cost of each op's CPU size model as its host-side (dispatch) time;
+3. takes each op's host-side time as the cost model does for any stage
+   (:meth:`placer.costmodel.model.CostModel.host_seconds`): the calls dispatched times the
+   reference host's tiny-op cost (its ``launch.cpu`` row), plus the time the counted call
+   spent outside torch ops here, scaled to the reference host by the two tiny-op costs;
 4. calibrates the roofline's fixed costs (stage, launch, synchronisation, host factor)
    and efficiency factors by a grid search: the most calibration ops within 2x of
    their measured GPU time, then the least mean absolute log ratio;
@@ -43,8 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from placer.costmodel.bus import TransferModel, fit_link  # noqa: E402
-from placer.costmodel.counts import Work, count_work  # noqa: E402
-from placer.costmodel.fit import fit_size_model  # noqa: E402
+from placer.costmodel.counts import Work, count_work, dispatch_s  # noqa: E402
 from placer.costmodel.roofline import CalibrationPoint, DeviceDescription  # noqa: E402
 from placer.target import CpuDescription, OpRow, TargetDescription  # noqa: E402
 from placer.target import ops  # noqa: E402
@@ -79,7 +81,10 @@ def work_at(op: str, size: float, cache: dict) -> Work:
         bytes=max(w0.bytes + (w1.bytes - w0.bytes) * scale, 0.0),
         ops=w0.ops,
         syncs=w0.syncs,
+        calls=w0.calls,
         precision="fp32",
+        # a per-call cost: Python around the ops, the same at every size of these ops
+        outside_s=min(w0.outside_s, w1.outside_s),
     )
 
 
@@ -108,9 +113,9 @@ def calibrate(points: list[tuple[str, float, Work, float]], base: dict) -> dict:
     meas = np.array([m for *_, m in points])
     best = None
     for stage in [0, 5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5]:
-        for op in [1e-6, 2e-6, 4e-6, 6e-6, 8e-6, 1.2e-5]:  # a kernel launch is never free
+        for op in [1e-6, 2e-6, 4e-6, 6e-6, 8e-6, 1.2e-5, 1.6e-5, 2.4e-5]:  # a kernel launch is never free
             for sync in [base["sync_s"], 2e-5, 3e-5, 5e-5]:
-                for hf in [0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0]:
+                for hf in [1.0, 1.25, 1.5, 2.0, 2.5, 3.0]:  # a GPU run pays at least its host work
                     fixed = stage + hf * host + ops * op + syncs * sync
                     for ce in np.geomspace(0.05, 1.0, 27):
                         for me in np.geomspace(0.02, 1.0, 33):
@@ -149,18 +154,16 @@ def main(argv=None) -> int:
             "sync_s": float(ref["launch"]["cuda"])}
     cache: dict = {}
     points = []
-    # the dispatch-bound CPU time of each op: the fixed cost of its CPU size model
-    host_s: dict[str, float] = {}
-    for op in {r["op"] for r in ref["ops"]}:
-        cpu = [(r["size"], r["seconds"]) for r in ref["ops"] if r["op"] == op and r["device"] == "cpu"]
-        if len(cpu) > 1:
-            fit = fit_size_model(*zip(*cpu))
-            host_s[op] = min(fit.c, min(t for _, t in cpu))
+    # host time as the cost model charges it: ops x the reference host's tiny-op cost, plus
+    # the time outside ops measured here, scaled to that host by the two tiny-op costs
+    ref_dispatch = float(ref["launch"]["cpu"])
+    here_dispatch = dispatch_s()
+    print(f"tiny op here {here_dispatch * 1e6:.2f} us, on the reference host {ref_dispatch * 1e6:.2f} us")
     for r in ref["ops"]:
         if r["device"] != "cuda" or r["op"] not in OPS and not r["op"].startswith("matmul"):
             continue  # numba kernels are not torch: their work cannot be counted here
         w = work_at(r["op"], float(r["size"]), cache)
-        w.host_s = host_s.get(r["op"], 0.0)
+        w.host_s = w.dispatches * ref_dispatch + w.outside_s * ref_dispatch / here_dispatch
         points.append((r["op"], float(r["size"]), w, r["seconds"]))
     params = calibrate(points, base)
     first = float(np.median([r["cold_s"] for r in ref["ops"] if r["device"] == "cuda" and r["size"] == min(

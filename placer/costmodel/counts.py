@@ -176,6 +176,7 @@ def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
         bytes=float(tally["bytes"]),
         ops=max(1, tally["ops"]),
         syncs=tally["syncs"],
+        calls=tally["calls"],
         outside_s=max(total - tally["inside"] - tally["probes"], 0.0),
         precision=prec,
         source="counted",

@@ -140,8 +140,9 @@ class CostModel:
         """Host-side seconds a GPU run of ``stage`` pays at each counted size (``profile.stages[stage].work``).
 
         Measured, never read off a CPU fit: the framework's cost of issuing one op
-        (:meth:`dispatch_s`, measured with tiny tensors) times the ops counted at that
-        size (forward, backward and optimizer ops alike), plus the time the counted call
+        (:meth:`dispatch_s`, measured with tiny tensors) times the calls dispatched at that
+        size (forward, backward and optimizer ops alike, views and metadata included: each
+        costs a dispatch though it launches no kernel), plus the time the counted call
         spent outside torch ops there (``Work.outside_s``: Python, numpy, a DataLoader;
         torch's own work kept out of it; read off the robust line through every counted
         size's reading, :func:`smoothed_outside`). Both are one thread's time on this machine,
@@ -154,9 +155,9 @@ class CostModel:
         outside = smoothed_outside(work)
         here = self.dispatch_s()
         if here is not None:
-            return [(w.work.ops * here + o) * ratio for w, o in zip(work, outside)]
+            return [(w.work.dispatches * here + o) * ratio for w, o in zip(work, outside)]
         there = getattr(self.target_cpu, "dispatch_s", None) or 0.0
-        return [w.work.ops * there + o * ratio for w, o in zip(work, outside)]
+        return [w.work.dispatches * there + o * ratio for w, o in zip(work, outside)]
 
     def dispatch_s(self) -> float | None:
         """Seconds one op costs to issue on the machine the profile was measured on (its CPU

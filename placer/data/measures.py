@@ -114,13 +114,17 @@ class Work(BaseModel):
         Bytes read and written, summed over operations.
     ops : int
         Operations issued (≈ kernel launches on a GPU).
+    calls : int
+        Calls through torch's dispatcher, views and metadata included (``t``, ``view``,
+        ``detach``, a profiler's record): each costs the host a dispatch though it launches
+        nothing; 0 when not counted (a profile from an older placer: ``ops`` stands in).
     syncs : int
         Operations that wait for the device's result on the host (``.item()``,
         boolean-mask compaction, ``nonzero``): a synchronisation each on a GPU.
     precision : str
         The floating-point type that dominates (``fp32``, ``bf16``, ``fp16``, ``fp64``).
     host_s : float
-        The host-side (Python, dispatch) seconds a GPU run pays: the ops issued times a
+        The host-side (Python, dispatch) seconds a GPU run pays: the calls dispatched times a
         tiny op's measured cost, plus ``outside_s`` (filled in by the cost model).
     source : str
         ``counted`` (torch), ``declared`` (the stage's own counts) or ``tensor sizes``
@@ -131,10 +135,16 @@ class Work(BaseModel):
         kept out: host work that a GPU run of the stage pays as well.
     """
 
+    @property
+    def dispatches(self) -> int:
+        """The calls that cost the host a dispatch (``calls``, or ``ops`` when not counted)."""
+        return self.calls or self.ops
+
     flops: float = 0.0
     bytes: float = 0.0
     ops: int = 1
     syncs: int = 0
+    calls: int = 0
     outside_s: float = 0.0
     precision: str = "fp32"
     source: str = "counted"

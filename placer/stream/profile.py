@@ -332,6 +332,11 @@ class _Probe(_SideThread):
             self.count += 1
 
 
+#: least time the probe runs alone after each call: a call of microseconds (a tiny step) would
+#: otherwise leave the probe no time slice on a loaded machine, and no rate to compare with
+_PROBE_ALONE_S = 0.002
+
+
 def gil_held(call, inputs: list, *, rounds: int = 1) -> float | None:
     """Seconds per call that ``call`` held the GIL, on each of ``inputs`` ``rounds`` times, as
     :class:`_Probe` saw it: after each call the probe runs alone for as long as the call took, so
@@ -351,8 +356,8 @@ def gil_held(call, inputs: list, *, rounds: int = 1) -> float | None:
                     counted += probe.count - c
                     during += beside.wall
                     c = probe.count
-                    with Clock(cpu_clock=None) as rest:
-                        time.sleep(beside.wall)
+                    with Clock(cpu_clock=None) as rest:  # long enough for a busy scheduler to run the probe
+                        time.sleep(max(beside.wall, _PROBE_ALONE_S))
                     counted_alone += probe.count - c
                     alone += rest.wall
                     n += 1

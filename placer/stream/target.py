@@ -1,8 +1,9 @@
 """A stream planned for a described machine: its profile here, turned into predictions for the target.
 
 May import: placer.data.stream, placer.data.measures, placer.devices, placer.errors, placer.pipeline,
-placer.costmodel.{counts,model,roofline}, placer.target (its description and CPU scale),
-placer.executor (to count the work of one batch), placer.stream.*.
+placer.costmodel.counts, placer.target (its description, CPU scale and this CPU's calibration),
+placer.executor (to count the work of one batch), placer.timing, placer.stream.*; torch only through
+the counter and the user's own loader.
 
 A stream profiled on this machine (:func:`placer.stream.profile.profile_stream`) says
 what each stage costs *here*. :func:`target_profile` turns it into the profile the

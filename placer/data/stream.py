@@ -480,6 +480,9 @@ class StreamPlan(Views, BaseModel):
     #: for a target: the consumer's (the GPU's) predicted share of time waiting for data
     predicted_wait_fraction: float | None = None
 
+    #: fields only a plan for a described machine has (left out of the saved form when unset)
+    TARGET_FIELDS: ClassVar[tuple[str, ...]] = ("target", "target_sentence", "predicted_wait_fraction")
+
     @model_validator(mode="before")
     @classmethod
     def _nest_settings(cls, data: Any) -> Any:
@@ -495,6 +498,8 @@ class StreamPlan(Views, BaseModel):
         """Saved with the settings' decisions flat, where ``settings`` stands."""
         out: dict[str, Any] = {}
         for k, v in handler(self).items():
+            if k in self.TARGET_FIELDS and v is None:
+                continue  # a plan for this machine is saved as it always was
             if k == "settings":
                 out |= {n: x for n, x in v.items() if n not in StreamSettings.RUN_LIMITS}
             else:

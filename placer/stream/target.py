@@ -50,6 +50,8 @@ from placer.stream.reasons import target_label
 TARGET_GPU = "gpu:0"
 #: batches run to count one batch's work (the last is counted; the first warms up)
 COUNT_BATCHES = 2
+#: seconds the step's work may be counted for (its time outside torch ops is the least of the calls)
+STEP_COUNT_S = 1.5
 #: what-if rows of a plan for a target: its own options first, then single changes from the rule of thumb
 WHAT_IF_ROWS = 10
 
@@ -99,7 +101,8 @@ def count_stream_work(pipeline: Any, source: str, *, inventory: Any = None, cons
         last = i == len(bundles) - 1
         for node in run.nodes[1:]:
             if last and node.kind == "step":
-                out[node.name] = count_work(lambda n=node, b=b: run.work(n, b))[1]
+                # the least time outside torch ops over a few calls: noise on a busy machine only adds to it
+                out[node.name] = count_work(lambda n=node, b=b: run.work(n, b), budget_s=STEP_COUNT_S)[1]
                 continue
             if last and node.kind == "batch":
                 impl = node.stage.impl_for("gpu")

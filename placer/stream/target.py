@@ -52,8 +52,8 @@ TARGET_GPU = "gpu:0"
 COUNT_BATCHES = 2
 #: seconds the step's work may be counted for (its time outside torch ops is the least of the calls)
 STEP_COUNT_S = 1.5
-#: what-if rows of a plan for a target: its own options first, then single changes from the rule of thumb
-WHAT_IF_ROWS = 10
+#: what-if rows of a plan for a target from the rule of thumb (or the user's DataLoader), after its own options
+USUAL_ROWS = 3
 
 
 # -- counting one batch's work here ------------------------------------------------------------------
@@ -320,7 +320,7 @@ def plan_for_target(profile: StreamProfile, target: Any, work: dict[str, Work], 
         if key not in seen:
             seen.add(key)
             usual.append(a)
-    plan.what_if = [*ours, *usual[: max(0, WHAT_IF_ROWS - len(ours))]]
+    plan.what_if = [*ours, *usual[:USUAL_ROWS]]
     return plan
 
 

@@ -248,3 +248,23 @@ def test_advise_loader_for_a_target_on_a_plain_script(no_calibration):
     assert t["settings"]["placement"] == {"loader": "cpu", "step": "gpu:0"}
     assert any("DataLoader worker processes" in w["name"] for w in t["what_if"])
     assert "NVIDIA H200 machine (predicted)" in str(advice)
+
+
+def test_advise_with_a_target_adds_the_targets_plan_to_the_report_and_json(no_calibration, tmp_path):
+    from placer.advisor import advise
+    from placer.cli.advise import summary_document
+    from placer.report import render_markdown
+    from test_stream_plan import slow_stream
+
+    advised = advise(slow_stream(sleep_s=0.01, batches=12), budget_s=3.0, target="h200", baselines=False,
+                     warmup=False)
+    assert len(advised.stream_target_plans) == 1 and advised.stream_target_plans[0].target == H200.name
+    t = summary_document(advised, None)["streams"][0]["target"]
+    assert t["machine"] == H200.name and t["label"] == "predicted" and t["bottleneck_sentence"]
+    assert t["predicted_samples_per_s"] > 0 and set(t["settings"]["placement"]) == {"rows", "slow", "total"}
+    assert all(w["machine"] == H200.name for w in t["what_if"])
+    assert "predicted, not measured" in render_markdown(advised.facts)
+    saved = advised.save(tmp_path / "saved")
+    assert json.loads(saved["stream-target-plan-rows"].read_text())["target"] == H200.name
+    here = advise(slow_stream(sleep_s=0.01, batches=12), budget_s=3.0, target="auto", baselines=False, warmup=False)
+    assert not here.stream_target_plans and "target" not in summary_document(here, None)["streams"][0]

@@ -110,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
              f"{'pipeline':<18}{'batch':>6}{'predicted':>12}{'host':>10}{'reference':>12}{'ref op (batch)':>32}"
              f"{'ratio':>7}  model"]
     for r in rows:
+        ref_op = f"{r['reference_op']} ({r['reference_batch']})"
         lines.append(f"{r['pipeline']:<18}{r['batch']:>6}{r['predicted_s'] * 1e3:>10.3f}ms{r['host_s'] * 1e3:>8.3f}ms"
-                     f"{r['reference_s'] * 1e3:>10.3f}ms{r['reference_op'] + ' (' + str(r['reference_batch']) + ')':>32}"
-                     f"{r['ratio']:>7.2f}  {'same' if r['same_model'] else 'other model'}")
+                     f"{r['reference_s'] * 1e3:>10.3f}ms{ref_op:>32}{r['ratio']:>7.2f}  "
+                     f"{'same' if r['same_model'] else 'other model'}")
     lines += ["", f"stream steps (same model) against the H200 reference: median factor {median:.2f} "
                   f"(target <= {MEDIAN_TARGET}), worst {worst:.2f} (target <= {WORST_TARGET}) over {len(same)} "
                   f"steps; {'PASS' if ok else 'FAIL'}"]

@@ -111,8 +111,10 @@ def count_stream_work(pipeline: Any, source: str, *, inventory: Any = None, cons
                     const = {a: to_location(v, counter)[0] for a, v in node.consts.items()}
                     extra = {BATCH_INFO: b.info} if takes(impl.fn, BATCH_INFO) else None
                     try:
-                        out[node.name] = count_work(
-                            lambda st=node.stage, x={**const, **inputs}, e=extra: call_stage(st, counter, x, extra=e))[1]
+                        def gpu_call(st=node.stage, x={**const, **inputs}, e=extra):
+                            return call_stage(st, counter, x, extra=e)
+
+                        out[node.name] = count_work(gpu_call)[1]
                     except Exception as exc:  # noqa: BLE001 - counting is best effort: the stage stays on the CPU
                         notes.append(f"the work of {node.name!r} on a GPU could not be counted "
                                      f"({type(exc).__name__}: {exc}); it is planned on the CPU only")
@@ -399,8 +401,10 @@ def bound_sentence(profile: StreamProfile, scorer: Any, c: Any) -> str:
             f"{wait:.0%} of the time.")
 
 
-def _title(profile: StreamProfile, device: str) -> str:
-    return profile.device_titles.get(device, device)
+def _workers(n: int, kind: str) -> str:
+    """``16 worker processes``, ``one worker thread``."""
+    noun = "process" if kind == "process" else "thread"
+    return f"one worker {noun}" if n == 1 else f"{n} worker {noun}{'es' if noun == 'process' else 's'}"
 
 
 def _who(profile: StreamProfile, c: Any, rate: Any) -> str:
@@ -411,8 +415,7 @@ def _who(profile: StreamProfile, c: Any, rate: Any) -> str:
             w = c.workers.get(m)
             return f"the source {m!r}" + (f" on {w} DataLoader worker processes" if w else "")
         w = 1 if c.settings.sequential else c.workers.get(m, 1)
-        kind = "worker processes" if c.settings.kind_of(m) == "process" else "worker threads"
-        return f"{m!r} on {w} {kind}" if w != 1 else f"{m!r} on one {kind[:-1]}"
+        return f"{m!r} on {_workers(w, c.settings.kind_of(m))}"
     if rate.kind == "device":
         return f"the GPU ({', '.join(repr(m) for m in rate.members)} sharing it)"
     if rate.kind == "link":
@@ -448,8 +451,8 @@ def target_what_if(profile: StreamProfile, scorer: Any, best: Any, ranked: list 
             ws = {m: max(worker_options(profile, m)) if m == s.name else best.workers.get(m, 1)
                   for m in cpu_members(profile, new)}
             alt = best.with_(placement=tuple(new.items()), stage_workers=ws)
-        w, kind = alt.workers.get(s.name, 1), alt.settings.kind_of(s.name)
-        rows.append((f"{s.name!r} on the CPU, {w} worker {'processes' if kind == 'process' else 'threads'}", alt))
+        rows.append((f"{s.name!r} on the CPU, {_workers(alt.workers.get(s.name, 1), alt.settings.kind_of(s.name))}",
+                     alt))
     if profile.source_kind != "iterable" and not best.settings.sequential:
         mine = profile.loader.num_workers if profile.loader is not None else 0
         for w in sorted({mine, profile.cores} - {best.workers.get(profile.source, 0)}):
@@ -467,7 +470,7 @@ def target_what_if(profile: StreamProfile, scorer: Any, best: Any, ranked: list 
                 {m: "process"} if kind == "process" else {})
             cand = best.with_(stage_workers={**best.workers, m: w}, worker_kind=kinds)
             if cand != best:
-                rows.append((f"{m!r} on {w} worker {'processes' if kind == 'process' else 'threads'}", cand))
+                rows.append((f"{m!r} on {_workers(w, kind)}", cand))
     if best.settings.pin_memory:
         rows.append(("pageable copies (no pin_memory)", best.with_(pin_memory=False)))
     if not best.settings.sequential:

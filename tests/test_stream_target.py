@@ -268,3 +268,18 @@ def test_advise_with_a_target_adds_the_targets_plan_to_the_report_and_json(no_ca
     assert json.loads(saved["stream-target-plan-rows"].read_text())["target"] == H200.name
     here = advise(slow_stream(sleep_s=0.01, batches=12), budget_s=3.0, target="auto", baselines=False, warmup=False)
     assert not here.stream_target_plans and "target" not in summary_document(here, None)["streams"][0]
+
+
+def test_one_threads_work_is_scaled_per_core_never_by_the_targets_extra_cores():
+    from placer.target import CpuScale
+
+    # here: tiny ops 1.5x the target's time, large ops (split over the target's 16 threads there) 16x
+    rows = [r.model_copy(update={"seconds": r.seconds * (16.0 if r.seconds > 1e-3 else 1.5), "threads": 1,
+                                 "threads_used": 1.0}) for r in H200.cpu.ops]
+    here = CpuDescription(model="test CPU", cores=2, threads=1, dispatch_s=5e-6, ops=rows)
+    scale = CpuScale.between(here, H200.cpu)
+    assert scale.work_ratio(0.08) < scale.dispatch_ratio / 4, "parallel work of that length gains the cores"
+    prof = stream_profile(augment_s=0.08)
+    prof.stage("augment").cpu_seconds["cpu"] = 0.08  # one core busy all the time: pure Python, one thread
+    tp = tg.target_profile(prof, H200, work(), here_cpu=here)
+    assert tp.stage("augment").seconds["cpu"] == pytest.approx(0.08 * scale.dispatch_ratio)

@@ -38,6 +38,7 @@ implementation moved to the GPU (sharing it with the step).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from placer.data.measures import Work
@@ -50,6 +51,9 @@ from placer.stream.reasons import target_label
 TARGET_GPU = "gpu:0"
 #: batches run to count one batch's work (the last is counted; the first warms up)
 COUNT_BATCHES = 2
+#: CPU time over wall time up to which a measurement is one thread's work (scaled per core, never by the
+#: target's extra cores: a worker is one thread, and its parallelism is the workers)
+SERIAL_USE = 1.05
 #: seconds the step's work may be counted for (its time outside torch ops is the least of the calls)
 STEP_COUNT_S = 1.5
 #: what-if rows of a plan for a target from the rule of thumb (or the user's DataLoader), after its own options
@@ -193,13 +197,17 @@ def target_profile(profile: StreamProfile, target: Any, work: dict[str, Work], *
 
 
 def _ratio(profile: StreamProfile, scale: Any):
-    """Target seconds per second here, for a member's CPU time (wall and CPU seconds per batch)."""
+    """Target seconds per second here, for a member's CPU time (wall and CPU seconds per batch): the
+    per-core ratio for one thread's work, else :meth:`CpuScale.ratio` with the threads it kept busy."""
     threads = profile.torch_threads or 1
 
     def ratio(wall: float, cpu: float, work: Work | None = None) -> float:
         if scale is None or wall <= 0:
             return 1.0
-        kw: dict[str, Any] = {"threads_used": max(cpu / wall, 1.0), "threads": threads}
+        used = max(cpu / wall, 1.0)
+        if used <= SERIAL_USE:  # one thread's work (a worker, pure Python): the per-core ratio
+            return scale.dispatch_ratio
+        kw: dict[str, Any] = {"threads_used": used, "threads": max(threads, math.ceil(used))}
         if work is not None and work.source == "counted":
             kw["ops"] = work.ops
             if work.bytes > 0:

@@ -133,6 +133,8 @@ def test_an_input_bound_target_names_the_stage_the_wait_and_the_gpu_option():
     assert gpu_rows and "shares the GPU with the step" in gpu_rows[0].name
     assert gpu_rows[0].predicted_samples_per_s < plan.predicted_samples_per_s
     assert all("NVIDIA H200 machine" in w.change for w in plan.what_if), "every predicted row names the target"
+    assert all(d.reason.endswith("(predicted for the NVIDIA H200 machine)") for d in plan.stages)
+    assert any("the step alone would take (predicted for the NVIDIA H200 machine)" in r for r in plan.reasons)
     assert any("predicted for the NVIDIA H200 machine" in r or "on the NVIDIA H200 machine" in r for r in plan.reasons)
 
 

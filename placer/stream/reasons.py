@@ -45,7 +45,7 @@ def explain(profile: StreamProfile, scorer: Scorer, c: Candidate, how: str = "",
             name=s.name, device=dev, workers=0 if cfg.sequential else c.workers.get(s.name, 1),
             worker_kind=cfg.kind_of(s.name),
             seconds_per_batch=seconds_of(profile, c, s.name), batches_per_s=rate.batches_per_s if rate else 0.0,
-            reason=_stage_reason(profile, scorer, c, s.name, pred)))
+            reason=_stage_reason(profile, scorer, c, s.name, pred) + _predicted(profile)))
     start_name = "your DataLoader" if profile.loader is not None else "the rule of thumb"
     notes = [*profile.notes, *pred.notes]
     return StreamPlan(
@@ -134,6 +134,11 @@ def source_of(profile: StreamProfile, measured: str = "measured") -> str:
     return f"predicted for {target_label(profile.target)}" if profile.target else measured
 
 
+def _predicted(profile: StreamProfile) -> str:
+    """A stage reason's label on a target: its numbers are predictions for that machine."""
+    return f" (predicted for {target_label(profile.target)})" if profile.target else ""
+
+
 def target_label(name: str | None) -> str:
     """A described machine in running text: ``the NVIDIA H200 machine`` for the shipped
     ``NVIDIA H200 machine (16-core ...)``, a file's own name as it is."""
@@ -213,7 +218,8 @@ def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Pr
     take = profile.consumer_samples_per_s.get(dev)
     if take:
         share = pred.samples_per_s / take
-        out.append(f"the step alone takes {take:,.1f} samples/s on prepared batches on {device_title(profile, dev)}; "
+        takes = f"would take (predicted for {target_label(profile.target)})" if profile.target else "takes"
+        out.append(f"the step alone {takes} {take:,.1f} samples/s on prepared batches on {device_title(profile, dev)}; "
                    f"the stream feeds it {min(share, 1):.0%} of that" +
                    (": preprocessing holds it back" if take / max(pred.samples_per_s, 1e-12) > 1.3 else ""))
     cfg = c.settings

@@ -290,7 +290,8 @@ class StreamTargetFacts(BaseModel):
     bottleneck : str
         The resource that would bind there (a stage, ``gpu:0``, ``cores``, ``GIL``, a link).
     predicted_wait_fraction : float or None
-        The step's (the GPU's) predicted share of time waiting for data.
+        ``1 - predicted_samples_per_s / step_samples_per_s``: the share of the step's time lost
+        waiting for data (or, with other stages on its GPU, to them).
     sentence : str
         What it would be bound by, in one sentence naming the machine.
     settings : dict

@@ -477,7 +477,8 @@ class StreamPlan(Views, BaseModel):
     target: str | None = None
     #: for a target: what it would be bound by, in one sentence (the step's rate, the stage that binds, the wait)
     target_sentence: str | None = None
-    #: for a target: the consumer's (the GPU's) predicted share of time waiting for data
+    #: for a target: ``1 - the stream's rate / the step's own rate``: the share of the step's time lost
+    #: waiting for data (or, with other stages on its GPU, to them)
     predicted_wait_fraction: float | None = None
 
     #: fields only a plan for a described machine has (left out of the saved form when unset)

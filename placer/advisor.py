@@ -1,7 +1,8 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
 May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log}, placer.data;
-placer.executor.distributed's errors, placer.target and placer.stream.planner inside functions.
+placer.executor.distributed's errors, placer.target, placer.stream.planner and placer.stream.target
+inside functions.
 torch, dask and numba are
 reached only through the site (its profiler and executor).
 
@@ -92,6 +93,8 @@ class Advised:
     inventory: Any = None
     #: for a pipeline with streams: each stream's plan (:class:`~placer.data.stream.StreamPlan`)
     stream_plans: list[Any] = field(default_factory=list)
+    #: with a named ``target``: each stream's plan for that machine (every number a prediction)
+    stream_target_plans: list[Any] = field(default_factory=list)
 
     def tables(self) -> dict[str, list[dict]]:
         """The report's tables (``stages``, ``transfers``, ``what_if``) as lists of rows."""
@@ -118,7 +121,8 @@ class Advised:
         docs = {"profile": self.profile, "plan": self.plan, "run": self.run, "costs": self.costs,
                 "inventory": self.inventory,
                 **{f"run-{k}": v for k, v in self.baselines.items()},
-                **{f"stream-plan-{sp.source}": sp for sp in self.stream_plans}}
+                **{f"stream-plan-{sp.source}": sp for sp in self.stream_plans},
+                **{f"stream-target-plan-{sp.source}": sp for sp in self.stream_target_plans}}
         out = {}
         if self.profile is not None:  # the shape `placer profile -o` saves
             import json
@@ -321,7 +325,8 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
     timed = _Timed(step)
     p = _as_built(pipeline, size)
     if p.streams():
-        return _advise_stream(site, p, budget_s=budget_s, baselines=baselines, warmup=warmup, timed=timed)
+        return _advise_stream(site, p, budget_s=budget_s, baselines=baselines, warmup=warmup, timed=timed,
+                              target=target)
     if isinstance(pipeline, Pipeline) and p.size is not None:
         size = p.size  # a built pipeline runs (and is measured) at its own size, whatever is asked
     size = p.size if size is None else size
@@ -419,7 +424,7 @@ class Chosen:
 
 
 def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: float, baselines: bool, warmup: bool,
-                   timed: _Timed) -> Advised:
+                   timed: _Timed, target: str | None = None) -> Advised:
     """The advise flow for a pipeline with streams: plan each stream, run the plan and the usual settings.
 
     The source, the step and the one-shot stages run on this machine (where the step's
@@ -427,13 +432,22 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     also runs with its CPU per-batch stages as tasks on the cluster's workers (as many
     per stage as it has threads); the faster of the two, as measured, is the advice,
     and the other is shown beside the baselines.
+
+    With a ``target`` named (``h200`` or a file; ``auto`` plans streams here only), each
+    stream is also planned for that machine from the same profile
+    (:func:`placer.stream.target.plan_for_target`): its predictions go into the stream's
+    report facts (``target``) and ``Advised.stream_target_plans``.
     """
     from placer.report import collect
     from placer.stream.planner import plan_streams, stream_config
 
     here = site if isinstance(site, LocalSite) else LocalSite(executor=getattr(site, "executor", "auto"))
     inv = here.inventory()
-    plans = timed("profile and plan the streams", lambda: plan_streams(p, budget_s=budget_s, inventory=inv))
+    described = None if target in (None, "", "none", "auto") else resolve_target(target, inv)
+    profiles: list = []
+    plans = timed("profile and plan the streams",
+                  lambda: plan_streams(p, budget_s=budget_s, inventory=inv, profiles=profiles))
+    target_plans = timed("target", lambda: _stream_target_plans(p, described, profiles, inv)) if described else []
     placement = {n: d for sp in plans for n, d in sp.placement.items()}
     plan_run = timed("run plan", lambda: here.execute(p, placement, warmup=warmup, stream=stream_config(plans)))
     runs: dict[str, Any] = {}
@@ -448,8 +462,35 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
                                            step_only=step_only, stream_plans=plans))
     check_outputs(facts, plan_run, runs)
     explain_threads(facts, plans)
+    _add_target_facts(facts, target_plans)
     return Advised(pipeline=p, size=p.size, profile=None, plan=None, run=plan_run, baselines=runs,
-                   facts=facts, timings=timed.timings, inventory=inv, stream_plans=plans)
+                   facts=facts, timings=timed.timings, inventory=inv, stream_plans=plans,
+                   stream_target_plans=target_plans)
+
+
+def _stream_target_plans(p: Pipeline, target: str, profiles: list, inv: Inventory) -> list:
+    """Each stream planned for ``target`` from its profile taken here and one batch's work counted here."""
+    from placer.stream.target import count_stream_work, plan_for_target
+    from placer.target import load_target
+
+    desc = load_target(target)
+    out = []
+    for prof in profiles:
+        notes: list[str] = []
+        plan = plan_for_target(prof, desc, count_stream_work(p, prof.source, inventory=inv, notes=notes))
+        plan.notes.extend(n for n in notes if n not in plan.notes)
+        out.append(plan)
+    return out
+
+
+def _add_target_facts(facts: Any, target_plans: list) -> None:
+    """Put each stream's plan for a target into its report facts."""
+    from placer.report.streams import add_target_plan
+
+    for tp in target_plans:
+        for sf in facts.streams or []:
+            if sf.source == tp.source:
+                add_target_plan(sf, tp)
 
 
 def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, placement: dict[str, str], plan_run: Any,

@@ -80,6 +80,23 @@ def stream_summary(s, plan) -> dict:
         "options": [o.model_dump(exclude={"speedup"}) for o in s.options],
         "what_if": [o.model_dump(include={"name", "change", "predicted_samples_per_s", "speedup", "bottleneck"})
                     for o in s.what_if],
+        **({"target": target_summary(s.target)} if s.target is not None else {}),
+    }
+
+
+def target_summary(t) -> dict:
+    """A stream planned for a described machine, in ``placer advise --json``: every number a prediction
+    for ``machine`` (its name is on each)."""
+    return {
+        "machine": t.machine, "label": "predicted",
+        "predicted_samples_per_s": t.predicted_samples_per_s,
+        "step_predicted_samples_per_s": t.step_samples_per_s,
+        "bottleneck": t.bottleneck, "predicted_wait_fraction": t.predicted_wait_fraction,
+        "bottleneck_sentence": t.sentence, "settings": t.settings,
+        "stages": [{k: v for k, v in st.items() if k != "reason"} for st in t.stages],
+        "what_if": [{**o.model_dump(include={"name", "change", "predicted_samples_per_s", "speedup", "bottleneck"}),
+                     "machine": t.machine} for o in t.what_if],
+        "notes": t.notes,
     }
 
 

@@ -1,10 +1,11 @@
 """``placer plan``: the best placement of a pipeline, with the reason for every choice.
 
 May import: typer, rich, placer.cli.app; the library (placer.site, placer.optimize, placer.loader,
-placer.stream.planner) lazily, inside the command.
+placer.stream.planner, placer.stream.target, placer.target) lazily, inside the command.
 
 A pipeline with streams is planned by the stream planner: devices, workers, prefetch and a
-cache point per stream, from a profile of its first batches (``--json``: the plan as JSON).
+cache point per stream, from a profile of its first batches (``--json``: the plan as JSON);
+with ``--target``, for the described machine from a profile taken here (every number a prediction).
 """
 
 from __future__ import annotations
@@ -77,10 +78,10 @@ def plan_command(
         usage("--scheduler profiles PIPELINE on the cluster; give a PIPELINE and drop --costs and --profile")
     if target is not None and (costs is not None or scheduler is not None):
         usage("--target plans a described machine from a profile; drop --costs and --scheduler")
-    if pipeline is not None and costs is None and profile_file is None and scheduler is None and target is None:
+    if pipeline is not None and costs is None and profile_file is None and scheduler is None:
         streamed = _stream_pipeline(pipeline, size)
         if streamed is not None:
-            _plan_streams(streamed, budget_s, output, as_json)
+            _plan_streams(streamed, budget_s, output, as_json, target=target)
             return
     notes: list[str] = []
     try:
@@ -191,16 +192,25 @@ def _stream_pipeline(pipeline: str, size: int | None):
     return p if p.streams() else None
 
 
-def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool) -> None:
-    """Plan every stream of ``p`` here (:func:`placer.stream.planner.plan_streams`); print or save it."""
+def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool, target: str | None = None) -> None:
+    """Plan every stream of ``p`` here (:func:`placer.stream.planner.plan_streams`), or for ``target`` from a
+    profile taken here (:func:`placer.stream.target.plan_streams_for_target`); print or save it."""
     import json
 
     from placer.errors import PlacerError
     from placer.files import write_text_atomic
-    from placer.stream.planner import plan_streams
 
+    budget = 20.0 if budget_s is None else budget_s
     try:
-        plans = plan_streams(p, budget_s=20.0 if budget_s is None else budget_s)
+        if target is not None:
+            from placer.stream.target import plan_streams_for_target
+            from placer.target import load_target
+
+            plans = plan_streams_for_target(p, load_target(target), budget_s=budget)
+        else:
+            from placer.stream.planner import plan_streams
+
+            plans = plan_streams(p, budget_s=budget)
     except PlacerError as exc:
         fail(error_line(exc))
     docs = [json.loads(plan.to_json()) for plan in plans]
@@ -218,9 +228,12 @@ def _print_stream(plan) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from placer.stream.reasons import target_label
+
     c = Console()
+    on = f" on {target_label(plan.target)}" if plan.target else ""
     t = Table(title=f"stream {plan.source} -> {plan.step}: {plan.predicted_samples_per_s:,.1f} samples/s "
-                    f"predicted ({plan.objective.replace('_', ' ')}); bottleneck {plan.bottleneck}")
+                    f"predicted{on} ({plan.objective.replace('_', ' ')}); bottleneck {plan.bottleneck}")
     for col in ["stage", "device", "workers", "s per batch", "batches/s", "why"]:
         t.add_column(col, overflow="fold")
     for s in plan.stages:
@@ -229,13 +242,16 @@ def _print_stream(plan) -> None:
     s = plan.settings
     c.print(f"  settings: prefetch {s.prefetch}, pin_memory {s.pin_memory}, cache {s.cache or 'none'}"
             + (f", torch threads {s.torch_threads}" if s.torch_threads else ""))
+    if plan.target_sentence:
+        c.print(f"  {plan.target_sentence}")
     for r in plan.reasons:
         c.print(f"  {r}")
     for b in plan.baselines:
-        c.print(f"  baseline {b.name}: {b.predicted_samples_per_s:,.1f} samples/s"
+        c.print(f"  baseline {b.name}: {b.predicted_samples_per_s:,.1f} samples/s" + (" predicted" if on else "")
                 + (f" (the plan: {b.speedup:.2f}x)" if b.speedup else ""))
     for w in plan.what_if:
-        c.print(f"  what if {w.name}: {w.speedup:.2f}x {w.change}" if w.speedup else f"  what if {w.name}")
+        rate = f"{w.predicted_samples_per_s:,.0f} samples/s, " if plan.target else ""
+        c.print(f"  what if {w.name}: {rate}{w.speedup:.2f}x {w.change}" if w.speedup else f"  what if {w.name}")
     for v in plan.verified:
         c.print(f"  measured {v.name}: {v.measured_samples_per_s:,.1f} samples/s "
                 f"(predicted {v.predicted_samples_per_s:,.1f}) over {v.batches} batches")

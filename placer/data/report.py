@@ -276,6 +276,45 @@ class QueueFacts(BaseModel):
     empty_share: float = 0.0
 
 
+class StreamTargetFacts(BaseModel):
+    """A stream planned for a described machine (``--target``): every number a prediction for ``machine``.
+
+    Attributes
+    ----------
+    machine : str
+        The target's name (``NVIDIA H200 machine (16-core ...)``).
+    predicted_samples_per_s : float
+        The plan's samples per second there.
+    step_samples_per_s : float or None
+        What the step could take there on prepared batches.
+    bottleneck : str
+        The resource that would bind there (a stage, ``gpu:0``, ``cores``, ``GIL``, a link).
+    predicted_wait_fraction : float or None
+        ``1 - predicted_samples_per_s / step_samples_per_s``: the share of the step's time lost
+        waiting for data (or, with other stages on its GPU, to them).
+    sentence : str
+        What it would be bound by, in one sentence naming the machine.
+    settings : dict
+        The placement and settings chosen for the target.
+    stages : list of dict
+        Per member: device, workers, worker kind, predicted seconds per batch and batches/s.
+    what_if : list of StreamOption
+        Predicted options there (a stage on the GPU, workers, pinning, ...).
+    """
+
+    machine: str
+    predicted_samples_per_s: float
+    step_samples_per_s: float | None = None
+    bottleneck: str = ""
+    predicted_wait_fraction: float | None = None
+    sentence: str = ""
+    settings: dict = Field(default_factory=dict)
+    stages: list[dict] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    what_if: list[StreamOption] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class StreamFacts(BaseModel):
     """What one stream of minibatches did: throughput, per-stage time, queues, its bottleneck."""
 
@@ -317,6 +356,8 @@ class StreamFacts(BaseModel):
     plan_reasons: list[str] = Field(default_factory=list)
     options: list[StreamOption] = Field(default_factory=list)
     what_if: list[StreamOption] = Field(default_factory=list)
+    #: the stream planned for a described machine (``--target``): predictions for it, never measured
+    target: StreamTargetFacts | None = None
 
 
 class ReportFacts(Views, BaseModel):

@@ -1,6 +1,6 @@
 """What planning a stream measures and decides: its profile and its plan.
 
-May import: pydantic, placer.data.views (tables and the notebook view).
+May import: pydantic, placer.data.views (tables and the notebook view), placer.data.measures (counted work).
 
 A :class:`StreamProfile` is what :mod:`placer.stream.profile` measured of one
 stream at its real batch size: each stage's seconds per batch on each device
@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from placer.data.measures import Work
 from placer.data.views import Views
 
 #: who runs a per-batch stage's workers: threads of this process, worker processes, or tasks on the
@@ -194,6 +195,10 @@ class StageProfile(BaseModel):
         core can run slower beside one busy core than on one thread.
     cacheable : bool
         Its output, and everything before it, is the same in every epoch.
+    work : Work or None
+        The work of one batch of its torch GPU implementation (or of the step), counted on
+        the CPU (:func:`placer.costmodel.counts.count_work`): what a described GPU's
+        roofline prices when the stream is planned for a target; None when not counted.
     """
 
     name: str
@@ -212,6 +217,7 @@ class StageProfile(BaseModel):
     busy_seconds: dict[int, float] = Field(default_factory=dict)
     cacheable: bool = False
     pin: str | None = None
+    work: Work | None = None
 
     def rate(self, workers: int, kind: WorkerKind, seconds: float) -> float:
         """Batches per second with ``workers`` of ``kind``: threads scale ``1 / seconds`` by their
@@ -373,6 +379,8 @@ class StreamProfile(BaseModel):
     #: torch's intra-op threads while the profile ran (None: torch was not loaded)
     torch_threads: int | None = None
     notes: list[str] = Field(default_factory=list)
+    #: the described machine these numbers are predicted for (None: measured on this machine)
+    target: str | None = None
 
     def stage(self, name: str) -> StageProfile:
         return next(s for s in self.stages if s.name == name)
@@ -465,6 +473,16 @@ class StreamPlan(Views, BaseModel):
     notes: list[str] = Field(default_factory=list)
     profile_s: float = 0.0
     planning_s: float = 0.0
+    #: the described machine the plan is for (None: this machine); every number is then a prediction for it
+    target: str | None = None
+    #: for a target: what it would be bound by, in one sentence (the step's rate, the stage that binds, the wait)
+    target_sentence: str | None = None
+    #: for a target: ``1 - the stream's rate / the step's own rate``: the share of the step's time lost
+    #: waiting for data (or, with other stages on its GPU, to them)
+    predicted_wait_fraction: float | None = None
+
+    #: fields only a plan for a described machine has (left out of the saved form when unset)
+    TARGET_FIELDS: ClassVar[tuple[str, ...]] = ("target", "target_sentence", "predicted_wait_fraction")
 
     @model_validator(mode="before")
     @classmethod
@@ -481,6 +499,8 @@ class StreamPlan(Views, BaseModel):
         """Saved with the settings' decisions flat, where ``settings`` stands."""
         out: dict[str, Any] = {}
         for k, v in handler(self).items():
+            if k in self.TARGET_FIELDS and v is None:
+                continue  # a plan for this machine is saved as it always was
             if k == "settings":
                 out |= {n: x for n, x in v.items() if n not in StreamSettings.RUN_LIMITS}
             else:

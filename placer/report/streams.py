@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from placer.data.report import QueueFacts, StreamFacts, StreamOption, StreamStageFacts
+from placer.data.report import QueueFacts, StreamFacts, StreamOption, StreamStageFacts, StreamTargetFacts
 from placer.data.run import StreamStageStats, StreamStats
 from placer.data.stream import StreamPlan
 
@@ -235,3 +235,27 @@ def add_plan(facts: StreamFacts, plan: StreamPlan, measured: Mapping[str, float]
     facts.what_if = [StreamOption(name=a.name, change=a.change, predicted_samples_per_s=a.predicted_samples_per_s,
                                   measured_samples_per_s=a.measured_samples_per_s, speedup=a.speedup,
                                   bottleneck=a.bottleneck) for a in plan.what_if]
+
+
+def target_facts(plan: StreamPlan) -> StreamTargetFacts:
+    """A stream plan made for a described machine (``plan.target``) as report facts: every number a
+    prediction for that machine, its name on each."""
+    if not plan.target:
+        raise ValueError(f"the plan of stream {plan.source!r} was made for this machine, not for a target")
+    return StreamTargetFacts(
+        machine=plan.target, predicted_samples_per_s=plan.predicted_samples_per_s,
+        step_samples_per_s=plan.consumer_samples_per_s, bottleneck=plan.bottleneck,
+        predicted_wait_fraction=plan.predicted_wait_fraction, sentence=plan.target_sentence or "",
+        settings={"placement": dict(plan.placement), **plan.settings.decisions()},
+        stages=[{"name": d.name, "device": d.device, "workers": d.workers, "worker_kind": d.worker_kind,
+                 "predicted_seconds_per_batch": d.seconds_per_batch, "predicted_batches_per_s": d.batches_per_s,
+                 "reason": d.reason} for d in plan.stages],
+        reasons=list(plan.reasons),
+        what_if=[StreamOption(name=a.name, change=a.change, predicted_samples_per_s=a.predicted_samples_per_s,
+                              speedup=a.speedup, bottleneck=a.bottleneck) for a in plan.what_if],
+        notes=list(plan.notes))
+
+
+def add_target_plan(facts: StreamFacts, plan: StreamPlan) -> None:
+    """Put a stream's plan for a described machine into the stream's facts (``facts.target``)."""
+    facts.target = target_facts(plan)

@@ -170,6 +170,8 @@ class LoaderAdvice:
     budget_s: float | None = None
     #: why a faster-measured setting was not recommended: its gain was within the runs' spread
     within_noise: str | None = None
+    #: the loader and step planned for a described machine (``target=``): a StreamPlan, every number predicted
+    target: Any = None
 
     @property
     def speedup(self) -> float:
@@ -197,13 +199,40 @@ class LoaderAdvice:
             "change": self.change, "speedup": round(self.speedup, 3), "threads": self.threads,
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
             "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
+            **_target_dict(self.target),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.as_dict(), indent=indent)
 
     def __str__(self) -> str:
-        return "\n".join(describe(self))
+        return "\n".join([*describe(self), *_target_lines(self.target)])
+
+
+def _target_dict(plan: Any) -> dict[str, Any]:
+    """``{"target": ...}`` for a plan made for a described machine, else nothing."""
+    if plan is None:
+        return {}
+    from placer.stream.target import target_summary
+
+    return {"target": target_summary(plan)}
+
+
+def _target_lines(plan: Any) -> list[str]:
+    """The target's lines of the advice's text: the bound-by sentence, the settings, the what-ifs."""
+    if plan is None:
+        return []
+    from placer.stream.target import target_summary
+
+    t = target_summary(plan)
+    lo = t.get("loader", {})
+    out = [t["bottleneck_sentence"] or "",
+           f"  settings for {t['machine']} (predicted {t['predicted_samples_per_s']:,.0f} samples/s): "
+           f"num_workers={lo.get('num_workers')}, pin_memory={lo.get('pin_memory')}, step on "
+           f"{t['settings']['placement'].get(plan.step)}"]
+    out += [f"  what if {w['name']}: {w['predicted_samples_per_s']:,.0f} samples/s predicted on {t['machine']}"
+            for w in t["what_if"]]
+    return out
 
 
 def _round(x: float | None) -> float | None:
@@ -433,7 +462,7 @@ class _Budget:
 
 
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
-                  device: Any = None) -> LoaderAdvice:
+                  device: Any = None, target: Any = None) -> LoaderAdvice:
     """Measure a DataLoader with a train step and recommend DataLoader settings.
 
     Parameters
@@ -462,6 +491,10 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     device : str or torch.device, optional
         Where the step runs (``cpu``, ``gpu``, ``gpu:1``, ``cuda:0``); its queued work
         is waited for at the ends of each timed run. Default: ``cpu``.
+    target : str or TargetDescription, optional
+        Also plan the loader and step for a described machine (``"h200"``, a file
+        ``placer describe`` wrote): ``advice.target`` (:func:`with_target`), every
+        number a prediction for it.
 
     Returns
     -------
@@ -504,7 +537,18 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     advice.budget_s, advice.within_noise = budget_s, noise
     if count.unknown:
         advice.notes.append(UNKNOWN_COUNT)
+    if target is not None:
+        with _random_state_kept(loader):
+            with_target(advice, loader, step, kept, target, dev)
     return advice
+
+
+def with_target(advice: LoaderAdvice, loader: Any, step: Any, kept: list, target: Any, dev: Device) -> None:
+    """Plan the loader and step for ``target`` (:func:`placer.stream.target.plan_loader_for_target`):
+    ``advice.target`` holds the plan, its JSON and text say what the target would be bound by."""
+    from placer.stream.target import plan_loader_for_target
+
+    advice.target = plan_loader_for_target(loader, step, kept, target, step_on_cpu=dev.kind == "cpu")
 
 
 def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,

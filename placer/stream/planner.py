@@ -71,7 +71,8 @@ def stream_config(plan: StreamPlan | list[StreamPlan], **extra: Any) -> StreamSe
 
 def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: float = 10.0,
                 inventory: Inventory | None = None, objective: str = "auto", epochs: int | None = None,
-                verify_runs: bool = True, profile: StreamProfile | None = None) -> StreamPlan:
+                verify_runs: bool = True, profile: StreamProfile | None = None,
+                profiles: list[StreamProfile] | None = None) -> StreamPlan:
     """Profile, model and plan one stream of ``pipeline`` on this machine.
 
     Parameters
@@ -94,6 +95,8 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
         Verify the best few candidates by running them.
     profile : StreamProfile, optional
         Plan from this profile instead of measuring (no verification).
+    profiles : list, optional
+        The profile measured is appended to it (to plan the stream again, for a target).
 
     Returns
     -------
@@ -111,6 +114,8 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     t0 = time.perf_counter()
     consts = one_shot_inputs(p, source, inv)
     prof = profile_stream(p, source, budget_s=0.5 * budget_s, inventory=inv, consts=consts)
+    if profiles is not None:
+        profiles.append(prof)
     plan, ranked, scorer = plan_from_profile(prof, objective=objective, epochs=epochs)
     left = budget_s - (time.perf_counter() - t0)
     if verify_runs and left >= 1.0:

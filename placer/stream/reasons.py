@@ -45,7 +45,7 @@ def explain(profile: StreamProfile, scorer: Scorer, c: Candidate, how: str = "",
             name=s.name, device=dev, workers=0 if cfg.sequential else c.workers.get(s.name, 1),
             worker_kind=cfg.kind_of(s.name),
             seconds_per_batch=seconds_of(profile, c, s.name), batches_per_s=rate.batches_per_s if rate else 0.0,
-            reason=_stage_reason(profile, scorer, c, s.name, pred)))
+            reason=_stage_reason(profile, scorer, c, s.name, pred) + _predicted(profile)))
     start_name = "your DataLoader" if profile.loader is not None else "the rule of thumb"
     notes = [*profile.notes, *pred.notes]
     return StreamPlan(
@@ -129,6 +129,23 @@ def _describe(profile: StreamProfile, a: Candidate, b: Candidate) -> str:
 
 
 # -- reasons ---------------------------------------------------------------------------------------
+def source_of(profile: StreamProfile, measured: str = "measured") -> str:
+    """Where a profile's numbers come from: ``measured`` here, or predicted for its target."""
+    return f"predicted for {target_label(profile.target)}" if profile.target else measured
+
+
+def _predicted(profile: StreamProfile) -> str:
+    """A stage reason's label on a target: its numbers are predictions for that machine."""
+    return f" (predicted for {target_label(profile.target)})" if profile.target else ""
+
+
+def target_label(name: str | None) -> str:
+    """A described machine in running text: ``the NVIDIA H200 machine`` for the shipped
+    ``NVIDIA H200 machine (16-core ...)``, a file's own name as it is."""
+    short = str(name or "").split(" (")[0]
+    return f"the {short}" if short.endswith("machine") else short
+
+
 def seconds_of(profile: StreamProfile, c: Candidate, member: str) -> float:
     """A member's seconds per batch under ``c``: on its device, at ``c``'s torch threads where measured."""
     st = profile.stage(member)
@@ -157,7 +174,7 @@ def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
         why = f"on the CPU: {fmt_s(t)} per batch" + (" per worker" if st.role == "batch" else "")
         kind = c.settings.kind_of(member)
         if st.role == "batch" and w > 1:
-            why += f"; {w} {kind} workers run {st.speedup(w, kind):.2f}× one (measured)"
+            why += f"; {w} {kind} workers run {st.speedup(w, kind):.2f}× one ({source_of(profile)})"
         if st.role == "batch" and st.gil_bound:
             why += f"; it holds the GIL (2 threads: {st.speedup(2):.2f}× one)" + (
                 ", so processes run it" if kind == "process" else ": process workers would scale it")
@@ -194,13 +211,15 @@ def _alternatives(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
 
 
 def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Prediction, how: str) -> list[str]:
-    out = [f"predicted {pred.samples_per_s:,.1f} samples/s ({pred.batches_per_s:.4g} batches/s); "
+    on = f" on {target_label(profile.target)}" if profile.target else ""
+    out = [f"predicted {pred.samples_per_s:,.1f} samples/s{on} ({pred.batches_per_s:.4g} batches/s); "
            f"bottleneck: {pred.bottleneck}" + _next_rate(pred)]
     dev = c.place[profile.step]
     take = profile.consumer_samples_per_s.get(dev)
     if take:
         share = pred.samples_per_s / take
-        out.append(f"the step alone takes {take:,.1f} samples/s on prepared batches on {device_title(profile, dev)}; "
+        takes = f"would take (predicted for {target_label(profile.target)})" if profile.target else "takes"
+        out.append(f"the step alone {takes} {take:,.1f} samples/s on prepared batches on {device_title(profile, dev)}; "
                    f"the stream feeds it {min(share, 1):.0%} of that" +
                    (": preprocessing holds it back" if take / max(pred.samples_per_s, 1e-12) > 1.3 else ""))
     cfg = c.settings
@@ -255,7 +274,7 @@ def _pin_reason(profile: StreamProfile, c: Candidate) -> str:
         page = sum(x.seconds["pageable"] for x in both)
         return (f"pin_memory={c.settings.pin_memory}: copies to the GPU take {fmt_s(pin)} pinned, "
                 f"{fmt_s(page)} pageable "
-                "per batch (all values measured)")
+                f"per batch ({source_of(profile, 'all values measured')})")
     sims = [d for d in profile.devices if d in profile.simulated]
     if sims:
         return (f"pin_memory has no effect on {device_title(profile, sims[0])}: its copies are copies in host "

@@ -114,7 +114,10 @@ def options(profile: StreamProfile) -> dict[str, list[str]]:
 def worker_options(profile: StreamProfile, member: str, kind: str = "thread") -> list[int]:
     st = profile.stage(member)
     if member == profile.source:
-        return list(range(0, min(profile.cores, 8) + 1)) if profile.source_kind != "iterable" else [1]
+        if profile.source_kind == "iterable":
+            return [1]
+        # here, at most 8 (each is measured in verification); on a described target, up to its cores
+        return list(range(0, (profile.cores if profile.target else min(profile.cores, 8)) + 1))
     most = max([1, *[r.workers for r in st.scaling if r.kind == kind]])
     return list(range(1, most + 1))
 

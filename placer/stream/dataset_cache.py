@@ -77,6 +77,8 @@ MIN_GAIN = 0.10
 CHECKED_ITEMS = 3
 #: at most this many items are profiled
 PROFILED_ITEMS = 64
+#: work per item under this (seconds, profiled) costs about what reading it back from the cache does
+MIN_ITEM_S = 1e-4
 
 
 # -- the cache ----------------------------------------------------------------------------------
@@ -276,6 +278,7 @@ class _Candidate:
     name: str
     share: float
     calls_per_item: float
+    seconds_per_item: float
 
 
 def profile_items(dataset: Any, keys: list[Any], deadline: Deadline) -> tuple[list[_Candidate], int]:
@@ -297,10 +300,11 @@ def profile_items(dataset: Any, keys: list[Any], deadline: Deadline) -> tuple[li
     total = cum.get("__getitem__", (0.0, 0))[0]
     if total <= 0:
         return [], items
-    out = [_Candidate("__getitem__", 1.0, 1.0)]
+    n = max(items, 1)
+    out = [_Candidate("__getitem__", 1.0, 1.0, total / n)]
     for name, (ct, calls) in sorted(cum.items(), key=lambda kv: -kv[1][0]):
         if name != "__getitem__" and not name.startswith("__") and ct / total >= MIN_SHARE:
-            out.append(_Candidate(name, ct / total, calls / max(items, 1)))
+            out.append(_Candidate(name, ct / total, calls / n, ct / n))
     return out, items
 
 
@@ -477,11 +481,13 @@ def _pass(make: Callable[[Any], Any], dataset: Any, step: Callable[[Any], Any] |
           sync: Callable[[], None], deadline: Deadline | None = None) -> tuple[float, list[str]]:
     """Seconds of one pass over the fixed batches with the step (digests taken outside the clock).
 
-    With ``deadline``, the pass stops after the first batch that ends past it.
+    With ``deadline``, the pass stops after the first batch that ends past it. Every pass
+    starts from the same state of the global random generators (restored afterwards), so
+    that passes over the same batches draw the same numbers.
     """
     loader = make(dataset)
     digests, outside = [], 0.0
-    with Clock(cpu_clock=None) as run:
+    with random_state_kept(), Clock(cpu_clock=None) as run:
         it = iter(loader)
         try:
             for batch in it:
@@ -557,6 +563,10 @@ def find_cache(loader: Any, step: Callable[[Any], Any] | None, *, loader_kwargs:
     c, values = found
     size = int(_pickled_bytes(values) * c.calls_per_item * len(dataset))
     advice = CacheAdvice(f"{cls}.{c.name}", share=c.share, bytes=size, budget_bytes=budget_bytes, dataset=dataset)
+    if c.seconds_per_item < MIN_ITEM_S:
+        advice.reason = (f"its work per item ({c.seconds_per_item * 1e6:,.0f} us) costs about what reading it back "
+                         "from a cache does")
+        return advice
     if size > budget_bytes:
         advice.reason = f"its output for the whole dataset ({size / 1e6:,.0f} MB) exceeds the memory budget " \
                         f"({budget_bytes / 1e6:,.0f} MB)"
@@ -577,22 +587,18 @@ def _measure(advice: CacheAdvice, loader: Any, fixed: list[list[Any]], step: Cal
     store = SampleStore(advice.budget_bytes)
     try:
         ds = cached(advice.dataset, advice.attribute, store)
-        with random_state_kept():
-            u, ref = _pass(make, advice.dataset, step, sync, Deadline(deadline.left() / 3))
+        u, ref = _pass(make, advice.dataset, step, sync, Deadline(deadline.left() / 3))
         del fixed[len(ref):]  # the cached passes run the batches the uncached one ran
         advice.batches = len(fixed)
         advice.uncached_s.append(u)
-        with random_state_kept():
-            advice.fill_s, got = _pass(make, ds, step, sync)
+        advice.fill_s, got = _pass(make, ds, step, sync)
         same = got == ref
-        with random_state_kept():
-            h, got = _pass(make, ds, step, sync)
+        h, got = _pass(make, ds, step, sync)
         advice.cached_s.append(h)
         same = same and got == ref
         if same and deadline.left() > u + h:  # another of each, interleaved
-            with random_state_kept():
-                advice.uncached_s.append(_pass(make, advice.dataset, step, sync)[0])
-                h, got = _pass(make, ds, step, sync)
+            advice.uncached_s.append(_pass(make, advice.dataset, step, sync)[0])
+            h, got = _pass(make, ds, step, sync)
             advice.cached_s.append(h)
             same = same and got == ref
     finally:

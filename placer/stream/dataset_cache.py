@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from placer.executor.stream.store import SampleStore, is_plain, plain_key
+from placer.executor.stream.store import CachedItems, SampleStore, is_plain, plain_key
 from placer.timing import Clock, Deadline
 
 log = logging.getLogger(__name__)
@@ -106,32 +106,6 @@ class CachedMethod:
         value = self.original()(*args, **kwargs)
         self.store.put(key, value)
         return value
-
-
-class CachedItems:
-    """A dataset whose items are kept in a store after their first read (the key is the item's index).
-
-    Other attributes are the wrapped dataset's.
-    """
-
-    def __init__(self, dataset: Any, store: SampleStore):
-        self.dataset, self.store = dataset, store
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: Any) -> Any:
-        found, value = self.store.get(("__getitem__", index))
-        if found:
-            return value
-        value = self.dataset[index]
-        self.store.put(("__getitem__", index), value)
-        return value
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("dataset", "store") or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
 
 
 def cached(dataset: Any, method: str, store: SampleStore) -> Any:

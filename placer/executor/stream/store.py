@@ -1,6 +1,6 @@
 """A bounded cache of values by key that every process holding it shares: one file per key.
 
-May import: the standard library only.
+May import: placer.digest (inside a function); the standard library otherwise.
 
 :class:`SampleStore` keeps each value as a pickle in a folder of its own, in shared
 memory (``/dev/shm``) where the machine has it, else in the temporary folder. The
@@ -17,6 +17,10 @@ folder is removed when the store that made it is collected or the process exits.
 Keys are plain data only (``None``, booleans, numbers, strings, bytes, paths and
 tuples or lists of them), so that two keys are the same exactly when their text
 is: a key whose ``repr`` could hide its content is refused (``TypeError``).
+
+:class:`CachedItems` is a map-style dataset read through a store, by index;
+:func:`cached_items` puts one under a ``Subset`` (a source that reshuffles by taking
+a new permutation of a dataset each epoch), keyed by the index in the dataset beneath.
 """
 
 from __future__ import annotations
@@ -171,3 +175,53 @@ class SampleStore:
         if self._finalizer is not None:
             self._finalizer()
 
+
+
+class CachedItems:
+    """A dataset whose items are kept in a store after their first read (the key is the item's index).
+
+    Other attributes are the wrapped dataset's. With ``verify``, the first ``verify``
+    items read back from the store (in each process) are also read from the dataset
+    and compared (:func:`placer.digest.compare_outputs`): a dataset whose item ``i``
+    is not the same as when it was kept (a source that reshuffles by re-indexing
+    rather than by its sampler) fails with ``ValueError`` instead of feeding stale items.
+    """
+
+    def __init__(self, dataset: Any, store: SampleStore, verify: int = 0, name: str = "the dataset"):
+        self.dataset, self.store, self.verify, self.name = dataset, store, verify, name
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        found, value = self.store.get(("__getitem__", index))
+        if found:
+            if self.verify > 0:
+                self.verify -= 1
+                self._check(index, value)
+            return value
+        value = self.dataset[index]
+        self.store.put(("__getitem__", index), value)
+        return value
+
+    def _check(self, index: Any, kept: Any) -> None:
+        from placer.digest import compare_outputs
+
+        diff = compare_outputs({"item": kept}, {"item": self.dataset[index]})
+        if diff is not None:
+            raise ValueError(f"{self.name}'s item {index!r} differs from the one cached in an earlier epoch "
+                             f"({diff}): a cache keyed by index needs item i to be the same sample in every "
+                             "epoch (reshuffle with the sampler, not by re-indexing), or drop the cache point")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("dataset", "store", "verify", "name") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def cached_items(dataset: Any, store: SampleStore, verify: int = 0, name: str = "the dataset") -> Any:
+    """``dataset`` read through ``store``; a ``torch.utils.data.Subset`` keeps its indices over the cached dataset."""
+    cls = type(dataset)
+    if cls.__name__ == "Subset" and cls.__module__.startswith("torch.utils.data"):
+        return cls(cached_items(dataset.dataset, store, verify, name), dataset.indices)
+    return CachedItems(dataset, store, verify=verify, name=name)

@@ -30,7 +30,8 @@ the script's training reads what it would have read without the measurement.
 :func:`measure` wraps the loader of the user's own loop instead and reports the
 share of the loop spent waiting on ``next(loader)``, without trying settings.
 
-Caching: first, within a quarter of the budget, :func:`~placer.stream.dataset_cache.find_cache`
+Caching: first, within a quarter of the budget more (:data:`CACHE_SHARE`; the settings'
+runs keep the whole budget), :func:`~placer.stream.dataset_cache.find_cache`
 profiles the dataset's ``__getitem__`` and measures caching the deterministic
 per-index work that dominates it; :attr:`LoaderAdvice.cache` says what it found, and
 :meth:`LoaderAdvice.loader` applies a cache that was offered.
@@ -72,6 +73,8 @@ FINALISTS = 2
 #: loader setting is recommended for it (a single run that measured more measured noise)
 #: (or half the spread of the user's runs, when larger: a wait the runs cannot tell from noise)
 WAIT_NOISE = 1 - 1 / (1 + MIN_GAIN)
+#: the search for a cache inside the dataset takes at most this share of the budget, before the settings' runs
+CACHE_SHARE = 0.25
 
 
 def _as_dict(s: LoaderSettings) -> dict[str, Any]:
@@ -460,7 +463,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         Wall-clock budget of all runs together; each run stops early at its share
         (a run always counts at least one batch after its warm-up), and a run besides
         the user's first starts only when what is left covers the largest start-up and
-        shut-down cost seen so far.
+        shut-down cost seen so far. The search for a cache inside the dataset takes at
+        most a quarter of it more, before those runs.
 
     Notes
     -----
@@ -488,11 +492,11 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     user = settings_of(loader)
     cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
     threads_tried = 2 * thread_counts(user.torch_threads or 1, 0, _cores()) if dev.kind == "cpu" else []
+    with _random_state_kept(loader):
+        cache = _find_cache(loader, step, user, batches, budget_s * CACHE_SHARE, cache_bytes, dev)
     budget = _Budget(budget_s, runs=3 + len(cands) + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 3))
     count = counter_of(loader)
     with _random_state_kept(loader):
-        cache = _find_cache(loader, step, user, batches, budget_s / 4, cache_bytes, dev)
-        budget = _Budget(max(0.0, budget_s - took.spent()), runs=budget.runs)
         kept: list = []
         mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept, count=count))
         step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline(), count=count)

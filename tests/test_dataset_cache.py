@@ -260,3 +260,63 @@ def test_the_drop_in_offers_to_cache_the_audio_decode_and_its_loader_gives_the_s
 
 def rebuild_plain(loader):
     return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=loader.sampler)
+
+
+# -- a composed transform: its deterministic prefix ---------------------------------------------------
+class Compose:
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, x):
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+
+class Load:
+    """'Reads' the file a name points to: deterministic, slow."""
+
+    def __call__(self, name):
+        time.sleep(0.004)
+        return np.full(4, float(name.split("-")[1]), dtype=np.float32)
+
+
+class Scale:
+    def __call__(self, x):
+        return x * 2
+
+
+class RandomFlip:
+    def __call__(self, x):
+        return x[::-1].copy() if torch.rand(1).item() < 0.5 else x
+
+
+class Files(Dataset):
+    """A list of names and a composed transform applied to each (load, scale, then a random flip)."""
+
+    def __init__(self, n=32):
+        self.names = [f"file-{i}" for i in range(n)]
+        self.transform = Compose([Load(), Scale(), RandomFlip()])
+
+    def __len__(self):
+        return len(self.names)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(self.transform(self.names[i]))
+
+
+def test_the_deterministic_prefix_of_a_composed_transform_is_offered_and_gives_the_same_batches():
+    loader = DataLoader(Files(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
+    found = find_cache(loader, None, loader_kwargs={"num_workers": 0}, batches=4, budget_s=20, budget_bytes=1 << 20)
+    assert found.method == "Files.transform[:2]" and found.steps == ["Load", "Scale"], found
+    assert found.recommended, found.reason
+    assert "first 2 steps" in found.sentence() and "Load, Scale" in found.sentence()
+    cached_files = found.apply()
+
+    def epochs(ds):
+        torch.manual_seed(5)
+        dl = DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
+        return [digest(b) for _ in range(2) for b in dl]
+
+    assert epochs(cached_files) == epochs(Files())
+    assert len(cached_files.transform.store) == 32

@@ -10,7 +10,9 @@ costs in memory, and what it gains, measured.
    the loader's first batches (in this process); the time of each method of the
    dataset's own classes is its share of the item's time. The candidates are
    ``__getitem__`` itself and every method over :data:`MIN_SHARE` of it, the
-   largest first.
+   largest first. A composed transform the dataset holds (an attribute with a
+   ``transforms`` list, as ``torchvision.transforms.Compose``) is one too: its
+   deterministic prefix (:func:`check_prefix`), timed against the item.
 2. **Whether it depends only on the index.** A candidate's calls are recorded on a
    few items: its arguments must be plain data (numbers, strings, paths) and must
    recur across epochs: they hold nothing of the sampler's key but the sample's
@@ -37,8 +39,9 @@ in shared memory, so DataLoader worker processes (persistent or not, forked or
 spawned) read what any of them wrote; it is bounded by the budget. The cached
 dataset is a shallow copy of the user's with the method replaced by
 :class:`CachedMethod` (an instance attribute, so ``self.method(...)`` inside
-``__getitem__`` reaches it), or :class:`CachedItems` around the dataset when the
-whole item is cached.
+``__getitem__`` reaches it) or a transform attribute replaced by :class:`CachedPrefix`
+(its first steps kept by their input), or :class:`CachedItems` around the dataset when
+the whole item is cached.
 
 Limits: only methods called as ``self.method(...)`` are reached; a dataset wrapped
 in another (``Subset``, ``ConcatDataset``) is looked into no further; a method that
@@ -108,11 +111,53 @@ class CachedMethod:
         return value
 
 
+class CachedPrefix:
+    """A composed transform (an object with a ``transforms`` list) whose first ``k`` steps are kept in a store.
+
+    The key is the transform's input (plain data: a path, an index), so the prefix
+    must depend on it alone; the steps after the prefix (the random ones) run every time.
+    """
+
+    def __init__(self, compose: Any, k: int, store: SampleStore, name: str):
+        self.compose, self.k, self.store, self.name = compose, k, store, name
+
+    def __call__(self, x: Any) -> Any:
+        key = (self.name, self.k, plain_key(x))
+        found, y = self.store.get(key)
+        if not found:
+            y = x
+            for t in self.compose.transforms[: self.k]:
+                y = t(y)
+            self.store.put(key, y)
+        for t in self.compose.transforms[self.k:]:
+            y = t(y)
+        return y
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("compose", "k", "store", "name") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.compose, name)
+
+
+def _prefix(method: str) -> tuple[str, int] | None:
+    """``("transform", 2)`` for ``transform[:2]``."""
+    if not method.endswith("]") or "[:" not in method:
+        return None
+    attr, k = method[:-1].split("[:", 1)
+    return attr, int(k)
+
+
 def cached(dataset: Any, method: str, store: SampleStore) -> Any:
-    """``dataset`` with ``method``'s outputs kept in ``store`` (``__getitem__``: whole items)."""
+    """``dataset`` with ``method``'s outputs kept in ``store`` (``__getitem__``: whole items;
+    ``transform[:k]``: the first ``k`` steps of a composed transform)."""
     if method == "__getitem__":
         return CachedItems(dataset, store)
     out = copy.copy(dataset)
+    prefix = _prefix(method)
+    if prefix is not None:
+        attr, k = prefix
+        setattr(out, attr, CachedPrefix(getattr(dataset, attr), k, store, attr))
+        return out
     setattr(out, method, CachedMethod(out, method, store))
     return out
 
@@ -154,6 +199,8 @@ class CacheAdvice:
     recommended: bool = False
     reason: str = ""
     dataset: Any = field(default=None, repr=False)
+    #: a transform prefix's steps, by class name
+    steps: list[str] = field(default_factory=list)
 
     @property
     def attribute(self) -> str | None:
@@ -178,12 +225,19 @@ class CacheAdvice:
         """The advice in plain words."""
         if self.method is None:
             return f"Caching: nothing to cache ({self.reason})"
-        what = (f"`{self.method}` is all of loading and depends only on the index: caching each item"
-                if self.attribute == "__getitem__" else
-                f"`{self.method}` is {self.share:.0%} of loading and depends only on the index: caching its output")
+        if self.attribute == "__getitem__":
+            what = f"`{self.method}` is all of loading and depends only on the index: caching each item"
+        elif _prefix(self.attribute) is not None:
+            k, all_steps = _prefix(self.attribute)[1], len(getattr(self.dataset, self.attribute.split("[")[0],
+                                                                   None).transforms)
+            which = f"all {k} steps" if k == all_steps else f"its first {k} steps, before the first random one"
+            what = (f"`{self.method}` ({which}: {', '.join(self.steps)}) is {self.share:.0%} of loading and "
+                    "depends only on the index: caching its output")
+        else:
+            what = f"`{self.method}` is {self.share:.0%} of loading and depends only on the index: caching its output"
         if not self.recommended:
             return f"Caching: not offered: {self.reason}"
-        return (f"{what} ({self.bytes / 1e6:,.1f} MB) makes epochs 2+ {self.epoch_speedup:.1f}x faster "
+        return (f"{what} ({_fmt_bytes(self.bytes)}) makes epochs 2+ {self.epoch_speedup:.1f}x faster "
                 f"(two epochs {self.two_epoch_speedup:.2f}x; advice.loader() applies it)")
 
     def apply(self, dataset: Any | None = None) -> Any:
@@ -199,7 +253,11 @@ class CacheAdvice:
                 "uncached_s": [round(x, 4) for x in self.uncached_s], "fill_s": r(self.fill_s),
                 "cached_s": [round(x, 4) for x in self.cached_s], "epoch_speedup": r(self.epoch_speedup),
                 "two_epoch_speedup": r(self.two_epoch_speedup), "recommended": self.recommended,
-                "reason": self.reason}
+                "reason": self.reason, "steps": list(self.steps)}
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n / 1e3:,.1f} kB"
 
 
 def default_budget() -> int:
@@ -389,6 +447,89 @@ def check(dataset: Any, name: str, keys: list[Any]) -> tuple[str | None, list[An
     return None, [c[2] for c in calls]
 
 
+def composed(dataset: Any) -> list[str]:
+    """Attributes of the dataset that are composed transforms: callables with a list of ``transforms``."""
+    out = []
+    for name, value in vars(dataset).items() if hasattr(dataset, "__dict__") else ():
+        steps = getattr(value, "transforms", None)
+        if callable(value) and isinstance(steps, (list, tuple)) and steps and all(callable(t) for t in steps):
+            out.append(name)
+    return out
+
+
+@dataclass
+class _Prefix:
+    candidate: _Candidate
+    reason: str | None
+    values: list[Any]
+    steps: list[str]
+
+
+def check_prefix(dataset: Any, attr: str, keys: list[Any], item_s: float) -> _Prefix | None:
+    """The deterministic prefix of the composed transform ``attr``: its length, share and outputs.
+
+    Its calls on a few items are recorded; the input must be plain data that recurs (as a
+    method's arguments); each step then runs twice on the previous steps' output under
+    two states of the global random generators: the first step whose outputs differ, or
+    that moves a generator, ends the prefix. None when the transform is not called.
+    """
+    import torch
+
+    compose = getattr(dataset, attr)
+    probe = copy.copy(dataset)
+    seen: list[tuple[Any, Any]] = []
+
+    def record(x: Any) -> Any:
+        seen.append((x, key))
+        return compose(x)
+
+    setattr(probe, attr, record)
+    for key in keys[:CHECKED_ITEMS]:
+        probe[key]
+    if not seen:
+        return None
+    steps = list(compose.transforms)
+    k, outputs, prefix_s = len(steps), [], 0.0
+    for x, key in seen:
+        if not is_plain((x,)):
+            return _Prefix(_Candidate(f"{attr}[:0]", 0.0, 0.0, 0.0), f"its input is not plain data "
+                           f"({type(x).__name__}): nothing to key a cache by", [], [])
+        if not recurs((x,), {}, key):
+            return _Prefix(_Candidate(f"{attr}[:0]", 0.0, 0.0, 0.0), f"its input {_short(x)} changes between "
+                           f"epochs (it holds more of the sampler's key {_short(key)} than the index)", [], [])
+        y = x
+        for j, t in enumerate(steps[:k]):
+            outs = []
+            for seed in (12345, 54321):
+                random.seed(seed)
+                np.random.seed(seed)
+                torch.manual_seed(seed)
+                before = _rng_state()
+                with Clock(cpu_clock=None) as c:
+                    outs.append(t(copy.deepcopy(y)))
+                if _rng_state() != before:
+                    outs.append(None)
+            if len(outs) != 2 or not equal(outs[0], outs[1]):
+                k = j
+                break
+            prefix_s += c.wall
+            y = outs[0]
+        outputs.append(y)
+    names = [type(t).__name__ for t in steps[:k]]
+    share = min(1.0, prefix_s / len(seen) / max(item_s, 1e-12))
+    cand = _Candidate(f"{attr}[:{k}]", share, len(seen) / len(keys[:CHECKED_ITEMS]), prefix_s / len(seen))
+    if k == 0:
+        return _Prefix(cand, f"its first step ({type(steps[0]).__name__}) draws random numbers", [], [])
+    return _Prefix(cand, None, outputs, names)
+
+
+def _item_seconds(dataset: Any, keys: list[Any]) -> float:
+    with Clock(cpu_clock=None) as c:
+        for key in keys[:CHECKED_ITEMS]:
+            dataset[key]
+    return c.wall / max(1, len(keys[:CHECKED_ITEMS]))
+
+
 def _types(args: tuple, kwargs: dict) -> str:
     return ", ".join(type(a).__name__ for a in [*args, *kwargs.values()])
 
@@ -523,20 +664,29 @@ def find_cache(loader: Any, step: Callable[[Any], Any] | None, *, loader_kwargs:
     cls = type(dataset).__name__
     with random_state_kept():
         cands, items = profile_items(dataset, keys, Deadline(budget_s / 6))
+        prefixes: dict[str, _Prefix] = {}
+        for attr in composed(dataset):
+            pre = check_prefix(dataset, attr, keys, _item_seconds(dataset, keys))
+            if pre is not None and (pre.reason is not None or pre.candidate.share >= MIN_SHARE):
+                prefixes[pre.candidate.name] = pre
+                cands.append(pre.candidate)
         if not cands:
             return CacheAdvice(None, reason=f"{cls}.__getitem__ is not the dataset's own code")
+        cands[1:] = sorted(cands[1:], key=lambda c: -c.share)
         found, why = None, []
         for c in cands:
-            reason, values = check(dataset, c.name, keys)
+            pre = prefixes.get(c.name)
+            reason, values = (pre.reason, pre.values) if pre is not None else check(dataset, c.name, keys)
             if reason is None:
                 found = (c, values)
                 break
-            why.append(f"{cls}.{c.name}: {reason}")
+            why.append(f"{cls}.{c.name.split('[')[0]}: {reason}")
     if found is None:
         return CacheAdvice(None, reason="; ".join(why))
     c, values = found
     size = int(_pickled_bytes(values) * c.calls_per_item * len(dataset))
-    advice = CacheAdvice(f"{cls}.{c.name}", share=c.share, bytes=size, budget_bytes=budget_bytes, dataset=dataset)
+    advice = CacheAdvice(f"{cls}.{c.name}", share=c.share, bytes=size, budget_bytes=budget_bytes, dataset=dataset,
+                         steps=prefixes[c.name].steps if c.name in prefixes else [])
     if c.seconds_per_item < MIN_ITEM_S:
         advice.reason = (f"its work per item ({c.seconds_per_item * 1e6:,.0f} us) costs about what reading it back "
                          "from a cache does")

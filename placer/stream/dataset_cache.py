@@ -730,6 +730,9 @@ def _measure(advice: CacheAdvice, loader: Any, fixed: list[list[Any]], step: Cal
     gain = advice.epoch_speedup or 0.0
     if not same:
         advice.reason = "the cached loader's batches differ from the uncached loader's"
+    elif gain < 1:
+        advice.reason = (f"reading `{advice.method}`'s output back from the cache is slower than computing it "
+                         f"(uncached {_secs(advice.uncached_s)}, cached {_secs(advice.cached_s)})")
     elif gain <= 1 + MIN_GAIN or max(advice.cached_s) >= min(advice.uncached_s):
         advice.reason = (f"caching `{advice.method}` measured {gain:.2f}x on epochs 2+ "
                          f"(uncached {_secs(advice.uncached_s)}, cached {_secs(advice.cached_s)}): within noise "

@@ -810,7 +810,7 @@ def describe(a: LoaderAdvice) -> list[str]:
     elif len(a.trials) > 1:
         lines.append("Recommended:   keep your settings (no setting tried was more than "
                      f"{MIN_GAIN:.0%} faster)")
-    if a.cache is not None and a.cache.method is not None:
+    if a.cache is not None and a.cache.recommended:  # what was not offered, and why: in the JSON
         lines.append(a.cache.sentence())
     lines += ["Measured (steady state, the median of the runs; the first batch waits for the workers to start; "
               "spread: the runs' range over their median):" if len(a.trials) > 1

@@ -77,7 +77,7 @@ def span_word(facts: ReportFacts) -> str:
 def objective_words(facts: ReportFacts) -> str:
     """The objective as a report's header names it: the makespan of a run with streams is its total time."""
     objective = facts.meta.objective
-    return span_word(facts) if objective == "makespan" else objective
+    return span_word(facts) if objective == "makespan" else objective.replace("_", " ")
 
 
 def bottleneck(facts: ReportFacts) -> Bottleneck | None:

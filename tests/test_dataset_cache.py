@@ -21,7 +21,7 @@ PLAIN = Path(__file__).resolve().parents[1] / "benchmarks" / "plain"
 
 
 class Decoded(Dataset):
-    """A deterministic decode by index (``delay`` seconds of waiting), then a random flip from numpy's global generator."""
+    """A deterministic decode by index (``delay`` seconds of waiting), then a random flip (numpy's global generator)."""
 
     def __init__(self, n: int = 32, delay: float = 0.004, fail: bool = False):
         self.n, self.delay, self.fail = n, delay, fail

@@ -358,7 +358,8 @@ def _rng_state() -> tuple:
     import torch
 
     np_state = np.random.get_state()
-    return random.getstate(), (np_state[0], np_state[1].tobytes(), *np_state[2:]), torch.get_rng_state().numpy().tobytes()
+    numpy_state = (np_state[0], np_state[1].tobytes(), *np_state[2:])
+    return random.getstate(), numpy_state, torch.get_rng_state().numpy().tobytes()
 
 
 class _Recorder:

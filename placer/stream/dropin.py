@@ -241,7 +241,8 @@ def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
     """
     from torch.utils.data import DataLoader, IterableDataset
 
-    kw: dict[str, Any] = dict(dataset=loader.dataset if dataset is None else dataset, collate_fn=loader.collate_fn, generator=loader.generator,
+    kw: dict[str, Any] = dict(dataset=loader.dataset if dataset is None else dataset, collate_fn=loader.collate_fn,
+                              generator=loader.generator,
                               worker_init_fn=loader.worker_init_fn, timeout=loader.timeout,
                               multiprocessing_context=loader.multiprocessing_context,
                               in_order=getattr(loader, "in_order", True))

@@ -320,3 +320,22 @@ def test_the_deterministic_prefix_of_a_composed_transform_is_offered_and_gives_t
 
     assert epochs(cached_files) == epochs(Files())
     assert len(cached_files.transform.store) == 32
+
+
+class RandomAugment(Dataset):
+    """Slow per-sample work that draws from torch's global generator: nothing to cache."""
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.full((4,), float(i)) + torch.rand(4)
+
+
+def test_the_drop_in_offers_no_cache_where_the_item_work_is_random_and_its_words_say_nothing_of_one():
+    advice = advise_loader(DataLoader(RandomAugment(), batch_size=8), lambda b: None, batches=4, budget_s=4)
+    assert advice.cache is not None and not advice.cache.recommended
+    assert "random" in advice.cache.reason
+    assert "cach" not in str(advice).lower()
+    assert advice.as_dict()["cache"]["method"] is None

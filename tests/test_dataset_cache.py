@@ -339,3 +339,19 @@ def test_the_drop_in_offers_no_cache_where_the_item_work_is_random_and_its_words
     assert "random" in advice.cache.reason
     assert "cach" not in str(advice).lower()
     assert advice.as_dict()["cache"]["method"] is None
+
+
+def test_a_call_with_arguments_unlike_the_checked_ones_is_computed_not_kept():
+    class Mixed(Decoded):
+        def decode(self, index):
+            return super().decode(int(np.asarray(index).ravel()[0]))
+
+    store = SampleStore(1 << 20)
+    try:
+        ds = cached(Mixed(n=4, delay=0), "decode", store)
+        assert np.array_equal(ds.decode(np.array([2])), np.arange(2, 8, dtype=np.float32))  # an array: not a key
+        assert len(store) == 0
+        ds.decode(3)
+        assert len(store) == 1
+    finally:
+        store.close()

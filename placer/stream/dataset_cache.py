@@ -102,7 +102,9 @@ class CachedMethod:
         return inspect.getattr_static(cls, self.name).__get__(self.owner, cls)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key = (self.name, plain_key(args), plain_key(sorted(kwargs.items())))
+        key = (self.name, args, sorted(kwargs.items()))
+        if not is_plain(key):  # a call unlike the ones checked: computed, not kept
+            return self.original()(*args, **kwargs)
         found, value = self.store.get(key)
         if found:
             return value
@@ -122,13 +124,14 @@ class CachedPrefix:
         self.compose, self.k, self.store, self.name = compose, k, store, name
 
     def __call__(self, x: Any) -> Any:
-        key = (self.name, self.k, plain_key(x))
-        found, y = self.store.get(key)
+        key = (self.name, self.k, x)
+        found, y = self.store.get(key) if is_plain(key) else (False, None)
         if not found:
             y = x
             for t in self.compose.transforms[: self.k]:
                 y = t(y)
-            self.store.put(key, y)
+            if is_plain(key):
+                self.store.put(key, y)
         for t in self.compose.transforms[self.k:]:
             y = t(y)
         return y

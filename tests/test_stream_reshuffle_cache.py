@@ -156,3 +156,11 @@ def test_a_reshuffling_iterable_source_cannot_be_cached_by_sample():
     p = keyed_stream(key=None)
     with pytest.raises(PlacerError, match="not a Dataset or DataLoader"):
         execute(p, "all=cpu", stream=StreamConfig(workers=0, cache="names"))
+
+
+def test_a_declared_key_cache_after_a_stage_in_worker_processes_gives_the_uncached_outputs():
+    plain = execute(keyed_stream(), "all=cpu", stream=StreamConfig(workers=0))
+    config = StreamConfig(workers=2, worker_kind={"decode": "process"}, cache="decode")
+    run = execute(keyed_stream(), "all=cpu", stream=config)
+    assert outputs(run) == outputs(plain)
+    assert any("cached 8 batches by key" in n for n in run.streams[0].notes)

@@ -446,7 +446,8 @@ def _stages(prof: _Profiler, sweeps: dict[str, _Sweep]) -> dict[str, StageProfil
         prof_m = StageProfile(name=m, role=st.role if st.role in ("source", "step") else "batch", kind=st.kind,
                               devices=[d for d in sweeps if can_run(p, m, d)],
                               reads=[s for s in st.inputs.values() if s in members], pin=st.pin,
-                              out_bytes=prof.out_bytes.get(m, {}), cacheable=not random_seen and st.role != "step")
+                              out_bytes=prof.out_bytes.get(m, {}), cacheable=not random_seen and st.role != "step"
+                              and not (keyed and st.role == "source"))
         for d, sw in sweeps.items():
             if sw.placement[m] == d and m in sw.timings:
                 prof_m.seconds[d] = steady(sw.timings.wall(m))

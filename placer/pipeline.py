@@ -134,6 +134,11 @@ class Stage(BaseModel):
         A step: builds the state that persists across batches (``init(device=...)``).
     random : bool
         A per-batch stage whose output differs between epochs: never cached.
+    cache_key : callable, optional
+        A source: the key of each batch it yields (``cache_key(batch)``, plain data:
+        numbers, strings, tuples of them), equal for batches that are the same in any
+        epoch. With it a cache point holds outputs by key, so a source that reshuffles
+        its batches each epoch can be cached.
 
     Examples
     --------
@@ -169,6 +174,8 @@ class Stage(BaseModel):
     init: Callable[..., Any] | None = None
     #: a per-batch stage whose output differs between epochs (random augmentation): never cached
     random: bool = False
+    #: a source: the key of each batch it yields, for a cache that survives reshuffling
+    cache_key: Callable[[Any], Any] | None = None
 
     @field_validator("kind")
     @classmethod
@@ -385,6 +392,7 @@ class Pipeline:
         batch_size: int | None = None,
         inputs: Iterable[str] | Mapping[str, str] | None = None,
         params: Mapping[str, Any] | None = None,
+        cache_key: Callable[[Any], Any] | None = None,
     ) -> Callable[[Callable], Callable]:
         """Decorator declaring a stream's source: a function returning its batches.
 
@@ -394,6 +402,11 @@ class Pipeline:
         with ``batch_size`` and the planned workers), or a ``DataLoader`` (its
         dataset, sampler and collate function are kept; its worker settings are the
         user's baseline). Inputs come from one-shot stages. A source runs on the CPU.
+
+        A source that reshuffles (takes ``batch_info``) can still have a cache point:
+        at the source itself when it returns a ``Dataset`` or ``DataLoader`` (samples
+        are kept by index), or after a deterministic stage when ``cache_key(batch)``
+        names each batch (outputs are kept by key).
 
         Examples
         --------
@@ -408,7 +421,7 @@ class Pipeline:
         'step'
         """
         return self.stage(name, kind=kind, inputs=inputs, device="cpu", api="any", params=params, pin="cpu",
-                          role="source", epochs=epochs, batch_size=batch_size)
+                          role="source", epochs=epochs, batch_size=batch_size, cache_key=cache_key)
 
     def step(
         self,

@@ -82,7 +82,8 @@ def run(
     c = Console()
     if why:
         c.print(f"placement: {why}")
-    t = Table(title=f"{result.pipeline}: makespan {result.makespan_s:.4f} s ({result.executor})")
+    span = "total time" if result.streams else "makespan"  # a run with streams speaks of throughput and total time
+    t = Table(title=f"{result.pipeline}: {span} {result.makespan_s:.4f} s ({result.executor})")
     cols = ["stage", "device", "lane", "start s", "seconds"] + (["worker"] if scheduler else [])
     for col in cols:
         t.add_column(col)

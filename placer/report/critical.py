@@ -68,6 +68,18 @@ def _predecessor(cur: Bar, bars, stage_bar, copies, inputs, kinds) -> Bar | None
     return max(cands, key=lambda b: b.end_s) if cands else None
 
 
+def span_word(facts: ReportFacts) -> str:
+    """What the run's length is called: ``total time`` in a run with streams (whose reports speak of
+    throughput and total time), else ``makespan``, the one-shot pipeline's documented objective."""
+    return "total time" if facts.streams else "makespan"
+
+
+def objective_words(facts: ReportFacts) -> str:
+    """The objective as a report's header names it: the makespan of a run with streams is its total time."""
+    objective = facts.meta.objective
+    return span_word(facts) if objective == "makespan" else objective.replace("_", " ")
+
+
 def bottleneck(facts: ReportFacts) -> Bottleneck | None:
     """The stage or copy with the largest share of the critical path.
 
@@ -95,7 +107,7 @@ def bottleneck(facts: ReportFacts) -> Bottleneck | None:
     where = dev.title if dev is not None else top.device
     sentence = (
         f"On the {source} critical path, {what} {top.name!r} on {where} takes "
-        f"{top.seconds:.3g} s, {share:.0%} of the {span:.3g} s makespan."
+        f"{top.seconds:.3g} s, {share:.0%} of the {span:.3g} s {span_word(facts)}."
     )
     return Bottleneck(kind=top.kind, name=top.name, device=top.device, seconds=top.seconds, share=share,
                       source=source, path=path, sentence=sentence)

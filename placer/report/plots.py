@@ -1,7 +1,7 @@
 """The report's pictures, drawn with matplotlib and returned as SVG text.
 
 May import: matplotlib (inside functions, through ``matplotlib.figure.Figure``, never
-pyplot), networkx, placer.data.report, placer.report.{facts,advice,kinds}.
+pyplot), networkx, placer.data.report, placer.report.{facts,advice,critical,kinds}.
 
 Three pictures: the pipeline's graph with each stage coloured by its device
 (:func:`dag_svg`), the measured and predicted timelines (:func:`timeline_svg`),
@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import networkx as nx
 
 from placer.report.advice import fmt_bytes
+from placer.report.critical import span_word
 from placer.report.kinds import is_real_gpu, is_simulated
 from placer.data.report import Bar, ReportFacts
 
@@ -224,8 +225,9 @@ def timeline_svg(facts: ReportFacts) -> str:
     from matplotlib.patches import Patch
 
     tl = facts.timeline
-    panels = [(f"measured run ({_secs(tl.measured_makespan_s)})", tl.measured),
-              (f"predicted schedule ({_secs(tl.predicted_makespan_s)})", tl.predicted)]
+    word = span_word(facts)
+    panels = [(f"measured run ({_secs(tl.measured_makespan_s, word)})", tl.measured),
+              (f"predicted schedule ({_secs(tl.predicted_makespan_s, word)})", tl.predicted)]
     panels = [(t, b) for t, b in panels if b]
     if not panels:
         panels = [("no timeline recorded", [])]
@@ -254,8 +256,8 @@ def timeline_svg(facts: ReportFacts) -> str:
     return to_svg(fig, "timeline")
 
 
-def _secs(s: float | None) -> str:
-    return "?" if s is None else f"makespan {s:.3g} s"
+def _secs(s: float | None, word: str = "makespan") -> str:
+    return "?" if s is None else f"{word} {s:.3g} s"
 
 
 # -- prediction errors ---------------------------------------------------------------------

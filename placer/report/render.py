@@ -1,6 +1,6 @@
 """Rendering facts as HTML, Markdown or JSON, through jinja2 templates.
 
-May import: jinja2, markupsafe, urllib.parse, placer.data.report, placer.files, placer.report.{plots,advice}.
+May import: jinja2, markupsafe, urllib.parse, placer.data.report, placer.files, placer.report.{plots,advice,critical}.
 
 HTML is one self-contained file: CSS inline, pictures as inline SVG, no script,
 no font, image or style sheet fetched from anywhere. Every string that comes from
@@ -22,6 +22,7 @@ import jinja2
 from markupsafe import Markup
 
 from placer.report.advice import fmt_bytes, fmt_size
+from placer.report.critical import objective_words, span_word
 from placer.data.report import ReportFacts
 from placer.files import write_text_atomic
 
@@ -80,7 +81,8 @@ def _environment(autoescape: bool) -> jinja2.Environment:
         keep_trailing_newline=True,
     )
     env.filters.update(secs=fmt_seconds, nbytes=fmt_bytes, speedup=fmt_speedup, pct=fmt_pct,
-                       size=fmt_size, placement=compact_placement, md=md_escape)
+                       size=fmt_size, placement=compact_placement, md=md_escape, span_word=span_word,
+                       objective_words=objective_words)
     return env
 
 

@@ -1,7 +1,7 @@
 """Advice for an existing training script: its own DataLoader and train step, measured.
 
-May import: numpy, placer.data.stream, placer.devices, placer.executor.stream.nodes, placer.timing; torch inside
-functions.
+May import: numpy, placer.data.stream, placer.devices, placer.executor.stream.nodes, placer.stream.dataset_cache,
+placer.timing; torch inside functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
 number of batches and answers two questions. *Who waits for whom*: the step alone on
@@ -29,6 +29,12 @@ the script's training reads what it would have read without the measurement.
 
 :func:`measure` wraps the loader of the user's own loop instead and reports the
 share of the loop spent waiting on ``next(loader)``, without trying settings.
+
+Caching: first, within a quarter of the budget more (:data:`CACHE_SHARE`; the settings'
+runs keep the whole budget), :func:`~placer.stream.dataset_cache.find_cache`
+profiles the dataset's ``__getitem__`` and measures caching the deterministic
+per-index work that dominates it; :attr:`LoaderAdvice.cache` says what it found, and
+:meth:`LoaderAdvice.loader` applies a cache that was offered.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import numpy as np
 from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu, torch_device_name
 from placer.executor.stream.nodes import leading_len
+from placer.stream import dataset_cache
 from placer.timing import Clock, Deadline, Measurement, Timings, torch_threads
 
 log = logging.getLogger(__name__)
@@ -66,6 +73,8 @@ FINALISTS = 2
 #: loader setting is recommended for it (a single run that measured more measured noise)
 #: (or half the spread of the user's runs, when larger: a wait the runs cannot tell from noise)
 WAIT_NOISE = 1 - 1 / (1 + MIN_GAIN)
+#: the search for a cache inside the dataset takes at most this share of the budget, before the settings' runs
+CACHE_SHARE = 0.25
 
 
 def _as_dict(s: LoaderSettings) -> dict[str, Any]:
@@ -172,6 +181,8 @@ class LoaderAdvice:
     within_noise: str | None = None
     #: the loader and step planned for a described machine (``target=``): a StreamPlan, every number predicted
     target: Any = None
+    #: the caching found inside the dataset (:class:`~placer.stream.dataset_cache.CacheAdvice`), if looked for
+    cache: Any = None
 
     @property
     def speedup(self) -> float:
@@ -184,10 +195,11 @@ class LoaderAdvice:
         return self.recommended.settings != self.user.settings
 
     def loader(self) -> Any:
-        """A DataLoader over the user's dataset and sampler with the recommended settings."""
+        """A DataLoader over the user's dataset and sampler with the recommended settings (and cache)."""
         if self.source is None:
             raise ValueError("this advice has no loader to rebuild (it was read back from JSON)")
-        return rebuild(self.source, self.recommended.settings)
+        cached = self.cache.apply() if self.cache is not None and self.cache.recommended else None
+        return rebuild(self.source, self.recommended.settings, dataset=cached)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -200,6 +212,7 @@ class LoaderAdvice:
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
             "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
             **_target_dict(self.target),
+            "cache": None if self.cache is None else self.cache.as_dict(),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -247,16 +260,18 @@ def settings_of(loader: Any) -> LoaderSettings:
     return LoaderSettings.of(loader).model_copy(update={"torch_threads": torch.get_num_threads()})
 
 
-def rebuild(loader: Any, settings: LoaderSettings) -> Any:
+def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
     """A DataLoader with ``settings`` that reads what ``loader`` reads, in the same order.
 
-    Kept: dataset, sampler or batch sampler, batch size, ``drop_last``, collate
-    function, generator (which seeds the workers and an unseeded sampler's order),
-    ``worker_init_fn``, ``multiprocessing_context``, ``timeout``, ``in_order``.
+    Kept: dataset (or ``dataset``, the same with a cache), sampler or batch sampler,
+    batch size, ``drop_last``, collate function, generator (which seeds the workers and
+    an unseeded sampler's order), ``worker_init_fn``, ``multiprocessing_context``,
+    ``timeout``, ``in_order``.
     """
     from torch.utils.data import DataLoader, IterableDataset
 
-    kw: dict[str, Any] = dict(dataset=loader.dataset, collate_fn=loader.collate_fn, generator=loader.generator,
+    kw: dict[str, Any] = dict(dataset=loader.dataset if dataset is None else dataset, collate_fn=loader.collate_fn,
+                              generator=loader.generator,
                               worker_init_fn=loader.worker_init_fn, timeout=loader.timeout,
                               multiprocessing_context=loader.multiprocessing_context,
                               in_order=getattr(loader, "in_order", True))
@@ -462,7 +477,7 @@ class _Budget:
 
 
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
-                  device: Any = None, target: Any = None) -> LoaderAdvice:
+                  device: Any = None, target: Any = None, cache_bytes: int | None = None) -> LoaderAdvice:
     """Measure a DataLoader with a train step and recommend DataLoader settings.
 
     Parameters
@@ -478,7 +493,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         Wall-clock budget of all runs together; each run stops early at its share
         (a run always counts at least one batch after its warm-up), and a run besides
         the user's first starts only when what is left covers the largest start-up and
-        shut-down cost seen so far.
+        shut-down cost seen so far. The search for a cache inside the dataset takes at
+        most a quarter of it more, before those runs.
 
     Notes
     -----
@@ -495,6 +511,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         Also plan the loader and step for a described machine (``"h200"``, a file
         ``placer describe`` wrote): ``advice.target`` (:func:`with_target`), every
         number a prediction for it.
+    cache_bytes : int, optional
+        The memory a cache inside the dataset may take (default: a quarter of the memory
+        available); ``0`` looks for no cache.
 
     Returns
     -------
@@ -507,6 +526,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     user = settings_of(loader)
     cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
     threads_tried = 2 * thread_counts(user.torch_threads or 1, 0, _cores()) if dev.kind == "cpu" else []
+    with _random_state_kept(loader):
+        cache = _find_cache(loader, step, user, batches, budget_s * CACHE_SHARE, cache_bytes, dev)
     budget = _Budget(budget_s, runs=3 + len(cands) + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 3))
     count = counter_of(loader)
     with _random_state_kept(loader):
@@ -534,7 +555,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     if best is not mine and best.settings.num_workers:
         best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
     advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
-    advice.budget_s, advice.within_noise = budget_s, noise
+    advice.budget_s, advice.within_noise, advice.cache = budget_s, noise, cache
     if count.unknown:
         advice.notes.append(UNKNOWN_COUNT)
     if target is not None:
@@ -549,6 +570,20 @@ def with_target(advice: LoaderAdvice, loader: Any, step: Any, kept: list, target
     from placer.stream.target import plan_loader_for_target
 
     advice.target = plan_loader_for_target(loader, step, kept, target, step_on_cpu=dev.kind == "cpu")
+
+
+def _find_cache(loader: Any, step: Any, user: LoaderSettings, batches: int, budget_s: float,
+                cache_bytes: int | None, dev: Device) -> Any:
+    """Caching inside the dataset, found and measured with the user's settings (None when not looked for)."""
+    if cache_bytes == 0:
+        return None
+    try:
+        with torch_threads(user.torch_threads):
+            return dataset_cache.find_cache(loader, step, loader_kwargs=user.kwargs(), batches=batches,
+                                            budget_s=budget_s, budget_bytes=cache_bytes, sync=dev.synchronize)
+    except Exception as e:  # noqa: BLE001 - a dataset that cannot be probed still gets its loader advice
+        log.warning("could not look for a cache inside the dataset: %s: %s", type(e).__name__, e)
+        return dataset_cache.CacheAdvice(None, reason=f"probing the dataset failed: {type(e).__name__}: {e}")
 
 
 def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
@@ -820,6 +855,8 @@ def describe(a: LoaderAdvice) -> list[str]:
     elif len(a.trials) > 1:
         lines.append("Recommended:   keep your settings (no setting tried was more than "
                      f"{MIN_GAIN:.0%} faster)")
+    if a.cache is not None and a.cache.recommended:  # what was not offered, and why: in the JSON
+        lines.append(a.cache.sentence())
     lines += ["Measured (steady state, the median of the runs; the first batch waits for the workers to start; "
               "spread: the runs' range over their median):" if len(a.trials) > 1
               else "Measured (your loop, after its first batch):",

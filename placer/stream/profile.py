@@ -440,16 +440,19 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
 def _stages(prof: _Profiler, sweeps: dict[str, _Sweep]) -> dict[str, StageProfile]:
     p, members = prof.pipeline, prof.members
     src = p.stages[prof.source]
-    varies = takes(src.impl_for("cpu").fn, BATCH_INFO)
+    keyed = src.cache_key is not None  # outputs kept by the source's declared key: reshuffling is fine
+    varies = takes(src.impl_for("cpu").fn, BATCH_INFO) and not keyed
     out: dict[str, StageProfile] = {}
     random_seen = varies
     for m in members:
         st = p.stages[m]
-        random_seen = random_seen or st.random
+        random_seen = random_seen or st.random or (keyed and st.role not in ("source", "step") and any(
+            takes(i.fn, BATCH_INFO) for i in (st.fn, st.cpu, st.gpu) if i is not None))
         prof_m = StageProfile(name=m, role=st.role if st.role in ("source", "step") else "batch", kind=st.kind,
                               devices=[d for d in sweeps if can_run(p, m, d)],
                               reads=[s for s in st.inputs.values() if s in members], pin=st.pin,
-                              out_bytes=prof.out_bytes.get(m, {}), cacheable=not random_seen and st.role != "step")
+                              out_bytes=prof.out_bytes.get(m, {}), cacheable=not random_seen and st.role != "step"
+                              and not (keyed and st.role == "source"))
         for d, sw in sweeps.items():
             if sw.placement[m] == d and m in sw.timings:
                 prof_m.seconds[d] = steady(sw.timings.wall(m))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from placer.data.run import StreamStageStats, StreamStats
@@ -39,6 +39,7 @@ from placer.executor.stream.chain import build_nodes
 from placer.executor.stream.config import BatchInfo, StreamConfig
 from placer.executor.stream.nodes import Bundle, Node, StepState, batch_len, bundle_bytes, now, takes
 from placer.executor.stream.source import batches, call_source
+from placer.executor.stream.store import SampleStore, cached_items, plain_key
 from placer.executor.stream.workers import ProcessPool, StageCall, WorkerStopped
 from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline
@@ -140,7 +141,8 @@ class StreamRun:
                     if self._enough(seq):
                         return
                 continue
-            it = batches(src, self.watch.call(self.source, call_source, src, consts, epoch), self.config)
+            it = batches(src, self.watch.call(self.source, call_source, src, consts, epoch), self.config,
+                         self.cache.wrap(epoch))
             nxt = self.watch.call(self.source, next, it, _END)
             index = 0
             while nxt is not _END and not self.stop.is_set():
@@ -150,8 +152,12 @@ class StreamRun:
                 except Exception as exc:  # noqa: BLE001 - the batch read before it is still good
                     nxt, error = _END, exc
                 info = BatchInfo(epoch, index, seq)
-                b = Bundle(seq, info, {self.source: {"host": cur}}, last_of_epoch=nxt is _END and error is None)
-                self.cache.offer(self.nodes[0], b)  # a cache point at the source keeps what it read
+                kept = self.cache.lookup(seq, cur)  # a batch whose declared key was seen: after the cache point
+                if kept is not None:
+                    b = Bundle(seq, info, {k: dict(v) for k, v in kept.values.items()}, kept.start)
+                else:
+                    b = Bundle(seq, info, {self.source: {"host": cur}}, last_of_epoch=nxt is _END and error is None)
+                    self.cache.offer(self.nodes[0], b)  # a cache point at the source keeps what it read
                 yield b
                 if error is not None:
                     raise error
@@ -224,6 +230,7 @@ class StreamRun:
                 raise
         finally:
             self._close_pools()
+            self.cache.close()
             threads.__exit__(None, None, None)
             with _ACTIVE_LOCK:
                 _ACTIVE.discard(self)
@@ -521,7 +528,20 @@ class _Exit:
 
 
 class _Cache:
-    """The batches after the cache point in the first epoch, replayed in later epochs."""
+    """What a cache point keeps, in one of three ways (:attr:`mode`).
+
+    - ``replay``: the batches after the cache point in the first epoch, replayed in
+      later epochs in the same order (a source that yields the same batches every epoch);
+    - ``sample``: a reshuffling source (it takes ``batch_info``) that returns a Dataset
+      or DataLoader, cached at the source: each sample is kept by its index
+      (:func:`~placer.executor.stream.store.cached_items` in a shared store, so the
+      DataLoader's worker processes share it; under a ``Subset``, by the index beneath)
+      and later epochs read the samples their sampler or permutation draws, in its new
+      order;
+    - ``keyed``: a source that declares ``cache_key``: the outputs after the cache point
+      are kept by the key of the batch they came from, and a batch whose key was seen
+      starts after the cache point, whatever its epoch and position.
+    """
 
     def __init__(self, run: StreamRun, config: StreamConfig):
         self.at = next((n.index for n in run.nodes if n.name == config.cache and n.kind != "copy"), None)
@@ -534,15 +554,52 @@ class _Cache:
         self.stop = run.stop
         self.notes: list[str] = []
         self.failed = False
+        self.mode: str | None = None
+        self.store: SampleStore | None = None
+        self.keyed: dict[Any, Bundle] = {}
+        self.keys: dict[int, Any] = {}
+        self.hits = 0
+        self.name = config.cache
         if config.cache is not None and self.at is None:
             raise PlacerError(f"cache point {config.cache!r} is not a stage of stream {run.source!r}",
                               stage=config.cache)
         if self.at is not None:
-            _check_cacheable(run, self.at)
+            self.mode = _check_cacheable(run, self.at)
+            self.key_of = run.pipeline.stages[run.source].cache_key
+        if self.mode == "sample":
+            self.store = SampleStore(self.limit)
+
+    # -- sample: a Dataset source's items, by index -------------------------------------------
+    def wrap(self, epoch: int) -> Callable[[Any], Any] | None:
+        """How a Dataset source's dataset is read this epoch (None: as it is)."""
+        if self.mode != "sample":
+            return None
+        store, name = self.store, self.name
+        # from the second epoch on, the first item read back is checked against the dataset's
+        return lambda ds: cached_items(ds, store, verify=1 if epoch else 0, name=f"source {name!r}")
+
+    # -- keyed: outputs by the source's declared key ------------------------------------------
+    def lookup(self, seq: int, batch: Any) -> Bundle | None:
+        """The kept bundle of a batch whose key was seen (None: work on it), remembering its key."""
+        if self.mode != "keyed":
+            return None
+        key = plain_key(self.key_of(batch))
+        with self.lock:
+            hit = self.keyed.get(key)
+            if hit is None:
+                self.keys[seq] = key
+            else:
+                self.hits += 1
+        return hit
 
     def offer(self, node: Node, b: Bundle) -> None:
-        """Keep batch ``b`` as it leaves the cache point in the first epoch (in any order of arrival)."""
-        if node.index != self.at or b.info.epoch != 0:
+        """Keep batch ``b`` as it leaves the cache point (replay: in the first epoch, in any order of arrival)."""
+        if node.index != self.at:
+            return
+        if self.mode == "keyed":
+            self._keep(node, b)
+            return
+        if self.mode != "replay" or b.info.epoch != 0:
             return
         with self.lock:
             if self.failed or self.complete.is_set():
@@ -563,26 +620,72 @@ class _Cache:
                 self.notes.append(f"cached {self.expected} batches ({self.bytes:,} bytes) after {node.name!r}")
                 self.complete.set()
 
+    def _keep(self, node: Node, b: Bundle) -> None:
+        with self.lock:
+            key = self.keys.pop(b.seq, None)
+            if key is None or key in self.keyed or self.failed:
+                return
+            size = bundle_bytes(b)
+            if self.bytes + size > self.limit:
+                self.failed = True
+                self.notes.append(f"cache after {node.name!r} full at {self.limit:,} bytes: batches with other "
+                                  "keys are recomputed")
+                return
+            self.bytes += size
+            self.keyed[key] = Bundle(b.seq, b.info, {k: dict(v) for k, v in b.values.items()}, self.at + 1)
+
     def replay(self, epoch: int) -> list[Bundle] | None:
         """The first epoch's batches in their order, once all are kept (None: recompute this epoch)."""
-        if self.at is None or epoch == 0:
+        if self.mode != "replay" or epoch == 0:
             return None
         while not self.complete.wait(_POLL_S):
             if self.stop.is_set():
                 return None
         return None if self.failed else [self.items[i] for i in range(self.expected)]
 
+    def close(self) -> None:
+        """Say what the cache held and let go of it."""
+        if self.mode == "keyed":
+            self.notes.append(f"cached {len(self.keyed)} batches by key ({self.bytes:,} bytes) after {self.name!r}; "
+                              f"{self.hits} batches read from it")
+        elif self.mode == "sample" and self.store is not None:
+            self.notes.append(f"cached {len(self.store)} samples by index ({self.store.bytes:,} bytes) of source "
+                              f"{self.name!r}" + (f"; full at {self.limit:,} bytes" if self.store.bytes
+                                                  and len(self.store) == 0 else ""))
+            self.store.close()
 
-def _check_cacheable(run: StreamRun, at: int) -> None:
-    """Refuse a cache point at or after a stage whose output changes between epochs."""
+
+def _check_cacheable(run: StreamRun, at: int) -> str:
+    """How the cache point ``at`` keeps outputs (:class:`_Cache`'s modes); refuse one that cannot.
+
+    Refused: a cache point at or after a random stage; for a reshuffling source
+    without ``cache_key``, a cache point after the source; with ``cache_key``, a cache
+    point at the source, or at or after a stage that takes ``batch_info`` (its output
+    may depend on where the batch falls).
+    """
     src = run.pipeline.stages[run.source]
-    if takes(src.impl_for("cpu").fn, "batch_info"):
-        raise PlacerError(f"cannot cache stream {run.source!r}: its source takes batch_info, so its batches "
-                          "may change between epochs (reshuffling); drop the cache point", stage=run.source)
     for n in run.nodes[: at + 1]:
         if n.stage is not None and n.stage.random:
             raise PlacerError(f"cannot cache after {run.nodes[at].name!r}: stage {n.name!r} is random (its "
                               "output changes between epochs); cache before it", stage=n.name)
+    if src.cache_key is not None:
+        if at == 0:
+            raise PlacerError(f"cannot cache at source {run.source!r} by key: the source is read every epoch "
+                              "to learn its batches' keys; cache after a stage that reads it", stage=run.source)
+        for n in run.nodes[1: at + 1]:
+            if n.kind != "copy" and n.takes_info:
+                raise PlacerError(f"cannot cache after {run.nodes[at].name!r} by key: stage {n.name!r} takes "
+                                  "batch_info, so its output may depend on the batch's epoch or position; "
+                                  "cache before it", stage=n.name)
+        return "keyed"
+    if takes(src.impl_for("cpu").fn, "batch_info"):
+        if at == 0:
+            return "sample"
+        raise PlacerError(f"cannot cache after {run.nodes[at].name!r}: source {run.source!r} takes batch_info, "
+                          "so its batches may change between epochs (reshuffling); cache at the source (a "
+                          "Dataset or DataLoader source keeps its samples by index), or declare "
+                          "cache_key= on the source (outputs kept by each batch's key)", stage=run.source)
+    return "replay"
 
 
 def _put(q: queue.Queue, item: Any, stop: threading.Event) -> float:

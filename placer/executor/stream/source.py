@@ -13,7 +13,7 @@ given: the user's own settings are the baseline).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from placer.pipeline import BATCH_INFO, Stage
@@ -40,9 +40,19 @@ def describe_source(obj: Any) -> str:
     return "iterable"
 
 
-def batches(stage: Stage, obj: Any, config: StreamConfig) -> Iterator[Any]:
-    """Iterate one epoch of what the source function returned."""
+def batches(stage: Stage, obj: Any, config: StreamConfig, wrap: Callable[[Any], Any] | None = None) -> Iterator[Any]:
+    """Iterate one epoch of what the source function returned.
+
+    ``wrap`` replaces a Dataset or DataLoader source's dataset (with a cache of its items).
+    """
     kind = describe_source(obj)
+    if wrap is not None and kind == "iterable":
+        from placer.errors import PipelineError
+
+        raise PipelineError(
+            f"cannot cache source {stage.name!r} by sample: it returned {type(obj).__name__}, not a Dataset or "
+            "DataLoader; return one, or declare cache_key= on the source and cache after a stage",
+            stage=stage.name)
     if kind == "iterable":
         if not hasattr(obj, "__iter__"):
             from placer.errors import PipelineError
@@ -51,23 +61,25 @@ def batches(stage: Stage, obj: Any, config: StreamConfig) -> Iterator[Any]:
                 f"source {stage.name!r} returned {type(obj).__name__}, which is not iterable; return "
                 "batches (a generator or list), a torch Dataset or a DataLoader", stage=stage.name)
         return iter(obj)
-    return iter(loader_for(stage, obj, config))
+    return iter(loader_for(stage, obj, config, wrap))
 
 
-def loader_for(stage: Stage, obj: Any, config: StreamConfig) -> Any:
-    """The DataLoader a Dataset or DataLoader source runs with under ``config``."""
+def loader_for(stage: Stage, obj: Any, config: StreamConfig, wrap: Callable[[Any], Any] | None = None) -> Any:
+    """The DataLoader a Dataset or DataLoader source runs with under ``config`` (its dataset through ``wrap``)."""
     from torch.utils.data import DataLoader
 
     given = stage.name in config.stage_workers or config.sequential
     if _is_loader(obj):
-        if not given:
+        if not given and wrap is None:
             return obj
         kw = dict(batch_size=obj.batch_size, sampler=obj.sampler if obj.batch_size is not None else None,
                   batch_sampler=obj.batch_sampler if obj.batch_size is None else None,
                   collate_fn=obj.collate_fn, drop_last=obj.drop_last if obj.batch_size is not None else False,
-                  dataset=obj.dataset)
+                  dataset=obj.dataset if wrap is None else wrap(obj.dataset))
+        if not given:  # the user's own worker settings, on the wrapped dataset
+            return DataLoader(**kw, **LoaderSettings.of(obj).kwargs())
     else:
-        kw = dict(dataset=obj, batch_size=stage.batch_size or 1, shuffle=False)
+        kw = dict(dataset=obj if wrap is None else wrap(obj), batch_size=stage.batch_size or 1, shuffle=False)
     # in a stream the copy node pins batches for a GPU, not the loader
     settings = LoaderSettings.from_stream(config, stage.name).model_copy(update={"pin_memory": False})
     return DataLoader(**kw, **settings.kwargs())

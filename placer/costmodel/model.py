@@ -259,6 +259,13 @@ class CostModel:
         when the load average beyond its own threads left a thread without a core (a
         pool thread waiting for one leaves the others spinning or idle, and the call
         reads as serial); then the time is taken as one core's work.
+
+        ``work_share``: the nearest point's one core's work (:func:`one_core`) over its
+        thread-seconds (the lower quartile times the threads kept busy, or one when those
+        were not told), where less than 1: its threads waited for cores or spun at a
+        barrier (a pool's spinning counts as CPU time), and the target is charged the work,
+        not the waits, so that profiles at one and at several threads, on a quiet or a
+        busy machine, predict the same.
         """
         kw: dict[str, Any] = {}
         sp = self.profile.stages[stage]
@@ -274,6 +281,13 @@ class CostModel:
             if used > 0 and (p.load is None or p.load - used <= max(cores - threads, 0) + 0.5):
                 kw["threads_used"] = used
                 kw["threads"] = threads
+        pts = [(p, one) for p in sp.devices[device].points if p.copied_from is None
+               and (one := one_core(p, threads, cores))]
+        if pts:
+            p, one = min(pts, key=lambda po: abs(np.log(po[0].size / max(size, 1e-9))))
+            busy = fit_value(p) * min(max(kw.get("threads_used", 1.0), 1.0), float(max(threads, 1)))
+            if busy > 0 and one < busy:
+                kw["work_share"] = one / busy
         if sp.work:
             w = min(sp.work, key=lambda w: abs(np.log(w.size / max(size, 1e-9))))
             if w.work.source == "counted":
@@ -441,6 +455,18 @@ class CostModel:
                 entry[dev] = e
             out[name] = entry
         return out
+
+
+def one_core(p: Point, threads: int, cores: int) -> float | None:
+    """One core's work per call of a measured CPU point: its one-thread measurement
+    (``Point.one_core_s``, taken when profiling at several threads), or, profiled at one
+    thread, its CPU time where that is less than the lower quartile and the machine had no
+    idle core (the thread waited for one; a wait on anything else stays in); else None."""
+    if p.one_core_s:
+        return float(p.one_core_s)
+    if threads <= 1 and p.cpu_s and p.load is not None and p.load >= cores - 0.5 and p.cpu_s < fit_value(p):
+        return float(p.cpu_s)
+    return None
 
 
 def smoothed_outside(work: list) -> list[float]:

@@ -56,6 +56,9 @@ class Point(BaseModel):
     cpu_s: Seconds | None = None
     #: a size-independent pipeline: the size whose measurement this point repeats
     copied_from: int | None = None
+    #: process CPU seconds per call at one intra-op thread (one core's work; measured on the CPU
+    #: when profiling at several threads, else None)
+    one_core_s: Seconds | None = None
     #: the load average (1 minute) when the point was measured
     load: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
     peak_host_bytes: Bytes = 0.0

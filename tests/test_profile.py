@@ -248,3 +248,14 @@ def test_cli_rejects_bad_budget(sim_env):
     out = subprocess.run([sys.executable, "-c", "from placer.cli import main; main()", "profile", "x.py",
                           "--budget-s", "0"], capture_output=True, text=True, env=sim_env, timeout=60)
     assert out.returncode != 0 and "--budget-s" in out.stderr
+
+
+def test_at_several_threads_each_cpu_point_also_measures_one_cores_work():
+    """A target's CPU time is one core's work (``Point.one_core_s``, timed at one thread):
+    a thread pool's barrier waits and spinning at several threads are not work."""
+    pytest.importorskip("torch", reason="intra-op threads are torch's")
+    two = _run(sizes=[200, 400], threads=2, devices=["cpu"])
+    one = _run(sizes=[200, 400], threads=1, devices=["cpu"])
+    pts = [p for sp in two.stages.values() for p in sp.devices["cpu"].points]
+    assert pts and all(p.one_core_s is not None and p.one_core_s > 0 for p in pts)
+    assert all(p.one_core_s is None for sp in one.stages.values() for p in sp.devices["cpu"].points)

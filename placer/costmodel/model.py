@@ -232,8 +232,9 @@ class CostModel:
         """Seconds of ``stage`` on ``device`` at ``size``, with its error and label."""
         fit = self.fit(stage, device)
         if device in self.described:
-            return fit.predict(size, label="roofline").model_copy(
-                update={"rel_error": max(self.described[device].rel_error, fit.loo_error)})
+            p = fit.predict(size, label="roofline")
+            return p.model_copy(update={"rel_error": max(self.described[device].rel_error, fit.loo_error,
+                                                         p.fit_spread)})
         dp: DeviceProfile = self.profile.stages[stage].devices[device]
         at = [p for p in dp.points if p.size == size]
         if at:
@@ -411,15 +412,20 @@ class CostModel:
                                          "memory_bytes": e.get("memory_bytes"), "label": e.get("label", "")}.items()
                        if v is not None}
         stages = []
+        noise = self.noise(devs)
         for name, sp in self.profile.stages.items():
-            secs = {d: self.predict(name, d, size).value for d in devs if (name, d) in self._fits}
+            preds = {d: self.predict(name, d, size) for d in devs if (name, d) in self._fits}
+            secs = {d: p.value for d, p in preds.items()}
             peak = {d: b for d in secs if (b := self.peak_bytes(name, d, size)) is not None}
+            # where the fit forms disagree by more than the noise, a flip within that is a tie
+            unsure = {d: p.fit_spread for d, p in preds.items() if p.fit_spread > noise}
             stages.append({"name": name, "kind": sp.kind, "inputs": sp.inputs, "input_bytes": 0.0,
                            "output_bytes": self.output_bytes(name, size), "seconds": secs, "peak_bytes": peak,
-                           "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs)})
+                           "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs),
+                           **({"uncertainty": unsure} if unsure else {})})
         tm = self.transfer_model()
         doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit,
-               "noise": self.noise(devs)}
+               "noise": noise}
         if tm is not None and any(self.devices[d].get("kind") != "cpu" for d in devs):
             doc["link"] = tm.table_link()
         return _cost_table(doc)

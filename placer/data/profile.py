@@ -105,7 +105,7 @@ class StageProfile(BaseModel):
     device_classes: list[str] = Field(default_factory=lambda: ["cpu", "gpu"])
     pin: str | None = None
     #: how the stage was measured: ``{"measured": [sizes], "target_size": N,
-    #: "extrapolated": bool, "rel_error": float, "error_from": "leave-one-out"|"spread"|"none"}``
+    #: "extrapolated": bool, "rel_error": float, "error_from": "leave-one-out"|"fit forms disagree"|"spread"|"none"}``
     coverage: dict[str, Any] = Field(default_factory=dict)
     #: warnings about the stage found while profiling (mutates its input, consumes an iterator)
     warnings: list[str] = Field(default_factory=list)

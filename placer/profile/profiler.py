@@ -518,8 +518,10 @@ def coverage(sp: StageProfile, target: int | None) -> dict[str, Any]:
         else:
             fit = fit_size_model([p.size for p in own], [_low(p) for p in own])
             x = fit.extrapolation(target)
-            entry.update(extrapolated=True, rel_error=fit.predict(target).rel_error,
-                         error_from="leave-one-out" if fit.valid else "none (too few sizes)",
+            pred = fit.predict(target)
+            entry.update(extrapolated=True, rel_error=pred.rel_error,
+                         error_from=("fit forms disagree" if pred.fit_spread > 0 else "leave-one-out") if fit.valid
+                         else "none (too few sizes)",
                          extrapolation=x, form=fit.form)
         out[dev] = entry
     return out

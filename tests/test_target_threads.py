@@ -106,3 +106,66 @@ def test_noisy_host_readings_widen_the_targets_noise_so_a_flip_within_it_is_a_ti
     assert q.host_noise(["gpu:0"]) == 0.0 and n.host_noise(["gpu:0"]) > 0.0
     assert n.noise(["cpu", "gpu:0"]) >= min(n.host_noise(["gpu:0"]), 0.25)
     assert n.noise(["cpu"]) == q.noise(["cpu"])  # a CPU-only table is not widened
+
+
+def _waited(threads: int, *, one_core: bool = True) -> Profile:
+    """The stage ``infer`` of many small ops, profiled on a machine with no idle core (load 4.5):
+    at two threads every op's barrier waited for a core, the other thread spinning, so the
+    wall time is 20x one core's work and the CPU time as much (reads as serial); at one thread
+    the wall time doubled by waiting for a core, the CPU time the work."""
+    prof = _profile(threads)
+    pts = []
+    for p in prof.stages["infer"].devices["cpu"].points:
+        one = ONE_CORE[0] + ONE_CORE[1] * p.size
+        wall = 20 * one if threads == 2 else 2 * one
+        pts.append(p.model_copy(update={"median_s": wall, "raw_times": [wall] * 5, "stalled": False,
+                                        "cpu_s": wall if threads == 2 else one, "load": 4.5,
+                                        "one_core_s": one if threads == 2 and one_core else None}))
+    prof.stages["infer"].devices["cpu"].points = pts
+    for p in prof.stages["load"].devices["cpu"].points:
+        p.load = 4.5
+    return prof
+
+
+def test_barrier_waits_and_waits_for_a_core_are_not_charged_to_the_target():
+    quiet = _h200(1)[1]
+    one = costs_from_profile(_waited(1), size=32, describe="h200").target_model
+    two = costs_from_profile(_waited(2), size=32, describe="h200").target_model
+    for n in (8, 32):
+        want = quiet.predict("infer", "cpu", n).value
+        assert one.predict("infer", "cpu", n).value == pytest.approx(want, rel=AGREE)
+        assert two.predict("infer", "cpu", n).value == pytest.approx(want, rel=AGREE)
+    # the cause: without one core's work measured, the waits were charged as work (20x)
+    blind = costs_from_profile(_waited(2, one_core=False), size=32, describe="h200").target_model
+    assert blind.predict("infer", "cpu", 32).value > 5 * quiet.predict("infer", "cpu", 32).value
+    assert two.scale_inputs("infer", "cpu", 32)["work_share"] == pytest.approx(1 / 20)
+
+
+def test_a_wait_on_a_quiet_machine_is_the_stages_own_time():
+    """At one thread with an idle core, wall time beyond the CPU time is a wait on something
+    else (a file, a socket): the target waits as long."""
+    prof = _waited(1)
+    for sp in prof.stages.values():
+        for p in sp.devices["cpu"].points:
+            p.load = 0.2
+    m = costs_from_profile(prof, size=32, describe="h200").target_model
+    assert "work_share" not in m.scale_inputs("infer", "cpu", 32)
+
+
+def test_one_core_of_a_one_thread_measurement():
+    from placer.profile.profiler import one_core_of
+
+    assert one_core_of(2e-3, 1e-3, load=4.0, cores=2) == 1e-3  # waited for a core: its CPU time
+    assert one_core_of(2e-3, 1e-3, load=0.5, cores=2) == 2e-3  # an idle core: the wait is the stage's
+    assert one_core_of(1e-3, 2e-3, load=4.0, cores=2) == 1e-3  # CPU time above the wall (other threads)
+
+
+def test_the_time_outside_ops_is_the_median_of_the_counting_runs(monkeypatch):
+    """Each reading is a difference (CPU time less time inside ops and the counter's probes):
+    a run whose probes read high reads nothing, and the least reading would be that one."""
+    from placer.costmodel import counts
+
+    readings = iter([330e-6, 0.0, 310e-6, 720e-6, 320e-6, 340e-6, 300e-6])
+    monkeypatch.setattr(counts, "_count_once", lambda fn: (None, Work(ops=13, outside_s=next(readings))))
+    _, work = counts.count_work(lambda: None, repeats=7, budget_s=10.0)
+    assert work.outside_s == pytest.approx(320e-6)

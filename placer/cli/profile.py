@@ -123,6 +123,8 @@ def _print(prof, model, at, output) -> None:
             p = model.predict(name, dev, at)
             fc = model.first_call_s(name, dev)
             flag = " (far outside measured sizes)" if p.far_outside else ""
+            if p.fit_spread > 0:
+                flag += f" (fit forms disagree by {p.fit_spread:.0%})"
             t.add_row(name, dev, fit.describe(), f"{fit.loo_error:.0%}", f"{p.value:.4g} s ±{p.rel_error:.0%}{flag}",
                       p.label, "" if fc is None else f"+{fc:.3g} s")
     c.print(t)

@@ -61,6 +61,11 @@ FAR_FACTOR = 10.0
 ONE_POINT_FIXED_SHARE = 0.5
 #: relative error of a prediction away from the only measured size
 ONE_POINT_ERROR = 1.0
+#: a candidate form whose leave-one-out error is within this factor of the chosen one's (or
+#: within :data:`PLAUSIBLE_FLOOR`) fits the points as well, within their noise: where it
+#: disagrees with the chosen form, the prediction is that uncertain (:meth:`SizeFit.disagreement`)
+PLAUSIBLE_FACTOR = 2.0
+PLAUSIBLE_FLOOR = 0.02
 
 
 class SizeFit(BaseModel):
@@ -83,6 +88,11 @@ class SizeFit(BaseModel):
     n_points : int
     valid : bool
         Enough points to estimate the error (as StarPU's "enough measures").
+    alternatives : dict
+        ``[a, b, c]`` of each other candidate form that fits the points about as well
+        (leave-one-out error within :data:`PLAUSIBLE_FACTOR` of the chosen form's or
+        :data:`PLAUSIBLE_FLOOR`, and extrapolating within its own range): where they
+        disagree, the prediction is uncertain by as much.
     """
 
     form: Form
@@ -95,6 +105,7 @@ class SizeFit(BaseModel):
     n_max: float
     n_points: int
     valid: bool = True
+    alternatives: dict[str, list[float]] = Field(default_factory=dict)
 
     def __call__(self, n: float | np.ndarray) -> float | np.ndarray:
         return _eval(self.form, self.a, self.b, self.c, np.asarray(n, dtype=float))
@@ -107,20 +118,34 @@ class SizeFit(BaseModel):
             return float(self.n_min / n)
         return 1.0
 
+    def disagreement(self, n: float) -> float:
+        """How far the :attr:`alternatives` disagree with this form at size ``n``: the largest
+        ``max(alt, this) / min(alt, this) - 1`` (0 without alternatives)."""
+        mine = float(max(self(n), 1e-300))
+        worst = 0.0
+        for form, (a, b, c) in self.alternatives.items():
+            alt = float(max(_eval(form, a, b, c, np.asarray(float(n))), 1e-300))
+            worst = max(worst, max(alt, mine) / min(alt, mine) - 1.0)
+        return worst
+
     def predict(self, n: float, label: Label = "predicted") -> Prediction:
         """Predict at size ``n`` with an error estimate.
 
         The error is the leave-one-out error, grown by half of it again for every
-        decade of extrapolation (a heuristic: errors compound with distance).
+        decade of extrapolation (a heuristic: errors compound with distance), or, where
+        the candidate forms that fit the points as well disagree at ``n`` by more
+        (:meth:`disagreement`, kept as ``fit_spread``), that disagreement.
         """
         x = self.extrapolation(n)
         err = self.loo_error * (1.0 + 0.5 * math.log10(x)) if x > 1 else self.loo_error
+        spread = self.disagreement(n)
         return Prediction(
             value=float(max(self(n), 0.0)),
-            rel_error=float(err),
+            rel_error=float(max(err, spread)),
             label=label,
             extrapolation=x,
             far_outside=x > FAR_FACTOR,
+            fit_spread=float(spread) if spread > err else 0.0,
         )
 
     def describe(self) -> str:
@@ -310,4 +335,6 @@ def fit_size_model(
         if cands[f] < cands[best] * margin:
             best = f
     a, b, c = _fit_form(best, n, y)
-    return SizeFit(form=best, a=a, b=b, c=c, loo_error=cands[best], candidates=cands, **rng)
+    bar = max(PLAUSIBLE_FACTOR * cands[best], PLAUSIBLE_FLOOR)
+    alts = {f: list(_fit_form(f, n, y)) for f in usable if f != best and cands[f] < bar}
+    return SizeFit(form=best, a=a, b=b, c=c, loo_error=cands[best], candidates=cands, alternatives=alts, **rng)

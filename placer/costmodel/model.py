@@ -232,8 +232,9 @@ class CostModel:
         """Seconds of ``stage`` on ``device`` at ``size``, with its error and label."""
         fit = self.fit(stage, device)
         if device in self.described:
-            return fit.predict(size, label="roofline").model_copy(
-                update={"rel_error": max(self.described[device].rel_error, fit.loo_error)})
+            p = fit.predict(size, label="roofline")
+            return p.model_copy(update={"rel_error": max(self.described[device].rel_error, fit.loo_error,
+                                                         p.fit_spread)})
         dp: DeviceProfile = self.profile.stages[stage].devices[device]
         at = [p for p in dp.points if p.size == size]
         if at:
@@ -259,6 +260,13 @@ class CostModel:
         when the load average beyond its own threads left a thread without a core (a
         pool thread waiting for one leaves the others spinning or idle, and the call
         reads as serial); then the time is taken as one core's work.
+
+        ``work_share``: the nearest point's one core's work (:func:`one_core`) over its
+        thread-seconds (the lower quartile times the threads kept busy, or one when those
+        were not told), where less than 1: its threads waited for cores or spun at a
+        barrier (a pool's spinning counts as CPU time), and the target is charged the work,
+        not the waits, so that profiles at one and at several threads, on a quiet or a
+        busy machine, predict the same.
         """
         kw: dict[str, Any] = {}
         sp = self.profile.stages[stage]
@@ -274,6 +282,13 @@ class CostModel:
             if used > 0 and (p.load is None or p.load - used <= max(cores - threads, 0) + 0.5):
                 kw["threads_used"] = used
                 kw["threads"] = threads
+        pts = [(p, one) for p in sp.devices[device].points if p.copied_from is None
+               and (one := one_core(p, threads, cores))]
+        if pts:
+            p, one = min(pts, key=lambda po: abs(np.log(po[0].size / max(size, 1e-9))))
+            busy = fit_value(p) * min(max(kw.get("threads_used", 1.0), 1.0), float(max(threads, 1)))
+            if busy > 0 and one < busy:
+                kw["work_share"] = one / busy
         if sp.work:
             w = min(sp.work, key=lambda w: abs(np.log(w.size / max(size, 1e-9))))
             if w.work.source == "counted":
@@ -397,15 +412,20 @@ class CostModel:
                                          "memory_bytes": e.get("memory_bytes"), "label": e.get("label", "")}.items()
                        if v is not None}
         stages = []
+        noise = self.noise(devs)
         for name, sp in self.profile.stages.items():
-            secs = {d: self.predict(name, d, size).value for d in devs if (name, d) in self._fits}
+            preds = {d: self.predict(name, d, size) for d in devs if (name, d) in self._fits}
+            secs = {d: p.value for d, p in preds.items()}
             peak = {d: b for d in secs if (b := self.peak_bytes(name, d, size)) is not None}
+            # where the fit forms disagree by more than the noise, a flip within that is a tie
+            unsure = {d: p.fit_spread for d, p in preds.items() if p.fit_spread > noise}
             stages.append({"name": name, "kind": sp.kind, "inputs": sp.inputs, "input_bytes": 0.0,
                            "output_bytes": self.output_bytes(name, size), "seconds": secs, "peak_bytes": peak,
-                           "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs)})
+                           "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs),
+                           **({"uncertainty": unsure} if unsure else {})})
         tm = self.transfer_model()
         doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit,
-               "noise": self.noise(devs)}
+               "noise": noise}
         if tm is not None and any(self.devices[d].get("kind") != "cpu" for d in devs):
             doc["link"] = tm.table_link()
         return _cost_table(doc)
@@ -441,6 +461,18 @@ class CostModel:
                 entry[dev] = e
             out[name] = entry
         return out
+
+
+def one_core(p: Point, threads: int, cores: int) -> float | None:
+    """One core's work per call of a measured CPU point: its one-thread measurement
+    (``Point.one_core_s``, taken when profiling at several threads), or, profiled at one
+    thread, its CPU time where that is less than the lower quartile and the machine had no
+    idle core (the thread waited for one; a wait on anything else stays in); else None."""
+    if p.one_core_s:
+        return float(p.one_core_s)
+    if threads <= 1 and p.cpu_s and p.load is not None and p.load >= cores - 0.5 and p.cpu_s < fit_value(p):
+        return float(p.cpu_s)
+    return None
 
 
 def smoothed_outside(work: list) -> list[float]:

@@ -151,6 +151,10 @@ class StageCost(BaseModel):
     pin: str | None = None
     #: each step depends on the previous one (sequential work); used in explanations
     loop_carried: StrictBool = False
+    #: per device, the relative uncertainty of ``seconds`` beyond the table's ``noise`` (fit forms
+    #: that match the measurements as well disagree at this size): a placement whose objective
+    #: is within it of the plan's is a tie
+    uncertainty: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
 
 
 class CostTable(BaseModel):

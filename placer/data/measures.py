@@ -89,6 +89,10 @@ class Prediction(BaseModel):
         beyond the largest or below the smallest).
     far_outside : bool
         ``extrapolation`` exceeds :data:`FAR_FACTOR`.
+    fit_spread : float
+        How far (relative) fit forms that match the measurements about as well disagree
+        at this size, where that exceeds the fit's own error (then ``rel_error`` is at
+        least this); 0 otherwise.
     """
 
     value: float
@@ -96,10 +100,12 @@ class Prediction(BaseModel):
     label: Label = "predicted"
     extrapolation: float = 1.0
     far_outside: bool = False
+    fit_spread: float = 0.0
 
     def __str__(self) -> str:
         flag = " (far outside the measured sizes)" if self.far_outside else ""
-        return f"{self.value:.4g} ±{self.rel_error:.0%} [{self.label}]{flag}"
+        spread = f" (fit forms disagree by {self.fit_spread:.0%})" if self.fit_spread > 0 else ""
+        return f"{self.value:.4g} ±{self.rel_error:.0%} [{self.label}]{flag}{spread}"
 
 
 

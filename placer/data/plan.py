@@ -77,6 +77,8 @@ class Tie(BaseModel):
     #: copies its schedule makes, and stages it runs on the CPU (the tie-break's keys)
     copies: int = 0
     on_cpu: int = 0
+    #: tied only within the uncertainty of stage times the fit forms disagree on (beyond the noise)
+    fits_disagree: bool = False
 
 
 #: how a plan is chosen among placements within the noise of each other

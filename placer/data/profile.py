@@ -56,6 +56,9 @@ class Point(BaseModel):
     cpu_s: Seconds | None = None
     #: a size-independent pipeline: the size whose measurement this point repeats
     copied_from: int | None = None
+    #: process CPU seconds per call at one intra-op thread (one core's work; measured on the CPU
+    #: when profiling at several threads, else None)
+    one_core_s: Seconds | None = None
     #: the load average (1 minute) when the point was measured
     load: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
     peak_host_bytes: Bytes = 0.0
@@ -102,7 +105,7 @@ class StageProfile(BaseModel):
     device_classes: list[str] = Field(default_factory=lambda: ["cpu", "gpu"])
     pin: str | None = None
     #: how the stage was measured: ``{"measured": [sizes], "target_size": N,
-    #: "extrapolated": bool, "rel_error": float, "error_from": "leave-one-out"|"spread"|"none"}``
+    #: "extrapolated": bool, "rel_error": float, "error_from": "leave-one-out"|"fit forms disagree"|"spread"|"none"}``
     coverage: dict[str, Any] = Field(default_factory=dict)
     #: warnings about the stage found while profiling (mutates its input, consumes an iterator)
     warnings: list[str] = Field(default_factory=list)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from placer.devices import get_kind, kinds
-from placer.optimize.problem import Problem
+from placer.optimize.problem import INF, Problem
 from placer.optimize.simulate import makespan, schedule
 
 if TYPE_CHECKING:
@@ -256,19 +256,37 @@ def _refine(at, name, dev, same: float, other: float, steps: int) -> float:
     return math.sqrt(same * other)
 
 
+def uncertainty_slack(pb: Problem, place: list[int]) -> Callable[[list[int]], float] | None:
+    """Seconds by which a placement's time could move against ``place``'s within the stage
+    times' uncertainty (``StageCost.uncertainty``: fit forms that disagree): for each stage
+    placed differently, its uncertain share on both devices. None when no stage is uncertain."""
+    by_name = {st.name: st for st in pb.table.stages}
+    unc = [[by_name[n].uncertainty.get(d, 0.0) for d in pb.devices] for n in pb.names]
+    if not any(any(row) for row in unc):
+        return None
+
+    def slack(p: list[int]) -> float:
+        return sum(unc[v][p[v]] * pb.time[v][p[v]] + unc[v][place[v]] * pb.time[v][place[v]]
+                   for v in range(pb.n) if p[v] != place[v] and pb.time[v][p[v]] < INF)
+
+    return slack
+
+
 def tie_key(pb: Problem, place: list[int]) -> tuple[int, int]:
     """The tie-break's order: fewer copies in the schedule, then more stages on the CPU."""
     return len(schedule(pb, place).transfers), -sum(1 for d in place if pb.loc[d] == 0)
 
 
 def ties(pb: Problem, place: list[int], score: Callable, *, noise: float,
-         flips: list[dict[int, float]] | None = None) -> tuple[list[int], list[tuple[list[int], float]]]:
+         flips: list[dict[int, float]] | None = None,
+         slack: Callable[[list[int]], float] | None = None) -> tuple[list[int], list[tuple[list[int], float]]]:
     """The placement chosen among those within ``noise`` of the best, and the others tied with it.
 
     Candidates are the searched placement, the baselines and every single-stage move
     (``flips``, as :func:`flip_values` computes them). A candidate ties when its
-    objective is within ``noise`` (relative) of the best candidate's; among ties the
-    tie-break rule (:func:`tie_key`) chooses.
+    objective is within ``noise`` (relative) of the best candidate's, plus ``slack(p)``
+    (the objective's own units: how far the uncertain stage times it moves could shift
+    it, :func:`uncertainty_slack`); among ties the tie-break rule (:func:`tie_key`) chooses.
 
     Returns
     -------
@@ -276,7 +294,7 @@ def ties(pb: Problem, place: list[int], score: Callable, *, noise: float,
         The chosen placement, and ``(placement, value)`` of each other tie.
     """
     best = score(place)
-    if noise <= 0:
+    if noise <= 0 and slack is None:
         return place, []
     cands: dict[tuple[int, ...], float] = {tuple(place): best}
     for p in baselines(pb).values():
@@ -290,7 +308,8 @@ def ties(pb: Problem, place: list[int], score: Callable, *, noise: float,
     low = min(cands.values())
     if not math.isfinite(low):
         return place, []
-    tied = [(list(p), val) for p, val in cands.items() if val <= low * (1 + noise) + 1e-12]
+    tied = [(list(p), val) for p, val in cands.items()
+            if val <= low * (1 + noise) + 1e-12 or (slack is not None and val <= low * (1 + noise) + slack(list(p)))]
     tied.sort(key=lambda pv: (*tie_key(pb, pv[0]), pv[1]))
     chosen = tied[0][0]
     return chosen, [(p, val) for p, val in tied[1:]]

@@ -33,6 +33,7 @@ from placer.optimize.explain import (
     reason,
     tie_key,
     ties,
+    uncertainty_slack,
 )
 from placer.optimize.heuristic import heuristic, polish
 from placer.optimize.objectives import get_objective, loads, money
@@ -155,7 +156,10 @@ def plan(
         )
     noise = TIE_NOISE if costs.noise is None else costs.noise
     flips = flip_values(pb, place, lambda p: objective.evaluate(pb, p, deadline_s)) if pb.n <= FLIP_LIMIT else None
-    place, tied = ties(pb, place, lambda p: objective.evaluate(pb, p, deadline_s), noise=noise, flips=flips)
+    # stage times the fit forms disagree on widen the ties by what they could move (objectives in seconds)
+    slack = uncertainty_slack(pb, place) if objective.name in ("makespan", "throughput") else None
+    place, tied = ties(pb, place, lambda p: objective.evaluate(pb, p, deadline_s), noise=noise, flips=flips,
+                       slack=slack)
     value = objective.evaluate(pb, place, deadline_s) if tied else value
     sched = schedule(pb, place)
     if deadline_s is not None and sched.makespan_s > deadline_s * (1 + 1e-9):
@@ -167,7 +171,7 @@ def plan(
                              deadline_s, size, costs.size_unit)
     if cost_at is not None and size:
         _add_crossovers(choices, cost_at, size, objective, method, deadline_s, costs.size_unit, pb)
-    tie_list = _ties(pb, place, tied, choices, noise)
+    tie_list = _ties(pb, place, tied, choices, noise, value)
     return Plan(
         placement=pb.placement(place),
         objective=objective.name,
@@ -191,7 +195,8 @@ def plan(
     )
 
 
-def _ties(pb: Problem, place: list[int], tied: list, choices: list[StageChoice], noise: float) -> list[Tie]:
+def _ties(pb: Problem, place: list[int], tied: list, choices: list[StageChoice], noise: float,
+          value: float | None = None) -> list[Tie]:
     """The ties as plan data; each stage they place elsewhere says so in its reason."""
     mine = pb.placement(place)
     out = []
@@ -200,12 +205,15 @@ def _ties(pb: Problem, place: list[int], tied: list, choices: list[StageChoice],
         differs = {n: d for n, d in other.items() if d != mine[n]}
         out.append(Tie(placement=other, differs=differs, objective_value=val,
                        predicted_makespan_s=makespan(pb, p), copies=tie_key(pb, p)[0],
-                       on_cpu=-tie_key(pb, p)[1]))
+                       on_cpu=-tie_key(pb, p)[1],
+                       fits_disagree=value is not None and max(val, value) > min(val, value) * (1 + noise) + 1e-12))
     for c in choices:
         alts = sorted({t.differs[c.name] for t in out if c.name in t.differs})
         if alts:
-            c.reason += (f"; a tie with {' or '.join(alts)} (predicted within {noise:.0%}, the noise): "
-                         f"chosen by {TIE_RULE}")
+            spread = any(t.fits_disagree for t in out if c.name in t.differs)
+            why = (f"predicted within {noise:.0%}, the noise, or within how far fit forms that match the "
+                   "measurements as well disagree at this size") if spread else f"predicted within {noise:.0%}, the noise"
+            c.reason += f"; a tie with {' or '.join(alts)} ({why}): chosen by {TIE_RULE}"
     return out
 
 

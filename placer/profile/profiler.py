@@ -518,8 +518,10 @@ def coverage(sp: StageProfile, target: int | None) -> dict[str, Any]:
         else:
             fit = fit_size_model([p.size for p in own], [_low(p) for p in own])
             x = fit.extrapolation(target)
-            entry.update(extrapolated=True, rel_error=fit.predict(target).rel_error,
-                         error_from="leave-one-out" if fit.valid else "none (too few sizes)",
+            pred = fit.predict(target)
+            entry.update(extrapolated=True, rel_error=pred.rel_error,
+                         error_from=("fit forms disagree" if pred.fit_spread > 0 else "leave-one-out") if fit.valid
+                         else "none (too few sizes)",
                          extrapolation=x, form=fit.form)
         out[dev] = entry
     return out
@@ -741,9 +743,15 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                                 cold=False, warmup=0, min_reps=3, max_reps=30,
                                 min_time_s=min(MIN_TIMED_S, share / 3), max_time_s=max(min(1.0, share * 0.6), 1e-3),
                                 label=f"stage {n!r} on {d.name} at size {size}", warn=False)
-                    return cold, mem, m
+                    one = None
+                    if on_host and int(prof.machine.get("threads") or 1) > 1:
+                        one = one_core_seconds(call if setup is not None else (lambda: call(inputs)), setup=setup,
+                                               max_time_s=max(min(0.5, share * 0.2), 1e-3),
+                                               cores=int(prof.machine.get("cores") or 1),
+                                               label=f"stage {n!r} on {d.name} at size {size}, one thread")
+                    return cold, mem, m, one
 
-                cold, mem, m = call_with_limit(timed, limit, n, why=WHY)
+                cold, mem, m, one_core = call_with_limit(timed, limit, n, why=WHY)
             except Exception as exc:  # noqa: BLE001 - recorded; other stages still profiled
                 dp.error = f"{type(exc).__name__}: {exc}"
                 notes.append(f"stage {n!r} on {d.name} at size {size} failed: {dp.error}")
@@ -762,7 +770,7 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                                    number_per_run=m.number_per_run, raw_times=m.raw_times,
                                    first_call_s=cold, noisy=m.noisy, stalled=stalled,
                                    single_repeat=m.single_repeat, cpu_s=m.cpu_s, load=m.load,
-                                   peak_host_bytes=mem.host, peak_device_bytes=mem.dev,
+                                   one_core_s=one_core, peak_host_bytes=mem.host, peak_device_bytes=mem.dev,
                                    input_bytes=in_bytes, output_bytes=out_bytes))
         if count:
             work = _count(st, host_inputs if fresh is None else fresh(), in_bytes, out_bytes)
@@ -776,6 +784,33 @@ def _profile_size(p: Pipeline, size: int, todo: list[str], devs: list[Device], p
                     notes.append(msg)
         tick()
     return cold_extra
+
+
+def one_core_seconds(fn: Callable[..., Any], *, setup: Callable[[], Any] | None = None, max_time_s: float = 0.5,
+                     cores: int = 1, label: str = "") -> float | None:
+    """Seconds per call of ``fn`` at one intra-op thread (torch's and numba's): one core's work,
+    whatever the profile's thread count.
+
+    At several threads a pool thread waiting for a core that other work holds leaves the
+    others spinning at the pool's barrier: that CPU time is no work, and the wall time is
+    mostly waiting (a stage of many small ops ran 40x its one-thread time at two threads
+    here), so neither tells one core's work. At one thread there is no barrier: the lower
+    quartile of the wall times, or the CPU time per call where it is less and the machine
+    had no idle core (load average at least ``cores`` less a half: the thread waited for
+    one). A wait on anything else (a file, a socket) stays in. A target's CPU time is
+    scaled from it (:meth:`placer.costmodel.model.CostModel.scale_inputs`). A few calls (one
+    to size the blocks, two timed at least).
+    """
+    with torch_threads(1, numba=True):
+        m = measure(fn, setup=setup, cold=False, warmup=0, min_reps=2, max_reps=5, min_time_s=0.0,
+                    max_time_s=max_time_s, label=label, warn=False)
+    return one_core_of(m.lower_quartile_s, m.cpu_s, m.load, cores)
+
+
+def one_core_of(wall_s: float, cpu_s: float | None, load: float | None, cores: int) -> float:
+    """One core's work of a one-thread measurement (see :func:`one_core_seconds`)."""
+    waited = load is not None and load >= cores - 0.5
+    return float(cpu_s) if waited and cpu_s and cpu_s < wall_s else float(wall_s)
 
 
 _SIM = Device(name=SIM, kind="sim", label="work counter (runs the GPU implementation on the CPU)")

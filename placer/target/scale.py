@@ -168,7 +168,7 @@ class CpuScale(BaseModel):
                 for p in self.points]
 
     def ratio(self, seconds_here: float, *, threads_used: float | None = None, threads: int | None = None,
-              ops: int | None = None, bytes: float | None = None) -> float:
+              ops: int | None = None, bytes: float | None = None, work_share: float | None = None) -> float:
         """Target seconds per second here, for work that took ``seconds_here`` (wall) here.
 
         Parameters
@@ -184,18 +184,34 @@ class CpuScale(BaseModel):
             every thread, the rest on one (serial: scaled by :attr:`dispatch_ratio`).
         ops, bytes : optional
             The work's counted operations and bytes (see :meth:`work_ratio`).
+        work_share : float, optional
+            The share of the measurement's thread-seconds (the wall time times the threads
+            it kept busy, one without ``threads_used``) that was work: one core's CPU time
+            at one thread over them, at most 1. Below 1 the threads waited for cores or
+            spun at a pool's barrier; the work, serial and parallel parts alike, is then
+            that share of it.
+
+        Examples
+        --------
+        A measurement whose wall time was four times one core's work scales as that work:
+
+        >>> from placer.target.scale import CpuScale, ScalePoint
+        >>> s = CpuScale(points=[ScalePoint(seconds=1.0, ratio=0.5)], dispatch_ratio=0.5)
+        >>> s.ratio(4.0), s.ratio(4.0, work_share=0.25)
+        (0.5, 0.125)
         """
         t = max(seconds_here, 1e-12)
+        share = min(max(work_share, 1e-9), 1.0) if work_share is not None else 1.0
         if threads_used is None:
-            return self.work_ratio(t, ops=ops, bytes=bytes)
+            return self.work_ratio(t * share, ops=ops, bytes=bytes) * share
         n = max(threads or self.here_threads, 1)
         used = min(max(threads_used, 1.0), float(n))
         par = (used - 1.0) / (n - 1.0) if n > 1 else 1.0  # fraction of the wall time on every thread
-        work = t * used
+        work = t * used * share
         if par <= 0.0:  # one thread busy at several: serial work
-            return self.dispatch_ratio
-        parallel = self.work_ratio(work, ops=ops, bytes=bytes) * t * par * n
-        return (self.dispatch_ratio * t * (1.0 - par) + parallel) / t
+            return self.dispatch_ratio * share
+        parallel = self.work_ratio(work, ops=ops, bytes=bytes) * t * par * n * share
+        return (self.dispatch_ratio * t * (1.0 - par) * share + parallel) / t
 
     def seconds(self, seconds_here: float, **kw) -> float:
         """``seconds_here`` on the target's CPU (keywords as :meth:`ratio`)."""

@@ -252,7 +252,7 @@ def test_advise_loader_for_a_target_on_a_plain_script(no_calibration):
     assert "NVIDIA H200 machine (predicted)" in str(advice)
 
 
-def test_advise_with_a_target_adds_the_targets_plan_to_the_report_and_json(no_calibration, tmp_path):
+def test_advise_with_a_target_adds_the_targets_plan_to_the_report_and_json(no_calibration, tmp_path, capsys):
     from placer.advisor import advise
     from placer.cli.advise import summary_document
     from placer.report import render_markdown
@@ -268,6 +268,11 @@ def test_advise_with_a_target_adds_the_targets_plan_to_the_report_and_json(no_ca
     assert "predicted, not measured" in render_markdown(advised.facts)
     saved = advised.save(tmp_path / "saved")
     assert json.loads(saved["stream-target-plan-rows"].read_text())["target"] == H200.name
+    from placer.cli.advise import _print  # the console says it too, not only the files
+
+    _print(advised, tmp_path / "r.html", None)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "samples/s predicted on the" in printed and advised.stream_target_plans[0].target_sentence[:30] in printed
     here = advise(slow_stream(sleep_s=0.01, batches=12), budget_s=3.0, target="auto", baselines=False, warmup=False)
     assert not here.stream_target_plans and "target" not in summary_document(here, None)["streams"][0]
 

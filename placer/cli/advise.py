@@ -191,4 +191,9 @@ def _print(advised, output: Path, save: Path | None) -> None:
         c.print(f.bottleneck.sentence, highlight=False, markup=False)
     for a in f.advice:
         c.print(f"  - {a.text}", highlight=False, markup=False)
+    if advised.stream_target_plans:
+        from placer.cli.plan import _print_stream
+
+        for sp in advised.stream_target_plans:  # asked with --target: what that machine would do
+            _print_stream(sp)
     c.print(f"report written to {output}" + (f"; JSON saved in {save}" if save else ""), highlight=False)

@@ -37,6 +37,9 @@ def run(
                                                             "are processes, for pure-Python code that holds the GIL."),
     trace: Path = trace_option(),
     stage_timeout_s: float = stage_timeout_option(),
+    precision: str = typer.Option(None, "--precision", help="STAGE=PRECISION,... runs those stages in fp32, tf32, "
+                                  "bf16 or fp16 (like --placement); auto: the plan's precisions (default: the "
+                                  "plan's when planned, else fp32: nothing changes numerics)."),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
@@ -58,7 +61,7 @@ def run(
                 planned = chosen.stream
             stream = _stream_config(workers, prefetch, cache, planned, processes)
             result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream,
-                             stage_timeout=stage_timeout_s)
+                             stage_timeout=stage_timeout_s, precision=_fixed_precisions(precision, p))
     except StageFailedError as exc:
         write_trace_file(trace, getattr(exc, "run", None))  # a failed run's timeline up to the failure
         saved = _save_failed(exc, output)
@@ -83,11 +86,13 @@ def run(
     if why:
         c.print(f"placement: {why}")
     t = Table(title=f"{result.pipeline}: makespan {result.makespan_s:.4f} s ({result.executor})")
-    cols = ["stage", "device", "lane", "start s", "seconds"] + (["worker"] if scheduler else [])
+    lower = any(s.precision != "fp32" for s in result.stages)
+    cols = ["stage", "device"] + (["precision"] if lower else []) + ["lane", "start s", "seconds"] + (
+        ["worker"] if scheduler else [])
     for col in cols:
         t.add_column(col)
     for s in result.stages:
-        t.add_row(s.name, s.device, s.lane, f"{s.start_s:.4f}", f"{s.seconds:.4f}",
+        t.add_row(s.name, s.device, *([s.precision] if lower else []), s.lane, f"{s.start_s:.4f}", f"{s.seconds:.4f}",
                   *([s.worker or "?"] if scheduler else []))
     c.print(t)
     for tr in result.transfers:
@@ -97,6 +102,15 @@ def run(
         c.print(f"stream {s.source} -> {s.step}: {s.batches} batches, {s.samples_per_s:,.1f} samples/s; "
                 f"the step waited for data {s.consumer_idle_fraction:.0%} of the time")
     c.print(f"outputs digest: {result.outputs_digest}")
+
+
+def _fixed_precisions(text: str | None, pipeline) -> dict[str, str] | None:
+    """``--precision``'s fixed stages (``auto`` adds nothing here: a plan's precisions already apply)."""
+    if not text:
+        return None
+    from placer.precision import parse_precision_option
+
+    return parse_precision_option(text, pipeline.stages)[1]
 
 
 def _save_failed(exc, output: Path | None) -> str:

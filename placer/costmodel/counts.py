@@ -7,7 +7,8 @@ One ``TorchDispatchMode`` sees every aten op a call issues: the forward pass, th
 backward pass (autograd's engine issues its ops through the same dispatcher) and an
 optimizer's update. Floating-point operations come from the formulas of
 ``torch.utils.flop_counter`` (matrix products, convolutions, attention), plus one operation per floating-point
-element each op writes (elementwise work, which that counter leaves out). Bytes moved is the sum over
+element each op writes (elementwise work, which that counter leaves out); the first part is kept apart as
+``tensor_flops``, the work a GPU's tensor cores take in a lower precision. Bytes moved is the sum over
 every aten op of the bytes of its tensor arguments and results: the traffic of a
 device that keeps nothing in cache between kernels, which is how a GPU runs a
 chain of small kernels. Operations issued counts the kernels aten ops launch (one
@@ -32,7 +33,7 @@ from typing import Any
 from placer.data.measures import Work
 
 #: the version of what :func:`count_work` measures; counted work of another version is counted again
-VERSION = "3"
+VERSION = "4"
 
 _PREC = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
@@ -173,6 +174,7 @@ def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
     prec = max(tally["prec"], key=tally["prec"].get) if tally["prec"] else "fp32"
     work = Work(
         flops=float(tally["flops"]) + float(tally["elems"]),
+        tensor_flops=float(tally["flops"]),
         bytes=float(tally["bytes"]),
         ops=max(1, tally["ops"]),
         syncs=tally["syncs"],

@@ -13,6 +13,16 @@ into seconds::
         + max(flops / (peak_flops[precision] * compute_eff),
               bytes / (mem_bandwidth_Bps * memory_eff))
 
+In a lower precision (``precision=`` other than the work's own), the tensor-core part of
+the work (``Work.tensor_flops``: matrix products, convolutions, attention) runs at that
+precision's peak and the rest at the work's own::
+
+    compute = tensor_flops / (peak_flops[precision] * compute_eff)
+              + (flops - tensor_flops) / (peak_flops[work.precision] * compute_eff)
+
+Bytes are kept as counted (an upper bound: autocast halves the bytes of the products'
+inputs), so a memory-bound stage gains nothing from a lower precision.
+
 The host pays its own Python and dispatch (``host_s``), then a launch per kernel
 and a wait per synchronisation, before the device's work hides any of it: ``ops``
 are the kernel launches the stage makes per call and ``syncs`` the times it waits
@@ -127,7 +137,13 @@ class DeviceDescription(BaseModel):
     def predict(self, work: Work, *, precision: str | None = None) -> float:
         """Seconds for ``work`` on this device (steady state, data already there)."""
         prec = precision or work.precision
-        compute = work.flops / (self.peak(prec) * self.compute_eff)
+        if prec != work.precision and work.tensor_flops > 0:
+            tensor = min(work.tensor_flops, work.flops)
+            compute = (tensor / self.peak(prec) + (work.flops - tensor) / self.peak(work.precision)) / self.compute_eff
+        elif prec != work.precision:  # nothing known to run on tensor cores: the precision changes nothing
+            compute = work.flops / (self.peak(work.precision) * self.compute_eff)
+        else:
+            compute = work.flops / (self.peak(prec) * self.compute_eff)
         memory = work.bytes / (self.mem_bandwidth_Bps * self.memory_eff)
         fixed = self.host_factor * work.host_s + work.ops * self.op_overhead_s + work.syncs * self.sync_s
         return self.stage_overhead_s + fixed + max(compute, memory)

@@ -110,6 +110,10 @@ class Work(BaseModel):
     ----------
     flops : float
         Floating-point operations.
+    tensor_flops : float
+        The part of ``flops`` in matrix products, convolutions and attention: what a GPU's
+        tensor cores take in a lower precision (TF32, bf16, fp16); the rest (elementwise,
+        reductions) runs at the ordinary rate. 0 when not counted (an older profile, declared work).
     bytes : float
         Bytes read and written, summed over operations.
     ops : int
@@ -141,6 +145,8 @@ class Work(BaseModel):
         return self.calls or self.ops
 
     flops: float = 0.0
+    #: the part of ``flops`` tensor cores take (matrix products, convolutions, attention)
+    tensor_flops: float = 0.0
     bytes: float = 0.0
     ops: int = 1
     syncs: int = 0

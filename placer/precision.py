@@ -160,3 +160,86 @@ def state() -> dict[str, object]:
         "autocast_cpu": torch.is_autocast_enabled("cpu"),
         "autocast_cuda": torch.is_autocast_enabled("cuda"),
     }
+
+
+#: fp32 mantissa bits TF32 drops (23 kept by fp32, 10 by TF32)
+_TF32_DROPPED = 13
+#: aten ops whose fp32 inputs tensor cores round to TF32 (matrix products, convolutions, attention)
+TF32_OPS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "dot", "vdot", "mv", "addmv", "linear",
+    "convolution", "convolution_backward", "_convolution", "conv1d", "conv2d", "conv3d",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
+})
+
+
+def round_to_tf32(t):
+    """An fp32 tensor rounded to TF32's 10-bit mantissa (to nearest; infinities and NaNs kept), as a
+    GPU's tensor cores read it; any other tensor as it is."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+        return t
+    bits = t.detach().contiguous().view(torch.int32)
+    half, mask = 1 << (_TF32_DROPPED - 1), ~((1 << _TF32_DROPPED) - 1)
+    rounded = ((bits + half) & mask).view(torch.float32).reshape(t.shape)
+    return torch.where(torch.isfinite(t), rounded, t)
+
+
+@contextlib.contextmanager
+def emulated_tf32() -> Iterator[None]:
+    """Run the block on the CPU as TF32 would run it on a GPU: the fp32 inputs of every matrix
+    product, convolution and attention (:data:`TF32_OPS`, backward passes included) rounded to a
+    10-bit mantissa, products accumulated in fp32. An emulation, not a bound: cuBLAS may split
+    sums differently, which moves results by fp32 rounding only."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+
+    class _TF32(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func.namespace == "aten" and func.__name__.split(".")[0] in TF32_OPS:
+                args, kwargs = tree_map(round_to_tf32, (args, kwargs))
+            return func(*args, **kwargs)
+
+    with _TF32():
+        yield
+
+
+#: the products :func:`emulated_autocast` computes in fp32 (attention kernels, whose extra outputs
+#: stay fp32, run as autocast gives them)
+_PRODUCTS = frozenset(n for n in TF32_OPS if "attention" not in n)
+
+
+@contextlib.contextmanager
+def emulated_autocast(precision: str) -> Iterator[None]:
+    """``torch.autocast`` on the CPU in ``precision`` (``bf16``, ``fp16``), with the products computed
+    by fp32 kernels: every matrix product, convolution and attention (:data:`TF32_OPS`) whose inputs
+    autocast made lower-precision reads them exactly in fp32, accumulates in fp32 and rounds its
+    result back to the lower type, as a GPU's tensor cores do. Everything else (casts, elementwise
+    work in the lower type, reductions autocast keeps in fp32) is autocast's own. For a CPU whose own
+    bf16 products are slow (no native bf16: a hundred times fp32's time), this gives autocast's
+    numbers at fp32's speed."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    low = torch.bfloat16 if check_precision(precision) == "bf16" else torch.float16
+
+    def up(x):
+        return x.float() if isinstance(x, torch.Tensor) and x.dtype == low else x
+
+    def down(y):
+        return y.to(low) if isinstance(y, torch.Tensor) and y.dtype == torch.float32 else y
+
+    class _Products(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func.namespace == "aten" and func.__name__.split(".")[0] in _PRODUCTS and any(
+                    isinstance(t, torch.Tensor) and t.dtype == low for t in tree_flatten((args, kwargs))[0]):
+                return tree_map(down, func(*tree_map(up, args), **tree_map(up, kwargs)))
+            return func(*args, **kwargs)
+
+    with torch.autocast(device_type="cpu", dtype=low), _Products():
+        yield

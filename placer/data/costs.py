@@ -151,6 +151,10 @@ class StageCost(BaseModel):
     pin: str | None = None
     #: each step depends on the previous one (sequential work); used in explanations
     loop_carried: StrictBool = False
+    #: device → the lower precision ``seconds`` is for there (absent: fp32; see placer.precision)
+    precision: dict[str, str] = Field(default_factory=dict)
+    #: device → precision → predicted seconds (fp32 and each allowed lower precision): the what-if
+    precision_s: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
 class CostTable(BaseModel):

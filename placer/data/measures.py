@@ -159,6 +159,56 @@ class Work(BaseModel):
 
 
 
+class PrecisionCheck(BaseModel):
+    """A stage run here in a lower precision and compared with fp32 on the profiled input.
+
+    Attributes
+    ----------
+    precision : str
+        ``tf32``, ``bf16`` or ``fp16``.
+    metric : {"outputs", "loss"}
+        What was compared: the stage's outputs (their largest relative difference, by norm),
+        or its loss (a training stage whose output has a ``loss`` or ``losses`` entry).
+    rel_error : float
+        The relative difference from the fp32 run.
+    tolerance : float
+        The stage's tolerance; the precision is chosen only when ``rel_error`` is within it.
+    method : str
+        How the precision was run here (``autocast`` on the CPU, or TF32 emulated by
+        rounding the inputs of matrix products to a 10-bit mantissa).
+    seconds, fp32_seconds : float or None
+        This CPU's time for the stage in that precision and in fp32 (the least of a few
+        runs for a one-shot stage; one run for a stream's stage).
+    size : int or None
+        The size the pipeline was built at for the check.
+    """
+
+    precision: str
+    metric: Literal["outputs", "loss"] = "outputs"
+    rel_error: float = Field(ge=0)
+    tolerance: float = Field(gt=0)
+    method: str = ""
+    seconds: float | None = None
+    fp32_seconds: float | None = None
+    size: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the difference is within the tolerance."""
+        return self.rel_error <= self.tolerance
+
+    def words(self) -> str:
+        """``loss +0.31 % (tolerance 1 %)``: the measured difference, for reasons."""
+        what = "loss" if self.metric == "loss" else "outputs"
+        return f"{what} differ by {_pct(self.rel_error)} (tolerance {_pct(self.tolerance)})"
+
+
+def _pct(x: float) -> str:
+    if x >= 1e6:
+        return "everything (shapes, types or non-finite values differ)"
+    return f"{x:.2%}" if x < 0.1 else f"{x:.0%}"
+
+
 class Link(BaseModel):
     """One way of copying in one direction: ``latency_s + nbytes / bandwidth_Bps``.
 

@@ -1,6 +1,6 @@
 """Checking a lower precision's accuracy here, before it can be chosen.
 
-May import: numpy, placer.data, placer.executor, placer.pipeline, placer.precision; torch inside
+May import: numpy, placer.data, placer.devices, placer.executor, placer.pipeline, placer.precision; torch inside
 functions.
 
 For every stage with allowed lower precisions (:meth:`placer.pipeline.Pipeline.allowed_precisions`),

@@ -178,7 +178,7 @@ def _not_allowed(result: Any, ch: Any, profile: Any, model: Any) -> None:
     ratio = getattr(model, "precision_ratio", None)
     if ratio is None:
         return
-    r = ratio(ch.name, ch.device, "bf16")
+    r = ratio(ch.name, ch.device, "bf16", result.size)
     if r and r > 0 and 1.0 / r >= MUCH_FASTER:
         result.precision_notes.append(
             f"allow bf16 on {ch.name!r} (precision=(\"bf16\",) on the stage, or --precision auto) for a predicted "

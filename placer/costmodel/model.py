@@ -414,9 +414,9 @@ class CostModel:
             doc["link"] = tm.table_link()
         return _cost_table(doc)
 
-    def precision_ratio(self, stage: str, device: str, precision: str) -> float | None:
+    def precision_ratio(self, stage: str, device: str, precision: str, size: float | None = None) -> float | None:
         """Seconds in ``precision`` over seconds in fp32 (:func:`placer.costmodel.precision.ratio`)."""
-        return precision_model.ratio(self, stage, device, precision)
+        return precision_model.ratio(self, stage, device, precision, size)
 
     def _precisions(self, stage: str, secs: dict[str, float], size: float) -> dict[str, Any]:
         """A stage's times per precision and the one planned on each device (see

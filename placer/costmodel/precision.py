@@ -1,11 +1,11 @@
 """A stage's predicted time in each precision it may run in, and the one to plan with.
 
-May import: placer.costmodel.roofline, placer.data. Never torch.
+May import: placer.costmodel.fit, placer.data. Never torch.
 
 A stage's fp32 time comes from the cost model as always. Each lower precision scales it:
 
-- on a **described GPU** (the roofline): by the ratio of the roofline's time in that precision
-  to its time in fp32 for the stage's counted work (nearest counted size), which prices the
+- on a **described GPU** (the roofline): the roofline's time in that precision for the stage's
+  counted work at each counted size, fitted over size like the fp32 one, which prices the
   tensor-core part (``Work.tensor_flops``) at the precision's peak and leaves the rest, the
   memory traffic and the host's time unchanged;
 - on the **CPU**: ``bf16`` and ``fp16`` by the ratio measured here when the precision's accuracy
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from placer.costmodel.fit import fit_size_model
 from placer.data.measures import PrecisionCheck
 
 #: a lower precision must be predicted faster than fp32 by more than this share to be chosen
@@ -39,20 +40,18 @@ def checks(model: Any, stage: str) -> dict[str, PrecisionCheck]:
     return {c.precision: c for c in getattr(sp, "precision_checks", [])} if sp is not None else {}
 
 
-def ratio(model: Any, stage: str, device: str, precision: str) -> float | None:
-    """Seconds in ``precision`` over seconds in fp32 for ``stage`` on ``device`` (None: not predicted)."""
+def ratio(model: Any, stage: str, device: str, precision: str, size: float | None = None) -> float | None:
+    """Seconds in ``precision`` over seconds in fp32 for ``stage`` on ``device`` at ``size`` (default:
+    the largest counted size; None: not predicted)."""
     if precision == "fp32":
         return 1.0
     if device in model.described:
         sp = model.profile.stages[stage]
         if not sp.work:
             return None
-        desc = model.described[device]
-        host = model.host_seconds(stage)
-        i = max(range(len(sp.work)), key=lambda k: sp.work[k].size)
-        w = sp.work[i].work.model_copy(update={"host_s": host[i]})
-        base = desc.predict(w)
-        return desc.predict(w, precision=precision) / base if base > 0 else None
+        at = size if size is not None else max(w.size for w in sp.work)
+        base, low = roofline_at(model, stage, device, at, "fp32"), roofline_at(model, stage, device, at, precision)
+        return low / base if base > 0 else None
     if device == "cpu":
         if precision == "tf32":
             return 1.0
@@ -62,12 +61,22 @@ def ratio(model: Any, stage: str, device: str, precision: str) -> float | None:
     return None
 
 
+def roofline_at(model: Any, stage: str, device: str, size: float, precision: str) -> float:
+    """The roofline's seconds for ``stage`` on the described ``device`` in ``precision``: its time at
+    each counted size (host time included), fitted over size and read at ``size``."""
+    sp = model.profile.stages[stage]
+    desc = model.described[device]
+    pts = [(w.size, desc.predict(w.work.model_copy(update={"host_s": h}), precision=precision))
+           for w, h in zip(sp.work, model.host_seconds(stage))]
+    return float(max(fit_size_model(*zip(*pts))(size), 0.0))
+
+
 def seconds(model: Any, stage: str, device: str, size: float, precisions: list[str] | None = None) -> dict[str, float]:
     """Predicted seconds per precision (fp32 and each checked, or each of ``precisions``) where predicted."""
     base = model.predict(stage, device, size).value
     out = {"fp32": base}
     for p in precisions if precisions is not None else list(checks(model, stage)):
-        r = ratio(model, stage, device, p)
+        r = ratio(model, stage, device, p, size)
         if r is not None:
             out[p] = base * r
     return out

@@ -116,6 +116,9 @@ class Work(BaseModel):
         reductions) runs at the ordinary rate. 0 when not counted (an older profile, declared work).
     bytes : float
         Bytes read and written, summed over operations.
+    tensor_bytes : float
+        The part of ``bytes`` read and written by the ops of ``tensor_flops`` (their inputs and
+        outputs): halved in bf16 or fp16, whose elements take two bytes. 0 when not counted.
     ops : int
         Operations issued (≈ kernel launches on a GPU).
     calls : int
@@ -148,6 +151,8 @@ class Work(BaseModel):
     #: the part of ``flops`` tensor cores take (matrix products, convolutions, attention)
     tensor_flops: float = 0.0
     bytes: float = 0.0
+    #: the part of ``bytes`` the tensor-core ops read and write
+    tensor_bytes: float = 0.0
     ops: int = 1
     syncs: int = 0
     calls: int = 0

@@ -203,14 +203,16 @@ class PrecisionCheck(BaseModel):
         return self.rel_error <= self.tolerance
 
     def words(self) -> str:
-        """``loss +0.31 % (tolerance 1 %)``: the measured difference, for reasons."""
-        what = "loss" if self.metric == "loss" else "outputs"
-        return f"{what} differ by {_pct(self.rel_error)} (tolerance {_pct(self.tolerance)})"
+        """``loss differs by 0.31% (tolerance 1.00%)``: the measured difference, for reasons."""
+        what = "loss differs" if self.metric == "loss" else "outputs differ"
+        return f"{what} by {_pct(self.rel_error)} (tolerance {_pct(self.tolerance)})"
 
 
 def _pct(x: float) -> str:
     if x >= 1e6:
         return "everything (shapes, types or non-finite values differ)"
+    if 0 < x < 1e-4:
+        return f"{x * 100:.1g}%"
     return f"{x:.2%}" if x < 0.1 else f"{x:.0%}"
 
 

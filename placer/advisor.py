@@ -426,6 +426,8 @@ class Chosen:
         The settings to run the pipeline's streams with (None without streams, or when none was planned).
     plans : list of StreamPlan
         The plan of each stream.
+    precision : dict
+        Stage → the lower precision the plan runs it in (absent: fp32).
 
     Unpacks as ``(placement, why)``, as it always has.
     """
@@ -434,6 +436,7 @@ class Chosen:
     why: str
     stream: StreamSettings | None = None
     plans: list = field(default_factory=list)
+    precision: dict = field(default_factory=dict)
 
     def __iter__(self):
         return iter((self.placement, self.why))
@@ -521,7 +524,7 @@ def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, placement: dic
 
 
 def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite | ClusterSite | None = None,
-                   reference: Any = None) -> Chosen:
+                   reference: Any = None, precision: str | None = None) -> Chosen:
     """The plan's placement for ``placer run`` without ``--placement``, and why.
 
     On this machine (the default site) with only a CPU the answer is all-CPU at once.
@@ -553,7 +556,8 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
         return Chosen("all=cpu", "all stages on the CPU: this machine has no GPU")
     try:
         what = pipeline if local else reference or pipeline
-        costs = site.costs(what, size=size, budget_s=RUN_BUDGET_S)
+        extra = {"precision": precision} if precision else {}
+        costs = site.costs(what, size=size, budget_s=RUN_BUDGET_S, **extra)
         chosen = costs.plan(size=size or pipeline.size or costs.size)
     except ClusterError as exc:
         if not isinstance(exc, ClusterProfileError):
@@ -566,7 +570,7 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
         source = f"a {RUN_BUDGET_S:g} s profile" if local else f"a {RUN_BUDGET_S:g} s profile on its workers"
         return Chosen(dict(chosen.placement), (
             f"planned {'' if local else 'for the cluster '}from {source}: predicted makespan "
-            f"{chosen.predicted_makespan_s:.4g} s using {on}"))
+            f"{chosen.predicted_makespan_s:.4g} s using {on}"), precision=dict(chosen.precision))
     failed = "planning failed" if local else "planning for the cluster failed"
     return Chosen("all=cpu", f"all stages on the CPU: {failed} ({str(why).splitlines()[0]})")
 

@@ -38,8 +38,9 @@ def run(
     trace: Path = trace_option(),
     stage_timeout_s: float = stage_timeout_option(),
     precision: str = typer.Option(None, "--precision", help="STAGE=PRECISION,... runs those stages in fp32, tf32, "
-                                  "bf16 or fp16 (like --placement); auto: the plan's precisions (default: the "
-                                  "plan's when planned, else fp32: nothing changes numerics)."),
+                                  "bf16 or fp16 (like --placement); auto: without --placement, the plan may choose tf32 or bf16 "
+                                  "for any torch stage whose accuracy holds here. Default: the plan's choice among "
+                                  "what stages declare, else fp32: nothing changes numerics."),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
@@ -54,14 +55,17 @@ def run(
             p = load_pipeline(pipeline, size)
             why = planned = None
             spec = placement
+            chosen_precision: dict[str, str] = {}
             if spec is None:
                 with open_site(scheduler) as site:
-                    chosen = best_placement(p, p.size, site, reference=pipeline)
+                    chosen = best_placement(p, p.size, site, reference=pipeline, precision=precision)
                 spec, why = chosen
                 planned = chosen.stream
+                chosen_precision = dict(chosen.precision)
             stream = _stream_config(workers, prefetch, cache, planned, processes)
             result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream,
-                             stage_timeout=stage_timeout_s, precision=_fixed_precisions(precision, p))
+                             stage_timeout=stage_timeout_s,
+                             precision={**chosen_precision, **(_fixed_precisions(precision, p) or {})})
     except StageFailedError as exc:
         write_trace_file(trace, getattr(exc, "run", None))  # a failed run's timeline up to the failure
         saved = _save_failed(exc, output)
@@ -105,7 +109,7 @@ def run(
 
 
 def _fixed_precisions(text: str | None, pipeline) -> dict[str, str] | None:
-    """``--precision``'s fixed stages (``auto`` adds nothing here: a plan's precisions already apply)."""
+    """``--precision``'s fixed stages (``auto`` is the plan's: see :func:`placer.advisor.best_placement`)."""
     if not text:
         return None
     from placer.precision import parse_precision_option

@@ -207,3 +207,18 @@ def test_run_precision_option_runs_the_stage_in_bf16_and_records_it(tmp_path):
         "load": "fp32", "normalise": "fp32", "train": "bf16", "evaluate": "fp32"}
     bad = _cli("run", "pipelines/mnist_mlp.py", "--size", "256", "--placement", "all=cpu", "--precision", "trian=bf16")
     assert bad.returncode == 2 and "no stage 'trian'" in bad.stderr
+
+
+def test_the_report_shows_a_precision_column_only_when_a_stage_ran_in_a_lower_one():
+    from placer.report import collect
+    from placer.report.render import render_html, render_markdown
+
+    p = matmul_pipeline()
+    plain = render_markdown(collect(run=execute(p, "all=cpu"), pipeline=p))
+    assert "| stage | kind | device | predicted" in plain or "| stage | kind | device |" in plain
+    assert "precision |" not in plain
+    facts = collect(run=execute(p, "all=cpu", precision={"product": "bf16"}), pipeline=p)
+    assert [r.precision for r in facts.stages] == ["fp32", "bf16"]
+    md = render_markdown(facts)
+    assert "## Stages\n\n| stage | kind | device | precision |" in md and "| bf16 |" in md
+    assert "<th rowspan=\"2\">precision</th>" in render_html(facts)

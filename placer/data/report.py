@@ -133,6 +133,8 @@ class StageRow(BaseModel):
     reason: str = ""
     crossover_size: float | None = None
     loop_carried: bool = False
+    #: the precision it ran in (the run's record), else the plan's (``fp32``: nothing changed)
+    precision: str = "fp32"
 
 
 class Bar(BaseModel):

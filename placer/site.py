@@ -74,8 +74,15 @@ class LocalSite:
         ``auto``) are run here and compared with fp32 (:mod:`placer.profile.precision`); stages
         ``precision`` fixes (``"train=bf16"``) are planned in that precision.
         """
+        built = None
+        if precision:  # a mistake in --precision is named before anything is measured
+            from placer.loader import load_pipeline
+            from placer.precision import parse_precision_option
+
+            built = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline, size)
+            parse_precision_option(precision, built.stages)
         prof = self.measure(pipeline, size=size, budget_s=budget_s, **profile_options)
-        fixed = attach_precision_checks(prof, pipeline, size, precision)
+        fixed = attach_precision_checks(prof, built if built is not None else pipeline, size, precision)
         costs = costs_from_profile(prof, size=size, describe=describe, inventory=self.inventory())
         for model in {id(m): m for m in (costs.model, costs.target_model)}.values():
             model.fixed_precision = dict(fixed)

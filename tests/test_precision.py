@@ -222,3 +222,10 @@ def test_the_report_shows_a_precision_column_only_when_a_stage_ran_in_a_lower_on
     md = render_markdown(facts)
     assert "## Stages\n\n| stage | kind | device | precision |" in md and "| bf16 |" in md
     assert "<th rowspan=\"2\">precision</th>" in render_html(facts)
+
+
+def test_plan_names_a_wrong_precision_option_before_profiling():
+    res = _cli("plan", "pipelines/mnist_mlp.py", "--size", "64", "--precision", "train=half")
+    assert res.returncode != 0 and "stage 'train': unknown precision 'half'" in res.stderr
+    res = _cli("plan", "--costs", "x.json", "--precision", "auto")
+    assert res.returncode == 2 and "--precision checks a lower precision's accuracy" in res.stderr

@@ -119,3 +119,18 @@ def test_a_fixed_precision_is_planned_as_it_is():
     plan = costs.plan(target=True, devices=["cpu", "gpu:0"])
     train = next(s for s in plan.stages if s.name == "train")
     assert train.precision == "tf32" and "fixed by --precision" in train.reason
+
+
+def test_advise_facts_for_the_target_carry_times_checks_and_reasons():
+    from placer.advisor import precision_facts
+    from placer.data.report import TargetPlan
+
+    prof = synthetic({"train": [check("tf32", 2e-5), check("bf16", 3e-3)], "sums": [check("bf16", 0.04)]})
+    costs = costs_from_profile(prof, size=800, describe="h200")
+    facts = precision_facts(costs.plan(target=True, devices=["cpu", "gpu:0"]), prof)
+    assert facts["precision"] == {"train": "bf16"}
+    assert set(facts["precision_s"]["train"]["gpu:0"]) == {"fp32", "tf32", "bf16"}
+    assert [c["precision"] for c in facts["precision_checks"]["train"]] == ["tf32", "bf16"]
+    assert "bf16 not chosen" in facts["precision_reasons"]["sums"]
+    tp = TargetPlan(device="gpu:0", label="H200", placement={}, predicted_s=1.0, **facts)  # the report keeps them
+    assert tp.precision == {"train": "bf16"} and tp.precision_checks["sums"][0]["rel_error"] == 0.04

@@ -102,3 +102,19 @@ def test_a_stage_summing_many_small_values_is_refused_bf16_and_keeps_tf32():
     prod = checks["product"][0]
     assert prod.precision == "bf16" and prod.ok and prod.tolerance == 0.05
     assert prod.seconds is not None and prod.fp32_seconds is not None
+
+
+def test_the_plan_refuses_bf16_to_the_summing_stage_and_says_why(tmp_path, monkeypatch):
+    """End to end here: profile, check, plan for the H200: the summing stage is not given bf16 on any
+    device, and its reason names the measured difference and the tolerance."""
+    from placer.site import LocalSite
+
+    monkeypatch.setenv("PLACER_CACHE_DIR", str(tmp_path))
+    costs = LocalSite(cache=False).costs(summing_pipeline(), size=None, budget_s=2.0, describe="h200")
+    checks = {c.precision: c for c in costs.profile.stages["total"].precision_checks}
+    assert not checks["bf16"].ok and checks["tf32"].ok
+    plan = costs.plan(target=True)
+    total = next(s for s in plan.stages if s.name == "total")
+    assert total.precision != "bf16" and plan.precision.get("total") != "bf16"
+    assert "bf16 not chosen: outputs differ by" in total.reason and "(tolerance 1.00%)" in total.reason
+    assert all("bf16" in times for times in total.precision_s.values())  # the what-if still lists it

@@ -30,8 +30,6 @@ from placer.data.measures import PrecisionCheck
 
 #: a lower precision must be predicted faster than fp32 by more than this share to be chosen
 MIN_GAIN = 0.05
-#: a precision the user has not allowed is pointed out when predicted this many times faster
-MUCH_FASTER = 2.0
 
 
 def checks(model: Any, stage: str) -> dict[str, PrecisionCheck]:
@@ -93,12 +91,3 @@ def choose(model: Any, stage: str, device: str, times: dict[str, float], fixed: 
         if p != "fp32" and p in ok and ok[p].ok and t < times["fp32"] * (1 - MIN_GAIN) and t < times[best]:
             best = p
     return best
-
-
-def tensor_share(model: Any, stage: str) -> float | None:
-    """The share of the stage's counted FLOPs that tensor cores take (largest counted size), or None."""
-    sp = model.profile.stages.get(stage)
-    if sp is None or not sp.work:
-        return None
-    w = max(sp.work, key=lambda w: w.size).work
-    return w.tensor_flops / w.flops if w.flops > 0 else None

@@ -229,3 +229,8 @@ def test_plan_names_a_wrong_precision_option_before_profiling():
     assert res.returncode != 0 and "stage 'train': unknown precision 'half'" in res.stderr
     res = _cli("plan", "--costs", "x.json", "--precision", "auto")
     assert res.returncode == 2 and "--precision checks a lower precision's accuracy" in res.stderr
+
+
+def test_run_refuses_auto_with_a_fixed_placement():
+    res = _cli("run", "pipelines/mnist_mlp.py", "--size", "64", "--placement", "all=cpu", "--precision", "auto")
+    assert res.returncode == 2 and "--precision auto lets the plan choose" in res.stderr

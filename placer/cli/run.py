@@ -50,6 +50,9 @@ def run(
     from placer.loader import load_pipeline
     from placer.site import open_site
 
+    if precision and placement is not None and "auto" in [x.strip().lower() for x in precision.split(",")]:
+        usage("--precision auto lets the plan choose precisions, and --placement skips the plan; drop "
+              "--placement, or fix stages with --precision STAGE=PRECISION")
     try:
         with stage_timeout(stage_timeout_s):
             p = load_pipeline(pipeline, size)

@@ -212,7 +212,18 @@ def target_step(costs: Costs, target: str, objective: str = "makespan") -> dict[
             "cpu_cores": on.cores if on is not None else here.get("cores"),
             "cpu_source": "described" if on is not None else "this machine",
             "ties": [t.model_dump() for t in getattr(p, "ties", [])],
-            "notes": list(costs.target_notes)}
+            "notes": list(costs.target_notes), **precision_facts(p, costs.profile)}
+
+
+def precision_facts(plan: Any, profile: Any) -> dict[str, Any]:
+    """A plan's precisions as report data: per stage the precision, the times per precision, the
+    accuracy checks and the reason (stages with a lower precision allowed or fixed), and the notes."""
+    stages = [s for s in plan.stages if s.precision_s]
+    checks = {n: [c.model_dump() for c in sp.precision_checks] for n, sp in profile.stages.items()
+              if sp.precision_checks}
+    return {"precision": dict(plan.precision), "precision_s": {s.name: s.precision_s for s in stages},
+            "precision_checks": checks, "precision_reasons": {s.name: s.reason for s in stages},
+            "precision_notes": list(plan.precision_notes)}
 
 
 class _Timed:
@@ -248,7 +259,8 @@ def _baseline_runs(p: Pipeline, plan_run: Any, accelerator: str | None, run: Cal
     """Measured runs of the baselines; a baseline equal to a placement already run reuses it."""
     runs: dict[str, Any] = {}
     for key, placement in baseline_placements(p, accelerator).items():
-        same = next((r for r in [plan_run, *runs.values()] if r.placement == placement), None)
+        same = next((r for r in [plan_run, *runs.values()] if r.placement == placement
+                     and all(getattr(s, "precision", "fp32") == "fp32" for s in r.stages)), None)
         runs[key] = same or timed(f"run {key.replace('_', '-')}", lambda pl=placement: run(pl))
     return runs
 
@@ -268,6 +280,7 @@ def advise(
     step: Callable[[str], Any] = _no_step,
     scheduler: Any = None,
     progress: Any = None,
+    precision: str | None = None,
 ) -> Advised:
     """Profile, plan, run the plan and the baselines that can run here, and gather the facts.
 
@@ -305,6 +318,10 @@ def advise(
     progress : rich.progress.Progress, optional
         A live display to add the profiling task (percent done, ETA) to; profiling
         on this machine only.
+    precision : str, optional
+        ``--precision``'s text: ``auto`` (every torch stage may take tf32 or bf16, each checked
+        for accuracy here first) and/or ``STAGE=PRECISION`` pairs, each fixing a stage's precision.
+        Stages' own declarations (``precision=`` on a stage or the pipeline) apply either way.
 
     Returns
     -------
@@ -312,13 +329,13 @@ def advise(
     """
     with open_site(scheduler, inventory=inventory, executor=executor, cache=cache) as site:
         return advise_on(site, pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
-                         baselines=baselines, warmup=warmup, step=step, progress=progress)
+                         baselines=baselines, warmup=warmup, step=step, progress=progress, precision=precision)
 
 
 def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: int | None = None,
               budget_s: float = DEFAULT_BUDGET_S, target: str | None = "auto", objective: str = "makespan",
               baselines: bool = True, warmup: bool = True, step: Callable[[str], Any] = _no_step,
-              progress: Any = None) -> Advised:
+              progress: Any = None, precision: str | None = None) -> Advised:
     """:func:`advise` at a :mod:`site <placer.site>`: this machine or a cluster, the same steps."""
     from placer.report import collect
 
@@ -333,18 +350,22 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
     local = isinstance(site, LocalSite)
     t = resolve_target(target, site.inventory()) if local else None
     shown = {"progress": progress} if local and progress is not None else {}
+    if precision:
+        shown["precision"] = precision
     costs = timed("profile" if local else "profile on the cluster",
                   lambda: site.costs(pipeline, size=size, budget_s=budget_s, describe=t, **shown))
     chosen = timed("plan", lambda: costs.plan(objective=objective, size=size))
     tgt = timed("target", lambda: target_step(costs, t, objective)) if t else None
 
-    def run(placement: Mapping[str, str]) -> Any:
+    def run(placement: Mapping[str, str], precision: Mapping[str, str] | None = None) -> Any:
+        if precision:
+            return site.execute(p, placement, warmup=warmup, precision=precision)
         return site.execute(p, placement, warmup=warmup)
 
     table = costs.table(size, [*costs.devices, *costs.described])
     predictions = costs.predictions(size)
     try:
-        plan_run = timed("run plan", lambda: run(chosen.placement))
+        plan_run = timed("run plan", lambda: run(chosen.placement, chosen.precision))
         acc = next((d for d in costs.devices if d != "cpu"), None)
         runs = _baseline_runs(p, plan_run, acc, run, timed) if baselines else {}
     except StageFailedError as exc:  # keep what was made: the caller may save it (`advise --save`)
@@ -410,6 +431,8 @@ class Chosen:
         The settings to run the pipeline's streams with (None without streams, or when none was planned).
     plans : list of StreamPlan
         The plan of each stream.
+    precision : dict
+        Stage → the lower precision the plan runs it in (absent: fp32).
 
     Unpacks as ``(placement, why)``, as it always has.
     """
@@ -418,6 +441,7 @@ class Chosen:
     why: str
     stream: StreamSettings | None = None
     plans: list = field(default_factory=list)
+    precision: dict = field(default_factory=dict)
 
     def __iter__(self):
         return iter((self.placement, self.why))
@@ -541,7 +565,7 @@ def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, placement: dic
 
 
 def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite | ClusterSite | None = None,
-                   reference: Any = None) -> Chosen:
+                   reference: Any = None, precision: str | None = None) -> Chosen:
     """The plan's placement for ``placer run`` without ``--placement``, and why.
 
     On this machine (the default site) with only a CPU the answer is all-CPU at once.
@@ -573,7 +597,8 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
         return Chosen("all=cpu", "all stages on the CPU: this machine has no GPU")
     try:
         what = pipeline if local else reference or pipeline
-        costs = site.costs(what, size=size, budget_s=RUN_BUDGET_S)
+        extra = {"precision": precision} if precision else {}
+        costs = site.costs(what, size=size, budget_s=RUN_BUDGET_S, **extra)
         chosen = costs.plan(size=size or pipeline.size or costs.size)
     except ClusterError as exc:
         if not isinstance(exc, ClusterProfileError):
@@ -586,7 +611,7 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
         source = f"a {RUN_BUDGET_S:g} s profile" if local else f"a {RUN_BUDGET_S:g} s profile on its workers"
         return Chosen(dict(chosen.placement), (
             f"planned {'' if local else 'for the cluster '}from {source}: predicted makespan "
-            f"{chosen.predicted_makespan_s:.4g} s using {on}"))
+            f"{chosen.predicted_makespan_s:.4g} s using {on}"), precision=dict(chosen.precision))
     failed = "planning failed" if local else "planning for the cluster failed"
     return Chosen("all=cpu", f"all stages on the CPU: {failed} ({str(why).splitlines()[0]})")
 

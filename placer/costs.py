@@ -105,8 +105,11 @@ class Costs:
         def cost_at(s: float) -> CostTable:
             return self.table(s, devices, target=target)
 
-        result = plan(cost_at(at), objective=objective, method=method, deadline_s=deadline_s,
+        table = cost_at(at)
+        result = plan(table, objective=objective, method=method, deadline_s=deadline_s,
                       cost_at=cost_at, size=at)
+        model = self.target_model if target else self.model
+        plan_precisions(result, table, self.profile, model)
         why = self.no_accelerator_reason
         if target and self.target is not None:
             result.warnings += [n for n in self.target_notes if n not in result.warnings]
@@ -117,4 +120,80 @@ class Costs:
         return result
 
 
-__all__ = ["Costs"]
+#: a precision not allowed is pointed out when predicted at least this many times faster
+MUCH_FASTER = 2.0
+
+
+def plan_precisions(result: Any, table: CostTable, profile: Any, model: Any = None) -> None:
+    """Give ``result`` (a Plan) each stage's planned precision, the what-if times per precision and
+    the reason with both numbers (predicted time, measured difference); with ``model``, a note for
+    a stage that allows no lower precision where one is predicted :data:`MUCH_FASTER` or more."""
+    by = {st.name: st for st in table.stages}
+    for ch in result.stages:
+        sc = by.get(ch.name)
+        if sc is None:
+            continue
+        if not sc.precision_s:
+            _not_allowed(result, ch, profile, model)
+            continue
+        ch.precision_s = {d: dict(t) for d, t in sc.precision_s.items()}
+        ch.precision = sc.precision.get(ch.device, "fp32")
+        if ch.precision != "fp32":
+            result.precision[ch.name] = ch.precision
+        words = precision_reason(ch.name, ch.device, ch.precision, ch.precision_s.get(ch.device, {}), profile)
+        if words:
+            ch.reason = f"{ch.reason}; {words}" if ch.reason else words
+
+
+def precision_reason(stage: str, device: str, chosen: str, times: dict[str, float], profile: Any) -> str:
+    """Why ``stage`` runs in ``chosen`` on ``device``: both numbers for the chosen precision, and why each
+    other allowed one was not chosen."""
+    sp = profile.stages.get(stage) if profile is not None else None
+    checks = {c.precision: c for c in getattr(sp, "precision_checks", [])}
+    fp32 = times.get("fp32")
+    parts = []
+    if chosen != "fp32" and fp32:
+        share = _tensor_share(sp)
+        txt = f"{chosen} on {device}: {_ms(times[chosen])} against {_ms(fp32)} in fp32"
+        if share is not None:
+            txt += f", predicted from {share:.0%} tensor-core FLOPs"
+        if chosen in checks:
+            txt += f"; {checks[chosen].words()}"
+        else:
+            txt += " (fixed by --precision; accuracy not checked)"
+        parts.append(txt)
+    for p, c in checks.items():
+        if p == chosen:
+            continue
+        if not c.ok:
+            parts.append(f"{p} not chosen: {c.words()}")
+        elif p in times and fp32:
+            parts.append(f"{p} not chosen: {_ms(times[p])} against {_ms(fp32)} in fp32 on {device}")
+        else:
+            parts.append(f"{p} not chosen: no prediction for it on {device}")
+    return "; ".join(parts)
+
+
+def _not_allowed(result: Any, ch: Any, profile: Any, model: Any) -> None:
+    ratio = getattr(model, "precision_ratio", None)
+    if ratio is None:
+        return
+    r = ratio(ch.name, ch.device, "bf16", result.size)
+    if r and r > 0 and 1.0 / r >= MUCH_FASTER:
+        result.precision_notes.append(
+            f"allow bf16 on {ch.name!r} (precision=(\"bf16\",) on the stage, or --precision auto) for a predicted "
+            f"{1.0 / r:.1f}x on {ch.device}; placer measures its accuracy here before choosing it")
+
+
+def _tensor_share(sp: Any) -> float | None:
+    if sp is None or not sp.work:
+        return None
+    w = max(sp.work, key=lambda w: w.size).work
+    return w.tensor_flops / w.flops if w.flops > 0 and w.tensor_flops > 0 else None
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+
+
+__all__ = ["Costs", "plan_precisions"]

@@ -1,6 +1,7 @@
 """Declaring stages and building and validating the pipeline's graph.
 
-May import: networkx, pydantic, placer.errors, placer.devices (device names). Never
+May import: networkx, pydantic, placer.errors, placer.devices (device names), placer.precision
+(precision names). Never
 torch, dask or numba: planning and validation must stay fast and importable anywhere.
 
 A pipeline is a :class:`networkx.DiGraph` whose nodes are stage names, each node
@@ -34,6 +35,7 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from placer.devices import implementation_class
+from placer.precision import check_allowed, check_precision
 from placer.errors import (
     CycleError,
     DanglingInputError,
@@ -139,6 +141,17 @@ class Stage(BaseModel):
         numbers, strings, tuples of them), equal for batches that are the same in any
         epoch. With it a cache point holds outputs by key, so a source that reshuffles
         its batches each epoch can be cached.
+    precision : tuple of str, optional
+        Lower precisions the stage may run in (``("tf32", "bf16")``, see
+        :mod:`placer.precision`); None takes the pipeline's default, ``()`` allows none.
+        Nothing changes numerics unless allowed here, by the pipeline or by the user.
+    tolerance : float, optional
+        The relative difference from fp32 (of the outputs, or the loss of a training
+        stage) a lower precision may make and still be chosen (default
+        :data:`placer.precision.DEFAULT_TOLERANCE`).
+    run_precision : str
+        The precision the stage runs in (set by the executor from a plan or
+        ``--precision``; ``fp32`` changes nothing).
 
     Examples
     --------
@@ -176,6 +189,22 @@ class Stage(BaseModel):
     random: bool = False
     #: a source: the key of each batch it yields, for a cache that survives reshuffling
     cache_key: Callable[[Any], Any] | None = None
+    #: lower precisions the stage may run in (None: the pipeline's default; see placer.precision)
+    precision: tuple[str, ...] | None = None
+    #: the relative difference from fp32 a lower precision may make (None: the default)
+    tolerance: float | None = Field(None, gt=0)
+    #: the precision the stage runs in (fp32: nothing changed)
+    run_precision: str = "fp32"
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, v: Any, info) -> Any:
+        return check_allowed(v, stage=info.data.get("name"))
+
+    @field_validator("run_precision", mode="before")
+    @classmethod
+    def _run_precision(cls, v: Any, info) -> Any:
+        return check_precision(v, stage=info.data.get("name"), field="run_precision")
 
     @field_validator("kind")
     @classmethod
@@ -279,13 +308,16 @@ class Pipeline:
         The scale the pipeline was built at (``build(size)``).
     size_unit : str
         What ``size`` counts (rows, images, samples, ...); reports and advice use it.
+    precision : tuple of str
+        Lower precisions every stage that declares none may run in (default: none).
     """
 
     def __init__(self, name: str = "pipeline", graph: nx.DiGraph | None = None, *,
-                 size: int | None = None, size_unit: str = "rows"):
+                 size: int | None = None, size_unit: str = "rows", precision: Iterable[str] | str = ()):
         self.name = name
         self.size = size
         self.size_unit = size_unit
+        self.precision = check_allowed(precision) or ()
         self.graph = nx.DiGraph(name=name)
         if graph is not None:
             self._adopt(graph)
@@ -318,6 +350,8 @@ class Pipeline:
         flops: float | None = None,
         bytes_moved: float | None = None,
         random: bool = False,
+        precision: Iterable[str] | str | None = None,
+        tolerance: float | None = None,
         **stream: Any,
     ) -> Callable[[Callable], Callable]:
         """Decorator declaring a stage from a function.
@@ -332,6 +366,8 @@ class Pipeline:
         batch (see :meth:`source` and :meth:`step`); ``random=True`` says its output
         differs between epochs, so it is never cached. A per-batch function may take
         ``batch_info`` (a :class:`~placer.stream.BatchInfo`: epoch, index, a seed).
+        ``precision`` lists the lower precisions it may run in and ``tolerance`` the
+        difference from fp32 they may make (see :class:`Stage`).
         """
         reserved = (STATE,) if stream.get("role") == "step" else ()
 
@@ -375,6 +411,8 @@ class Pipeline:
                         flops=flops,
                         bytes_moved=bytes_moved,
                         random=random,
+                        precision=check_allowed(precision, stage=sname),
+                        tolerance=tolerance,
                         **stream,
                         **{slot: impl},
                     )
@@ -434,6 +472,8 @@ class Pipeline:
         api: str | None = None,
         pin: str | None = None,
         params: Mapping[str, Any] | None = None,
+        precision: Iterable[str] | str | None = None,
+        tolerance: float | None = None,
     ) -> Callable[[Callable], Callable]:
         """Decorator declaring the step that consumes a stream, batch by batch, in order.
 
@@ -445,7 +485,7 @@ class Pipeline:
         may have a device-agnostic torch function or separate CPU and GPU ones.
         """
         return self.stage(name, kind=kind, inputs=inputs, device=device, api=api, pin=pin, params=params,
-                          role="step", init=init)
+                          role="step", init=init, precision=precision, tolerance=tolerance)
 
     def _adopt(self, graph: nx.DiGraph) -> None:
         for node, data in graph.nodes(data=True):
@@ -477,6 +517,30 @@ class Pipeline:
     def stages(self) -> dict[str, Stage]:
         """Stages by name, in declaration order."""
         return {n: d["stage"] for n, d in self.graph.nodes(data=True)}
+
+    def allowed_precisions(self, name: str) -> tuple[str, ...]:
+        """The lower precisions stage ``name`` may run in: its own declaration, else the pipeline's default."""
+        st = self.stages[name]
+        return st.precision if st.precision is not None else tuple(getattr(self, "precision", ()))
+
+    def with_precision(self, precision: Mapping[str, str]) -> Pipeline:
+        """A copy whose stages run in the given precisions (stage → name; others as they are).
+
+        Raises :class:`~placer.errors.PipelineError` naming an unknown stage or precision.
+        """
+        stages = self.stages
+        for n, v in precision.items():
+            if n not in stages:
+                raise PipelineError(f"precision for unknown stage {n!r}; stages: {', '.join(stages)}", stage=n)
+            check_precision(v, stage=n)
+        g = self.graph.copy()
+        for n, v in precision.items():
+            g.nodes[n]["stage"] = stages[n].model_copy(update={"run_precision": check_precision(v, stage=n)})
+        out = Pipeline.__new__(Pipeline)
+        out.__dict__.update(self.__dict__)
+        out.graph = g
+        out._order_cache = None
+        return out
 
     def validate(self) -> Pipeline:
         """Check the graph; raise a :class:`~placer.errors.PipelineError` naming the stage."""

@@ -1,7 +1,7 @@
 """Where work happens: this machine, or a dask.distributed cluster.
 
 May import: placer.{costs,devices,errors,pipeline,data}; placer.profile, placer.costmodel,
-placer.target, placer.executor and placer.cluster inside methods, so that importing a site
+placer.target, placer.executor, placer.loader, placer.precision and placer.cluster inside methods, so that importing a site
 stays cheap.
 
 A site answers the three questions the advise flow (:mod:`placer.advisor`) asks of
@@ -67,24 +67,42 @@ class LocalSite:
         return profile(pipeline, size=size, budget_s=budget_s, inventory=self.inventory(), **options)
 
     def costs(self, pipeline: Any, *, size: int | None, budget_s: float | None, describe: str | None = None,
-              **profile_options: Any) -> Costs:
-        """Profile ``pipeline`` here and fit the cost model (with ``describe``: a device this machine lacks)."""
+              precision: str | None = None, **profile_options: Any) -> Costs:
+        """Profile ``pipeline`` here and fit the cost model (with ``describe``: a device this machine lacks).
+
+        Each stage's allowed lower precisions (declared, or every torch stage's with ``precision``
+        ``auto``) are run here and compared with fp32 (:mod:`placer.profile.precision`); stages
+        ``precision`` fixes (``"train=bf16"``) are planned in that precision.
+        """
+        built = None
+        if precision:  # a mistake in --precision is named before anything is measured
+            from placer.loader import load_pipeline
+            from placer.precision import parse_precision_option
+
+            built = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline, size)
+            parse_precision_option(precision, built.stages)
         prof = self.measure(pipeline, size=size, budget_s=budget_s, **profile_options)
-        return costs_from_profile(prof, size=size, describe=describe, inventory=self.inventory())
+        fixed = attach_precision_checks(prof, built if built is not None else pipeline, size, precision)
+        costs = costs_from_profile(prof, size=size, describe=describe, inventory=self.inventory())
+        for model in {id(m): m for m in (costs.model, costs.target_model)}.values():
+            model.fixed_precision = dict(fixed)
+        return costs
 
     def execute(self, pipeline: Pipeline, placement: Mapping[str, str] | str, *, warmup: bool = False,
-                stream: Any = None):
+                stream: Any = None, precision: Mapping[str, str] | None = None):
         """Run ``placement`` here (once untimed first with ``warmup``) and return the measured run.
 
-        ``stream`` (a :class:`~placer.stream.StreamConfig`) says how the pipeline's streams run.
+        ``stream`` (a :class:`~placer.stream.StreamConfig`) says how the pipeline's streams run;
+        ``precision`` (stage → precision) what stages run in (default: fp32).
         """
         from placer.executor import execute
 
         inv = self.inventory()
         spec = placement if isinstance(placement, str) else dict(placement)
         if warmup:
-            execute(pipeline, spec, executor=self.executor, inventory=inv, stream=stream)
-        return execute(pipeline, spec, executor=self.executor, inventory=inv, size=pipeline.size, stream=stream)
+            execute(pipeline, spec, executor=self.executor, inventory=inv, stream=stream, precision=precision)
+        return execute(pipeline, spec, executor=self.executor, inventory=inv, size=pipeline.size, stream=stream,
+                       precision=precision)
 
 
 class ClusterSite:
@@ -109,8 +127,11 @@ class ClusterSite:
         return self._inventory
 
     def costs(self, pipeline: Any, *, size: int | None, budget_s: float | None, describe: str | None = None,
-              **options: Any) -> Costs:
+              precision: str | None = None, **options: Any) -> Costs:
         """Profile ``pipeline`` on the workers and measure the network (:func:`placer.cluster.cluster_costs`).
+
+        Lower precisions are not planned on a cluster (``precision`` is ignored; a run may still fix
+        one with ``execute(..., precision=)``).
 
         A described device is not planned on a cluster: ``describe`` is ignored.
         """
@@ -121,15 +142,36 @@ class ClusterSite:
         return costs
 
     def execute(self, pipeline: Pipeline, placement: Mapping[str, str] | str, *, warmup: bool = False,
-                stream: Any = None):
+                stream: Any = None, precision: Mapping[str, str] | None = None):
         """Run ``placement`` on the cluster (once untimed first with ``warmup``); a stream's CPU per-batch
         stages run there as tasks, with ``stream`` (a :class:`~placer.stream.StreamConfig`) on top."""
         from placer.executor import execute
 
         spec = placement if isinstance(placement, str) else dict(placement)
         if warmup:
-            execute(pipeline, spec, scheduler=self.client, stream=stream)
-        return execute(pipeline, spec, scheduler=self.client, size=pipeline.size, stream=stream)
+            execute(pipeline, spec, scheduler=self.client, stream=stream, precision=precision)
+        return execute(pipeline, spec, scheduler=self.client, size=pipeline.size, stream=stream, precision=precision)
+
+
+def attach_precision_checks(prof: Any, pipeline: Any, size: int | None, precision: str | None) -> dict[str, str]:
+    """Check the accuracy of each allowed (or fixed) lower precision here and keep the checks in
+    ``prof``'s stages; return the stages ``precision`` (``--precision``'s text) fixes."""
+    from placer.loader import load_pipeline
+    from placer.precision import parse_precision_option
+    from placer.profile.precision import allowed, check_precisions
+
+    p = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline, size)
+    auto, fixed = parse_precision_option(precision, p.stages)
+    todo = allowed(p, auto)
+    for n, v in fixed.items():
+        if v != "fp32" and v not in todo.get(n, ()):
+            todo[n] = (*todo.get(n, ()), v)
+    if not todo:
+        return fixed
+    for n, found in check_precisions(p, todo).items():
+        if n in prof.stages:
+            prof.stages[n].precision_checks = found
+    return fixed
 
 
 def costs_from_profile(prof: Any, *, size: int | None = None, describe: Any = None,

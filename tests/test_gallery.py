@@ -32,6 +32,7 @@ GALLERY = {
     "timeseries": (400, {}),
     "branches": (60, {}),
     "etl_dask": (1500, {"epochs": 20}),
+    "transformer": (4, {"d_model": 32, "heads": 4, "vocab": 64, "seq": 16}),
 }
 
 
@@ -242,7 +243,7 @@ def test_placer_run_cli_gives_the_in_process_digest(name, placement, sim_env):
 
 #: sizes for the advise flow: large enough that the profiler's smaller sizes build
 ADVISE_SIZES = {"mnist_mlp": 200, "mnist_cnn": 100, "cifar_augment": 100, "batched_inference": 500,
-                "timeseries": 1000, "branches": 100, "etl_dask": 2000}
+                "timeseries": 1000, "branches": 100, "etl_dask": 2000, "transformer": 2}
 
 
 @pytest.mark.parametrize("name", sorted(GALLERY))

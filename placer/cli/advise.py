@@ -62,6 +62,11 @@ def summary_document(advised, path: Path | None) -> dict:
         "report": str(path) if path else None,
         "timings_s": advised.timings,
     }
+    if advised.plan is not None and (advised.plan.precision or any(s.precision_s for s in advised.plan.stages)
+                                     or advised.plan.precision_notes):
+        from placer.advisor import precision_facts
+
+        doc["precision"] = precision_facts(advised.plan, advised.profile)
     if f.streams:
         doc["streams"] = [stream_summary(s, sp) for s, sp in zip(f.streams, advised.stream_plans)]
     return doc
@@ -124,6 +129,9 @@ def advise_command(
                                   help="Advise for a dask.distributed cluster at this address (tcp://HOST:PORT)."),
     trace: Path = trace_option(),
     stage_timeout_s: float = stage_timeout_option(),
+    precision: str = typer.Option(None, "--precision", help="auto: every torch stage may run in tf32 or bf16 when "
+                                  "its accuracy holds here; STAGE=PRECISION,... fixes one (fp32, tf32, bf16, fp16). "
+                                  "Default: only what stages declare."),
 ) -> None:
     """Profile PIPELINE, plan it, run the plan and its alternatives, and write a report."""
     from placer.advisor import advise
@@ -142,7 +150,7 @@ def advise_command(
         with display, stage_timeout(stage_timeout_s):
             advised = advise(pipeline, size=size, budget_s=budget_s, target=target, objective=objective,
                              executor=executor, baselines=baselines, step=step, scheduler=scheduler,
-                             progress=display if hasattr(display, "add_task") else None)
+                             progress=display if hasattr(display, "add_task") else None, precision=precision)
             if save is not None:  # before the report: a report that cannot be written loses nothing
                 advised.save(save)
             with step(f"writing the report to {output}"):

@@ -19,7 +19,7 @@ from placer.cli.options import build_param_option
 
 
 def _from_model(pipeline: str | None, profile_file: Path | None, size: int | None,
-                budget_s: float | None = None, target: str | None = None):
+                budget_s: float | None = None, target: str | None = None, precision: str | None = None):
     """The flow's :class:`~placer.site.Costs` from a saved profile, or by profiling the pipeline now
     (with ``target``: also for that described machine)."""
     from placer.data.profile import Profile
@@ -29,7 +29,7 @@ def _from_model(pipeline: str | None, profile_file: Path | None, size: int | Non
         costs = costs_from_profile(Profile.load(profile_file), size=size, describe=target)
     else:
         costs = LocalSite().costs(pipeline, size=size, budget_s=60.0 if budget_s is None else budget_s,
-                                  progress=None, describe=target)
+                                  progress=None, describe=target, precision=precision)
     if costs.size is None:
         fail(f"the profile of {costs.profile.pipeline!r} has no sizes; give --size N")
     return costs
@@ -58,6 +58,9 @@ def plan_command(
                                     "plan from it again with --costs)."),
     target: str = typer.Option(None, "--target", help="Plan for this machine instead of the one here: h200 "
                                "(an H200 and its 16-core host) or a JSON file from `placer describe`."),
+    precision: str = typer.Option(None, "--precision", help="auto: every torch stage may run in tf32 or bf16 when "
+                                  "its accuracy holds here; STAGE=PRECISION,... fixes one (fp32, tf32, bf16, fp16). "
+                                  "Default: only what stages declare."),
 ) -> None:
     """Choose a device for every stage of PIPELINE, and say why."""
     from placer.errors import PlacerError
@@ -78,6 +81,9 @@ def plan_command(
         usage("--scheduler profiles PIPELINE on the cluster; give a PIPELINE and drop --costs and --profile")
     if target is not None and (costs is not None or scheduler is not None):
         usage("--target plans a described machine from a profile; drop --costs and --scheduler")
+    if precision is not None and (pipeline is None or costs is not None or profile_file is not None):
+        usage("--precision checks a lower precision's accuracy by running PIPELINE; give a PIPELINE and drop "
+              "--costs and --profile")
     if pipeline is not None and costs is None and profile_file is None and scheduler is None:
         streamed = _stream_pipeline(pipeline, size)
         if streamed is not None:
@@ -94,7 +100,7 @@ def plan_command(
                 fail(f"{costs} holds costs at size {table.size:g}, not {size}; drop --size "
                      "or plan from a profile, which predicts any size")
         else:
-            site_costs = _from_model(pipeline, profile_file, size, budget_s, target)
+            site_costs = _from_model(pipeline, profile_file, size, budget_s, target, precision)
             on_target = target is not None
             table = site_costs.table(target=on_target)
             result = site_costs.plan(objective=objective, method=method, deadline_s=deadline_s, target=on_target)
@@ -151,8 +157,10 @@ def _print(result, notes: list[str] = ()) -> None:
     devs = list(result.devices)
     title = (f"{result.objective} plan ({result.method}: {result.algorithm}); "
              f"predicted makespan {fmt_s(result.predicted_makespan_s)}")
-    header = ["stage", "device", *[f"{d} s" for d in devs], "copies", "why"]
-    rows = [[s.name, s.device, *[f"{s.predicted_s[d]:.4g}" if d in s.predicted_s else "-" for d in devs],
+    lower = any(s.precision_s for s in result.stages)
+    header = ["stage", "device", *(["precision"] if lower else []), *[f"{d} s" for d in devs], "copies", "why"]
+    rows = [[s.name, s.device, *([s.precision] if lower else []),
+             *[f"{s.predicted_s[d]:.4g}" if d in s.predicted_s else "-" for d in devs],
              fmt_s(s.copy_s), s.reason] for s in result.stages]
     if len(rows) > PLAIN_ROWS:
         c.out(title, highlight=False)
@@ -174,6 +182,11 @@ def _print(result, notes: list[str] = ()) -> None:
     summary = get_objective(result.objective).summary(result)
     if summary is not None:
         c.print(f"  {summary}")
+    for s in result.stages:
+        for d, times in s.precision_s.items():
+            c.print(f"  what-if {s.name} on {d}: " + ", ".join(f"{p} {fmt_s(t)}" for p, t in times.items()))
+    for n in result.precision_notes:
+        c.print(f"  {n}")
     for w in result.warnings:
         c.print(f"  warning: {w}")
     c.print(f"  planned in {fmt_s(result.planning_s)}")

@@ -37,6 +37,10 @@ def run(
                                                             "are processes, for pure-Python code that holds the GIL."),
     trace: Path = trace_option(),
     stage_timeout_s: float = stage_timeout_option(),
+    precision: str = typer.Option(None, "--precision", help="STAGE=PRECISION,... runs those stages in fp32, tf32, "
+                                  "bf16 or fp16 (like --placement); auto: without --placement, the plan may choose tf32 or bf16 "
+                                  "for any torch stage whose accuracy holds here. Default: the plan's choice among "
+                                  "what stages declare, else fp32: nothing changes numerics."),
 ) -> None:
     """Run PIPELINE with each stage on its device; print what ran where and how long."""
     from placer.advisor import best_placement
@@ -46,19 +50,25 @@ def run(
     from placer.loader import load_pipeline
     from placer.site import open_site
 
+    if precision and placement is not None and "auto" in [x.strip().lower() for x in precision.split(",")]:
+        usage("--precision auto lets the plan choose precisions, and --placement skips the plan; drop "
+              "--placement, or fix stages with --precision STAGE=PRECISION")
     try:
         with stage_timeout(stage_timeout_s):
             p = load_pipeline(pipeline, size)
             why = planned = None
             spec = placement
+            chosen_precision: dict[str, str] = {}
             if spec is None:
                 with open_site(scheduler) as site:
-                    chosen = best_placement(p, p.size, site, reference=pipeline)
+                    chosen = best_placement(p, p.size, site, reference=pipeline, precision=precision)
                 spec, why = chosen
                 planned = chosen.stream
+                chosen_precision = dict(chosen.precision)
             stream = _stream_config(workers, prefetch, cache, planned, processes)
             result = execute(p, spec, executor=executor, size=p.size, scheduler=scheduler, stream=stream,
-                             stage_timeout=stage_timeout_s)
+                             stage_timeout=stage_timeout_s,
+                             precision={**chosen_precision, **(_fixed_precisions(precision, p) or {})})
     except StageFailedError as exc:
         write_trace_file(trace, getattr(exc, "run", None))  # a failed run's timeline up to the failure
         saved = _save_failed(exc, output)
@@ -84,11 +94,13 @@ def run(
         c.print(f"placement: {why}")
     span = "total time" if result.streams else "makespan"  # a run with streams speaks of throughput and total time
     t = Table(title=f"{result.pipeline}: {span} {result.makespan_s:.4f} s ({result.executor})")
-    cols = ["stage", "device", "lane", "start s", "seconds"] + (["worker"] if scheduler else [])
+    lower = any(s.precision != "fp32" for s in result.stages)
+    cols = ["stage", "device"] + (["precision"] if lower else []) + ["lane", "start s", "seconds"] + (
+        ["worker"] if scheduler else [])
     for col in cols:
         t.add_column(col)
     for s in result.stages:
-        t.add_row(s.name, s.device, s.lane, f"{s.start_s:.4f}", f"{s.seconds:.4f}",
+        t.add_row(s.name, s.device, *([s.precision] if lower else []), s.lane, f"{s.start_s:.4f}", f"{s.seconds:.4f}",
                   *([s.worker or "?"] if scheduler else []))
     c.print(t)
     for tr in result.transfers:
@@ -98,6 +110,15 @@ def run(
         c.print(f"stream {s.source} -> {s.step}: {s.batches} batches, {s.samples_per_s:,.1f} samples/s; "
                 f"the step waited for data {s.consumer_idle_fraction:.0%} of the time")
     c.print(f"outputs digest: {result.outputs_digest}")
+
+
+def _fixed_precisions(text: str | None, pipeline) -> dict[str, str] | None:
+    """``--precision``'s fixed stages (``auto`` is the plan's: see :func:`placer.advisor.best_placement`)."""
+    if not text:
+        return None
+    from placer.precision import parse_precision_option
+
+    return parse_precision_option(text, pipeline.stages)[1]
 
 
 def _save_failed(exc, output: Path | None) -> str:

@@ -7,7 +7,9 @@ One ``TorchDispatchMode`` sees every aten op a call issues: the forward pass, th
 backward pass (autograd's engine issues its ops through the same dispatcher) and an
 optimizer's update. Floating-point operations come from the formulas of
 ``torch.utils.flop_counter`` (matrix products, convolutions, attention), plus one operation per floating-point
-element each op writes (elementwise work, which that counter leaves out). Bytes moved is the sum over
+element each op writes (elementwise work, which that counter leaves out); the first part is kept apart as
+``tensor_flops``, the work a GPU's tensor cores take in a lower precision (and those ops' bytes as
+``tensor_bytes``). Bytes moved is the sum over
 every aten op of the bytes of its tensor arguments and results: the traffic of a
 device that keeps nothing in cache between kernels, which is how a GPU runs a
 chain of small kernels. Operations issued counts the kernels aten ops launch (one
@@ -33,7 +35,7 @@ from typing import Any
 from placer.data.measures import Work
 
 #: the version of what :func:`count_work` measures; counted work of another version is counted again
-VERSION = "4"
+VERSION = "5"
 
 _PREC = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
@@ -99,7 +101,7 @@ def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
     from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import flop_registry
 
-    tally = {"bytes": 0, "ops": 0, "syncs": 0, "elems": 0, "flops": 0, "prec": {}, "inside": 0.0, "calls": 0,
+    tally = {"bytes": 0, "tensor_bytes": 0, "ops": 0, "syncs": 0, "elems": 0, "flops": 0, "prec": {}, "inside": 0.0, "calls": 0,
              "probes": 0.0}
     probe = {"on": False, "in": 0.0, "out": 0.0, "x": torch.zeros(1)}
     held: dict[int, Any] = {}  # storages of large outputs, by address: freed inside an op's time
@@ -158,16 +160,18 @@ def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
             if func.namespace != "aten" or name in _FREE:
                 return out
             leaves = tree_flatten((args, kwargs))[0] + outs
+            formula = flop_registry.get(func._overloadpacket)
             for t in leaves:
                 if isinstance(t, torch.Tensor):
                     nb = t.nelement() * t.element_size()
                     tally["bytes"] += nb
+                    if formula is not None:
+                        tally["tensor_bytes"] += nb
                     if t.is_floating_point():
                         p = _PREC.get(str(t.dtype).replace("torch.", ""), "fp32")
                         tally["prec"][p] = tally["prec"].get(p, 0) + nb
             tally["ops"] += LAUNCHES.get(name, 1)
             tally["syncs"] += _syncs(name, leaves)
-            formula = flop_registry.get(func._overloadpacket)
             if formula is not None:
                 tally["flops"] += formula(*args, **kwargs, out_val=out)
             for t in outs:
@@ -185,7 +189,9 @@ def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
     prec = max(tally["prec"], key=tally["prec"].get) if tally["prec"] else "fp32"
     work = Work(
         flops=float(tally["flops"]) + float(tally["elems"]),
+        tensor_flops=float(tally["flops"]),
         bytes=float(tally["bytes"]),
+        tensor_bytes=float(tally["tensor_bytes"]),
         ops=max(1, tally["ops"]),
         syncs=tally["syncs"],
         calls=tally["calls"],

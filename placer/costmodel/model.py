@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from placer.costmodel import precision as precision_model
 from placer.costmodel.fit import SizeFit, fit_size_model
 from placer.costmodel.roofline import DeviceDescription, load_gpus
 from placer.data.costs import CostTable
@@ -106,6 +107,8 @@ class CostModel:
         self.target_cpu = target_cpu
         #: scales the host time described GPUs pay (default ``cpu_scale``): their host is the target's
         self.host_scale = host_scale if host_scale is not None else cpu_scale
+        #: stage → a precision the user fixed (``--precision train=bf16``): planned as it is
+        self.fixed_precision: dict[str, str] = {}
         for desc in describe or []:
             for d in _gpus_of(desc):
                 name = next(f"gpu:{i}" for i in range(64) if f"gpu:{i}" not in self.devices)
@@ -419,16 +422,39 @@ class CostModel:
             peak = {d: b for d in secs if (b := self.peak_bytes(name, d, size)) is not None}
             # where the fit forms disagree by more than the noise, a flip within that is a tie
             unsure = {d: p.fit_spread for d, p in preds.items() if p.fit_spread > noise}
-            stages.append({"name": name, "kind": sp.kind, "inputs": sp.inputs, "input_bytes": 0.0,
-                           "output_bytes": self.output_bytes(name, size), "seconds": secs, "peak_bytes": peak,
-                           "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs),
-                           **({"uncertainty": unsure} if unsure else {})})
+            entry = {"name": name, "kind": sp.kind, "inputs": sp.inputs, "input_bytes": 0.0,
+                     "output_bytes": self.output_bytes(name, size), "seconds": secs, "peak_bytes": peak,
+                     "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs),
+                     **({"uncertainty": unsure} if unsure else {})}
+            stages.append({**entry, **self._precisions(name, secs, size)})
         tm = self.transfer_model()
         doc = {"devices": spec, "stages": stages, "size": size, "size_unit": self.profile.size_unit,
                "noise": noise}
         if tm is not None and any(self.devices[d].get("kind") != "cpu" for d in devs):
             doc["link"] = tm.table_link()
         return _cost_table(doc)
+
+    def precision_ratio(self, stage: str, device: str, precision: str, size: float | None = None) -> float | None:
+        """Seconds in ``precision`` over seconds in fp32 (:func:`placer.costmodel.precision.ratio`)."""
+        return precision_model.ratio(self, stage, device, precision, size)
+
+    def _precisions(self, stage: str, secs: dict[str, float], size: float) -> dict[str, Any]:
+        """A stage's times per precision and the one planned on each device (see
+        :mod:`placer.costmodel.precision`); ``secs`` takes the planned precision's time. Empty when
+        no lower precision was checked or fixed (the table is then as it always was)."""
+        fixed = self.fixed_precision.get(stage)
+        lower = [fixed] if fixed not in (None, "fp32") else list(precision_model.checks(self, stage))
+        if not lower and fixed is None:
+            return {}
+        times, chosen = {}, {}
+        for d in list(secs):
+            t = precision_model.seconds(self, stage, d, size, lower)
+            times[d] = t
+            p = precision_model.choose(self, stage, d, t, fixed)
+            secs[d] = t[p]
+            if p != "fp32":
+                chosen[d] = p
+        return {"precision": chosen, "precision_s": times}
 
     def summary(self, size: float | None = None) -> dict[str, Any]:
         """A JSON-ready account: per stage and device the measured points, first call,

@@ -13,6 +13,19 @@ into seconds::
         + max(flops / (peak_flops[precision] * compute_eff),
               bytes / (mem_bandwidth_Bps * memory_eff))
 
+In a lower precision (``precision=`` other than the work's own), the tensor-core part of
+the work (``Work.tensor_flops``: matrix products, convolutions, attention) runs at that
+precision's peak and the rest at the work's own::
+
+    compute = tensor_flops / (peak_flops[precision] * compute_eff)
+              + (flops - tensor_flops) / (peak_flops[work.precision] * compute_eff)
+    memory  = (bytes - tensor_bytes / 2) / (mem_bandwidth_Bps * memory_eff)    (bf16, fp16)
+
+In ``bf16`` and ``fp16`` the tensor-core ops' bytes (``Work.tensor_bytes``) are halved (two-byte
+elements of fp32 work); TF32 reads fp32 from memory, so its bytes are as counted. Everything
+else keeps its bytes (autocast keeps reductions and losses in fp32), so a stage whose memory
+traffic outside its products bounds it gains little from a lower precision, as on a GPU.
+
 The host pays its own Python and dispatch (``host_s``), then a launch per kernel
 and a wait per synchronisation, before the device's work hides any of it: ``ops``
 are the kernel launches the stage makes per call and ``syncs`` the times it waits
@@ -127,8 +140,17 @@ class DeviceDescription(BaseModel):
     def predict(self, work: Work, *, precision: str | None = None) -> float:
         """Seconds for ``work`` on this device (steady state, data already there)."""
         prec = precision or work.precision
-        compute = work.flops / (self.peak(prec) * self.compute_eff)
-        memory = work.bytes / (self.mem_bandwidth_Bps * self.memory_eff)
+        nbytes = work.bytes
+        if prec != work.precision and work.tensor_flops > 0:
+            tensor = min(work.tensor_flops, work.flops)
+            compute = (tensor / self.peak(prec) + (work.flops - tensor) / self.peak(work.precision)) / self.compute_eff
+            if prec in ("bf16", "fp16") and work.precision in ("fp32", "tf32"):
+                nbytes -= min(work.tensor_bytes, work.bytes) / 2
+        elif prec != work.precision:  # nothing known to run on tensor cores: the precision changes nothing
+            compute = work.flops / (self.peak(work.precision) * self.compute_eff)
+        else:
+            compute = work.flops / (self.peak(prec) * self.compute_eff)
+        memory = nbytes / (self.mem_bandwidth_Bps * self.memory_eff)
         fixed = self.host_factor * work.host_s + work.ops * self.op_overhead_s + work.syncs * self.sync_s
         return self.stage_overhead_s + fixed + max(compute, memory)
 

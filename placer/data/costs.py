@@ -155,6 +155,10 @@ class StageCost(BaseModel):
     #: that match the measurements as well disagree at this size): a placement whose objective
     #: is within it of the plan's is a tie
     uncertainty: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    #: device → the lower precision ``seconds`` is for there (absent: fp32; see placer.precision)
+    precision: dict[str, str] = Field(default_factory=dict)
+    #: device → precision → predicted seconds (fp32 and each allowed lower precision): the what-if
+    precision_s: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
 class CostTable(BaseModel):

@@ -116,8 +116,15 @@ class Work(BaseModel):
     ----------
     flops : float
         Floating-point operations.
+    tensor_flops : float
+        The part of ``flops`` in matrix products, convolutions and attention: what a GPU's
+        tensor cores take in a lower precision (TF32, bf16, fp16); the rest (elementwise,
+        reductions) runs at the ordinary rate. 0 when not counted (an older profile, declared work).
     bytes : float
         Bytes read and written, summed over operations.
+    tensor_bytes : float
+        The part of ``bytes`` read and written by the ops of ``tensor_flops`` (their inputs and
+        outputs): halved in bf16 or fp16, whose elements take two bytes. 0 when not counted.
     ops : int
         Operations issued (≈ kernel launches on a GPU).
     calls : int
@@ -147,7 +154,11 @@ class Work(BaseModel):
         return self.calls or self.ops
 
     flops: float = 0.0
+    #: the part of ``flops`` tensor cores take (matrix products, convolutions, attention)
+    tensor_flops: float = 0.0
     bytes: float = 0.0
+    #: the part of ``bytes`` the tensor-core ops read and write
+    tensor_bytes: float = 0.0
     ops: int = 1
     syncs: int = 0
     calls: int = 0
@@ -157,6 +168,58 @@ class Work(BaseModel):
     #: host-side seconds a GPU run pays (filled in by the cost model; 0 when unknown)
     host_s: float = 0.0
 
+
+
+class PrecisionCheck(BaseModel):
+    """A stage run here in a lower precision and compared with fp32 on the profiled input.
+
+    Attributes
+    ----------
+    precision : str
+        ``tf32``, ``bf16`` or ``fp16``.
+    metric : {"outputs", "loss"}
+        What was compared: the stage's outputs (their largest relative difference, by norm),
+        or its loss (a training stage whose output has a ``loss`` or ``losses`` entry).
+    rel_error : float
+        The relative difference from the fp32 run.
+    tolerance : float
+        The stage's tolerance; the precision is chosen only when ``rel_error`` is within it.
+    method : str
+        How the precision was run here (``autocast`` on the CPU, or TF32 emulated by
+        rounding the inputs of matrix products to a 10-bit mantissa).
+    seconds, fp32_seconds : float or None
+        This CPU's time for the stage in that precision and in fp32 (the least of a few
+        runs for a one-shot stage; one run for a stream's stage).
+    size : int or None
+        The size the pipeline was built at for the check.
+    """
+
+    precision: str
+    metric: Literal["outputs", "loss"] = "outputs"
+    rel_error: float = Field(ge=0)
+    tolerance: float = Field(gt=0)
+    method: str = ""
+    seconds: float | None = None
+    fp32_seconds: float | None = None
+    size: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the difference is within the tolerance."""
+        return self.rel_error <= self.tolerance
+
+    def words(self) -> str:
+        """``loss differs by 0.31% (tolerance 1.00%)``: the measured difference, for reasons."""
+        what = "loss differs" if self.metric == "loss" else "outputs differ"
+        return f"{what} by {_pct(self.rel_error)} (tolerance {_pct(self.tolerance)})"
+
+
+def _pct(x: float) -> str:
+    if x >= 1e6:
+        return "everything (shapes, types or non-finite values differ)"
+    if 0 < x < 1e-4:
+        return f"{x * 100:.1g}%"
+    return f"{x:.2%}" if x < 0.1 else f"{x:.0%}"
 
 
 class Link(BaseModel):

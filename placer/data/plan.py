@@ -64,6 +64,10 @@ class StageChoice(BaseModel):
     #: the size nearest the requested one where the plan moves this stage (None: none within 1,000x)
     crossover_size: float | None = None
     pinned: bool = False
+    #: the precision it is planned in (``fp32``: nothing changed; see placer.precision)
+    precision: str = "fp32"
+    #: device → precision → predicted seconds, for every precision it may run in (the what-if)
+    precision_s: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
 class Tie(BaseModel):
@@ -119,6 +123,10 @@ class Plan(Views, BaseModel):
     ties: list[Tie] = Field(default_factory=list)
     noise: float | None = None
     tie_rule: str = TIE_RULE
+    #: stage → the lower precision it runs in (absent: fp32); the executor runs a plan in them
+    precision: dict[str, str] = Field(default_factory=dict)
+    #: lower precisions not allowed that would be much faster, in words
+    precision_notes: list[str] = Field(default_factory=list)
 
     def to_json(self, indent: int | None = 2) -> str:
         """JSON text; ``Plan.model_validate_json`` reads it back."""

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from placer.data.measures import TransferModel, Work
+from placer.data.measures import PrecisionCheck, TransferModel, Work
 from placer.devices import check_kind
 from placer.errors import PlacerError
 from placer.files import read_json, write_text_atomic
@@ -109,6 +109,8 @@ class StageProfile(BaseModel):
     coverage: dict[str, Any] = Field(default_factory=dict)
     #: warnings about the stage found while profiling (mutates its input, consumes an iterator)
     warnings: list[str] = Field(default_factory=list)
+    #: each allowed lower precision, run here and compared with fp32 (see placer.profile.precision)
+    precision_checks: list[PrecisionCheck] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _reference_plausible(self) -> StageProfile:

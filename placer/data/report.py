@@ -133,6 +133,8 @@ class StageRow(BaseModel):
     reason: str = ""
     crossover_size: float | None = None
     loop_carried: bool = False
+    #: the precision it ran in (the run's record), else the plan's (``fp32``: nothing changed)
+    precision: str = "fp32"
 
 
 class Bar(BaseModel):
@@ -221,6 +223,16 @@ class TargetPlan(BaseModel):
     #: placements whose predictions are within the noise of the plan's (see Plan.ties)
     ties: list[dict] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    #: stage → the lower precision the target's plan runs it in (absent: fp32)
+    precision: dict[str, str] = Field(default_factory=dict)
+    #: stage → device → precision → predicted seconds (stages with a lower precision allowed or fixed)
+    precision_s: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
+    #: stage → each checked precision's measured difference from fp32 here (``PrecisionCheck`` fields)
+    precision_checks: dict[str, list[dict]] = Field(default_factory=dict)
+    #: stage → why it runs in its precision (both numbers), where a lower one was allowed or fixed
+    precision_reasons: dict[str, str] = Field(default_factory=dict)
+    #: lower precisions not allowed that would be much faster, in words
+    precision_notes: list[str] = Field(default_factory=list)
 
 
 class StreamOption(BaseModel):

@@ -37,6 +37,8 @@ class StageRecord:
     blocked_s: float | None = None
     workers: int | None = None
     worker_kind: str | None = None
+    #: the precision it ran in (``fp32``: torch's default, nothing changed; see placer.precision)
+    precision: str = "fp32"
 
 
 @dataclass(slots=True)

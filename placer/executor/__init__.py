@@ -1,7 +1,7 @@
 """Running a pipeline under a placement.
 
 May import: placer.pipeline, placer.devices, placer.placement, placer.digest, placer.errors,
-placer.data.run and the modules of this package. Device libraries (torch, numba.cuda, dask) are touched only
+placer.precision, placer.data.run and the modules of this package. Device libraries (torch, numba.cuda, dask) are touched only
 inside the functions that need them.
 
 Examples
@@ -39,6 +39,7 @@ from placer.executor.stream.task import collapse, member_records
 from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline, as_pipeline
 from placer.placement import resolve
+from placer.precision import parse_precision_option
 
 __all__ = [
     "Prepared",
@@ -90,9 +91,12 @@ class Prepared:
     def __init__(self, pipeline: Any, placement: Any = None, *, executor: str = "auto",
                  workers: int | None = None, inventory: Inventory | None = None, size: int | None = None,
                  lanes: Any = None, stream: StreamConfig | None = None, stage_timeout: float | None = None,
-                 devices: dict[str, Device] | None = None):
+                 devices: dict[str, Device] | None = None, precision: Any = None):
         p = as_pipeline(pipeline)
         p.validate()
+        chosen = run_precisions(p, placement, precision)
+        if chosen:
+            p = p.with_precision(chosen)
         self.pipeline = p
         self.inventory = inv = inventory or discover()
         self.devices = dict(devices) if devices is not None else resolve(p, placement, inv)
@@ -146,6 +150,11 @@ class Prepared:
 
     def _record(self, started: str, stage_recs: list, transfer_recs: list, makespan: float, outputs: dict) -> Run:
         """The run record (no digest yet) of what the engine reported."""
+        stages = self.pipeline.stages
+        for rec in stage_recs:
+            st = stages.get(rec.name)
+            if st is not None:
+                rec.precision = st.run_precision
         stage_recs.sort(key=_start)
         transfer_recs.sort(key=_start)
         run = Run.model_construct(
@@ -187,6 +196,28 @@ def _start(rec) -> float:
     return rec.start_s
 
 
+def run_precisions(pipeline: Pipeline, placement: Any, precision: Any) -> dict[str, str]:
+    """Stage → precision to run in: a plan's (``placement.precision``), then ``precision``
+    (a mapping, or ``--precision``'s text ``"train=bf16"``) over it; fp32 entries dropped.
+
+    A precision named here is the user's choice, so it need not be among the stage's
+    allowed ones. Raises :class:`~placer.errors.PlacementError` naming an unknown stage
+    or precision.
+    """
+    out: dict[str, str] = {}
+    planned = getattr(placement, "precision", None)
+    if isinstance(planned, dict):
+        out.update(planned)
+    if isinstance(precision, str):
+        _, fixed = parse_precision_option(precision, pipeline.stages)
+        out.update(fixed)
+    elif precision:
+        for n, v in dict(precision).items():
+            _, fixed = parse_precision_option(f"{n}={v}", pipeline.stages)
+            out.update(fixed)
+    return {n: v for n, v in out.items() if v != "fp32"}
+
+
 def prepare(pipeline: Any, placement: Any = None, **kwargs: Any) -> Prepared:
     """Validate and place ``pipeline`` once; see :class:`Prepared` and :func:`execute`."""
     return Prepared(pipeline, placement, **kwargs)
@@ -203,6 +234,7 @@ def execute(
     scheduler: Any = None,
     stream: StreamConfig | None = None,
     stage_timeout: float | None = None,
+    precision: Any = None,
 ) -> Run:
     """Run ``pipeline`` with every stage on the device the placement gives it.
 
@@ -238,6 +270,10 @@ def execute(
         with :class:`~placer.executor.stagecall.StageTimeoutError` (named in the
         :class:`StageFailedError`); finished stages' outputs are kept. Default:
         the one set by :func:`stage_timeout` around the call, else none.
+    precision : mapping or str, optional
+        Stage → the precision it runs in (``{"train": "bf16"}`` or ``"train=bf16"``;
+        see :mod:`placer.precision`), over a plan's own. Default: a plan's, else
+        fp32 everywhere (nothing changes numerics). Each stage's record says its precision.
 
     Returns
     -------
@@ -257,7 +293,11 @@ def execute(
     if scheduler is not None:
         from placer.executor.distributed import run_on_cluster
 
-        if as_pipeline(pipeline).validate().streams():
+        p = as_pipeline(pipeline).validate()
+        chosen = run_precisions(p, placement, precision)
+        if chosen:
+            pipeline = p.with_precision(chosen)
+        if p.streams():
             from placer.executor.stream.dask_workers import run_stream_on_cluster
 
             return run_stream_on_cluster(pipeline, placement, scheduler, stream=stream, executor=executor,
@@ -265,5 +305,6 @@ def execute(
         return run_on_cluster(pipeline, placement, scheduler, workers=workers, size=size,
                               stage_timeout=stage_timeout)
     with Prepared(pipeline, placement, executor=executor, workers=workers,
-                  inventory=inventory, size=size, stream=stream, stage_timeout=stage_timeout) as prepared:
+                  inventory=inventory, size=size, stream=stream, stage_timeout=stage_timeout,
+                  precision=precision) as prepared:
         return prepared.run()

@@ -1,7 +1,7 @@
 """Calling one stage's implementation on one device, and bounding how long it may take.
 
-May import: numpy, placer.pipeline, placer.devices, placer.errors, placer.executor.transfer;
-dask and ctypes inside functions.
+May import: numpy, placer.pipeline, placer.devices, placer.errors, placer.precision,
+placer.executor.transfer; dask and ctypes inside functions.
 
 Stopping a stage. Python cannot kill a thread, but it can raise an exception in one
 (``PyThreadState_SetAsyncExc``): :func:`stop_thread` raises :class:`StopStage` there,
@@ -44,6 +44,7 @@ from placer.devices import Device
 from placer.errors import PipelineError, PlacerError
 from placer.executor.transfer import adapt, normalize_output, synchronize
 from placer.pipeline import Stage
+from placer.precision import running_in
 
 #: a data-parallel stage is split only when each partition gets at least this many rows
 MIN_ROWS_PER_PARTITION = 4096
@@ -311,6 +312,8 @@ def call_stage(stage: Stage, device: Device, inputs: dict[str, Any], *, workers:
     synchronised before returning, and the output is put in canonical form for the
     device (see :func:`placer.executor.transfer.normalize_output`). ``extra``
     keywords (a stream's ``batch_info``, a step's ``state``) are passed as they are.
+    The call runs in the stage's ``run_precision`` (:func:`placer.precision.running_in`;
+    torch's settings are restored after it, also when it raises).
 
     Parameters
     ----------
@@ -342,11 +345,12 @@ def call_stage(stage: Stage, device: Device, inputs: dict[str, Any], *, workers:
         kwargs.update(extra)
     if impl.takes_device:
         kwargs["device"] = device.torch_device()
-    if stage.data_parallel and not device.is_accelerator and workers > 1:
-        out = _data_parallel(stage, impl.fn, kwargs, workers)
-    else:
-        out = impl.fn(**kwargs)
-    synchronize(device, impl.api)
+    with running_in(stage.run_precision, device):
+        if stage.data_parallel and not device.is_accelerator and workers > 1:
+            out = _data_parallel(stage, impl.fn, kwargs, workers)
+        else:
+            out = impl.fn(**kwargs)
+        synchronize(device, impl.api)
     return normalize_output(out, device)
 
 

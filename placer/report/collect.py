@@ -334,7 +334,16 @@ class _Context:
             reason=choice.reason if choice is not None else "",
             crossover_size=choice.crossover_size if choice is not None else None,
             loop_carried=cost.loop_carried if cost is not None else False,
+            precision=self.precision(name, choice),
         )
+
+    def precision(self, name: str, choice: Any) -> str:
+        """What the stage ran in (the run's record), else what the plan chose."""
+        if self.run is not None:
+            rec = next((s for s in self.run.stages if s.name == name), None)
+            if rec is not None:
+                return getattr(rec, "precision", "fp32") or "fp32"
+        return getattr(choice, "precision", "fp32") if choice is not None else "fp32"
 
     def params(self, name: str) -> dict[str, str]:
         if self.pipeline is None:

@@ -1,0 +1,93 @@
+"""A stage's predicted time in each precision it may run in, and the one to plan with.
+
+May import: placer.costmodel.fit, placer.data. Never torch.
+
+A stage's fp32 time comes from the cost model as always. Each lower precision scales it:
+
+- on a **described GPU** (the roofline): the roofline's time in that precision for the stage's
+  counted work at each counted size, fitted over size like the fp32 one, which prices the
+  tensor-core part (``Work.tensor_flops``) at the precision's peak and leaves the rest, the
+  memory traffic and the host's time unchanged;
+- on the **CPU**: ``bf16`` and ``fp16`` by the ratio measured here when the precision's accuracy
+  was checked (:mod:`placer.profile.precision`: autocast on this CPU is real); ``tf32`` changes
+  nothing (a CPU has no TF32), so it is never chosen there;
+- on a measured accelerator: not predicted (fp32 only) until it is measured there.
+
+A lower precision is chosen for a (stage, device) only when its accuracy check passed (its
+difference from fp32 within the stage's tolerance) and it is predicted faster than fp32 by
+more than :data:`MIN_GAIN`; a precision the user fixed (``--precision train=bf16``) is taken
+as it is. Because a stage's precision changes only its own time, choosing the fastest
+allowed precision per (stage, device) before the search over devices gives the best
+(device, precision) for every stage together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from placer.costmodel.fit import fit_size_model
+from placer.data.measures import PrecisionCheck
+
+#: a lower precision must be predicted faster than fp32 by more than this share to be chosen
+MIN_GAIN = 0.05
+
+
+def checks(model: Any, stage: str) -> dict[str, PrecisionCheck]:
+    """The stage's accuracy checks by precision (empty when no lower precision was allowed)."""
+    sp = model.profile.stages.get(stage)
+    return {c.precision: c for c in getattr(sp, "precision_checks", [])} if sp is not None else {}
+
+
+def ratio(model: Any, stage: str, device: str, precision: str, size: float | None = None) -> float | None:
+    """Seconds in ``precision`` over seconds in fp32 for ``stage`` on ``device`` at ``size`` (default:
+    the largest counted size; None: not predicted)."""
+    if precision == "fp32":
+        return 1.0
+    if device in model.described:
+        sp = model.profile.stages[stage]
+        if not sp.work:
+            return None
+        at = size if size is not None else max(w.size for w in sp.work)
+        base, low = roofline_at(model, stage, device, at, "fp32"), roofline_at(model, stage, device, at, precision)
+        return low / base if base > 0 else None
+    if device == "cpu":
+        if precision == "tf32":
+            return 1.0
+        c = checks(model, stage).get(precision)
+        if c is not None and c.seconds and c.fp32_seconds:
+            return c.seconds / c.fp32_seconds
+    return None
+
+
+def roofline_at(model: Any, stage: str, device: str, size: float, precision: str) -> float:
+    """The roofline's seconds for ``stage`` on the described ``device`` in ``precision``: its time at
+    each counted size (host time included), fitted over size and read at ``size``."""
+    sp = model.profile.stages[stage]
+    desc = model.described[device]
+    pts = [(w.size, desc.predict(w.work.model_copy(update={"host_s": h}), precision=precision))
+           for w, h in zip(sp.work, model.host_seconds(stage))]
+    return float(max(fit_size_model(*zip(*pts))(size), 0.0))
+
+
+def seconds(model: Any, stage: str, device: str, size: float, precisions: list[str] | None = None) -> dict[str, float]:
+    """Predicted seconds per precision (fp32 and each checked, or each of ``precisions``) where predicted."""
+    base = model.predict(stage, device, size).value
+    out = {"fp32": base}
+    for p in precisions if precisions is not None else list(checks(model, stage)):
+        r = ratio(model, stage, device, p, size)
+        if r is not None:
+            out[p] = base * r
+    return out
+
+
+def choose(model: Any, stage: str, device: str, times: dict[str, float], fixed: str | None = None) -> str:
+    """The precision to plan ``stage`` on ``device`` with: ``fixed`` when given, else the fastest whose
+    accuracy check passed and that beats fp32 by more than :data:`MIN_GAIN`, else fp32."""
+    if fixed is not None:
+        return fixed if fixed in times else "fp32"
+    ok = checks(model, stage)
+    best = "fp32"
+    for p, t in times.items():
+        if p != "fp32" and p in ok and ok[p].ok and t < times["fp32"] * (1 - MIN_GAIN) and t < times[best]:
+            best = p
+    return best

@@ -200,8 +200,8 @@ def _print(advised, output: Path, save: Path | None) -> None:
     for a in f.advice:
         c.print(f"  - {a.text}", highlight=False, markup=False)
     if advised.stream_target_plans:
-        from placer.cli.plan import _print_stream
+        from placer.cli.plan import print_stream_plan
 
         for sp in advised.stream_target_plans:  # asked with --target: what that machine would do
-            _print_stream(sp)
+            print_stream_plan(sp)
     c.print(f"report written to {output}" + (f"; JSON saved in {save}" if save else ""), highlight=False)

@@ -234,10 +234,10 @@ def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool,
         print(text)
         return
     for plan in plans:
-        _print_stream(plan)
+        print_stream_plan(plan)
 
 
-def _print_stream(plan) -> None:
+def print_stream_plan(plan) -> None:
     from rich.console import Console
     from rich.table import Table
 

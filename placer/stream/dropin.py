@@ -310,8 +310,8 @@ def more_workers(trials: list[Trial], *, cores: int) -> list[LoaderSettings]:
     """The next worker count to try for each kind (processes, threads) whose rate still rises.
 
     For each kind, the fastest setting measured: when it has the most workers measured for
-    its kind and beats the next fewer of that kind (same prefetch and step threads) by
-    :data:`RISE`, one more count (``+1`` up to twice the cores, then doubling, at most
+    its kind and beats the next fewer of that kind (same prefetch and step threads; else
+    one fewer worker of the other kind) by :data:`RISE`, one more count (``+1`` up to twice the cores, then doubling, at most
     :data:`MAX_WORKERS`) with the same prefetch. Workers beyond the cores pay where loading
     waits (I/O, sleeps) or releases the GIL. An empty list: the rate has stopped rising.
     """
@@ -327,6 +327,9 @@ def more_workers(trials: list[Trial], *, cores: int) -> list[LoaderSettings]:
         below = [t for t in kind if t.settings.num_workers < w
                  and (t.settings.prefetch_factor, t.settings.torch_threads)
                  == (top.settings.prefetch_factor, top.settings.torch_threads)]
+        if not below:  # the only count of its kind measured: against the other kind's one fewer
+            below = [t for t in trials if t.settings.num_workers == w - 1 and t.settings.num_workers
+                     and t.settings.torch_threads == top.settings.torch_threads]
         prev = max(below, key=lambda t: t.settings.num_workers, default=None)
         if prev is not None and top.samples_per_s < prev.samples_per_s * (1 + RISE):
             continue
@@ -644,9 +647,10 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         per_epoch = _length(loader)
         longer = None
         if best is not mine:
-            left = max(budget_s - took.spent(), budget_s * CONFIRM_SHARE / 2)
             n = max(batches, min(CONFIRM_LENGTH * batches, per_epoch or CONFIRM_LENGTH * batches))
-            longer = confirm(loader, mine, best, step, n, dev, _Budget(left, 2 * CONFIRM_ROUNDS), count)
+            rest = _Budget(max(budget_s - took.spent(), 0.0), 2 * CONFIRM_ROUNDS)
+            rest.fixed_s = budget.fixed_s
+            longer = confirm(loader, mine, best, step, n, dev, rest, count)
     run = whole_run(mine, best, trials, longer, epochs=epochs, batches=per_epoch)
     confirmed = None
     if longer is not None:
@@ -668,6 +672,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     advice.budget_s, advice.within_noise = budget_s, noise
     advice.whole_run, advice.confirmed = run, confirmed
     advice.knobs = decided_by(mine, best, trials, run)
+    if best is not mine and longer is None:
+        advice.notes.append("not confirmed by longer runs: the budget was spent first (a larger budget_s "
+                            "leaves room for them)")
     if count.unknown:
         advice.notes.append(UNKNOWN_COUNT)
     return advice
@@ -734,12 +741,15 @@ def confirm(loader: Any, user: Trial, best: Trial, step: Any, batches: int, dev:
 
     Each run reads up to ``batches`` batches (each stops early at its share of ``budget``)
     from the start of an iterator, so that it measures the start-up, the steady state and
-    the workers' shut-down again, at a length nearer the script's. Returns both settings'
-    runs merged (:func:`merged`) and the batches asked for, or None when a run could not
-    count a batch.
+    the workers' shut-down again, at a length nearer the script's. A round starts only
+    when what is left of ``budget`` covers the start-up costs seen so far. Returns both
+    settings' runs merged (:func:`merged`) and the batches asked for, or None when no
+    round fitted (or a run could not count a batch).
     """
     runs: dict[str, list[Trial]] = {"user": [], "best": []}
     for _ in range(CONFIRM_ROUNDS):
+        if budget.total.left() <= 2 * budget.fixed_s:  # both runs of the round, or none
+            break
         for key, t in (("user", user), ("best", best)):
             again = _trial(loader, t.settings, step, batches, dev, budget, count=count)
             if again is not None:

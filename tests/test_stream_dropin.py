@@ -72,11 +72,14 @@ def test_a_loader_bound_script_is_told_to_use_worker_processes_and_gains(no_new_
     assert advice.wait_fraction > 0.5
     assert advice.loader_samples_per_s < advice.step_samples_per_s
     rec = advice.recommended.settings
-    assert advice.change and rec.num_workers > 0 and rec.worker_kind == "processes"
-    assert rec.persistent_workers and rec.prefetch_factor in (2, 4) and not rec.pin_memory
-    assert advice.speedup > 1.3
+    # the samples sleep (the GIL is free): worker processes or threads, perhaps more than the cores
+    assert advice.change and rec.num_workers > 0 and rec.worker_kind in ("processes", "threads")
+    assert rec.persistent_workers is (rec.worker_kind == "processes")
+    assert rec.prefetch_factor in (1, 2, 4, 8) and not rec.pin_memory
+    assert advice.speedup > 1.3 and advice.confirmed["held"]
     text = str(advice)
-    assert "the loader caps you at" in text and "x yours" in text and "DataLoader(..., num_workers=" in text
+    assert "the loader caps you at" in text and "x yours" in text and "Confirmed by longer runs" in text
+    assert ("DataLoader(..., num_workers=" if rec.worker_kind == "processes" else "ThreadLoader(") in text
 
 
 def test_a_step_bound_script_is_told_its_loader_is_fast_enough(no_new_children):

@@ -1120,9 +1120,17 @@ def _whole_run_lines(a: LoaderAdvice) -> list[str]:
                    f"{c['recommended']['samples_per_s']:,.0f} vs your {c['user']['samples_per_s']:,.0f} samples/s"
                    + ("" if c["held"] else " - not enough: your settings are kept"))
     if a.knobs:
-        parts = [f"{k['knob']} {k['yours']} -> {k['recommended']}"
-                 + (f" ({k['gain']:.2f}x)" if k["gain"] is not None else "") for k in a.knobs]
-        out.append("Decided by: " + "; ".join(parts))
+        def part(k: dict) -> str:
+            return f"{k['knob']} {k['yours']} -> {k['recommended']}" + (
+                f" ({k['gain']:.2f}x)" if k["gain"] is not None else "")
+
+        # a knob whose own measured gain is within noise came along with the others
+        decided = [k for k in a.knobs if k["gain"] is None or k["gain"] > 1 + MIN_GAIN]
+        along = [k for k in a.knobs if k not in decided]
+        if decided:
+            out.append("Decided by: " + "; ".join(part(k) for k in decided))
+        if along:
+            out.append("Changed along (no clear gain of its own measured): " + "; ".join(part(k) for k in along))
     return out
 
 

@@ -343,7 +343,8 @@ def markdown(doc: dict) -> str:
     if claims:
         lines += ["The drop-in's claimed speed-up (its whole-run prediction) against the script's own, measured "
                   "in the final comparison (the recommended settings over the script as written, interleaved):", "",
-                  "| script | claimed | measured | claimed / measured | within 20 % | load |", "|---|---|---|---|---|---|"]
+                  "| script | claimed | measured | claimed / measured | within 20 % | load |",
+                  "|---|---|---|---|---|---|"]
         for name, c in claims:
             lines.append(f"| {name} | {c['claimed']:.2f}x | {c['measured']:.2f}x | {c['ratio']:.2f} | "
                          f"{'yes' if c['within'] else 'no'} | {c['load']} |")

@@ -311,9 +311,10 @@ def more_workers(trials: list[Trial], *, cores: int) -> list[LoaderSettings]:
 
     For each kind, the fastest setting measured: when it has the most workers measured for
     its kind and beats the next fewer of that kind (same prefetch and step threads; else
-    one fewer worker of the other kind) by :data:`RISE`, one more count (``+1`` up to twice the cores, then doubling, at most
-    :data:`MAX_WORKERS`) with the same prefetch. Workers beyond the cores pay where loading
-    waits (I/O, sleeps) or releases the GIL. An empty list: the rate has stopped rising.
+    one fewer worker of the other kind) by :data:`RISE`, one more count (``+1`` up to
+    twice the cores, then doubling, at most :data:`MAX_WORKERS`) with the same prefetch.
+    Workers beyond the cores pay where loading waits (I/O, sleeps) or releases the GIL.
+    An empty list: the rate has stopped rising.
     """
     out = []
     for threads in (False, True):

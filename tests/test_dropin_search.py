@@ -231,3 +231,11 @@ def test_the_knobs_that_decided_are_those_that_changed_with_their_measured_gain(
     assert knobs["num_workers"]["gain"] == pytest.approx(3.0)
     assert knobs["worker_threads"]["gain"] == pytest.approx(2.0)
     assert knobs["prefetch_factor"]["gain"] == pytest.approx(1.2)
+
+
+def test_widening_yields_to_the_runs_that_decide():
+    budget = dropin._Budget(10.0, runs=20)
+    budget.ran(1.0, 0.9)
+    budget.ran(1.0, 0.9)  # runs of 1 s, 0.1 s of it fixed
+    assert budget.leaves(8)  # 10 s left > 0.1 + 9 x 1 s
+    assert not budget.leaves(9) and budget.runs == 19  # declined: its share goes to the runs to come

@@ -530,6 +530,7 @@ class _Budget:
         self.total = Deadline(budget_s)
         self.runs = runs
         self.fixed_s = 0.0
+        self.walls: list[float] = []
 
     def deadline(self) -> Deadline:
         share = self.total.left() / max(self.runs, 1)
@@ -545,6 +546,15 @@ class _Budget:
 
     def ran(self, wall_s: float, counted_s: float) -> None:
         self.fixed_s = max(self.fixed_s, wall_s - counted_s)
+        self.walls.append(wall_s)
+
+    def leaves(self, runs: int) -> bool:
+        """Whether one more optional run still leaves room for ``runs`` runs as long as the mean so far."""
+        mean = sum(self.walls) / len(self.walls) if self.walls else 0.0
+        if self.total.left() > self.fixed_s + (runs + 1) * mean:
+            return True
+        self.runs -= 1
+        return False
 
 
 #: the share of the budget kept for the longer runs that confirm a recommendation
@@ -616,7 +626,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     cores = _cores()
     cands = candidates(user, cores=cores, gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
     threads_tried = 2 * thread_counts(user.torch_threads or 1, 0, cores) if dev.kind == "cpu" else []
-    more_runs = 2 * MORE_ROUNDS + len(PREFETCH) - 1
+    more_runs = 2 * MORE_ROUNDS + len(PREFETCH) - 1  # as _widen counts them
     budget = _Budget(budget_s * (1 - CONFIRM_SHARE),
                      runs=3 + len(cands) + more_runs + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 3))
     count = counter_of(loader)
@@ -627,7 +637,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         alone = _trial(loader, user, None, batches, dev, budget, count=count) if budget.allows() else None
         trials = [mine] + [t for s in cands if budget.allows()
                            and (t := _trial(loader, s, step, batches, dev, budget, count=count)) is not None]
-        _widen(loader, trials, step, batches, dev, budget, count, cores)
+        # widening yields to what decides: the step's threads and the repeats of the finalists
+        _widen(loader, trials, step, batches, dev, budget, count, cores,
+               keep=len(threads_tried) + (REPEATS - 1) * (FINALISTS + 2))
         waits = max(0.0, 1 - mine.samples_per_s / step_rate) > WAIT_NOISE
         best = choose(mine, trials, waits=waits)
         threads = None
@@ -709,23 +721,33 @@ def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: i
 
 
 def _widen(loader: Any, trials: list[Trial], step: Any, batches: int, dev: Device, budget: _Budget,
-           count: SampleCount, cores: int) -> None:
-    """After the first round: more workers while the rate rises, then the fastest's other prefetch depths."""
+           count: SampleCount, cores: int, keep: int = 0) -> None:
+    """After the first round: more workers while the rate rises, then the fastest's other prefetch depths.
+
+    A run starts only while it leaves room for ``keep`` more runs (those that decide: the
+    step's threads and the repeats), at the mean run's length so far.
+    """
     def seen(s: LoaderSettings) -> bool:
         return any(_measured_as(s) == _measured_as(t.settings) for t in trials)
 
+    def attempt(s: LoaderSettings) -> None:
+        nonlocal planned
+        planned -= 1
+        if budget.leaves(keep) and (t := _trial(loader, s, step, batches, dev, budget, count=count)) is not None:
+            trials.append(t)
+
+    planned = 2 * MORE_ROUNDS + len(PREFETCH) - 1  # the runs the budget counted for widening
     for _ in range(MORE_ROUNDS):
         more = [s for s in more_workers(trials, cores=cores) if not seen(s)]
         if not more:
             break
         for s in more:
-            if budget.allows() and (t := _trial(loader, s, step, batches, dev, budget, count=count)) is not None:
-                trials.append(t)
+            attempt(s)
     fastest = max((t for t in trials if t.settings.num_workers), key=lambda t: t.samples_per_s, default=None)
     if fastest is not None:
         for s in prefetch_depths(fastest.settings, [t.settings for t in trials]):
-            if budget.allows() and (t := _trial(loader, s, step, batches, dev, budget, count=count)) is not None:
-                trials.append(t)
+            attempt(s)
+    budget.runs -= max(planned, 0)  # counted but not tried: their shares go to the runs to come
 
 
 def _length(loader: Any) -> int | None:

@@ -239,3 +239,13 @@ def test_widening_yields_to_the_runs_that_decide():
     budget.ran(1.0, 0.9)  # runs of 1 s, 0.1 s of it fixed
     assert budget.leaves(8)  # 10 s left > 0.1 + 9 x 1 s
     assert not budget.leaves(9) and budget.runs == 19  # declined: its share goes to the runs to come
+
+
+def test_an_epoch_read_whole_is_predicted_as_it_ran_not_from_its_steady_window():
+    from dataclasses import replace
+
+    # 6 batches an epoch, all in the workers' queue: the 2 counted looked 10x faster than the epoch ran
+    t = replace(trial(3, 800.0, threads=True, first=0.1), read=6, read_s=0.6)  # 8 samples a batch
+    whole = dropin._costs(t, None, per_epoch=6)
+    assert whole.per_batch_s == pytest.approx(0.5 / 5)
+    assert dropin._costs(t, None, per_epoch=50).per_batch_s == pytest.approx(8 / 800.0)  # an epoch not read whole

@@ -107,6 +107,9 @@ class Trial:
     #: stopping the loader's workers after the run (joining the processes; an epoch's end without
     #: ``persistent_workers``)
     close_s: float = field(default=0.0, compare=False)
+    #: every batch read (warm-up included), and the seconds from ``iter(loader)`` to the last one's step
+    read: int = field(default=0, compare=False)
+    read_s: float = field(default=0.0, compare=False)
 
     @property
     def rates(self) -> tuple[float, ...]:
@@ -135,6 +138,7 @@ def merged(first: Trial, more: list[Trial]) -> Trial:
     return replace(first, samples_per_s=float(np.median(rates)), repeats=rates,
                    first_batch_s=float(np.median([t.first_batch_s for t in runs])),
                    close_s=float(np.median([t.close_s for t in runs])),
+                   read=min(t.read for t in runs), read_s=float(np.median([t.read_s for t in runs])),
                    fetch_fraction=float(np.mean([t.fetch_fraction for t in runs])),
                    batches=sum(t.batches for t in runs), samples=sum(t.samples for t in runs),
                    seconds=sum(t.seconds for t in runs))
@@ -427,7 +431,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     count = count or counter_of(loader)
     waits = Timings()
     first = end = None
-    samples = counted = 0
+    samples = counted = read = 0
     close_s = 0.0
     starts: list[float] = []  # when each counted batch was asked for
     sizes: list[int] = []
@@ -443,6 +447,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                 if batch is _END:
                     break
                 first = run.elapsed() if first is None else first
+                read += 1
                 if i >= warmup:
                     starts.append(run.elapsed() - fetch.wall)
                     fetches.append(fetch)
@@ -470,7 +475,8 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     fetch_s = waits.wall_s["fetch"]
     return Trial(settings=settings_of(loader), samples_per_s=samples / seconds, first_batch_s=first,
                  fetch_fraction=sum(fetch_s) / seconds, batches=counted, samples=samples, seconds=seconds,
-                 fetch=Measurement(raw_times=fetch_s, label="next(loader)"), close_s=close_s)
+                 fetch=Measurement(raw_times=fetch_s, label="next(loader)"), close_s=close_s,
+                 read=read, read_s=end)
 
 
 def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: Deadline,
@@ -788,9 +794,15 @@ def _refill(trials: list[Trial]) -> float | None:
     return float(np.median(zero)) if zero else None
 
 
-def _costs(t: Trial, refill: float | None) -> Any:
+def _costs(t: Trial, refill: float | None, per_epoch: int | None = None) -> Any:
+    """A setting's run costs; from a run that read a whole epoch, its time per batch is that run's own
+    (first batch to last), not the steady window's: an epoch too short to reach a steady state (its
+    batches fit the workers' queue) runs as that run did."""
     from placer.stream.wholerun import costs
 
+    if per_epoch and t.read >= per_epoch > 1 and t.read_s > t.first_batch_s:
+        rate = (t.read - 1) * (t.samples / max(t.batches, 1)) / (t.read_s - t.first_batch_s)
+        t = replace(t, samples_per_s=rate)
     return costs(first_batch_s=t.first_batch_s, samples_per_s=t.samples_per_s,
                  samples_per_batch=t.samples / max(t.batches, 1), close_s=t.close_s, refill_s=refill,
                  workers=t.settings.num_workers,
@@ -813,7 +825,7 @@ def whole_run(user: Trial, best: Trial, trials: list[Trial], longer: tuple[Trial
     refill = _refill(trials)
     u, b = (longer[0], longer[1]) if longer is not None else (user, best)
     b = replace(b, settings=best.settings)
-    cu, cb = _costs(u, refill), _costs(b, refill)
+    cu, cb = _costs(u, refill, batches), _costs(b, refill, batches)
     user_s, best_s = run_seconds(cu, epochs=epochs, batches=batches), run_seconds(cb, epochs=epochs, batches=batches)
     samples = epochs * batches * (u.samples / max(u.batches, 1))
     out = {"epochs": epochs, "batches": batches, "user_s": round(user_s, 3), "recommended_s": round(best_s, 3),

@@ -683,8 +683,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
                     f"{run['recommended_s']:.2f} s, yours {run['user_s']:.2f} s" if run is not None
                     else f"it measured {_span(longer[1])}, yours {_span(longer[0])}")
             noise = f"{label(best.settings)} was not confirmed by longer runs of {longer[2]} batches: {what}"
-            best = mine
-            run = whole_run(mine, best, trials, None, epochs=epochs, batches=per_epoch)
+            best = mine  # your whole run as your confirming runs measured it
+            run = whole_run(mine, best, trials, (longer[0], longer[0], longer[2]), epochs=epochs, batches=per_epoch)
             if threads is not None:
                 threads["helped"] = False
     advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())

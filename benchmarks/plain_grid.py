@@ -66,10 +66,10 @@ from _machine import describe  # noqa: E402
 #: --cache, and the sizes of a --quick run
 SCRIPTS = {
     "images_train": dict(thread=True, cache=False, quick=["--size", "96", "--epochs", "2"]),
-    "table_train": dict(thread=False, cache=False, quick=["--size", "384", "--epochs", "2"]),
+    "table_train": dict(thread=True, cache=False, quick=["--size", "384", "--epochs", "2"]),
     "text_infer": dict(thread=True, cache=False, quick=["--size", "256", "--epochs", "1"]),
     "audio_cache_train": dict(thread=True, cache=True, quick=["--size", "48", "--epochs", "3"]),
-    "mlp_big_train": dict(thread=False, cache=False, quick=["--size", "256", "--epochs", "2"]),
+    "mlp_big_train": dict(thread=True, cache=False, quick=["--size", "256", "--epochs", "2"]),
     "numpy_augment_infer": dict(thread=True, cache=False, quick=["--size", "64", "--epochs", "1"]),
 }
 PREFETCH = (1, 2, 4, 8)
@@ -136,8 +136,10 @@ def config_from_flags(flags: str) -> Config:
 def config_from_advice(advice: dict) -> Config:
     """The drop-in's recommended settings (``LoaderSettings.as_dict()``) as the scripts' flags."""
     w = int(advice["num_workers"])
-    return Config(num_workers=w, prefetch_factor=advice.get("prefetch_factor") if w else None,
-                  persistent_workers=bool(w and advice.get("persistent_workers")),
+    threads = bool(w and (advice.get("worker_threads") or advice.get("worker_kind") == "threads"))
+    return Config(num_workers=w, worker_kind="thread" if threads else "process",
+                  prefetch_factor=advice.get("prefetch_factor") if w else None,
+                  persistent_workers=bool(w and not threads and advice.get("persistent_workers")),
                   pin_memory=bool(advice.get("pin_memory")), threads=advice.get("torch_threads"))
 
 
@@ -187,6 +189,8 @@ class Run:
     advice: dict | None = None
     error: str | None = None
     output: str | None = field(default=None, repr=False)
+    #: the 1-minute load average when the run started
+    load: float | None = None
 
 
 def run_script(script: str, config: Config | None, *, base: list[str], phase: str, timeout_s: float,
@@ -195,23 +199,26 @@ def run_script(script: str, config: Config | None, *, base: list[str], phase: st
     cmd = [sys.executable, str(PLAIN / f"{script}.py"), *base, *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     label = label or (config.label() if config else "as written")
+    load = round(os.getloadavg()[0], 2)
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
-        return Run(script, label, args, phase, time.perf_counter() - t0, False, error=f"timed out after {timeout_s} s")
+        return Run(script, label, args, phase, time.perf_counter() - t0, False, error=f"timed out after {timeout_s} s",
+                   load=load)
     wall = time.perf_counter() - t0
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:
         return Run(script, label, args, phase, wall, False, error=(p.stderr or p.stdout)[-2000:],
-                   output=p.stdout[-8000:])
+                   output=p.stdout[-8000:], load=load)
     try:
         out = json.loads(lines[-1])
     except json.JSONDecodeError:
-        return Run(script, label, args, phase, wall, False, error=f"last line is not JSON: {lines[-1][:200]}")
+        return Run(script, label, args, phase, wall, False, error=f"last line is not JSON: {lines[-1][:200]}",
+                   load=load)
     return Run(script, label, args, phase, wall, True, seconds=out["seconds"], samples_per_s=out["samples_per_s"],
                digest=out["digest"], result=out.get("result"), advice=out.get("advice"),
-               output=p.stdout[-8000:] if keep_output else None)
+               output=p.stdout[-8000:] if keep_output else None, load=load)
 
 
 def stats(runs: list[Run]) -> dict:
@@ -249,13 +256,17 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
         return {"script": script, "reference": asdict(ref), "error": "the script as written failed"}
     scored: dict[str, Config] = {}
     advice_runs = []
+    claimed: float | None = None
+    dropin_key: str | None = None
     if a.advise and "--placer-advice" in (PLAIN / f"{script}.py").read_text():
         log(f"{script}: the drop-in (--placer-advice)")
         adv = run_script(script, None, base=base, phase="advice", timeout_s=a.timeout_s,
                          extra=["--placer-advice"], label="drop-in run", keep_output=True)
         advice_runs.append(adv)
         if adv.ok and adv.advice:
-            scored["drop-in: " + config_from_advice(adv.advice).label()] = config_from_advice(adv.advice)
+            dropin_key = "drop-in: " + config_from_advice(adv.advice).label()
+            scored[dropin_key] = config_from_advice(adv.advice)
+            claimed = adv.advice.get("claimed_speedup")
         else:
             log(f"  the drop-in run FAILED: {adv.error}")
     for spec in a.score:
@@ -281,13 +292,34 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
     scores = {k: (round(final_table[k]["median"] / best, 3) if best and final_table[k]["median"] else None)
               for k in final_table}
     every = [r for v in [*grid_runs.values(), *final_runs.values()] for r in v] + advice_runs
+    claim = claim_check(claimed, final_runs.get(dropin_key, []), final_runs["as written"]) if dropin_key else None
     mismatched = sorted({r.label for r in every if r.ok and r.digest != ref.digest})
     failed = sorted({r.label for r in every if not r.ok})
     return {"script": script, "reference": asdict(ref), "grid": table, "final": final_table,
             "score_vs_grid_best": scores, "scored": {k: asdict(v) for k, v in scored.items()},
             "digest_mismatch": mismatched, "failed": failed,
-            "advice_output": [r.output for r in advice_runs],
+            "advice_output": [r.output for r in advice_runs], "claimed_vs_measured": claim,
             "runs": [asdict(r) | {"output": None} for r in every]}
+
+
+#: the advice's claimed speed-up may differ from the script's measured one by this much
+CLAIM_TOLERANCE = 0.20
+
+
+def claim_check(claimed: float | None, dropin: list[Run], written: list[Run]) -> dict | None:
+    """The drop-in's claimed speed-up against the one the script measured: its runs with the
+    recommended settings over its runs as written, both of the final comparison (interleaved, so
+    each ratio is taken under one load). ``ratio``: claimed over measured (median of the runs)."""
+    a = [r.samples_per_s for r in dropin if r.ok]
+    b = [r.samples_per_s for r in written if r.ok]
+    if claimed is None or not a or not b:
+        return None
+    measured = statistics.median(a) / statistics.median(b)
+    pairs = [x.samples_per_s / y.samples_per_s for x, y in zip(dropin, written) if x.ok and y.ok]
+    loads = [r.load for r in [*dropin, *written] if r.load is not None]
+    return {"claimed": claimed, "measured": round(measured, 3), "ratio": round(claimed / measured, 3),
+            "within": abs(claimed / measured - 1) <= CLAIM_TOLERANCE, "per_round": [round(p, 3) for p in pairs],
+            "load": [min(loads), max(loads)] if loads else None}
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -307,6 +339,16 @@ def markdown(doc: dict) -> str:
              f"{doc['seconds']:.0f} s in all. Command: `{doc['command']}`.", "",
              "Samples/s of each script's own loop (its epochs, worker start-up included), median of the "
              "runs with the lowest and highest; spread = (max - min) / median.", ""]
+    claims = [(s["script"], s["claimed_vs_measured"]) for s in doc["scripts"] if s.get("claimed_vs_measured")]
+    if claims:
+        lines += ["The drop-in's claimed speed-up (its whole-run prediction) against the script's own, measured "
+                  "in the final comparison (the recommended settings over the script as written, interleaved):", "",
+                  "| script | claimed | measured | claimed / measured | within 20 % | load |",
+                  "|---|---|---|---|---|---|"]
+        for name, c in claims:
+            lines.append(f"| {name} | {c['claimed']:.2f}x | {c['measured']:.2f}x | {c['ratio']:.2f} | "
+                         f"{'yes' if c['within'] else 'no'} | {c['load']} |")
+        lines.append("")
     for s in doc["scripts"]:
         lines += [f"## {s['script']}", ""]
         if "error" in s:
@@ -324,6 +366,12 @@ def markdown(doc: dict) -> str:
         for k, g in sorted(s["final"].items(), key=lambda kv: -(kv[1]["median"] or 0)):
             lines.append(f"| {k} | {_rate(g['median'])} | {_rate(g['min'])}–{_rate(g['max'])} | "
                          f"{s['score_vs_grid_best'].get(k)} | {g['ok']}/{g['runs']} |")
+        c = s.get("claimed_vs_measured")
+        if c:
+            lines += ["", f"The drop-in claimed {c['claimed']:.2f}x; the script measured {c['measured']:.2f}x "
+                      f"(rounds: {', '.join(f'{p:.2f}x' for p in c['per_round'])}; load {c['load']}): "
+                      f"claimed / measured {c['ratio']:.2f}, "
+                      + ("within" if c["within"] else "NOT within") + f" {CLAIM_TOLERANCE:.0%}"]
         lines += ["", f"Digest equal to the run as written: "
                   + ("every run" if not s["digest_mismatch"] else "NOT for " + "; ".join(s["digest_mismatch"]))]
         if s["failed"]:

@@ -4,7 +4,7 @@ The dataset's ``__getitem__`` is deliberately slow (numpy work and a 2 ms wait p
 sample, as reading and decoding a file would be), the loader has no workers, and the
 step is a small model's SGD step: the step waits for data most of the time.
 ``placer.stream.advise_loader`` measures that, tries a few DataLoader settings
-(worker processes, prefetch) on a bounded number of batches, and recommends the
+(worker processes or threads, prefetch) on a bounded number of batches, and recommends the
 fastest with its measured speed-up; ``advice.loader()`` is the tuned loader, which
 yields the same batches in the same order.
 

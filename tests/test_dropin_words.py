@@ -81,10 +81,11 @@ def test_samples_come_from_the_batch_size_when_the_batch_does_not_say_and_a_note
 
 def scripted(monkeypatch, rates: dict[int, float], step_rate: float, loader_rate: float):
     """Measuring returns fixed rates: ``rates`` by num_workers with the step, ``loader_rate`` without."""
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
         if keep is not None:
             keep.append(next(iter(loader)))
-        rate = rates[loader.num_workers] if step is not None else loader_rate
+        # more workers than listed: the rate has stopped rising
+        rate = rates.get(loader.num_workers, rates[max(rates)]) if step is not None else loader_rate
         return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
                      fetch_fraction=0.1, batches=10, samples=10 * 8, seconds=80 / rate)
 
@@ -115,14 +116,24 @@ def test_a_clear_speed_up_is_recommended_without_fast_enough_words(monkeypatch):
     assert advice.change and advice.speedup > 1.5 and "fast enough" not in str(advice)
 
 
-def test_no_more_workers_than_cores_and_no_pinned_memory_without_an_accelerator(monkeypatch):
+def test_more_workers_than_cores_only_while_the_rate_rises_and_no_pinned_memory_without_an_accelerator(
+        monkeypatch):
     user = LoaderSettings(num_workers=0, torch_threads=2)
     for s in candidates(user, cores=2, gpu=False, iterable=False):
         assert s.num_workers <= 2 and not s.pin_memory
+    # 2 workers rose over 1 (so 3 is tried), 3 did not rise (so 4 is not): the advice asks for 2
     scripted(monkeypatch, {0: 500.0, 1: 900.0, 2: 950.0}, step_rate=1000.0, loader_rate=520.0)
     advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
-    assert all(t.settings.num_workers <= 2 and not t.settings.pin_memory for t in advice.trials)
+    counts = {t.settings.num_workers for t in advice.trials if not t.settings.worker_threads}
+    assert 3 in counts and 4 not in counts
+    assert advice.recommended.settings.num_workers <= 2
+    assert not any(t.settings.pin_memory for t in advice.trials)
     assert "pin_memory=True" not in str(advice) and "GPU" not in str(advice)
+    # flat from 1 worker on: nothing above the cores is tried
+    scripted(monkeypatch, {0: 500.0, 1: 900.0, 2: 900.0}, step_rate=1000.0, loader_rate=520.0)
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert max(t.settings.num_workers for t in advice.trials) <= 2
+    assert advice.recommended.settings.num_workers == 1
 
 
 def test_the_random_draw_check_tells_unseeded_draws_from_none_and_per_sample_seeds():
@@ -143,7 +154,7 @@ def test_the_note_on_random_draws_only_when_the_dataset_draws_unseeded(monkeypat
 
 def test_fewer_step_threads_are_tried_without_workers_too(monkeypatch):
     # a step whose threads contend for loaded cores: 1 thread measures 4x faster, with no workers
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
         if keep is not None:
             keep.append(next(iter(loader)))
         rate = 400.0 if torch.get_num_threads() == 1 else 100.0
@@ -161,7 +172,9 @@ def test_fewer_step_threads_are_tried_without_workers_too(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert advice.recommended.settings.num_workers == 0 and advice.recommended.settings.torch_threads == 1
-    assert advice.threads["helped"] and advice.speedup == pytest.approx(4.0)
+    assert advice.threads["helped"] and advice.steady_speedup == pytest.approx(4.0)
+    # the whole run (8 batches, the first after 0.01 s): 0.01 + 7 x 80 ms against 0.01 + 7 x 20 ms
+    assert advice.speedup == pytest.approx((0.01 + 7 * 0.08) / (0.01 + 7 * 0.02))
     text = str(advice)
     assert "torch.set_num_threads(1)" in text and "fast enough" not in text
     assert dropin.thread_counts(2, 0, 2) == [1] and dropin.thread_counts(8, 2, 4) == [2, 1]
@@ -175,12 +188,14 @@ def sequenced(monkeypatch, rates: dict[int, list[float]], *, step_rate=10_000.0,
 
     calls, runs = [], {w: iter(r * 10) for w, r in rates.items()}
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
         time.sleep(sleep)
         if keep is not None:
             keep.append(next(iter(loader)))
         if step is None:
             rate = 1e6
+        elif getattr(loader, "worker_threads", False) or loader.num_workers not in runs:
+            rate = 1.0  # thread workers, and more workers than listed: slow (not what these tests are about)
         else:
             calls.append(loader.num_workers)
             rate = next(runs[loader.num_workers])
@@ -191,15 +206,19 @@ def sequenced(monkeypatch, rates: dict[int, list[float]], *, step_rate=10_000.0,
     monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: step_rate)
     monkeypatch.setattr(dropin, "_cores", lambda: 2)
     monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin, "prefetch_depths", lambda *a: [])
     return calls
 
 
 def test_finalists_run_repeatedly_and_interleaved_and_a_clear_gain_is_recommended(monkeypatch):
     calls = sequenced(monkeypatch, {0: [100.0, 104.0, 98.0], 1: [150.0, 155.0, 148.0], 2: [200.0, 190.0, 205.0]})
     advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
-    # the first round (yours, then workers 1 at prefetch 2 and 4, 2 at 2 and 4), then rounds over the finalists
+    # the first round (yours, then workers 1 at prefetch 2 and 4, 2 at 2 and 4), then rounds over the finalists,
+    # then the confirming longer runs: yours and the recommended, in turn
     assert calls[:5] == [0, 1, 1, 2, 2]
-    rounds = calls[5:]
+    confirming = 2 * dropin.CONFIRM_ROUNDS
+    assert calls[-confirming:] == [0, 2] * dropin.CONFIRM_ROUNDS
+    rounds = calls[5:-confirming]
     half = len(rounds) // 2
     assert len(rounds) == 2 * half and rounds[:half] == rounds[half:]
     assert rounds[0] == 0
@@ -234,7 +253,7 @@ def test_a_step_that_waits_within_noise_keeps_its_loader_and_may_get_fewer_threa
     # the step waits within noise, so only the step's threads change, on your loader
     seen = {"user": 0}
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
         if keep is not None:
             keep.append(next(iter(loader)))
         if step is None:

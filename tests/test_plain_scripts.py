@@ -95,3 +95,6 @@ def test_grid_cells_are_the_scripts_flags():
               "torch_threads": 1, "worker_kind": "processes"}
     assert plain_grid.config_from_advice(advice).args() == [
         "--num-workers", "2", "--prefetch-factor", "4", "--persistent-workers", "--threads", "1"]
+    threads = {**advice, "worker_kind": "threads", "worker_threads": True, "persistent_workers": False}
+    assert plain_grid.config_from_advice(threads).args() == [
+        "--num-workers", "2", "--worker-kind", "thread", "--prefetch-factor", "4", "--threads", "1"]

@@ -72,11 +72,14 @@ def test_a_loader_bound_script_is_told_to_use_worker_processes_and_gains(no_new_
     assert advice.wait_fraction > 0.5
     assert advice.loader_samples_per_s < advice.step_samples_per_s
     rec = advice.recommended.settings
-    assert advice.change and rec.num_workers > 0 and rec.worker_kind == "processes"
-    assert rec.persistent_workers and rec.prefetch_factor in (2, 4) and not rec.pin_memory
-    assert advice.speedup > 1.3
+    # the samples sleep (the GIL is free): worker processes or threads, perhaps more than the cores
+    assert advice.change and rec.num_workers > 0 and rec.worker_kind in ("processes", "threads")
+    assert rec.persistent_workers is (rec.worker_kind == "processes")
+    assert rec.prefetch_factor in (1, 2, 4, 8) and not rec.pin_memory
+    assert advice.speedup > 1.3 and advice.confirmed["held"]
     text = str(advice)
-    assert "the loader caps you at" in text and "x yours" in text and "DataLoader(..., num_workers=" in text
+    assert "the loader caps you at" in text and "x yours" in text and "Confirmed by longer runs" in text
+    assert ("DataLoader(..., num_workers=" if rec.worker_kind == "processes" else "ThreadLoader(") in text
 
 
 def test_a_step_bound_script_is_told_its_loader_is_fast_enough(no_new_children):
@@ -116,7 +119,8 @@ def test_the_tuned_loader_yields_the_same_batches_in_order_with_a_seeded_shuffle
     g = torch.Generator().manual_seed(7)
     loader = DataLoader(SlowDataset(120, delay=0.003), batch_size=8, shuffle=True, generator=g, num_workers=0)
     before = g.get_state()
-    advice = advise_loader(loader, quick_step, batches=6, budget_s=20)
+    # ten epochs: starting workers once pays (one epoch of 15 batches may not repay it)
+    advice = advise_loader(loader, quick_step, batches=6, budget_s=20, epochs=10)
     assert torch.equal(g.get_state(), before), "measuring moved the loader's generator"
     assert advice.recommended.settings.num_workers > 0
     expected = list(loader)

@@ -554,3 +554,25 @@ def test_verification_always_measures_one_candidate_with_other_torch_threads():
     mixed = _distinct([own[0], one, *own[1:]], 3)
     assert mixed == [own[0], one, own[1]]  # already there: the ranking stands
     assert _distinct(own, 3) == own[:3]  # nothing with other threads to measure
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("climb", [False, True])
+def test_the_plan_asks_for_no_worker_the_model_finds_useless(seed, climb, monkeypatch):
+    # decode stops scaling after 2 workers here: a third or fourth is predicted to add nothing
+    rng = random.Random(seed)
+    prof = synthetic(cores=rng.choice([2, 8]), epochs=rng.choice([1, 3]))
+    for st in prof.stages:
+        st.seconds = {d: s * rng.uniform(0.2, 5) for d, s in st.seconds.items()}
+        st.cpu_seconds = dict(st.seconds)
+    prof.stage("decode").scaling = scaling((1, 1), (2, 2), (3, 2), (4, 2))
+    if climb:
+        monkeypatch.setattr("placer.stream.search.EXHAUSTIVE_LIMIT", 1)
+    plan, ranked, scorer = plan_from_profile(prof)
+    chosen = ranked[0]
+    assert chosen.settings.stage_workers == plan.settings.stage_workers
+    assert plan.settings.stage_workers.get("decode", 0) <= 2
+    for m, w in chosen.workers.items():
+        if w > (0 if m == prof.source else 1):
+            fewer = chosen.with_(stage_workers={**chosen.workers, m: w - 1})
+            assert scorer.score(fewer) < scorer.score(chosen) * (1 - 0.01), (m, w)

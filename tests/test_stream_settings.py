@@ -127,5 +127,8 @@ def test_loader_settings_as_dict_shows_the_advices_terms_without_the_batch_size(
     """The drop-in's recommended settings as a dict, as scripts read them (``advice.recommended.settings``)."""
     d = LoaderSettings(num_workers=2, prefetch_factor=4, torch_threads=1, batch_size=64).as_dict()
     assert d == {"num_workers": 2, "prefetch_factor": 4, "pin_memory": False, "persistent_workers": False,
-                 "torch_threads": 1, "worker_kind": "processes"}
+                 "torch_threads": 1, "worker_threads": False, "worker_kind": "processes"}
     assert LoaderSettings().as_dict()["worker_kind"] == "main process"
+    threads = LoaderSettings(num_workers=2, prefetch_factor=4, worker_threads=True)
+    assert threads.worker_kind == "threads" and threads.kwargs() == {"num_workers": 2, "pin_memory": False,
+                                                                    "prefetch_factor": 4}

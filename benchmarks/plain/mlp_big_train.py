@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--width", type=int, default=1024, help="hidden width of the MLP")
     ap.add_argument("--num-workers", type=int, default=0)
+    ap.add_argument("--worker-kind", choices=["process", "thread"], default="process",
+                    help="DataLoader worker processes, or placer's thread-pool loader (placer.stream.ThreadLoader)")
     ap.add_argument("--prefetch-factor", type=int, default=None)
     ap.add_argument("--persistent-workers", action="store_true")
     ap.add_argument("--pin-memory", action="store_true")
@@ -61,11 +63,18 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     dataset = Synthetic(args.size, args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(args.seed), num_workers=args.num_workers,
-                        prefetch_factor=args.prefetch_factor if args.num_workers else None,
-                        persistent_workers=args.persistent_workers and args.num_workers > 0,
-                        pin_memory=args.pin_memory)
+    if args.worker_kind == "thread" and args.num_workers > 0:
+        from placer.stream import ThreadLoader
+
+        loader = ThreadLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                              generator=torch.Generator().manual_seed(args.seed), num_workers=args.num_workers,
+                              prefetch_factor=args.prefetch_factor or 2, pin_memory=args.pin_memory)
+    else:
+        loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                            generator=torch.Generator().manual_seed(args.seed), num_workers=args.num_workers,
+                            prefetch_factor=args.prefetch_factor if args.num_workers else None,
+                            persistent_workers=args.persistent_workers and args.num_workers > 0,
+                            pin_memory=args.pin_memory)
     w = args.width
     model = nn.Sequential(nn.Linear(FEATURES, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
                           nn.Linear(w, w), nn.ReLU(), nn.Linear(w, CLASSES))
@@ -82,11 +91,12 @@ def main() -> None:
     advice = None
     if args.placer_advice:
         import placer.stream
-        advised = placer.stream.advise_loader(loader, train_step, batches=20, budget_s=60)
+        advised = placer.stream.advise_loader(loader, train_step, batches=20, budget_s=60, epochs=args.epochs)
         print(advised)
         loader = advised.loader()
         torch.set_num_threads(advised.recommended.settings.torch_threads)
-        advice = {**advised.recommended.settings.as_dict(), "seconds": round(advised.seconds, 2)}
+        advice = {**advised.recommended.settings.as_dict(), "seconds": round(advised.seconds, 2),
+                  "claimed_speedup": round(advised.speedup, 3)}
 
     digest = hashlib.blake2b(digest_size=16)
     samples, first_batch_s, losses = 0, None, []

@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     ap.add_argument("--data-dir", default=None, help="where the arrays are (written on the first run)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--placer-advice", action="store_true", help="ask placer.stream.advise_loader first")
     args = ap.parse_args()
 
     if args.threads:
@@ -149,6 +150,20 @@ def main() -> None:
         nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).eval()
 
+    def predict(x):
+        with torch.no_grad():
+            return model(x).argmax(1)
+
+    advice = None
+    if args.placer_advice:
+        import placer.stream
+        advised = placer.stream.advise_loader(loader, predict, batches=20, budget_s=60, epochs=args.epochs)
+        print(advised)
+        loader = advised.loader()
+        torch.set_num_threads(advised.recommended.settings.torch_threads)
+        advice = {**advised.recommended.settings.as_dict(), "seconds": round(advised.seconds, 2),
+                  "claimed_speedup": round(advised.speedup, 3)}
+
     digest = hashlib.blake2b(digest_size=16)
     counts = np.zeros(10, dtype=np.int64)
     samples, first_batch_s = 0, None
@@ -158,8 +173,7 @@ def main() -> None:
             if first_batch_s is None:
                 first_batch_s = time.perf_counter() - start
             digest.update(x.numpy().tobytes())
-            with torch.no_grad():
-                counts += np.bincount(model(x).argmax(1).numpy(), minlength=10)
+            counts += np.bincount(predict(x).numpy(), minlength=10)
             samples += len(x)
         print(f"pass {epoch}: predicted classes {counts.tolist()}", flush=True)
     seconds = time.perf_counter() - start
@@ -168,7 +182,7 @@ def main() -> None:
     print(json.dumps({"script": "numpy_augment_infer", "seconds": round(seconds, 4), "samples": samples,
                       "samples_per_s": round(samples / seconds, 2), "first_batch_s": round(first_batch_s, 4),
                       "digest": digest.hexdigest(), "result": int(counts @ np.arange(1, 11)),
-                      "threads": torch.get_num_threads(), "advice": None}))
+                      "threads": torch.get_num_threads(), "advice": advice}))
 
 
 if __name__ == "__main__":

@@ -81,12 +81,15 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--num-workers", type=int, default=0)
+    ap.add_argument("--worker-kind", choices=["process", "thread"], default="process",
+                    help="DataLoader worker processes, or placer's thread-pool loader (placer.stream.ThreadLoader)")
     ap.add_argument("--prefetch-factor", type=int, default=None)
     ap.add_argument("--persistent-workers", action="store_true")
     ap.add_argument("--pin-memory", action="store_true")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     ap.add_argument("--data-dir", default=None, help="where the CSV is (written on the first run)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--placer-advice", action="store_true", help="ask placer.stream.advise_loader first")
     args = ap.parse_args()
 
     if args.threads:
@@ -101,14 +104,39 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     dataset = CsvRows(path)
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(args.seed), num_workers=args.num_workers,
-                        prefetch_factor=args.prefetch_factor if args.num_workers else None,
-                        persistent_workers=args.persistent_workers and args.num_workers > 0,
-                        pin_memory=args.pin_memory)
+    if args.worker_kind == "thread" and args.num_workers > 0:
+        from placer.stream import ThreadLoader
+
+        loader = ThreadLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                              generator=torch.Generator().manual_seed(args.seed), num_workers=args.num_workers,
+                              prefetch_factor=args.prefetch_factor or 2, pin_memory=args.pin_memory)
+    else:
+        loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                            generator=torch.Generator().manual_seed(args.seed), num_workers=args.num_workers,
+                            prefetch_factor=args.prefetch_factor if args.num_workers else None,
+                            persistent_workers=args.persistent_workers and args.num_workers > 0,
+                            pin_memory=args.pin_memory)
     features = dataset[0][0].numel()
     model = nn.Sequential(nn.Linear(features, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def train_step(batch):
+        x, y = batch
+        loss = nn.functional.mse_loss(model(x).squeeze(1), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    advice = None
+    if args.placer_advice:
+        import placer.stream
+        advised = placer.stream.advise_loader(loader, train_step, batches=20, budget_s=60, epochs=args.epochs)
+        print(advised)
+        loader = advised.loader()
+        torch.set_num_threads(advised.recommended.settings.torch_threads)
+        advice = {**advised.recommended.settings.as_dict(), "seconds": round(advised.seconds, 2),
+                  "claimed_speedup": round(advised.speedup, 3)}
 
     digest = hashlib.blake2b(digest_size=16)
     samples, first_batch_s, loss = 0, None, None
@@ -120,10 +148,7 @@ def main() -> None:
                 first_batch_s = time.perf_counter() - start
             digest.update(x.numpy().tobytes())
             digest.update(y.numpy().tobytes())
-            loss = nn.functional.mse_loss(model(x).squeeze(1), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            loss = train_step((x, y))
             total += loss.item() * len(y)
             samples += len(y)
         print(f"epoch {epoch}: mse {total / len(dataset):.4f}", flush=True)
@@ -133,7 +158,7 @@ def main() -> None:
     print(json.dumps({"script": "table_train", "seconds": round(seconds, 4), "samples": samples,
                       "samples_per_s": round(samples / seconds, 2), "first_batch_s": round(first_batch_s, 4),
                       "digest": digest.hexdigest(), "result": float(f"{loss.item():.4g}"),
-                      "threads": torch.get_num_threads(), "advice": None}))
+                      "threads": torch.get_num_threads(), "advice": advice}))
 
 
 if __name__ == "__main__":

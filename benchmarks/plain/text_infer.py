@@ -185,11 +185,12 @@ def main() -> None:
     advice = None
     if args.placer_advice:
         import placer.stream
-        advised = placer.stream.advise_loader(loader, predict, batches=20, budget_s=60)
+        advised = placer.stream.advise_loader(loader, predict, batches=20, budget_s=60, epochs=args.epochs)
         print(advised)
         loader = advised.loader()
         torch.set_num_threads(advised.recommended.settings.torch_threads)
-        advice = {**advised.recommended.settings.as_dict(), "seconds": round(advised.seconds, 2)}
+        advice = {**advised.recommended.settings.as_dict(), "seconds": round(advised.seconds, 2),
+                  "claimed_speedup": round(advised.speedup, 3)}
 
     digest = hashlib.blake2b(digest_size=16)
     counts = np.zeros(5, dtype=np.int64)

@@ -294,18 +294,23 @@ class LoaderSettings(BaseModel):
     torch_threads: int | None = None
     #: the loader's own batch size, where recorded (the drop-in keeps the user's)
     batch_size: int | None = None
+    #: the workers are threads of the main process (:class:`placer.stream.threadloader.ThreadLoader`)
+    worker_threads: bool = False
 
     @classmethod
     def of(cls, loader: Any) -> LoaderSettings:
         """The worker settings a DataLoader was built with."""
         w = int(loader.num_workers)
         return cls(num_workers=w, prefetch_factor=(loader.prefetch_factor or 2) if w else None,
-                   pin_memory=bool(loader.pin_memory), persistent_workers=bool(w and loader.persistent_workers))
+                   pin_memory=bool(loader.pin_memory), persistent_workers=bool(w and loader.persistent_workers),
+                   worker_threads=bool(w and getattr(loader, "worker_threads", False)))
 
     @property
     def worker_kind(self) -> str:
-        """``processes`` (DataLoader's workers) or ``main process`` (no workers)."""
-        return "processes" if self.num_workers else "main process"
+        """``processes`` (DataLoader's workers), ``threads`` (a thread-pool loader's) or ``main process``."""
+        if not self.num_workers:
+            return "main process"
+        return "threads" if self.worker_threads else "processes"
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as the drop-in's advice shows them: fields and ``worker_kind``, without the batch size."""
@@ -315,7 +320,9 @@ class LoaderSettings(BaseModel):
         """The keyword arguments of ``DataLoader`` these settings are."""
         kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
         if self.num_workers:
-            kw |= {"prefetch_factor": self.prefetch_factor, "persistent_workers": self.persistent_workers}
+            kw["prefetch_factor"] = self.prefetch_factor
+            if not self.worker_threads:  # a thread pool has no worker processes to keep
+                kw["persistent_workers"] = self.persistent_workers
         return kw
 
     def to_stream(self, source: str) -> StreamSettings:

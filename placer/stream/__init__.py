@@ -37,6 +37,7 @@ _LAZY = {
     "MeasuredLoader": "placer.stream.dropin",
     "advise_loader": "placer.stream.dropin",
     "measure": "placer.stream.dropin",
+    "ThreadLoader": "placer.stream.threadloader",
 }
 
 

@@ -1,7 +1,7 @@
 """Advice for an existing training script: its own DataLoader and train step, measured.
 
 May import: numpy, placer.data.stream, placer.devices, placer.executor.stream.nodes, placer.stream.dataset_cache,
-placer.timing; torch inside functions.
+placer.timing; torch, placer.stream.threadloader and placer.stream.wholerun inside functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
 number of batches and answers two questions. *Who waits for whom*: the step alone on
@@ -86,13 +86,16 @@ def label(s: LoaderSettings) -> str:
     """Settings in words: ``num_workers=2 (processes), prefetch_factor=2, ...``."""
     parts = [f"num_workers={s.num_workers} ({s.worker_kind})"]
     if s.num_workers:
-        parts += [f"prefetch_factor={s.prefetch_factor}", f"persistent_workers={s.persistent_workers}"]
+        parts.append(f"prefetch_factor={s.prefetch_factor}")
+        if not s.worker_threads:
+            parts.append(f"persistent_workers={s.persistent_workers}")
     return ", ".join([*parts, f"pin_memory={s.pin_memory}", f"torch threads {s.torch_threads}"])
 
 
 def _cost(s: LoaderSettings) -> tuple:
-    """Orders settings by what they hold: workers, then batches in flight, then pinned memory."""
-    return (s.num_workers, s.prefetch_factor or 0, s.pin_memory, -(s.torch_threads or 0))
+    """Orders settings by what they hold: workers (threads before processes), then batches in flight,
+    then pinned memory."""
+    return (s.num_workers, not s.worker_threads, s.prefetch_factor or 0, s.pin_memory, -(s.torch_threads or 0))
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,12 @@ class Trial:
     fetch: Measurement | None = field(default=None, compare=False, repr=False)
     #: samples/s of each run of these settings, in the order run (``samples_per_s`` is their median)
     repeats: tuple[float, ...] = field(default=(), compare=False)
+    #: stopping the loader's workers after the run (joining the processes; an epoch's end without
+    #: ``persistent_workers``)
+    close_s: float = field(default=0.0, compare=False)
+    #: every batch read (warm-up included), and the seconds from ``iter(loader)`` to the last one's step
+    read: int = field(default=0, compare=False)
+    read_s: float = field(default=0.0, compare=False)
 
     @property
     def rates(self) -> tuple[float, ...]:
@@ -125,7 +134,8 @@ class Trial:
         return {**_as_dict(self.settings), "samples_per_s": round(self.samples_per_s, 2),
                 "first_batch_s": round(self.first_batch_s, 4), "fetch_fraction": round(self.fetch_fraction, 4),
                 "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4),
-                "repeats": [round(r, 2) for r in self.rates], "spread": round(self.spread, 4)}
+                "repeats": [round(r, 2) for r in self.rates], "spread": round(self.spread, 4),
+                "close_s": round(self.close_s, 4)}
 
 
 def merged(first: Trial, more: list[Trial]) -> Trial:
@@ -135,6 +145,9 @@ def merged(first: Trial, more: list[Trial]) -> Trial:
     runs = [first, *more]
     rates = tuple(r for t in runs for r in t.rates)
     return replace(first, samples_per_s=float(np.median(rates)), repeats=rates,
+                   first_batch_s=float(np.median([t.first_batch_s for t in runs])),
+                   close_s=float(np.median([t.close_s for t in runs])),
+                   read=min(t.read for t in runs), read_s=float(np.median([t.read_s for t in runs])),
                    fetch_fraction=float(np.mean([t.fetch_fraction for t in runs])),
                    batches=sum(t.batches for t in runs), samples=sum(t.samples for t in runs),
                    seconds=sum(t.seconds for t in runs))
@@ -183,11 +196,25 @@ class LoaderAdvice:
     target: Any = None
     #: the caching found inside the dataset (:class:`~placer.stream.dataset_cache.CacheAdvice`), if looked for
     cache: Any = None
+    #: the user's whole run predicted (:func:`whole_run`): epochs, batches, seconds with each setting
+    whole_run: dict[str, Any] | None = None
+    #: the longer runs that confirmed (or overturned) the recommendation (:func:`confirm`)
+    confirmed: dict[str, Any] | None = None
+    #: the knobs whose change made the recommendation faster (:func:`decided_by`)
+    knobs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def steady_speedup(self) -> float:
+        """Recommended samples/s over the user's in the steady state, both measured here."""
+        return self.recommended.samples_per_s / max(self.user.samples_per_s, 1e-12)
 
     @property
     def speedup(self) -> float:
-        """Recommended samples/s over the user's, both measured here."""
-        return self.recommended.samples_per_s / max(self.user.samples_per_s, 1e-12)
+        """The speed-up of the user's whole run (start-up and epoch boundaries included) where its
+        epochs and batches are known, else the steady state's."""
+        if self.whole_run is not None:
+            return self.whole_run["speedup"]
+        return self.steady_speedup
 
     @property
     def change(self) -> bool:
@@ -209,6 +236,8 @@ class LoaderAdvice:
             "stages": {"loader": "cpu", "step": self.step_device},
             "user": self.user.as_dict(), "recommended": self.recommended.as_dict(),
             "change": self.change, "speedup": round(self.speedup, 3), "threads": self.threads,
+            "steady_speedup": round(self.steady_speedup, 3), "whole_run": self.whole_run,
+            "confirmed": self.confirmed, "decided_by": list(self.knobs),
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
             "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
             **_target_dict(self.target),
@@ -270,6 +299,17 @@ def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
     """
     from torch.utils.data import DataLoader, IterableDataset
 
+    if settings.worker_threads and settings.num_workers:
+        from placer.stream.threadloader import ThreadLoader
+
+        if loader.batch_size is not None:
+            order = dict(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
+        else:
+            order = dict(batch_sampler=loader.batch_sampler) if loader.batch_sampler is not None \
+                else dict(batch_size=None, sampler=loader.sampler)
+        return ThreadLoader(loader.dataset if dataset is None else dataset, **order, collate_fn=loader.collate_fn,
+                            generator=loader.generator, num_workers=settings.num_workers, prefetch_factor=settings.prefetch_factor,
+                            pin_memory=settings.pin_memory)
     kw: dict[str, Any] = dict(dataset=loader.dataset if dataset is None else dataset, collate_fn=loader.collate_fn,
                               generator=loader.generator,
                               worker_init_fn=loader.worker_init_fn, timeout=loader.timeout,
@@ -287,7 +327,13 @@ def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
 
 
 def candidates(user: LoaderSettings, *, cores: int, gpu: bool, iterable: bool) -> list[LoaderSettings]:
-    """The settings tried besides the user's: workers 0, 1, 2 and ``cores``; prefetch 2 and 4."""
+    """The settings tried first besides the user's: worker processes 0, 1, 2 and ``cores`` with prefetch
+    2 and 4; thread workers (:class:`~placer.stream.threadloader.ThreadLoader`) 2 and ``cores`` with
+    prefetch 2 (not for an iterable dataset, whose workers each read their own share).
+
+    More workers than ``cores`` (:func:`more_workers`) and other prefetch depths (:func:`prefetch_depths`)
+    are tried afterwards, where the first runs say they may help.
+    """
     counts = [user.num_workers] if iterable else sorted({0, 1, 2, cores})
     out = []
     for w in counts:
@@ -296,11 +342,71 @@ def candidates(user: LoaderSettings, *, cores: int, gpu: bool, iterable: bool) -
                                torch_threads=user.torch_threads)
             if _measured_as(s) != _measured_as(user) and s not in out:
                 out.append(s)
+    for w in ([] if iterable else sorted({2, cores})):
+        s = LoaderSettings(num_workers=w, prefetch_factor=2, pin_memory=gpu, worker_threads=True,
+                           torch_threads=user.torch_threads)
+        if _measured_as(s) != _measured_as(user) and s not in out:
+            out.append(s)
     return out
 
 
+#: a worker count is worth raising while one more step of it raised the rate by this much
+RISE = 0.05
+
+
+def more_workers(trials: list[Trial], *, cores: int) -> list[LoaderSettings]:
+    """The next worker count to try for each kind (processes, threads) whose rate still rises.
+
+    For each kind, the fastest setting measured: when it has the most workers measured for
+    its kind and beats the next fewer of that kind (same prefetch and step threads; else
+    one fewer worker of the other kind) by :data:`RISE`, one more count (``+1`` up to
+    twice the cores, then doubling, at most :data:`MAX_WORKERS`) with the same prefetch.
+    Workers beyond the cores pay where loading waits (I/O, sleeps) or releases the GIL.
+    An empty list: the rate has stopped rising.
+    """
+    out = []
+    for threads in (False, True):
+        kind = [t for t in trials if t.settings.num_workers and t.settings.worker_threads == threads]
+        if not kind:
+            continue
+        top = max(kind, key=lambda t: t.samples_per_s)
+        w = top.settings.num_workers
+        if w < max(t.settings.num_workers for t in kind) or w >= MAX_WORKERS:
+            continue
+        below = [t for t in kind if t.settings.num_workers < w
+                 and (t.settings.prefetch_factor, t.settings.torch_threads)
+                 == (top.settings.prefetch_factor, top.settings.torch_threads)]
+        if not below:  # the only count of its kind measured: against the other kind's one fewer
+            below = [t for t in trials if t.settings.num_workers == w - 1 and t.settings.num_workers
+                     and t.settings.torch_threads == top.settings.torch_threads]
+        prev = max(below, key=lambda t: t.settings.num_workers, default=None)
+        if prev is not None and top.samples_per_s < prev.samples_per_s * (1 + RISE):
+            continue
+        nxt = min(MAX_WORKERS, w + 1 if w < 2 * cores else 2 * w)
+        out.append(top.settings.model_copy(update={"num_workers": nxt}))
+    return out
+
+
+#: the most workers of one kind the drop-in tries
+MAX_WORKERS = 32
+#: prefetch depths the drop-in may recommend (batches in flight per worker)
+PREFETCH = (1, 2, 4, 8)
+
+
+def prefetch_depths(best: LoaderSettings, measured: list[LoaderSettings]) -> list[LoaderSettings]:
+    """The best setting's workers with the prefetch depths of :data:`PREFETCH` not yet measured."""
+    if not best.num_workers:
+        return []
+    seen = {_measured_as(s) for s in measured}
+    depths = (best.model_copy(update={"prefetch_factor": pf}) for pf in PREFETCH)
+    return [s for s in depths if _measured_as(s) not in seen]
+
+
 def _measured_as(s: LoaderSettings) -> LoaderSettings:
-    # persistent workers only matter between epochs: a bounded run measures them the same
+    # persistent workers only matter between epochs: a bounded run measures them the same; without
+    # workers, neither their kind nor a prefetch depth means anything
+    if not s.num_workers:
+        return s.model_copy(update={"persistent_workers": False, "worker_threads": False, "prefetch_factor": None})
     return s.model_copy(update={"persistent_workers": False})
 
 
@@ -356,16 +462,24 @@ def counter_of(loader: Any) -> SampleCount:
 
 def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, warmup: int,
                device: Device, deadline: Deadline, keep: list | None = None,
-               count: SampleCount | None = None) -> Trial | None:
+               count: SampleCount | None = None, drain: int = 0) -> Trial | None:
     """Fetch up to ``batches`` batches (and step on each); the rate counts batches after ``warmup``.
 
     Stops early at ``deadline`` (after at least one counted batch). ``keep`` collects
     the first batches for the step-alone run. None when the loader runs out during the warm-up.
+    ``drain``: the batches the loader's queue holds (workers x prefetch). The workers fill
+    it while the first batches are taken, so the first ``drain`` counted batches may come
+    from a full queue; the rate leaves them out (up to half of the counted batches), or
+    a short run with many workers would measure the queue, not the workers.
     """
     count = count or counter_of(loader)
     waits = Timings()
-    first = start = end = None
-    samples = counted = 0
+    first = end = None
+    samples = counted = read = 0
+    close_s = 0.0
+    starts: list[float] = []  # when each counted batch was asked for
+    sizes: list[int] = []
+    fetches: list[Clock] = []
     with Clock() as run:
         it = iter(loader)
         try:
@@ -377,11 +491,11 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                 if batch is _END:
                     break
                 first = run.elapsed() if first is None else first
-                if i == warmup:
-                    start = run.elapsed() - fetch.wall
+                read += 1
                 if i >= warmup:
-                    waits.add("fetch", fetch)
-                    samples += count(batch)
+                    starts.append(run.elapsed() - fetch.wall)
+                    fetches.append(fetch)
+                    sizes.append(count(batch))
                     counted += 1
                 if keep is not None and len(keep) < 4:
                     keep.append(batch)
@@ -392,14 +506,21 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
             device.synchronize()
             end = run.elapsed()
         finally:
-            _close(it)
+            with Clock() as closing:
+                _close(it)
+            close_s = closing.wall
     if not counted:  # the loader ran out during the warm-up
         return None
-    seconds = end - start
+    skip = min(max(drain, 0), (counted - 1) // 2)
+    for f in fetches[skip:]:
+        waits.add("fetch", f)
+    counted, samples = counted - skip, sum(sizes[skip:])
+    seconds = end - starts[skip]
     fetch_s = waits.wall_s["fetch"]
     return Trial(settings=settings_of(loader), samples_per_s=samples / seconds, first_batch_s=first,
                  fetch_fraction=sum(fetch_s) / seconds, batches=counted, samples=samples, seconds=seconds,
-                 fetch=Measurement(raw_times=fetch_s, label="next(loader)"))
+                 fetch=Measurement(raw_times=fetch_s, label="next(loader)"), close_s=close_s,
+                 read=read, read_s=end)
 
 
 def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: Deadline,
@@ -459,6 +580,7 @@ class _Budget:
         self.total = Deadline(budget_s)
         self.runs = runs
         self.fixed_s = 0.0
+        self.walls: list[float] = []
 
     def deadline(self) -> Deadline:
         share = self.total.left() / max(self.runs, 1)
@@ -474,10 +596,30 @@ class _Budget:
 
     def ran(self, wall_s: float, counted_s: float) -> None:
         self.fixed_s = max(self.fixed_s, wall_s - counted_s)
+        self.walls.append(wall_s)
+
+    def leaves(self, runs: int) -> bool:
+        """Whether one more optional run still leaves room for ``runs`` runs as long as the mean so far."""
+        mean = sum(self.walls) / len(self.walls) if self.walls else 0.0
+        if self.total.left() > self.fixed_s + (runs + 1) * mean:
+            return True
+        self.runs -= 1
+        return False
+
+
+#: the share of the budget kept for the longer runs that confirm a recommendation
+CONFIRM_SHARE = 0.3
+#: rounds of the confirming runs (each runs the user's settings and the recommended, in turn)
+CONFIRM_ROUNDS = 2
+#: a confirming run reads up to this many times ``batches`` (at most one epoch), within its budget
+CONFIRM_LENGTH = 4
+#: rounds of raising the worker count while the rate rises
+MORE_ROUNDS = 3
 
 
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
-                  device: Any = None, target: Any = None, cache_bytes: int | None = None) -> LoaderAdvice:
+                  device: Any = None, target: Any = None, cache_bytes: int | None = None,
+                  epochs: int = 1) -> LoaderAdvice:
     """Measure a DataLoader with a train step and recommend DataLoader settings.
 
     Parameters
@@ -494,7 +636,13 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         (a run always counts at least one batch after its warm-up), and a run besides
         the user's first starts only when what is left covers the largest start-up and
         shut-down cost seen so far. The search for a cache inside the dataset takes at
-        most a quarter of it more, before those runs.
+        most a quarter of it more, before those runs. A share (:data:`CONFIRM_SHARE`) is kept for the longer
+        runs that confirm a recommendation.
+    epochs : int
+        Epochs of the script's run: with the loader's length (its batches per epoch), the
+        whole run is predicted (worker start-up, epoch boundaries with and without
+        ``persistent_workers``, the steady state) and :attr:`LoaderAdvice.speedup` is the
+        whole run's.
 
     Notes
     -----
@@ -504,6 +652,14 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     recommended only when its median beats the user's by ``MIN_GAIN`` and its slowest
     run beats the user's fastest (the gain exceeds the spread); otherwise the advice
     keeps the user's settings and says the difference is within noise.
+
+    The space: worker processes 0, 1, 2 and the cores, thread workers 2 and the cores
+    (a :class:`~placer.stream.threadloader.ThreadLoader`), then more workers of each kind
+    while the rate rises (:func:`more_workers`), prefetch 1, 2, 4 and 8 for the fastest
+    (:func:`prefetch_depths`), and fewer intra-op threads for the step. A recommendation
+    is then confirmed by longer runs, interleaved with the user's settings
+    (:func:`confirm`): it stands only when the whole run it predicts is still
+    ``MIN_GAIN`` faster.
     device : str or torch.device, optional
         Where the step runs (``cpu``, ``gpu``, ``gpu:1``, ``cuda:0``); its queued work
         is waited for at the ends of each timed run. Default: ``cpu``.
@@ -523,12 +679,18 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     dev = _step_device(device)
     from torch.utils.data import IterableDataset
 
+    if epochs < 1:
+        raise ValueError(f"advise_loader: epochs={epochs}: the script's run has at least one epoch")
     user = settings_of(loader)
-    cands = candidates(user, cores=_cores(), gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
-    threads_tried = 2 * thread_counts(user.torch_threads or 1, 0, _cores()) if dev.kind == "cpu" else []
+    cores = _cores()
+    cands = candidates(user, cores=cores, gpu=dev.is_gpu, iterable=isinstance(loader.dataset, IterableDataset))
+    threads_tried = 2 * thread_counts(user.torch_threads or 1, 0, cores) if dev.kind == "cpu" else []
     with _random_state_kept(loader):
         cache = _find_cache(loader, step, user, batches, budget_s * CACHE_SHARE, cache_bytes, dev)
-    budget = _Budget(budget_s, runs=3 + len(cands) + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 3))
+    cache_s = took.spent()  # the cache search is on top of budget_s
+    more_runs = 2 * MORE_ROUNDS + len(PREFETCH) - 1  # as _widen counts them
+    budget = _Budget(budget_s * (1 - CONFIRM_SHARE),
+                     runs=3 + len(cands) + more_runs + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 3))
     count = counter_of(loader)
     with _random_state_kept(loader):
         kept: list = []
@@ -537,6 +699,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         alone = _trial(loader, user, None, batches, dev, budget, count=count) if budget.allows() else None
         trials = [mine] + [t for s in cands if budget.allows()
                            and (t := _trial(loader, s, step, batches, dev, budget, count=count)) is not None]
+        # widening yields to what decides: the step's threads and the repeats of the finalists
+        _widen(loader, trials, step, batches, dev, budget, count, cores,
+               keep=len(threads_tried) + (REPEATS - 1) * (FINALISTS + 2))
         waits = max(0.0, 1 - mine.samples_per_s / step_rate) > WAIT_NOISE
         best = choose(mine, trials, waits=waits)
         threads = None
@@ -552,10 +717,39 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
                       default=None)
             threads |= {"helped": best.settings.torch_threads != mine.settings.torch_threads,
                         **({"samples_per_s": round(top.samples_per_s, 2)} if top is not None else {})}
-    if best is not mine and best.settings.num_workers:
-        best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
+        if best is not mine and best.settings.num_workers and not best.settings.worker_threads:
+            best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
+        per_epoch = _length(loader)
+        longer = None
+        if best is not mine:
+            n = max(batches, min(CONFIRM_LENGTH * batches, per_epoch or CONFIRM_LENGTH * batches))
+            rest = _Budget(max(budget_s + cache_s - took.spent(), 0.0), 2 * CONFIRM_ROUNDS)
+            rest.fixed_s = budget.fixed_s
+            longer = confirm(loader, mine, best, step, n, dev, rest, count)
+    run = whole_run(mine, best, trials, longer, epochs=epochs, batches=per_epoch)
+    confirmed = None
+    if longer is not None:
+        steady = longer[1].samples_per_s / max(longer[0].samples_per_s, 1e-12)
+        gain = run["speedup"] if run is not None else steady
+        confirmed = {"batches": longer[2], "runs": CONFIRM_ROUNDS, "user": longer[0].as_dict(),
+                     "recommended": longer[1].as_dict(), "steady_speedup": round(steady, 3),
+                     "held": gain >= 1 + MIN_GAIN}
+        if not confirmed["held"]:
+            what = (f"over your whole run ({run['epochs']} x {run['batches']} batches) it would take "
+                    f"{run['recommended_s']:.2f} s, yours {run['user_s']:.2f} s" if run is not None
+                    else f"it measured {_span(longer[1])}, yours {_span(longer[0])}")
+            noise = f"{label(best.settings)} was not confirmed by longer runs of {longer[2]} batches: {what}"
+            best = mine  # your whole run as your confirming runs measured it
+            run = whole_run(mine, best, trials, (longer[0], longer[0], longer[2]), epochs=epochs, batches=per_epoch)
+            if threads is not None:
+                threads["helped"] = False
     advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
     advice.budget_s, advice.within_noise, advice.cache = budget_s, noise, cache
+    advice.whole_run, advice.confirmed = run, confirmed
+    advice.knobs = decided_by(mine, best, trials, run)
+    if best is not mine and longer is None:
+        advice.notes.append("not confirmed by longer runs: the budget was spent first (a larger budget_s "
+                            "leaves room for them)")
     if count.unknown:
         advice.notes.append(UNKNOWN_COUNT)
     if target is not None:
@@ -613,6 +807,153 @@ def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: i
     return [merged(t, more.get(id(t), [])) for t in trials]
 
 
+def _widen(loader: Any, trials: list[Trial], step: Any, batches: int, dev: Device, budget: _Budget,
+           count: SampleCount, cores: int, keep: int = 0) -> None:
+    """After the first round: more workers while the rate rises, then the fastest's other prefetch depths.
+
+    A run starts only while it leaves room for ``keep`` more runs (those that decide: the
+    step's threads and the repeats), at the mean run's length so far.
+    """
+    def seen(s: LoaderSettings) -> bool:
+        return any(_measured_as(s) == _measured_as(t.settings) for t in trials)
+
+    def attempt(s: LoaderSettings) -> None:
+        nonlocal planned
+        planned -= 1
+        if budget.leaves(keep) and (t := _trial(loader, s, step, batches, dev, budget, count=count)) is not None:
+            trials.append(t)
+
+    planned = 2 * MORE_ROUNDS + len(PREFETCH) - 1  # the runs the budget counted for widening
+    for _ in range(MORE_ROUNDS):
+        more = [s for s in more_workers(trials, cores=cores) if not seen(s)]
+        if not more:
+            break
+        for s in more:
+            attempt(s)
+    fastest = max((t for t in trials if t.settings.num_workers), key=lambda t: t.samples_per_s, default=None)
+    if fastest is not None:
+        for s in prefetch_depths(fastest.settings, [t.settings for t in trials]):
+            attempt(s)
+    budget.runs -= max(planned, 0)  # counted but not tried: their shares go to the runs to come
+
+
+def _length(loader: Any) -> int | None:
+    """Batches per epoch, where the loader knows them."""
+    try:
+        return int(len(loader))
+    except TypeError:
+        return None
+
+
+def confirm(loader: Any, user: Trial, best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
+            count: SampleCount) -> tuple[Trial, Trial, int] | None:
+    """Longer runs of the user's settings and the recommended, in turn, ``CONFIRM_ROUNDS`` rounds.
+
+    Each run reads up to ``batches`` batches (each stops early at its share of ``budget``)
+    from the start of an iterator, so that it measures the start-up, the steady state and
+    the workers' shut-down again, at a length nearer the script's. A round starts only
+    when what is left of ``budget`` covers the start-up costs seen so far. Returns both
+    settings' runs merged (:func:`merged`) and the batches asked for, or None when no
+    round fitted (or a run could not count a batch).
+    """
+    runs: dict[str, list[Trial]] = {"user": [], "best": []}
+    for _ in range(CONFIRM_ROUNDS):
+        if budget.total.left() <= 2 * budget.fixed_s:  # both runs of the round, or none
+            break
+        for key, t in (("user", user), ("best", best)):
+            again = _trial(loader, t.settings, step, batches, dev, budget, count=count)
+            if again is not None:
+                runs[key].append(again)
+    if not runs["user"] or not runs["best"]:
+        return None
+    return merged(runs["user"][0], runs["user"][1:]), merged(runs["best"][0], runs["best"][1:]), batches
+
+
+def _refill(trials: list[Trial]) -> float | None:
+    """One batch loaded while workers run: the first batch of a run without workers (none measured: None)."""
+    zero = [t.first_batch_s for t in trials if not t.settings.num_workers]
+    return float(np.median(zero)) if zero else None
+
+
+def _costs(t: Trial, refill: float | None, per_epoch: int | None = None) -> Any:
+    """A setting's run costs; from a run that read a whole epoch, its time per batch is that run's own
+    (first batch to last), not the steady window's: an epoch too short to reach a steady state (its
+    batches fit the workers' queue) runs as that run did."""
+    from placer.stream.wholerun import costs
+
+    if per_epoch and t.read >= per_epoch > 1 and t.read_s > t.first_batch_s:
+        rate = (t.read - 1) * (t.samples / max(t.batches, 1)) / (t.read_s - t.first_batch_s)
+        t = replace(t, samples_per_s=rate)
+    return costs(first_batch_s=t.first_batch_s, samples_per_s=t.samples_per_s,
+                 samples_per_batch=t.samples / max(t.batches, 1), close_s=t.close_s, refill_s=refill,
+                 workers=t.settings.num_workers,
+                 persistent=t.settings.persistent_workers and not t.settings.worker_threads)
+
+
+def whole_run(user: Trial, best: Trial, trials: list[Trial], longer: tuple[Trial, Trial, int] | None, *,
+              epochs: int, batches: int | None) -> dict[str, Any] | None:
+    """The user's run (``epochs`` x ``batches``) predicted with their settings and the recommended.
+
+    Each setting's costs (:class:`~placer.stream.wholerun.RunCosts`) come from its longer
+    confirming runs where there are some, else from the search's runs; the recommended
+    setting's costs are those of its own ``persistent_workers``. None when the batches
+    per epoch are unknown (an iterable dataset without a length).
+    """
+    from placer.stream.wholerun import run_seconds
+
+    if not batches:
+        return None
+    refill = _refill(trials)
+    u, b = (longer[0], longer[1]) if longer is not None else (user, best)
+    b = replace(b, settings=best.settings)
+    cu, cb = _costs(u, refill, batches), _costs(b, refill, batches)
+    user_s, best_s = run_seconds(cu, epochs=epochs, batches=batches), run_seconds(cb, epochs=epochs, batches=batches)
+    samples = epochs * batches * (u.samples / max(u.batches, 1))
+    out = {"epochs": epochs, "batches": batches, "user_s": round(user_s, 3), "recommended_s": round(best_s, 3),
+           "speedup": round(user_s / max(best_s, 1e-12), 3),
+           "user_samples_per_s": round(samples / user_s, 2), "recommended_samples_per_s": round(samples / best_s, 2),
+           "user_costs": cu.as_dict(), "recommended_costs": cb.as_dict(),
+           "from": "confirming runs" if longer is not None else "search runs"}
+    if best.settings.num_workers and not best.settings.worker_threads and epochs > 1:
+        other = replace(cb, persistent=not cb.persistent)
+        out["without_persistent_s" if cb.persistent else "with_persistent_s"] = round(
+            run_seconds(other, epochs=epochs, batches=batches), 3)
+    return out
+
+
+#: the knobs of a loader setting, as :func:`decided_by` names them
+KNOBS = ("num_workers", "worker_threads", "prefetch_factor", "torch_threads", "persistent_workers")
+
+
+def decided_by(user: Trial, best: Trial, trials: list[Trial], run: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The knobs the recommendation changes, each with what it gained where that was measured.
+
+    A knob's gain: the recommended rate over that of the measured setting equal to the
+    recommended but for that knob, set back to the user's value (``None``: no such run).
+    ``persistent_workers``'s gain is the whole run's with and without it (predicted).
+    """
+    out = []
+    for k in KNOBS:
+        mine, theirs = getattr(user.settings, k), getattr(best.settings, k)
+        if k == "prefetch_factor" and mine is None:  # no workers: the DataLoader's default depth
+            mine = 2
+        if k == "prefetch_factor" and not best.settings.num_workers or mine == theirs:
+            continue
+        if k == "persistent_workers" and not best.settings.num_workers:
+            continue
+        gain = None
+        if k == "persistent_workers":
+            if run is not None and "without_persistent_s" in run:
+                gain = round(run["without_persistent_s"] / max(run["recommended_s"], 1e-12), 3)
+        else:
+            back = _measured_as(best.settings.model_copy(update={k: mine}))
+            base = next((t for t in trials if _measured_as(t.settings) == back), None)
+            if base is not None:
+                gain = round(best.samples_per_s / max(base.samples_per_s, 1e-12), 3)
+        out.append({"knob": k, "yours": mine, "recommended": theirs, "gain": gain})
+    return out
+
+
 def wait_noise(user: Trial) -> float:
     """The step's wait that is within noise: ``WAIT_NOISE``, or half the spread of the user's runs if larger."""
     return max(WAIT_NOISE, user.spread / 2)
@@ -661,9 +1002,10 @@ def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: 
            keep: list | None = None, count: SampleCount | None = None) -> Trial | None:
     measured = settings.model_copy(update={"persistent_workers": False})
     with Clock() as wall, torch_threads(settings.torch_threads):
-        trial = run_loader(rebuild(loader, measured), step, batches=batches,
+        queue = settings.num_workers * (settings.prefetch_factor or 2)
+        trial = run_loader(rebuild(loader, measured), step, batches=min(max(batches, 2 * queue + 2), 4 * batches),
                            warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep,
-                           count=count)
+                           count=count, drain=queue)
     budget.ran(wall.wall, trial.seconds if trial is not None else 0.0)
     return None if trial is None else replace(trial, settings=settings)
 
@@ -729,7 +1071,9 @@ def _advice(mine: Trial, best: Trial, trials: list[Trial], step_rate: float, alo
     loader_rate = alone.samples_per_s if alone is not None else None
     bottleneck = "loader" if loader_rate is not None and loader_rate < step_rate else "step"
     notes = []
-    if best.settings.num_workers and not best.settings.persistent_workers:
+    if best.settings.worker_threads:
+        pass  # a thread pool has no processes to keep
+    elif best.settings.num_workers and not best.settings.persistent_workers:
         notes.append("for more than one epoch, persistent_workers=True keeps the worker processes between "
                      f"epochs (starting them took {best.first_batch_s:.2f} s before the first batch)")
     elif best.settings.num_workers and best is not mine:
@@ -830,7 +1174,8 @@ def verdict(a: LoaderAdvice) -> str:
 
 def _row(t: Trial, yours: bool) -> str:
     s = t.settings
-    return (f"  {s.num_workers:>11} {s.prefetch_factor or '-':>15} {str(s.pin_memory):>10} {s.torch_threads:>13} "
+    workers = f"{s.num_workers} threads" if s.worker_threads else str(s.num_workers)
+    return (f"  {workers:>11} {s.prefetch_factor or '-':>15} {str(s.pin_memory):>10} {s.torch_threads:>13} "
             f"{t.samples_per_s:>10,.0f} {t.first_batch_s:>9.2f} s {len(t.rates):>4} {t.spread:>6.0%}"
             f"{'  (yours)' if yours else ''}")
 
@@ -843,8 +1188,12 @@ def describe(a: LoaderAdvice) -> list[str]:
              f"Your settings: {label(a.user.settings)} -> {_rate(a.user.samples_per_s)}"]
     if a.change:
         kw = ", ".join(f"{k}={v}" for k, v in a.recommended.settings.kwargs().items())
+        where = "over your whole run" if a.whole_run is not None else "in the steady state"
         lines += [f"Recommended:   {label(a.recommended.settings)} -> {_rate(a.recommended.samples_per_s)}, "
-                  f"{a.speedup:.2f}x yours", f"  DataLoader(..., {kw})"]
+                  f"{a.speedup:.2f}x yours {where}",
+                  f"  placer.stream.ThreadLoader(dataset, ..., {kw})  (advice.loader() builds it; threads, not "
+                  "processes: a Dataset read from several threads must guard any state it changes)"
+                  if a.recommended.settings.worker_threads else f"  DataLoader(..., {kw})"]
         if a.recommended.settings.torch_threads != a.user.settings.torch_threads:
             lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")
     elif a.within_noise:
@@ -857,6 +1206,7 @@ def describe(a: LoaderAdvice) -> list[str]:
                      f"{MIN_GAIN:.0%} faster)")
     if a.cache is not None and a.cache.recommended:  # what was not offered, and why: in the JSON
         lines.append(a.cache.sentence())
+    lines += _whole_run_lines(a)
     lines += ["Measured (steady state, the median of the runs; the first batch waits for the workers to start; "
               "spread: the runs' range over their median):" if len(a.trials) > 1
               else "Measured (your loop, after its first batch):",
@@ -864,6 +1214,42 @@ def describe(a: LoaderAdvice) -> list[str]:
               f"{'samples/s':>10} {'first batch':>11} {'runs':>4} {'spread':>6}"]
     lines += [_row(t, t is a.user) for t in a.trials]
     return lines + [f"Note: {n}" for n in a.notes]
+
+
+def _whole_run_lines(a: LoaderAdvice) -> list[str]:
+    """The whole run predicted, the confirming runs, and the knobs that decided."""
+    out = []
+    w = a.whole_run
+    if w is not None:
+        uc, rc = w["user_costs"], w["recommended_costs"]
+        line = (f"Your whole run ({w['epochs']} epoch{'s' if w['epochs'] != 1 else ''} x {w['batches']} batches), "
+                f"predicted from the {w['from']}: {w['user_s']:.2f} s with your settings (start-up "
+                f"{uc['start_s']:.2f} s, {uc['per_batch_s'] * 1000:.1f} ms a batch)")
+        if a.change:
+            line += (f", {w['recommended_s']:.2f} s recommended (start-up {rc['start_s']:.2f} s, "
+                     f"{rc['per_batch_s'] * 1000:.1f} ms a batch): {w['speedup']:.2f}x")
+        out.append(line)
+        if "without_persistent_s" in w:
+            out.append(f"  without persistent_workers: {w['without_persistent_s']:.2f} s (the workers would "
+                       "start again every epoch)")
+    c = a.confirmed
+    if c is not None:
+        out.append(f"Confirmed by longer runs ({c['runs']} each of up to {c['batches']} batches, interleaved): "
+                   f"{c['recommended']['samples_per_s']:,.0f} vs your {c['user']['samples_per_s']:,.0f} samples/s"
+                   + ("" if c["held"] else " - not enough: your settings are kept"))
+    if a.knobs:
+        def part(k: dict) -> str:
+            return f"{k['knob']} {k['yours']} -> {k['recommended']}" + (
+                f" ({k['gain']:.2f}x)" if k["gain"] is not None else "")
+
+        # a knob whose own measured gain is within noise came along with the others
+        decided = [k for k in a.knobs if k["gain"] is None or k["gain"] > 1 + MIN_GAIN]
+        along = [k for k in a.knobs if k not in decided]
+        if decided:
+            out.append("Decided by: " + "; ".join(part(k) for k in decided))
+        if along:
+            out.append("Changed along (no clear gain of its own measured): " + "; ".join(part(k) for k in along))
+    return out
 
 
 # -- measuring the user's own loop ---------------------------------------------------------

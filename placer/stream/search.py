@@ -230,7 +230,32 @@ def search(profile: StreamProfile, scorer: Scorer, rule: Candidate) -> tuple[lis
     place = rule.place
     ties = sorted([c for c in scored if scorer.score(c) >= top * (1 - TIE)], key=lambda c: tie_cost(c, place, profile))
     rest = [c for c in scored if c not in set(ties)]
-    return ties + rest, how, len(pool)
+    ranked = [useful(profile, scorer, c) for c in ties + rest]
+    return list(dict.fromkeys(ranked)), how, len(pool)
+
+
+def useful(profile: StreamProfile, scorer: Scorer, c: Candidate) -> Candidate:
+    """``c`` with no more workers than the model finds useful on this machine.
+
+    Each CPU member's workers are lowered one at a time while the prediction stays within
+    :data:`TIE` of ``c``'s: a worker the model predicts no gain from is not asked for (a
+    search that did not see every count, e.g. hill climbing, can otherwise keep some).
+    """
+    if c.settings.sequential:
+        return c
+    floor = scorer.score(c) * (1 - TIE)
+    cur = c
+    changed = True
+    while changed:
+        changed = False
+        for m, w in sorted(cur.workers.items()):
+            least = 0 if m == profile.source else 1
+            if w <= least:
+                continue
+            fewer = cur.with_(stage_workers={**cur.workers, m: w - 1})
+            if scorer.score(fewer) >= floor:
+                cur, changed = fewer, True
+    return cur
 
 
 def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Candidate]:

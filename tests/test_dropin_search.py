@@ -1,0 +1,251 @@
+"""The drop-in's wider search and whole-run numbers: thread workers as a drop-in loader, workers past
+the cores while the rate rises, prefetch depths, queue-drained rates, the whole run predicted, and
+recommendations confirmed (or overturned) by longer runs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
+
+from placer.data.stream import LoaderSettings
+from placer.stream import ThreadLoader, advise_loader, dropin
+from placer.stream.dropin import Trial, decided_by, more_workers, prefetch_depths, rebuild, run_loader, settings_of
+from placer.stream.wholerun import RunCosts, costs, run_seconds
+
+
+class Records(Dataset):
+    def __len__(self):
+        return 37
+
+    def __getitem__(self, i):
+        return {"x": torch.full((3,), float(i)), "i": i}
+
+
+def as_lists(loader):
+    return [(b["x"].tolist(), b["i"].tolist()) for b in loader]
+
+
+# -- the thread-pool loader ----------------------------------------------------------------------
+def test_the_thread_loader_yields_a_dataloaders_batches_in_order_epoch_after_epoch():
+    def pair(**kw):
+        a = DataLoader(Records(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3), **kw)
+        b = ThreadLoader(Records(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3),
+                         num_workers=3, prefetch_factor=1, **kw)
+        return a, b
+
+    a, b = pair()
+    assert len(a) == len(b) == 10
+    for _ in range(2):  # a second epoch draws the next order from the same generator
+        assert as_lists(a) == as_lists(b)
+    a, b = pair(drop_last=True)
+    assert as_lists(a) == as_lists(b) and len(b) == 9
+    # an unseeded shuffle draws from torch's global generator, as a DataLoader's does
+    torch.manual_seed(7)
+    first = as_lists(DataLoader(Records(), batch_size=5, shuffle=True))
+    torch.manual_seed(7)
+    assert as_lists(ThreadLoader(Records(), batch_size=5, shuffle=True, num_workers=2)) == first
+
+
+def test_the_thread_loader_keeps_a_batch_sampler_and_refuses_what_it_cannot_run():
+    sampler = BatchSampler(RandomSampler(Records(), generator=torch.Generator().manual_seed(1)), 6, False)
+    ref = as_lists(DataLoader(Records(), batch_sampler=sampler))
+    assert as_lists(ThreadLoader(Records(), batch_sampler=sampler, num_workers=2)) != [] and \
+        len(as_lists(ThreadLoader(Records(), batch_sampler=sampler, num_workers=2))) == len(ref)
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    with pytest.raises(ValueError, match="IterableDataset"):
+        ThreadLoader(Stream(), num_workers=2)
+    with pytest.raises(ValueError, match="num_workers >= 1"):
+        ThreadLoader(Records(), num_workers=0)
+
+
+def test_rebuilding_with_thread_workers_gives_a_thread_loader_with_the_users_batches():
+    user = DataLoader(Records(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5))
+    state = user.generator.get_state()
+    ref = as_lists(user)
+    user.generator.set_state(state)
+    threads = rebuild(user, LoaderSettings(num_workers=2, prefetch_factor=4, worker_threads=True))
+    assert isinstance(threads, ThreadLoader) and as_lists(threads) == ref
+    s = settings_of(threads)
+    assert s.worker_kind == "threads" and s.num_workers == 2 and s.prefetch_factor == 4
+    assert "persistent_workers" not in s.kwargs() and s.as_dict()["worker_threads"] is True
+    assert dropin.label(s).startswith("num_workers=2 (threads), prefetch_factor=4, pin_memory")
+    # and back to processes: a DataLoader again
+    assert isinstance(rebuild(threads, LoaderSettings(num_workers=0)), DataLoader)
+
+
+# -- the search space ----------------------------------------------------------------------------
+def trial(w: int, rate: float, *, threads: bool = False, pf: int | None = 2, first: float = 0.01,
+          close: float = 0.0, tt: int = 2) -> Trial:
+    s = LoaderSettings(num_workers=w, prefetch_factor=pf if w else None, worker_threads=threads, torch_threads=tt)
+    return Trial(settings=s, samples_per_s=rate, first_batch_s=first, fetch_fraction=0.5, batches=10, samples=80,
+                 seconds=80 / rate, close_s=close)
+
+
+def test_more_workers_are_tried_past_the_cores_only_while_the_rate_rises():
+    rising = [trial(0, 100), trial(1, 150), trial(2, 200), trial(2, 400, threads=True)]
+    nxt = {(s.num_workers, s.worker_threads) for s in more_workers(rising, cores=2)}
+    assert nxt == {(3, False), (3, True)}  # threads: 2 beat one process worker
+    flat = [trial(0, 100), trial(1, 150), trial(2, 152), trial(2, 140, threads=True)]
+    assert more_workers(flat, cores=2) == []
+    # past twice the cores the count doubles, up to the most the drop-in tries
+    assert more_workers([trial(3, 100), trial(4, 200)], cores=2)[0].num_workers == 8
+    assert more_workers([trial(16, 100), trial(dropin.MAX_WORKERS, 200)], cores=2) == []
+    # the fastest is not the most workers measured: it has stopped rising
+    assert more_workers([trial(1, 100), trial(2, 300), trial(3, 250)], cores=2) == []
+
+
+def test_the_fastest_gets_every_prefetch_depth_not_yet_measured():
+    best = LoaderSettings(num_workers=2, prefetch_factor=2)
+    depths = prefetch_depths(best, [best, best.model_copy(update={"prefetch_factor": 4})])
+    assert [s.prefetch_factor for s in depths] == [1, 8] and all(s.num_workers == 2 for s in depths)
+    assert prefetch_depths(LoaderSettings(num_workers=0), []) == []
+
+
+class Listed:
+    """A loader-like iterable whose first ``fast`` batches are ready at once (a full queue), the rest
+    take ``delay`` seconds each."""
+
+    num_workers, prefetch_factor, pin_memory, persistent_workers, batch_size = 2, 2, False, False, 4
+
+    def __init__(self, n: int, fast: int, delay: float):
+        self.n, self.fast, self.delay = n, fast, delay
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i >= self.fast:
+                time.sleep(self.delay)
+            yield torch.zeros(4)
+
+
+def test_a_run_leaves_out_the_batches_a_full_queue_held():
+    from placer.devices import discover
+    from placer.timing import Deadline
+
+    cpu = discover().resolve("cpu")
+    kw = dict(batches=14, warmup=2, device=cpu, deadline=Deadline(None))
+    # batches 0-5 come at once, then 20 ms each: counted from batch 2 without draining, the queue's
+    # four flatter the rate; draining them measures the workers
+    flattered = run_loader(Listed(14, 6, 0.02), None, **kw)
+    drained = run_loader(Listed(14, 6, 0.02), None, drain=4, **kw)
+    assert drained.batches == 8 and flattered.batches == 12
+    # a sleep only overshoots (a loaded machine stretches it): at most 4 samples / 20 ms
+    assert 4 / 0.02 / 4 < drained.samples_per_s <= 4 / 0.02 * 1.05
+    # 12 batches over the time of 8 slow ones against 8 over 8: 1.5x (less the instant batches' own time)
+    assert flattered.samples_per_s > 1.25 * drained.samples_per_s
+
+
+# -- the whole run -------------------------------------------------------------------------------
+def test_the_whole_run_adds_start_up_epoch_boundaries_and_the_steady_state():
+    c = RunCosts(start_s=1.0, per_batch_s=0.1, close_s=0.2, refill_s=0.05, persistent=False)
+    # every epoch starts the workers again and stops them at its end
+    assert run_seconds(c, epochs=3, batches=11) == pytest.approx(3 * (1.0 + 10 * 0.1 + 0.2))
+    p = RunCosts(start_s=1.0, per_batch_s=0.1, close_s=0.2, refill_s=0.05, persistent=True)
+    assert run_seconds(p, epochs=3, batches=11) == pytest.approx(1.0 + 10 * 0.1 + 2 * (0.05 + 10 * 0.1))
+    with pytest.raises(ValueError, match="epochs=0"):
+        run_seconds(c, epochs=0, batches=3)
+    # from one measured run: no workers, nothing to start or stop but the first batch
+    z = costs(first_batch_s=0.02, samples_per_s=400, samples_per_batch=8, close_s=0.3, refill_s=None, workers=0,
+              persistent=False)
+    assert z.per_batch_s == pytest.approx(0.02) and z.close_s == 0 and not z.persistent
+
+
+def scripted(monkeypatch, search: dict, longer: dict, *, first: dict | None = None):
+    """Runs of up to the advice's ``batches`` measure ``search[w]``; longer runs ``longer[w]``."""
+    first = first or {}
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        w = -1 if getattr(loader, "worker_threads", False) else loader.num_workers
+        rates = longer if batches > 20 else search
+        rate = 5000.0 if step is None else rates.get(w, 10.0)
+        return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=first.get(w, 0.01),
+                     fetch_fraction=0.5, batches=10, samples=80, seconds=80 / rate)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
+
+
+class Many(Dataset):
+    def __len__(self):
+        return 800  # 100 batches of 8
+
+    def __getitem__(self, i):
+        return torch.zeros(2)
+
+
+def test_a_recommendation_is_confirmed_by_longer_runs_and_claims_the_whole_runs_speed_up(monkeypatch):
+    scripted(monkeypatch, {0: 100.0, 1: 150.0, 2: 200.0}, {0: 100.0, 2: 190.0}, first={2: 0.5})
+    advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=3)
+    assert advice.change and advice.recommended.settings.num_workers == 2 and advice.confirmed["held"]
+    w = advice.whole_run
+    assert w["epochs"] == 3 and w["batches"] == 100 and w["from"] == "confirming runs"
+    # yours: 3 x (0.01 + 99 x 80 ms); recommended: start once (0.5 s), then 2 refills of one batch
+    mine = 3 * (0.01 + 99 * 0.08)
+    rec = 0.5 + 99 * 8 / 190 + 2 * (0.01 + 99 * 8 / 190)
+    assert w["user_s"] == pytest.approx(mine, rel=1e-3) and w["recommended_s"] == pytest.approx(rec, rel=1e-3)
+    assert advice.speedup == pytest.approx(mine / rec, rel=1e-3) and advice.steady_speedup == pytest.approx(2.0)
+    assert w["without_persistent_s"] > w["recommended_s"]
+    doc = json.loads(advice.to_json())
+    assert doc["speedup"] == pytest.approx(mine / rec, rel=1e-3) and doc["confirmed"]["batches"] == 40
+    assert {k["knob"] for k in doc["decided_by"]} >= {"num_workers", "persistent_workers"}
+    text = str(advice)
+    assert "Your whole run (3 epochs x 100 batches)" in text and "Confirmed by longer runs" in text
+    assert "Decided by: num_workers 0 -> 2" in text
+
+
+def test_a_recommendation_the_longer_runs_do_not_confirm_keeps_your_settings(monkeypatch):
+    scripted(monkeypatch, {0: 100.0, 1: 150.0, 2: 200.0}, {0: 100.0, 2: 104.0})
+    advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    assert not advice.change and advice.confirmed["held"] is False
+    assert "not confirmed by longer runs" in advice.within_noise and advice.speedup == pytest.approx(1.0)
+    assert "keep your settings" in str(advice)
+
+
+def test_start_up_that_a_short_run_would_not_repay_is_not_recommended(monkeypatch):
+    # 2 workers are twice as fast in the steady state, but starting them takes 4 s: a one-epoch run of
+    # 100 batches (8 s as yours) gains less than 10 %
+    scripted(monkeypatch, {0: 100.0, 1: 150.0, 2: 200.0}, {0: 100.0, 2: 200.0}, first={1: 4.0, 2: 4.0})
+    advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=1)
+    assert not advice.change and "not confirmed" in advice.within_noise
+    with pytest.raises(ValueError, match="epochs=0"):
+        advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, epochs=0)
+
+
+def test_the_knobs_that_decided_are_those_that_changed_with_their_measured_gain():
+    user = trial(0, 100.0)
+    best = trial(2, 300.0, threads=True, pf=4)
+    trials = [user, trial(2, 150.0, pf=4), trial(2, 250.0, threads=True, pf=2), best]
+    knobs = {k["knob"]: k for k in decided_by(user, best, trials, None)}
+    assert set(knobs) == {"num_workers", "worker_threads", "prefetch_factor"}
+    assert knobs["num_workers"]["gain"] == pytest.approx(3.0)
+    assert knobs["worker_threads"]["gain"] == pytest.approx(2.0)
+    assert knobs["prefetch_factor"]["gain"] == pytest.approx(1.2)
+
+
+def test_widening_yields_to_the_runs_that_decide():
+    budget = dropin._Budget(10.0, runs=20)
+    budget.ran(1.0, 0.9)
+    budget.ran(1.0, 0.9)  # runs of 1 s, 0.1 s of it fixed
+    assert budget.leaves(8)  # 10 s left > 0.1 + 9 x 1 s
+    assert not budget.leaves(9) and budget.runs == 19  # declined: its share goes to the runs to come
+
+
+def test_an_epoch_read_whole_is_predicted_as_it_ran_not_from_its_steady_window():
+    from dataclasses import replace
+
+    # 6 batches an epoch, all in the workers' queue: the 2 counted looked 10x faster than the epoch ran
+    t = replace(trial(3, 800.0, threads=True, first=0.1), read=6, read_s=0.6)  # 8 samples a batch
+    whole = dropin._costs(t, None, per_epoch=6)
+    assert whole.per_batch_s == pytest.approx(0.5 / 5)
+    assert dropin._costs(t, None, per_epoch=50).per_batch_s == pytest.approx(8 / 800.0)  # an epoch not read whole

@@ -77,6 +77,9 @@ class Advised:
         The devices.
     stream_plans : list of StreamPlan
         Each stream's plan, for a pipeline with streams.
+    stream_target_plans : list of StreamPlan
+        Each stream's plan for the described machine ``target=`` names (every number a
+        prediction for it); empty without a described target.
     """
 
     pipeline: Pipeline

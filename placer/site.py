@@ -76,10 +76,9 @@ class LocalSite:
         """
         built = None
         if precision:  # a mistake in --precision is named before anything is measured
-            from placer.loader import load_pipeline
             from placer.precision import parse_precision_option
 
-            built = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline, size)
+            built = _built(pipeline, size)
             parse_precision_option(precision, built.stages)
         prof = self.measure(pipeline, size=size, budget_s=budget_s, **profile_options)
         fixed = attach_precision_checks(prof, built if built is not None else pipeline, size, precision)
@@ -153,14 +152,25 @@ class ClusterSite:
         return execute(pipeline, spec, scheduler=self.client, size=pipeline.size, stream=stream, precision=precision)
 
 
+def _built(pipeline: Any, size: int | None) -> Pipeline:
+    """A built pipeline from a reference (a file, ``module:function``), a ``build`` function or a pipeline."""
+    from placer.loader import load_pipeline
+    from placer.pipeline import as_pipeline
+
+    if isinstance(pipeline, str):
+        return load_pipeline(pipeline, size)
+    if callable(pipeline) and not isinstance(pipeline, Pipeline):
+        return as_pipeline(pipeline(size))
+    return as_pipeline(pipeline)
+
+
 def attach_precision_checks(prof: Any, pipeline: Any, size: int | None, precision: str | None) -> dict[str, str]:
     """Check the accuracy of each allowed (or fixed) lower precision here and keep the checks in
     ``prof``'s stages; return the stages ``precision`` (``--precision``'s text) fixes."""
-    from placer.loader import load_pipeline
     from placer.precision import parse_precision_option
     from placer.profile.precision import allowed, check_precisions
 
-    p = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline, size)
+    p = _built(pipeline, size)
     auto, fixed = parse_precision_option(precision, p.stages)
     todo = allowed(p, auto)
     for n, v in fixed.items():

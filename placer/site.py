@@ -81,7 +81,7 @@ class LocalSite:
             built = _built(pipeline, size)
             parse_precision_option(precision, built.stages)
         prof = self.measure(pipeline, size=size, budget_s=budget_s, **profile_options)
-        fixed = attach_precision_checks(prof, built if built is not None else pipeline, size, precision)
+        fixed = attach_precision_checks(prof, pipeline, size, precision)
         costs = costs_from_profile(prof, size=size, describe=describe, inventory=self.inventory())
         for model in {id(m): m for m in (costs.model, costs.target_model)}.values():
             model.fixed_precision = dict(fixed)
@@ -166,11 +166,16 @@ def _built(pipeline: Any, size: int | None) -> Pipeline:
 
 def attach_precision_checks(prof: Any, pipeline: Any, size: int | None, precision: str | None) -> dict[str, str]:
     """Check the accuracy of each allowed (or fixed) lower precision here and keep the checks in
-    ``prof``'s stages; return the stages ``precision`` (``--precision``'s text) fixes."""
+    ``prof``'s stages; return the stages ``precision`` (``--precision``'s text) fixes.
+
+    The checks run at the largest size the profile measured (a plan for a larger size
+    predicts from those measurements, and must not run the stage at that size here)."""
     from placer.precision import parse_precision_option
     from placer.profile.precision import allowed, check_precisions
 
-    p = _built(pipeline, size)
+    measured = [n for n in (getattr(prof, "measured_sizes", None) or []) if n]
+    at = min(size, max(measured)) if size and measured else size  # the profiled input, never a larger planned size
+    p = _built(pipeline, at)
     auto, fixed = parse_precision_option(precision, p.stages)
     todo = allowed(p, auto)
     for n, v in fixed.items():

@@ -135,9 +135,7 @@ class CostModel:
         for dev, desc in self.described.items():
             if not sp.work or "gpu" not in sp.device_classes:
                 continue
-            pts = [(w.size, desc.predict(w.work.model_copy(update={"host_s": h})))
-                   for w, h in zip(sp.work, self.host_seconds(name))]
-            self._fits[(name, dev)] = fit_size_model(*zip(*pts))
+            self._fits[(name, dev)] = fit_size_model(*zip(*self.described_points(name, desc)))
 
     def host_seconds(self, stage: str) -> list[float]:
         """Host-side seconds a GPU run of ``stage`` pays at each counted size (``profile.stages[stage].work``).
@@ -161,6 +159,26 @@ class CostModel:
             return [(w.work.dispatches * here + o) * ratio for w, o in zip(work, outside)]
         there = getattr(self.target_cpu, "dispatch_s", None) or 0.0
         return [w.work.dispatches * there + o * ratio for w, o in zip(work, outside)]
+
+    def described_points(self, stage: str, desc: DeviceDescription, precision: str | None = None
+                         ) -> list[tuple[float, float]]:
+        """(size, seconds) of ``stage`` on the described device ``desc`` at each counted size,
+        its host time included, for a fit over size.
+
+        With work counted at one size only, a line through one point would split the time
+        between a fixed and a per-item part at random; a second point at twice the size is
+        added as a batched stage does it (the same calls, launches and host time; twice the
+        FLOPs and bytes), so that host and launch costs stay fixed and the work grows.
+        """
+        sp = self.profile.stages[stage]
+        host = self.host_seconds(stage)
+        pts = [(float(w.size), desc.predict(w.work.model_copy(update={"host_s": h}), precision=precision))
+               for w, h in zip(sp.work, host)]
+        if len(sp.work) == 1 and sp.work[0].size > 0:
+            w = sp.work[0].work
+            twice = w.model_copy(update={"host_s": host[0], **{k: 2 * getattr(w, k) for k in _GROWS if hasattr(w, k)}})
+            pts.append((2.0 * sp.work[0].size, desc.predict(twice, precision=precision)))
+        return pts
 
     def dispatch_s(self) -> float | None:
         """Seconds one op costs to issue on the machine the profile was measured on (its CPU
@@ -499,6 +517,10 @@ def one_core(p: Point, threads: int, cores: int) -> float | None:
     if threads <= 1 and p.cpu_s and p.load is not None and p.load >= cores - 0.5 and p.cpu_s < fit_value(p):
         return float(p.cpu_s)
     return None
+
+
+#: the counted work that grows with a batched stage's size (see :meth:`CostModel.described_points`)
+_GROWS = ("flops", "bytes", "tensor_flops", "tensor_bytes")
 
 
 def smoothed_outside(work: list) -> list[float]:

@@ -62,10 +62,7 @@ def ratio(model: Any, stage: str, device: str, precision: str, size: float | Non
 def roofline_at(model: Any, stage: str, device: str, size: float, precision: str) -> float:
     """The roofline's seconds for ``stage`` on the described ``device`` in ``precision``: its time at
     each counted size (host time included), fitted over size and read at ``size``."""
-    sp = model.profile.stages[stage]
-    desc = model.described[device]
-    pts = [(w.size, desc.predict(w.work.model_copy(update={"host_s": h}), precision=precision))
-           for w, h in zip(sp.work, model.host_seconds(stage))]
+    pts = model.described_points(stage, model.described[device], precision=precision)
     return float(max(fit_size_model(*zip(*pts))(size), 0.0))
 
 

@@ -30,8 +30,8 @@ from placer.data.stream import StreamSettings
 from placer.devices import Inventory
 from placer.errors import PlacerError, StageFailedError
 from placer.log import get_logger
-from placer.pipeline import Pipeline, as_pipeline
-from placer.site import ClusterSite, Costs, LocalSite, accelerators, open_site  # noqa: F401
+from placer.pipeline import Pipeline
+from placer.site import ClusterSite, Costs, LocalSite, accelerators, built_pipeline, open_site  # noqa: F401
 
 #: seconds of profiling allowed by default (`placer advise --budget-s`)
 DEFAULT_BUDGET_S = 30.0
@@ -246,17 +246,6 @@ class _Timed:
         return out
 
 
-def _as_built(pipeline: Any, size: int | None) -> Pipeline:
-    """A built pipeline from a reference, a ``build`` function or a pipeline."""
-    from placer.loader import load_pipeline
-
-    if isinstance(pipeline, str):
-        return load_pipeline(pipeline, size)
-    if callable(pipeline) and not isinstance(pipeline, Pipeline):
-        return as_pipeline(pipeline(size))
-    return as_pipeline(pipeline)
-
-
 def _baseline_runs(p: Pipeline, plan_run: Any, accelerator: str | None, run: Callable[[dict], Any],
                    timed: _Timed) -> dict[str, Any]:
     """Measured runs of the baselines; a baseline equal to a placement already run reuses it."""
@@ -343,7 +332,7 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
     from placer.report import collect
 
     timed = _Timed(step)
-    p = _as_built(pipeline, size)
+    p = built_pipeline(pipeline, size)
     if p.streams():
         return _advise_stream(site, p, budget_s=budget_s, baselines=baselines, warmup=warmup, timed=timed,
                               target=target)

@@ -78,7 +78,7 @@ class LocalSite:
         if precision:  # a mistake in --precision is named before anything is measured
             from placer.precision import parse_precision_option
 
-            built = _built(pipeline, size)
+            built = built_pipeline(pipeline, size)
             parse_precision_option(precision, built.stages)
         prof = self.measure(pipeline, size=size, budget_s=budget_s, **profile_options)
         fixed = attach_precision_checks(prof, pipeline, size, precision)
@@ -152,7 +152,7 @@ class ClusterSite:
         return execute(pipeline, spec, scheduler=self.client, size=pipeline.size, stream=stream, precision=precision)
 
 
-def _built(pipeline: Any, size: int | None) -> Pipeline:
+def built_pipeline(pipeline: Any, size: int | None) -> Pipeline:
     """A built pipeline from a reference (a file, ``module:function``), a ``build`` function or a pipeline."""
     from placer.loader import load_pipeline
     from placer.pipeline import as_pipeline
@@ -175,7 +175,7 @@ def attach_precision_checks(prof: Any, pipeline: Any, size: int | None, precisio
 
     measured = [n for n in (getattr(prof, "measured_sizes", None) or []) if n]
     at = min(size, max(measured)) if size and measured else size  # the profiled input, never a larger planned size
-    p = _built(pipeline, at)
+    p = built_pipeline(pipeline, at)
     auto, fixed = parse_precision_option(precision, p.stages)
     todo = allowed(p, auto)
     for n, v in fixed.items():

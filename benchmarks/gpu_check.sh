@@ -2,7 +2,8 @@
 # Every GPU check in one call, for a machine with a CUDA GPU (run there from the repo
 # root, after benchmarks/gpu_wheels.sh has filled .whl/ here and .whl is carried):
 #   tests marked gpu, `placer describe` of the machine, the stream, advisor, cost model
-#   and overhead benchmarks.
+#   and overhead benchmarks, and training steps per precision (fp32, tf32, bf16) against
+#   placer's H200 predictions.
 # Results go to $OUT (default ./gpu-results); each step has its own time limit so the
 # whole script ends within about nine minutes (one device command may run ten).
 set -u
@@ -21,10 +22,11 @@ export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1 PLACER_RE
 { nvidia-smi -L; python3 -c "import torch, numba, numpy; print('torch', torch.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__)"; } > "$RES/machine.txt" 2>&1
 timeout 130 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/ > "$RES/gpu-tests.txt" 2>&1
 echo "gpu tests exit $?" >> "$RES/gpu-tests.txt"
-timeout 45 python3 -m placer describe -o "$RES/describe-h200.json" --budget-s 30 > "$RES/describe-log.txt" 2>&1
-timeout 150 python3 benchmarks/stream.py --cases "stream_images (numpy),stream_inference" --time-limit-s 120 \
+timeout 40 python3 -m placer describe -o "$RES/describe-h200.json" --budget-s 30 > "$RES/describe-log.txt" 2>&1
+timeout 130 python3 benchmarks/stream.py --cases "stream_images (numpy),stream_inference" --time-limit-s 105 \
   --machine h200 --out "$RES/stream-h200" > "$RES/stream-log.txt" 2>&1
-timeout 150 python3 benchmarks/advisor.py --out "$RES/advisor-h200.txt" --time-limit-s 130 > "$RES/advisor-log.txt" 2>&1
+timeout 120 python3 benchmarks/advisor.py --out "$RES/advisor-h200.txt" --time-limit-s 100 > "$RES/advisor-log.txt" 2>&1
 timeout 30 python3 benchmarks/overhead.py --out "$RES/overhead-h200.txt" > /dev/null 2>&1
-timeout 60 python3 benchmarks/costmodel.py --budget-s 5 --pipelines tabular,mnist_mlp,requests > "$RES/costmodel-h200.txt" 2>&1
+timeout 45 python3 benchmarks/costmodel.py --budget-s 5 --pipelines tabular,mnist_mlp,requests > "$RES/costmodel-h200.txt" 2>&1
+timeout 70 python3 benchmarks/precision_gpu.py --out "$RES/precision-gpu" --time-limit-s 45 > "$RES/precision-log.txt" 2>&1
 tail -3 "$RES/gpu-tests.txt" "$RES/advisor-h200.txt" 2>/dev/null

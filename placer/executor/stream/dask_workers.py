@@ -13,6 +13,11 @@ backpressure and accounting stay as they are. The batches in flight at the
 stage are therefore bounded by its workers (one task per worker thread), and the
 outputs come back in order, so the result equals the sequential run's.
 
+With ``StreamConfig(stage_group={stage: g})`` each worker thread takes ``g``
+consecutive batches and runs them as one task (:meth:`DaskPool.call_many`), so the
+cluster's per-task overhead is paid once per ``g`` batches; the outputs come back
+split, in order, and the batches in flight at the stage are its workers times ``g``.
+
 The stage travels once: its modules as source (:mod:`placer.executor.shipping`),
 the stage with its one-shot inputs pickled and scattered to the workers, each of
 which unpickles it once and keeps it for the run. Each batch then travels as the
@@ -98,6 +103,18 @@ def run_batch(token: str, payload: bytes, inputs: dict[str, Any], info: BatchInf
     return out, time.perf_counter() - t
 
 
+def run_batches(token: str, payload: bytes, items: list[tuple[dict[str, Any], BatchInfo]]) -> tuple[list[Any], float]:
+    """Run on a worker: the stage on several consecutive batches, in order; their outputs and the seconds
+    it computed."""
+    from distributed import get_worker
+
+    call = _stage_call(token, payload)
+    t = time.perf_counter()
+    with stop_when_cancelled(get_worker()):
+        outs = [call(inputs, info) for inputs, info in items]
+    return outs, time.perf_counter() - t
+
+
 # -- the pool -----------------------------------------------------------------------------------
 class DaskPool:
     """``count`` workers of one stage whose calls run as tasks on the current dask cluster.
@@ -150,6 +167,22 @@ class DaskPool:
                 self._futures.discard(fut)
         self.times.add(compute, time.perf_counter() - t)
         return out
+
+    def call_many(self, items: list[tuple[dict[str, Any], BatchInfo]]) -> list[Any]:
+        """Run the stage on several consecutive batches as one task; their outputs, in order."""
+        t = time.perf_counter()
+        first = items[0][1].seq
+        fut = self.client.submit(run_batches, self.token, self._payload, items, pure=False,
+                                 key=f"{self.token}-{first}-{len(items)}")
+        with self._lock:
+            self._futures.add(fut)
+        try:
+            outs, compute = self._wait(fut)
+        finally:
+            with self._lock:
+                self._futures.discard(fut)
+        self.times.add(compute, time.perf_counter() - t)
+        return outs
 
     def _wait(self, fut: Any) -> tuple[Any, float]:
         done = done_event(fut)
@@ -230,4 +263,4 @@ def run_stream_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, stre
             return prepared.run()
 
 
-__all__ = ["DaskPool", "dask_config", "run_batch", "run_stream_on_cluster", "using_client"]
+__all__ = ["DaskPool", "dask_config", "run_batch", "run_batches", "run_stream_on_cluster", "using_client"]

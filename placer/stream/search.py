@@ -126,8 +126,9 @@ def worker_options(profile: StreamProfile, member: str, kind: str = "thread") ->
             return [1]
         # here, at most 8 (each is measured in verification); on a described target, up to its cores
         return list(range(0, (profile.cores if profile.target else min(profile.cores, 8)) + 1))
-    if kind == "dask":  # tasks in flight: up to the cluster's threads
-        return list(range(1, profile.cluster.threads + 1)) if profile.cluster is not None else [1]
+    if kind == "dask":  # tasks in flight: powers of two up to the cluster's threads, and its threads
+        n = profile.cluster.threads if profile.cluster is not None else 1
+        return sorted({*(1 << i for i in range(n.bit_length()) if 1 << i <= n), n})
     most = max([1, *[r.workers for r in st.scaling if r.kind == kind]])
     return list(range(1, most + 1))
 

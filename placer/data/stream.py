@@ -605,8 +605,9 @@ class StreamPlan(Views, BaseModel):
         for k, v in handler(self).items():
             if k in self.TARGET_FIELDS and v is None:
                 continue  # a plan for this machine is saved as it always was
-            if k == "settings":
-                out |= {n: x for n, x in v.items() if n not in StreamSettings.RUN_LIMITS}
+            if k == "settings":  # batches per task only where a stage runs on a cluster: other plans as before
+                out |= {n: x for n, x in v.items() if n not in StreamSettings.RUN_LIMITS
+                        and not (n == "stage_group" and not x)}
             else:
                 out[k] = v
         return out

@@ -220,11 +220,13 @@ def dask_config(pipeline: Any, devices: dict[str, Any], config: StreamConfig | N
 
     A stage without its own worker count gets ``threads`` (the cluster's), when the
     config leaves workers at the default; a sequential config (``workers=0``) is
-    left as it is (the reference run stays here).
+    left as it is (the reference run stays here), and so is a config that already
+    names stages with ``dask`` workers (a plan that chose which stages go to the
+    cluster, :mod:`placer.stream.cluster`): its other stages run here.
     """
     cfg = config or StreamConfig()
-    if cfg.sequential:
-        return cfg
+    if cfg.sequential or "dask" in cfg.worker_kind.values():
+        return cfg  # a config that names its cluster stages (a plan's) is taken as it is: the others stay here
     kinds, counts = dict(cfg.worker_kind), dict(cfg.stage_workers)
     default = "workers" not in cfg.model_fields_set
     for members in pipeline.streams().values():

@@ -211,26 +211,62 @@ def test_the_probe_measures_the_cluster_once_per_address(client):
     assert probe_cluster(client, 2000, refresh=True) is not link
 
 
-def test_advise_on_a_cluster_never_keeps_a_slower_measured_offload(client, monkeypatch):
+SLEEPY = """
+import time
+
+import numpy as np
+
+from placer import Pipeline
+
+
+def _batches(size: int):
+    for i in range(0, size, 4):
+        yield np.arange(i, min(i + 4, size), dtype=np.float64)
+
+
+def _wait(batches):
+    time.sleep(0.004)  # releases the GIL: threads here scale, and so do the cluster's two workers
+    return batches * 2.0
+
+
+def _total(wait, state):
+    return (state or 0.0) + float(wait.sum())
+
+
+def build(size=None):
+    n = 96 if size is None else size
+    p = Pipeline("sleepy_stream", size=n)
+    p.source("batches", batch_size=4, params={"size": n})(_batches)
+    p.stage("wait", kind="preprocessing", device="cpu")(_wait)
+    p.step("total", kind="other", init=lambda: 0.0)(_total)
+    return p
+"""
+
+
+def test_advise_on_a_cluster_never_keeps_a_slower_measured_offload(client, monkeypatch, tmp_path):
     import placer.stream.cluster as cluster
     from placer.advisor import advise
     from placer.loader import load_pipeline
 
-    p = load_pipeline(str(ROOT / "pipelines" / "stream_cache.py"), 96, batch=8, epochs=1, passes=1)
+    (tmp_path / "sleepy_stream.py").write_text(SLEEPY)
+    p = load_pipeline(str(tmp_path / "sleepy_stream.py"), 96)
     real = cluster.probe_cluster
 
-    def eager(c, nbytes, **kw):  # a cluster the model finds very fast: the offload is predicted faster
-        return real(c, nbytes, **kw).model_copy(update={"task_s": 0.0, "cpu_scale": 0.01, "shares_host": False})
+    def eager(c, nbytes, **kw):  # the model is told the cluster's cores are 100x these: it predicts the offload
+        return real(c, nbytes, **kw).model_copy(update={"task_s": 0.0, "cpu_scale": 0.01, "shares_host": False,
+                                                         "client_cpu_task_s": 0.0, "client_cpu_per_byte_s": 0.0})
 
     monkeypatch.setattr(cluster, "probe_cluster", eager)
     advised = advise(p, scheduler=client, budget_s=3, target="none", baselines=False)
     plan = advised.stream_plans[0]
     off = plan.offload
-    assert off is not None and off.predicted_samples_per_s > off.local_predicted_samples_per_s
+    assert off is not None and off.predicted_samples_per_s > 1.5 * off.local_predicted_samples_per_s
     assert off.measured_samples_per_s is not None and off.local_measured_samples_per_s is not None
+    # ... but 4 ms sleeps on two workers, each task a round trip, measure slower than this machine's threads
     kept = advised.run.streams[0].samples_per_s
     other = next(a for a in plan.baselines if a.name in ("CPU stages on the cluster", "this machine only"))
     assert kept >= other.measured_samples_per_s
     on_cluster = any(s.worker_kind == "dask" for s in advised.run.stages)
     assert on_cluster == off.chosen == (off.measured_samples_per_s > off.local_measured_samples_per_s)
+    assert on_cluster == (plan.settings.kind_of("wait") == "dask")
     assert type(plan).model_validate_json(plan.to_json()) == plan

@@ -270,3 +270,29 @@ def test_advise_on_a_cluster_never_keeps_a_slower_measured_offload(client, monke
     assert on_cluster == off.chosen == (off.measured_samples_per_s > off.local_measured_samples_per_s)
     assert on_cluster == (plan.settings.kind_of("wait") == "dask")
     assert type(plan).model_validate_json(plan.to_json()) == plan
+
+
+def test_the_report_shows_the_cluster_option():
+    from placer.data.report import StreamClusterFacts
+    from placer.data.stream import Offload, OffloadStage, StreamPlan
+    from placer.report.streams import add_plan
+
+    plan = StreamPlan(pipeline="p", source="batches", step="train", predicted_samples_per_s=900.0)
+    plan.offload = Offload(cluster="tcp://10.0.0.1:8786", threads=8, predicted_samples_per_s=900.0,
+                           measured_samples_per_s=700.0, local_predicted_samples_per_s=400.0,
+                           local_measured_samples_per_s=350.0, network_bytes_per_s=2.5e7, network_share=0.2,
+                           bandwidth_bytes_per_s=1.25e8, chosen=True,
+                           stages=[OffloadStage(name="decode", remote_workers=6, group=4, bytes_per_batch=12345,
+                                                predicted_batches_per_s=31.5, bound="compute")])
+    from placer.data.report import StreamFacts
+
+    facts = StreamFacts(source="batches", step="train", epochs=1, batches=10, samples=100, seconds=1.0,
+                        samples_per_s=700.0, time_to_first_batch_s=0.1, consumer_idle_fraction=0.1, prefetch=2)
+    add_plan(facts, plan, {})
+    assert isinstance(facts.cluster, StreamClusterFacts)
+    assert facts.cluster.stages[0]["group"] == 4 and facts.cluster.measured_samples_per_s == 700.0
+    from placer.cli.plan import offload_lines
+
+    text = "\n".join(offload_lines(plan.offload))
+    assert "decode: 6 remote tasks in flight of 4 batches" in text and "(20.0% of the link)" in text
+    assert "900.0 samples/s predicted, measured 700.0" in text and "400.0 predicted, measured 350.0" in text

@@ -207,4 +207,10 @@ def _print(advised, output: Path, save: Path | None) -> None:
 
         for sp in advised.stream_target_plans:  # asked with --target: what that machine would do
             print_stream_plan(sp)
+    for sp in advised.stream_plans:  # with --scheduler: the cluster option, predicted and measured
+        if sp.offload is not None:
+            from placer.cli.plan import offload_lines
+
+            for line in offload_lines(sp.offload):
+                c.print(f"  {line}", highlight=False, markup=False)
     c.print(f"report written to {output}" + (f"; JSON saved in {save}" if save else ""), highlight=False)

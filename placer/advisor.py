@@ -604,9 +604,7 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
     site = site or LocalSite()
     local = isinstance(site, LocalSite)
     if pipeline.streams():
-        return _best_for_streams(pipeline, site) if local else Chosen(
-            "all=cpu", "all stages on the CPU; the streams' CPU per-batch stages run as tasks on the cluster "
-            "(placer advise --scheduler measures that against this machine's workers)")
+        return _best_for_streams(pipeline, site) if local else _best_for_streams_on_cluster(pipeline, site)
     if local and not accelerators(site.inventory()):
         return Chosen("all=cpu", "all stages on the CPU: this machine has no GPU")
     try:
@@ -643,12 +641,44 @@ def _best_for_streams(pipeline: Pipeline, site: LocalSite) -> Chosen:
     return Chosen(placement, "; ".join(stream_summary(plan) for plan in plans), stream_config(plans), list(plans))
 
 
+def _best_for_streams_on_cluster(pipeline: Pipeline, site: ClusterSite) -> Chosen:
+    """Plan every stream here, then again with the cluster's workers in the search (the cluster measured
+    once): a stream whose offload the model predicts faster runs its chosen stages as grouped tasks there,
+    the others keep this machine's workers (named ``thread`` so the cluster run leaves them here)."""
+    from placer.stream.cluster import plan_offload, probe_bytes, probe_cluster
+    from placer.stream.planner import plan_streams, stream_config
+
+    try:
+        profiles: list = []
+        plans = plan_streams(pipeline, budget_s=RUN_BUDGET_S, inventory=LocalSite().inventory(), profiles=profiles)
+        out = []
+        for sp, prof in zip(plans, profiles):
+            link = probe_cluster(site.client, probe_bytes(prof))
+            planned, _, off = plan_offload(prof, link, objective=sp.objective, epochs=sp.epochs)
+            out.append(planned if off is not None and off.chosen else _kept_here(sp))
+    except (PlacerError, ValueError, KeyError) as exc:
+        return Chosen("all=cpu", "all stages on the CPU; the streams' CPU per-batch stages run as tasks on the "
+                                 f"cluster (planning the streams failed: {str(exc).splitlines()[0]})")
+    placement = {m: d for plan in out for m, d in plan.placement.items()}
+    return Chosen(placement, "; ".join(stream_summary(plan) for plan in out), stream_config(out), out)
+
+
+def _kept_here(plan: Any) -> Any:
+    """``plan`` with its CPU per-batch stages' thread workers named, so that a run at a cluster keeps them here."""
+    kinds = {m: plan.settings.kind_of(m) for m, d in plan.placement.items()
+             if d == "cpu" and m not in (plan.source, plan.step)}
+    plan.settings = plan.settings.override(worker_kind=kinds)
+    return plan
+
+
 def stream_summary(plan: Any) -> str:
     """One line on a stream plan: where, how many workers, the cache, the predicted rate and the baseline."""
     on = ", ".join(f"{m}={d}" for m, d in plan.placement.items() if m != plan.source)
     s = plan.settings
     workers = ", ".join(f"{w} {s.kind_of(m)} workers on {m}"
-                        for m, w in s.stage_workers.items() if w != 1 and m != plan.source)
+                        + (f" ({s.group_of(m)} batches per task)" if s.group_of(m) > 1 else "")
+                        for m, w in s.stage_workers.items()
+                        if (w != 1 or s.kind_of(m) == "dask") and m != plan.source)
     base = next((b for b in plan.baselines if b.name == "num_workers=0"), None)
     parts = [f"planned stream {plan.source} -> {plan.step} from a {RUN_BUDGET_S:g} s profile: {on}",
              workers, f"cache after {s.cache}" if s.cache else "",

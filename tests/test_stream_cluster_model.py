@@ -296,3 +296,32 @@ def test_the_report_shows_the_cluster_option():
     text = "\n".join(offload_lines(plan.offload))
     assert "decode: 6 remote tasks in flight of 4 batches" in text and "(20.0% of the link)" in text
     assert "900.0 samples/s predicted, measured 700.0" in text and "400.0 predicted, measured 350.0" in text
+
+
+def test_placer_run_at_a_cluster_runs_the_modelled_offload_grouped_or_keeps_the_stages_here(
+        client, monkeypatch, tmp_path):
+    import placer.stream.cluster as cluster
+    from placer.advisor import best_placement
+    from placer.executor import execute
+    from placer.loader import load_pipeline
+    from placer.site import open_site
+    from placer.stream import StreamConfig
+
+    (tmp_path / "sleepy_stream.py").write_text(SLEEPY)
+    p = load_pipeline(str(tmp_path / "sleepy_stream.py"), 96)
+    sequential = execute(p, "all=cpu", stream=StreamConfig(workers=0))
+    real = cluster.probe_cluster
+    for told, offloaded in ((dict(task_s=0.0, cpu_scale=0.01, shares_host=False, client_cpu_task_s=0.0,
+                                  client_cpu_per_byte_s=0.0), True),  # a cluster the model finds fast
+                            (dict(task_s=1.0, bandwidth_bytes_per_s=1e3), False)):  # a hopeless one
+        monkeypatch.setattr(cluster, "probe_cluster",
+                            lambda c, n, told=told, **kw: real(c, n, **kw).model_copy(update=told))
+        with open_site(client) as site:
+            chosen = best_placement(p, p.size, site)
+        assert (chosen.stream.kind_of("wait") == "dask") == offloaded, chosen.why
+        run = execute(p, chosen.placement, scheduler=client, stream=chosen.stream)
+        kinds = {s.name: s.worker_kind for s in run.stages}
+        assert kinds["wait"] == ("dask" if offloaded else "thread")
+        assert run.outputs_digest == sequential.outputs_digest
+        if offloaded:
+            assert chosen.stream.group_of("wait") >= 1 and "dask workers on wait" in chosen.why

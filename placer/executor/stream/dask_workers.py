@@ -216,7 +216,7 @@ class DaskPool:
 
 # -- a stream pipeline on a cluster ---------------------------------------------------------------
 def dask_config(pipeline: Any, devices: dict[str, Any], config: StreamConfig | None, threads: int) -> StreamConfig:
-    """``config`` with dask workers for every per-batch CPU stage of the streams (but those asked to run in processes).
+    """``config`` with dask workers for every per-batch CPU stage of the streams (but those whose kind it names).
 
     A stage without its own worker count gets ``threads`` (the cluster's), when the
     config leaves workers at the default; a sequential config (``workers=0``) is
@@ -231,8 +231,8 @@ def dask_config(pipeline: Any, devices: dict[str, Any], config: StreamConfig | N
     default = "workers" not in cfg.model_fields_set
     for members in pipeline.streams().values():
         for m in members[1:-1]:
-            if devices[m].is_accelerator or kinds.get(m, "thread") != "thread":
-                continue  # a GPU stage, or one asked to run in processes here
+            if devices[m].is_accelerator or m in kinds:
+                continue  # a GPU stage, or one whose kind is named (processes or threads here)
             kinds[m] = "dask"
             if default and m not in counts:
                 counts[m] = max(1, threads)

@@ -58,7 +58,7 @@ def test_tiny_batches_are_bound_by_the_per_task_overhead_and_grouping_lifts_it()
     assert one == pytest.approx(2 / (5 * MS + 0.1 * MS + 2e-6))  # k g / (o + g (c + m))
     assert remote.bound(prof, "decode", link, 2, 1) == "per-task overhead"
     g = remote.choose_group(prof, "decode", link)
-    assert g > 1 and g <= 1000 // (2 * link.threads)
+    assert g > 1 and g <= 1000 // (remote.TASKS_PER_THREAD * link.threads)
     assert remote.rate(prof, "decode", link, 2, g) > 1.9 * one
 
 

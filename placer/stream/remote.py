@@ -27,7 +27,8 @@ and its rate is the smallest. This machine pays the client's CPU per task and pe
 byte (it holds the GIL); on a cluster that runs on this machine
 (``shares_host``), the workers' compute and the scheduler's per-task CPU come
 from this machine's cores too. :func:`choose_group` takes the smallest group that
-keeps ``o`` under :data:`OVERHEAD_SHARE` of a task's time.
+keeps ``o`` under :data:`OVERHEAD_SHARE` of a task's time, leaving each cluster thread at
+least :data:`TASKS_PER_THREAD` tasks an epoch.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from placer.data.stream import ClusterLink, StreamProfile
 GROUPS = (1, 2, 4, 8, 16, 32)
 #: per-task overhead kept under this share of a task's time when grouping batches
 OVERHEAD_SHARE = 0.1
+#: tasks each cluster thread gets an epoch at least, when grouping batches
+TASKS_PER_THREAD = 8
 
 
 @dataclass(frozen=True)
@@ -115,12 +118,14 @@ def bound(profile: StreamProfile, stage: str, link: ClusterLink, workers: int, g
 
 def choose_group(profile: StreamProfile, stage: str, link: ClusterLink) -> int:
     """Batches per task: the smallest of :data:`GROUPS` whose per-task overhead is under
-    :data:`OVERHEAD_SHARE` of the task, no more than an epoch's batches spread over the cluster's threads."""
+    :data:`OVERHEAD_SHARE` of the task, and no larger than leaves each of the cluster's threads
+    :data:`TASKS_PER_THREAD` tasks an epoch (the steady state the model predicts needs several rounds of
+    tasks: an epoch of a few large tasks is mostly filling and draining)."""
     t = terms(profile, stage, link, 1)
     per = t.compute_s + t.move_s
     most = GROUPS[-1]
     if profile.batches_per_epoch:
-        most = max(1, min(most, profile.batches_per_epoch // (2 * link.threads)))
+        most = max(1, min(most, profile.batches_per_epoch // (TASKS_PER_THREAD * link.threads)))
     for g in GROUPS:
         if g >= most or t.task_s <= OVERHEAD_SHARE * g * per:
             return min(g, most)
@@ -140,5 +145,5 @@ def network_load(profile: StreamProfile, settings, batches_per_s: float) -> floa
     return sum(stage_bytes(profile, m) for m in profile.members if settings.kind_of(m) == "dask") * batches_per_s
 
 
-__all__ = ["GROUPS", "OVERHEAD_SHARE", "RemoteTerms", "bound", "choose_group", "group_of", "limits",
+__all__ = ["GROUPS", "OVERHEAD_SHARE", "TASKS_PER_THREAD", "RemoteTerms", "bound", "choose_group", "group_of", "limits",
            "network_load", "rate", "stage_bytes", "terms"]

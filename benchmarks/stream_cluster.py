@@ -145,6 +145,7 @@ def write(rows: list[dict], advised: dict | None, info: dict, out: Path) -> None
     lines = [f"# Stream offload to a 127.0.0.1 dask cluster: predicted against measured ({info['label']})", "",
              info["describe"], "", f"Cluster: {info['cluster']}. Load (1, 5, 15 min) at the start: "
              f"{info['load_start']}, at the end: {info['load_end']}; `uptime`: {info['uptime']}", "",
+             *([info["note"], ""] if info.get("note") else []),
              "Samples per second, steady state; each measured value the median of "
              f"{info['rounds']} interleaved runs; ✓: within {TOLERANCE:.0%} of the prediction.", "",
              *table(rows), ""]
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--advise", action="store_true", help="also run placer advise on stream_cache at the cluster")
     ap.add_argument("--machine", default="vm-epyc")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--note", default="", help="a line for the results (the machine, what else ran)")
     args = ap.parse_args(argv)
     labels = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in labels if c not in CASES]
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     info = {"label": args.machine, "describe": describe(), "cluster": "LocalCluster(n_workers=2, "
             "threads_per_worker=1, processes=True) on 127.0.0.1", "load_start": start, "load_end": load(),
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
-            "rounds": args.rounds}
+            "rounds": args.rounds, "note": args.note}
     write(rows, advised, info, out)
     print("\n".join(table(rows)))
     return 0

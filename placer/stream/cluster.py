@@ -1,6 +1,6 @@
 """A stream's CPU stages on a dask cluster: the cluster measured or described, and the offload planned.
 
-May import: placer.errors, placer.log, placer.data.stream, placer.stream.{remote,search,reasons,planner};
+May import: pydantic, placer.errors, placer.log, placer.data.stream, placer.stream.{remote,planner};
 numpy and distributed inside functions.
 
 The stream model prices a stage run as tasks on a cluster from a
@@ -187,6 +187,20 @@ def _is_local(address: str) -> bool:
     return host in _local_hosts()
 
 
+def cpu_model() -> str:
+    """This machine's CPU model (``/proc/cpuinfo``), or the platform's word for it."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _remote_cpu(client: Any) -> float:
     """CPU seconds the scheduler and the workers have used so far."""
     total = sum(client.run(_cpu).values())
@@ -249,6 +263,15 @@ def probe_cluster(client: Any, nbytes: int = MIN_PROBE_BYTES, *, refresh: bool =
         remote_cpu_task_s=remote_task, shares_host=all(_is_local(a) for a in workers),
         notes=[f"{address}: measured {EMPTY_TASKS} empty tasks ({task_s * 1e3:.2f} ms each, median) and "
                f"{BYTE_TRIPS} round trips of {size:,} bytes ({2 * size / move / 1e6:,.0f} MB/s)"])
+    try:
+        theirs = sorted(set(client.run(cpu_model).values()))
+    except Exception:  # noqa: BLE001 - a worker that cannot say: assumed the same
+        theirs = []
+    here = cpu_model()
+    other = [m for m in theirs if m != here]
+    if other:
+        link.notes.append(f"the workers' CPU ({', '.join(other)}) is not this machine's ({here}): a batch's seconds "
+                          "there are taken as here (no scale measured between the two)")
     log.info("cluster probe: %s", link.notes[0])
     with _PROBES_LOCK:
         _PROBES[key] = link

@@ -552,10 +552,13 @@ def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, profiles: list
     name = "this machine only" if better else "CPU stages on the cluster"
     kept, other = (there, plan_run) if better else (plan_run, there)
     runs[name] = other
+    first = offers.get(plans[0].source)
+    predicted_other = None if first is None else (
+        first[1].local_predicted_samples_per_s if better else first[1].predicted_samples_per_s)
     plans[0].baselines.append(Alternative(
         name=name, change=("the plan's stages on this machine's workers" if better else where),
         placement=dict(placement if better else where_run), config=(cfg if better else offload).decisions(),
-        measured_samples_per_s=other.streams[0].samples_per_s))
+        predicted_samples_per_s=predicted_other or 0.0, measured_samples_per_s=other.streams[0].samples_per_s))
     words = (f"measured on the cluster: {where} ran {there_sps:,.1f} samples/s, against {here_sps:,.1f} with "
              f"the plan's workers on this machine")
     why = ("; the cluster is kept" if better else "; this machine is kept" + (

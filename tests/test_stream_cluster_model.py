@@ -207,6 +207,7 @@ def test_the_probe_measures_the_cluster_once_per_address(client):
     link = probe_cluster(client, 1000)
     assert link.workers == 2 and link.threads == 2 and link.shares_host and link.source == "measured"
     assert 0 < link.task_s < 5 and link.bandwidth_bytes_per_s > 1e6 and link.client_cpu_task_s >= 0
+    assert not any("is not this machine's" in n for n in link.notes), link.notes  # the same CPU on 127.0.0.1
     assert probe_cluster(client, 2000) is link  # the same size class: cached
     assert probe_cluster(client, 2000, refresh=True) is not link
 
@@ -269,6 +270,8 @@ def test_advise_on_a_cluster_never_keeps_a_slower_measured_offload(client, monke
     on_cluster = any(s.worker_kind == "dask" for s in advised.run.stages)
     assert on_cluster == off.chosen == (off.measured_samples_per_s > off.local_measured_samples_per_s)
     assert on_cluster == (plan.settings.kind_of("wait") == "dask")
+    assert other.predicted_samples_per_s == pytest.approx(
+        off.local_predicted_samples_per_s if on_cluster else off.predicted_samples_per_s)
     assert type(plan).model_validate_json(plan.to_json()) == plan
 
 

@@ -22,6 +22,11 @@ child), and the notes say how long the children took to start and how much of
 the busy time they computed. :func:`interrupt` stops every running stream (the
 command line calls it on Ctrl-C): workers leave within a poll interval, child
 processes are killed, and the run raises KeyboardInterrupt.
+
+A stage whose dask tasks carry several batches (``StreamConfig.stage_group``) has
+each worker take that many consecutive batches (one worker takes at a time), run
+them as one task, and hand each output on in sequence order: its batches in flight
+are its workers times the group.
 """
 
 from __future__ import annotations

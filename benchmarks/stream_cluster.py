@@ -82,9 +82,12 @@ def measure_case(label: str, client, rounds: int, budget_s: float) -> dict:
     place_local = {**{n: "cpu" for n in p.stages}, **local.placement}
     place_off = {**{n: "cpu" for n in p.stages}, **cand.place}
     here, there = [], []
+    notes: list[str] = []
     for _ in range(rounds):
         here.append(execute(p, place_local, stream=local.settings).streams[0].samples_per_s)
-        there.append(execute(p, place_off, stream=cand.settings, scheduler=client).streams[0].samples_per_s)
+        run = execute(p, place_off, stream=cand.settings, scheduler=client)
+        there.append(run.streams[0].samples_per_s)
+        notes = run.streams[0].notes  # the last offloaded run's: seconds computing on the workers vs moving
     m_here, m_there = statistics.median(here), statistics.median(there)
     kept = "offload" if off.chosen and m_there > m_here else "local"
     row.update({
@@ -96,7 +99,7 @@ def measure_case(label: str, client, rounds: int, budget_s: float) -> dict:
         "local_ratio": m_here / local.predicted_samples_per_s if local.predicted_samples_per_s else None,
         "predicted_faster": "offload" if off.chosen else "local",
         "measured_faster": "offload" if m_there > m_here else "local", "kept": kept,
-        "load_after": load(),
+        "offload_run_notes": notes, "load_after": load(),
     })
     return row
 

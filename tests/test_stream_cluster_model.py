@@ -208,6 +208,7 @@ def test_the_probe_measures_the_cluster_once_per_address(client):
     assert link.workers == 2 and link.threads == 2 and link.shares_host and link.source == "measured"
     assert 0 < link.task_s < 5 and link.bandwidth_bytes_per_s > 1e6 and link.client_cpu_task_s >= 0
     assert not any("is not this machine's" in n for n in link.notes), link.notes  # the same CPU on 127.0.0.1
+    assert link.array_ratio is not None and link.array_ratio > 0 and link.cpu_scale == 1.0  # measured, not applied
     assert probe_cluster(client, 2000) is link  # the same size class: cached
     assert probe_cluster(client, 2000, refresh=True) is not link
 

@@ -377,6 +377,11 @@ class ClusterLink(BaseModel):
         the cluster runs on it).
     cpu_scale : float
         A batch's seconds on a worker's core over its seconds on one core here (1: the same CPU).
+    array_ratio : float or None
+        Measured, not applied: a numpy workload with batch-sized temporaries on a worker over here
+        (on a 127.0.0.1 cluster of the same CPU it measured 6-19x: code that allocates large
+        temporaries can run slower on dask's workers than here; their ``MALLOC_TRIM_THRESHOLD_``
+        is one possible cause).
     shares_host : bool
         The workers run on this machine: their work takes its cores.
     """
@@ -391,6 +396,7 @@ class ClusterLink(BaseModel):
     client_cpu_per_byte_s: float = Field(0.0, ge=0)
     remote_cpu_task_s: float = Field(0.0, ge=0)
     cpu_scale: float = Field(1.0, gt=0)
+    array_ratio: float | None = None
     shares_host: bool = False
     notes: list[str] = Field(default_factory=list)
 

@@ -187,6 +187,32 @@ def _is_local(address: str) -> bool:
     return host in _local_hosts()
 
 
+def _array_work(n: int) -> float:
+    """Seconds of a numpy workload with ``n``-element temporaries (the best of three)."""
+    import numpy as np
+
+    x = np.arange(n, dtype=np.int32) % 1000
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(10):
+            y = x // 2 + (x - 1)
+            np.concatenate([y, x])[::2] * 3
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def array_ratio(client: Any, nbytes: int) -> float | None:
+    """A numpy workload's seconds on the workers (median) over here, with temporaries of ``nbytes``."""
+    n = max(1 << 14, min(nbytes, 1 << 22) // 4)
+    workers = list(client.scheduler_info(n_workers=-1)["workers"])
+    here = _array_work(n)
+    there = client.gather([client.submit(_array_work, n, workers=[w], allow_other_workers=False, pure=False)
+                           for w in workers])
+    here = min(here, _array_work(n))
+    return statistics.median(there) / here if here > 0 and there else None
+
+
 def cpu_model() -> str:
     """This machine's CPU model (``/proc/cpuinfo``), or the platform's word for it."""
     import platform
@@ -267,6 +293,15 @@ def probe_cluster(client: Any, nbytes: int = MIN_PROBE_BYTES, *, refresh: bool =
         theirs = sorted(set(client.run(cpu_model).values()))
     except Exception:  # noqa: BLE001 - a worker that cannot say: assumed the same
         theirs = []
+    try:
+        link.array_ratio = array_ratio(client, nbytes)
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        link.array_ratio = None
+    if link.array_ratio is not None and link.array_ratio > 1.5:
+        link.notes.append(f"a numpy workload with batch-sized temporaries ran {link.array_ratio:.1f}x slower on the "
+                          "workers than here (measured, not applied: the model takes a batch's seconds there as here; "
+                          "dask's workers run with MALLOC_TRIM_THRESHOLD_ set, one possible cause): stages that "
+                          "allocate large arrays may run slower there than predicted")
     here = cpu_model()
     other = [m for m in theirs if m != here]
     if other:

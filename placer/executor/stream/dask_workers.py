@@ -20,7 +20,7 @@ split, in order, and the batches in flight at the stage are its workers times ``
 
 The stage travels once: its modules as source (:mod:`placer.executor.shipping`),
 the stage with its one-shot inputs pickled and scattered to the workers, each of
-which unpickles it once and keeps it for the run. Each batch then travels as the
+which unpickles it once, before the stream's clock starts, and keeps it for the run. Each batch then travels as the
 task's argument, its result as the task's result.
 
 :func:`run_stream_on_cluster` is what ``execute(..., scheduler=...)`` does with a
@@ -92,6 +92,11 @@ def _stage_call(token: str, payload: bytes) -> StageCall:
         return call
 
 
+def load_stage(token: str, payload: bytes) -> None:
+    """Run on a worker before the stream starts: unpickle the stage (importing its modules) and keep it."""
+    _stage_call(token, payload)
+
+
 def run_batch(token: str, payload: bytes, inputs: dict[str, Any], info: BatchInfo) -> tuple[Any, float]:
     """Run on a worker: the stage on one batch; its output and the seconds it computed."""
     from distributed import get_worker
@@ -150,6 +155,11 @@ class DaskPool:
             except Exception as exc:  # noqa: BLE001 - explained, naming the stage and the object
                 raise unpicklable_stage(stage, exc) from None
         self._payload = self.client.scatter(payload, broadcast=True, hash=False)
+        # every worker unpickles the stage now, before the stream's clock, not on its first batch
+        workers = list(self.client.scheduler_info(n_workers=-1)["workers"])
+        self.client.gather([self.client.submit(load_stage, self.token, self._payload, workers=[w],
+                                               allow_other_workers=False, pure=False,
+                                               key=f"{self.token}-load-{i}") for i, w in enumerate(workers)])
         self.times.start_s = time.perf_counter() - t
         return self.times.start_s
 

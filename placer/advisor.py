@@ -1,7 +1,7 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
 May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log}, placer.data;
-placer.executor.distributed's errors, placer.target, placer.stream.planner and placer.stream.target
+placer.executor.distributed's errors, placer.target, placer.stream.{planner,target,cluster}
 inside functions.
 torch, dask and numba are
 reached only through the site (its profiler and executor).
@@ -445,9 +445,11 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
 
     The source, the step and the one-shot stages run on this machine (where the step's
     device is), so the streams are profiled and planned here. At a cluster the plan
-    also runs with its CPU per-batch stages as tasks on the cluster's workers (as many
-    per stage as it has threads); the faster of the two, as measured, is the advice,
-    and the other is shown beside the baselines.
+    is measured (per-task overhead, a batch's round trip) and each stream planned again
+    with the cluster's workers in the search (remote workers and batches per task per
+    CPU stage); the best offload runs, and is kept when the model predicted it faster
+    and it measured faster; the other run is shown beside the baselines, and the plan's
+    ``offload`` holds predicted and measured samples per second and the network share.
 
     With a ``target`` named (``h200`` or a file; ``auto`` plans streams here only), each
     stream is also planned for that machine from the same profile
@@ -472,7 +474,7 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
         runs[alt.name] = timed(f"run {alt.name}", lambda c=cfg, w=where: here.execute(p, w, warmup=warmup, stream=c))
         alt.measured_samples_per_s = runs[alt.name].streams[0].samples_per_s
     if isinstance(site, ClusterSite):
-        plan_run = _offload_streams(site, p, plans, placement, plan_run, runs, warmup, timed)
+        plan_run = _offload_streams(site, p, plans, profiles, placement, plan_run, runs, warmup, timed)
     step_only = {sp.step: sp.consumer_samples_per_s for sp in plans if sp.consumer_samples_per_s}
     facts = timed("facts", lambda: collect(run=plan_run, baselines=runs, pipeline=p, inventory=inv,
                                            step_only=step_only, stream_plans=plans))
@@ -509,50 +511,73 @@ def _add_target_facts(facts: Any, target_plans: list) -> None:
                 add_target_plan(sf, tp)
 
 
-def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, placement: dict[str, str], plan_run: Any,
-                     runs: dict[str, Any], warmup: bool, timed: _Timed) -> Any:
-    """Run the plan again with its CPU per-batch stages as tasks on the cluster; keep the faster run as
-    the plan (its settings and reasons updated), the other as an alternative. Returns the plan's run."""
+def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, profiles: list, placement: dict[str, str],
+                     plan_run: Any, runs: dict[str, Any], warmup: bool, timed: _Timed) -> Any:
+    """Model the streams' CPU per-batch stages on the cluster, run the best offload the model finds, and
+    keep it only when the model predicted it faster and it measured faster; the other run is shown as an
+    alternative. Each plan gets the offload's facts (``StreamPlan.offload``). Returns the plan's run.
+
+    The cluster is measured once (:func:`placer.stream.cluster.probe_cluster`: per-task overhead, a
+    batch's round trip, its threads); each stream is planned again with it in the search
+    (:func:`placer.stream.cluster.plan_offload`), and the best candidate that uses the cluster runs.
+    """
     from placer.data.stream import Alternative
+    from placer.stream.cluster import plan_offload, probe_bytes, probe_cluster
     from placer.stream.planner import stream_config
 
     info = site.client.scheduler_info(n_workers=-1)["workers"]
     threads = max(1, sum(w.get("nthreads", 1) for w in info.values()))
-    cfg = stream_config(plans)
-    stages = [m for sp in plans for m in sp.placement if placement[m] == "cpu" and m not in (sp.source, sp.step)]
-    if not stages:
-        for sp in plans:
+    offers = {}
+    for sp, prof in zip(plans, profiles):
+        link = timed(f"measure the cluster for {sp.source}",
+                     lambda pr=prof: probe_cluster(site.client, probe_bytes(pr)))
+        _, cand, off = plan_offload(prof, link, objective=sp.objective, epochs=sp.epochs)
+        if cand is not None:
+            offers[sp.source] = (cand, off)
+        else:
             sp.notes.append("no CPU per-batch stage to run on the cluster")
+    if not offers:
         return plan_run
-    base = cfg.override(workers=1) if cfg.sequential else cfg  # tasks overlap the step
-    offload = base.override(
-        worker_kind={**base.worker_kind, **{m: "dask" for m in stages}},
-        stage_workers={**base.stage_workers, **{m: max(base.workers_of(m), threads) for m in stages}},
-        prefetch=max(base.prefetch, min(8, threads)))
+    cfg = stream_config(plans)
+    offload = StreamSettings.merge([offers[sp.source][0].settings if sp.source in offers else sp.settings
+                                    for sp in plans])
+    where_run = {**placement, **{m: d for c, _ in offers.values() for m, d in c.place.items()}}
+    stages = [s.name for _, off in offers.values() for s in off.stages]
     there = timed("run plan with CPU stages on the cluster",
-                  lambda: site.execute(p, placement, warmup=warmup, stream=offload))
+                  lambda: site.execute(p, where_run, warmup=warmup, stream=offload))
     here_sps, there_sps = plan_run.streams[0].samples_per_s, there.streams[0].samples_per_s
+    predicted = any(off.chosen for _, off in offers.values())
     where = f"{', '.join(stages)} as tasks on {site.name} ({len(info)} workers, {threads} threads)"
-    better = there_sps > here_sps
+    better = predicted and there_sps > here_sps
     name = "this machine only" if better else "CPU stages on the cluster"
     kept, other = (there, plan_run) if better else (plan_run, there)
-    other_cfg = cfg if better else offload
     runs[name] = other
+    first = offers.get(plans[0].source)
+    predicted_other = None if first is None else (
+        first[1].local_predicted_samples_per_s if better else first[1].predicted_samples_per_s)
     plans[0].baselines.append(Alternative(
         name=name, change=("the plan's stages on this machine's workers" if better else where),
-        placement=dict(placement), config=other_cfg.decisions(),
-        measured_samples_per_s=other.streams[0].samples_per_s))
+        placement=dict(placement if better else where_run), config=(cfg if better else offload).decisions(),
+        predicted_samples_per_s=predicted_other or 0.0, measured_samples_per_s=other.streams[0].samples_per_s))
     words = (f"measured on the cluster: {where} ran {there_sps:,.1f} samples/s, against {here_sps:,.1f} with "
              f"the plan's workers on this machine")
+    why = ("; the cluster is kept" if better else "; this machine is kept" + (
+        "" if predicted else " (the model did not predict the cluster faster)"))
+    streams_there = {st.source: st for st in there.streams}
+    streams_here = {st.source: st for st in plan_run.streams}
     for sp in plans:
-        sp.reasons.append(words + ("; the cluster is kept" if better else "; this machine is kept"))
+        sp.reasons.append(words + why)
+        if sp.source not in offers:
+            continue
+        cand, off = offers[sp.source]
+        off.measured_samples_per_s = getattr(streams_there.get(sp.source), "samples_per_s", None)
+        off.local_measured_samples_per_s = getattr(streams_here.get(sp.source), "samples_per_s", None)
+        off.chosen = better
+        off.reason += "; " + words + why
+        sp.offload = off
         if better:
-            mine = [m for m in stages if m in sp.placement]
-            s = sp.settings
-            sp.settings = s.override(workers=max(1, s.workers),
-                                     worker_kind={**s.worker_kind, **dict.fromkeys(mine, "dask")},
-                                     stage_workers={**s.stage_workers, **{m: offload.stage_workers[m] for m in mine}},
-                                     prefetch=offload.prefetch)
+            sp.settings = cand.settings
+            sp.placement = dict(cand.place)
     return kept
 
 
@@ -582,9 +607,7 @@ def best_placement(pipeline: Pipeline, size: int | None = None, site: LocalSite 
     site = site or LocalSite()
     local = isinstance(site, LocalSite)
     if pipeline.streams():
-        return _best_for_streams(pipeline, site) if local else Chosen(
-            "all=cpu", "all stages on the CPU; the streams' CPU per-batch stages run as tasks on the cluster "
-            "(placer advise --scheduler measures that against this machine's workers)")
+        return _best_for_streams(pipeline, site) if local else _best_for_streams_on_cluster(pipeline, site)
     if local and not accelerators(site.inventory()):
         return Chosen("all=cpu", "all stages on the CPU: this machine has no GPU")
     try:
@@ -621,12 +644,44 @@ def _best_for_streams(pipeline: Pipeline, site: LocalSite) -> Chosen:
     return Chosen(placement, "; ".join(stream_summary(plan) for plan in plans), stream_config(plans), list(plans))
 
 
+def _best_for_streams_on_cluster(pipeline: Pipeline, site: ClusterSite) -> Chosen:
+    """Plan every stream here, then again with the cluster's workers in the search (the cluster measured
+    once): a stream whose offload the model predicts faster runs its chosen stages as grouped tasks there,
+    the others keep this machine's workers (named ``thread`` so the cluster run leaves them here)."""
+    from placer.stream.cluster import plan_offload, probe_bytes, probe_cluster
+    from placer.stream.planner import plan_streams, stream_config
+
+    try:
+        profiles: list = []
+        plans = plan_streams(pipeline, budget_s=RUN_BUDGET_S, inventory=LocalSite().inventory(), profiles=profiles)
+        out = []
+        for sp, prof in zip(plans, profiles):
+            link = probe_cluster(site.client, probe_bytes(prof))
+            planned, _, off = plan_offload(prof, link, objective=sp.objective, epochs=sp.epochs)
+            out.append(planned if off is not None and off.chosen else _kept_here(sp))
+    except (PlacerError, ValueError, KeyError) as exc:
+        return Chosen("all=cpu", "all stages on the CPU; the streams' CPU per-batch stages run as tasks on the "
+                                 f"cluster (planning the streams failed: {str(exc).splitlines()[0]})")
+    placement = {m: d for plan in out for m, d in plan.placement.items()}
+    return Chosen(placement, "; ".join(stream_summary(plan) for plan in out), stream_config(out), out)
+
+
+def _kept_here(plan: Any) -> Any:
+    """``plan`` with its CPU per-batch stages' thread workers named, so that a run at a cluster keeps them here."""
+    kinds = {m: plan.settings.kind_of(m) for m, d in plan.placement.items()
+             if d == "cpu" and m not in (plan.source, plan.step)}
+    plan.settings = plan.settings.override(worker_kind=kinds)
+    return plan
+
+
 def stream_summary(plan: Any) -> str:
     """One line on a stream plan: where, how many workers, the cache, the predicted rate and the baseline."""
     on = ", ".join(f"{m}={d}" for m, d in plan.placement.items() if m != plan.source)
     s = plan.settings
     workers = ", ".join(f"{w} {s.kind_of(m)} workers on {m}"
-                        for m, w in s.stage_workers.items() if w != 1 and m != plan.source)
+                        + (f" ({s.group_of(m)} batches per task)" if s.group_of(m) > 1 else "")
+                        for m, w in s.stage_workers.items()
+                        if (w != 1 or s.kind_of(m) == "dask") and m != plan.source)
     base = next((b for b in plan.baselines if b.name == "num_workers=0"), None)
     parts = [f"planned stream {plan.source} -> {plan.step} from a {RUN_BUDGET_S:g} s profile: {on}",
              workers, f"cache after {s.cache}" if s.cache else "",

@@ -74,7 +74,9 @@ def summary_document(advised, path: Path | None) -> dict:
 
 def stream_summary(s, plan) -> dict:
     """One stream of ``placer advise --json``: the plan's settings, predicted and measured samples/s,
-    the bottleneck, the usual settings measured, and the what-if table."""
+    the bottleneck, the usual settings measured, the what-if table, and on a cluster (``cluster``) the
+    offload option: remote workers and batches per task per stage, predicted and measured samples/s,
+    the network share."""
     return {
         "source": s.source, "step": s.step,
         "settings": {"placement": dict(plan.placement), **plan.settings.decisions()},
@@ -86,6 +88,7 @@ def stream_summary(s, plan) -> dict:
         "what_if": [o.model_dump(include={"name", "change", "predicted_samples_per_s", "speedup", "bottleneck"})
                     for o in s.what_if],
         **({"target": target_summary(s.target)} if s.target is not None else {}),
+        **({"cluster": plan.offload.model_dump()} if getattr(plan, "offload", None) is not None else {}),
     }
 
 
@@ -204,4 +207,10 @@ def _print(advised, output: Path, save: Path | None) -> None:
 
         for sp in advised.stream_target_plans:  # asked with --target: what that machine would do
             print_stream_plan(sp)
+    for sp in advised.stream_plans:  # with --scheduler: the cluster option, predicted and measured
+        if sp.offload is not None:
+            from placer.cli.plan import offload_lines
+
+            for line in offload_lines(sp.offload):
+                c.print(f"  {line}", highlight=False, markup=False)
     c.print(f"report written to {output}" + (f"; JSON saved in {save}" if save else ""), highlight=False)

@@ -1,11 +1,13 @@
 """``placer plan``: the best placement of a pipeline, with the reason for every choice.
 
 May import: typer, rich, placer.cli.app; the library (placer.site, placer.optimize, placer.loader,
-placer.stream.planner, placer.stream.target, placer.target) lazily, inside the command.
+placer.stream.planner, placer.stream.target, placer.stream.cluster, placer.target) lazily, inside the command.
 
 A pipeline with streams is planned by the stream planner: devices, workers, prefetch and a
 cache point per stream, from a profile of its first batches (``--json``: the plan as JSON);
-with ``--target``, for the described machine from a profile taken here (every number a prediction).
+with ``--target``, for the described machine from a profile taken here (every number a prediction);
+with ``--cluster FILE``, with a described dask cluster's workers in the search (remote workers and
+batches per task per CPU stage, the network load), without connecting to anything.
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def plan_command(
     precision: str = typer.Option(None, "--precision", help="auto: every torch stage may run in tf32 or bf16 when "
                                   "its accuracy holds here; STAGE=PRECISION,... fixes one (fp32, tf32, bf16, fp16). "
                                   "Default: only what stages declare."),
+    cluster: Path = typer.Option(None, "--cluster", help="A pipeline with streams: also plan its CPU stages as tasks "
+                                 "on a dask cluster that is not running, described in this JSON or YAML file "
+                                 "(nodes, cores_per_node, bandwidth_gbit_s; see docs/streams.md). Nothing is "
+                                 "connected to."),
 ) -> None:
     """Choose a device for every stage of PIPELINE, and say why."""
     from placer.errors import PlacerError
@@ -84,11 +90,26 @@ def plan_command(
     if precision is not None and (pipeline is None or costs is not None or profile_file is not None):
         usage("--precision checks a lower precision's accuracy by running PIPELINE; give a PIPELINE and drop "
               "--costs and --profile")
+    if cluster is not None and (costs is not None or profile_file is not None or scheduler is not None
+                                or target is not None or pipeline is None):
+        usage("--cluster plans a stream's CPU stages for a described cluster from a profile taken here; give a "
+              "PIPELINE with streams and drop --costs, --profile, --scheduler and --target")
+    if cluster is not None:
+        from placer.errors import PlacerError
+        from placer.stream.cluster import load_cluster
+
+        try:
+            described = load_cluster(cluster)  # a clear error now, naming the field, rather than after profiling
+        except PlacerError as exc:
+            fail(error_line(exc))
     if pipeline is not None and costs is None and profile_file is None and scheduler is None:
         streamed = _stream_pipeline(pipeline, size)
         if streamed is not None:
-            _plan_streams(streamed, budget_s, output, as_json, target=target)
+            _plan_streams(streamed, budget_s, output, as_json, target=target,
+                          cluster=described if cluster is not None else None)
             return
+        if cluster is not None:
+            usage(f"--cluster plans the CPU stages of a stream, and {pipeline} has none; drop --cluster")
     notes: list[str] = []
     try:
         if scheduler is not None:
@@ -205,9 +226,11 @@ def _stream_pipeline(pipeline: str, size: int | None):
     return p if p.streams() else None
 
 
-def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool, target: str | None = None) -> None:
+def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool, target: str | None = None,
+                  cluster=None) -> None:
     """Plan every stream of ``p`` here (:func:`placer.stream.planner.plan_streams`), or for ``target`` from a
-    profile taken here (:func:`placer.stream.target.plan_streams_for_target`); print or save it."""
+    profile taken here (:func:`placer.stream.target.plan_streams_for_target`), or with a described
+    ``cluster``'s workers in the search (:func:`placer.stream.cluster.plan_offload`); print or save it."""
     import json
 
     from placer.errors import PlacerError
@@ -220,6 +243,14 @@ def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool,
             from placer.target import load_target
 
             plans = plan_streams_for_target(p, load_target(target), budget_s=budget)
+        elif cluster is not None:
+            from placer.stream.cluster import describe_link, plan_offload
+            from placer.stream.planner import plan_streams
+
+            profiles: list = []
+            plan_streams(p, budget_s=budget, profiles=profiles, verify_runs=False)
+            link = describe_link(cluster)
+            plans = [plan_offload(prof, link)[0] for prof in profiles]
         else:
             from placer.stream.planner import plan_streams
 
@@ -237,6 +268,35 @@ def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool,
         print_stream_plan(plan)
 
 
+def _workers_cell(plan, s) -> str:
+    """A stage's workers: ``N local`` (threads or processes here) or ``N remote × G batches/task``."""
+    if s.name in (plan.source, plan.step) or s.device != "cpu":
+        return str(s.workers)
+    if s.worker_kind == "dask":
+        g = plan.settings.group_of(s.name)
+        return f"{s.workers} remote" + (f" × {g} batches/task" if g > 1 else "")
+    return f"{s.workers} local" + (" processes" if s.worker_kind == "process" else "")
+
+
+def offload_lines(off) -> list[str]:
+    """The cluster option of a stream plan in words: remote workers per stage, predicted rates, network load."""
+    label = "described" if off.source == "described" else "measured"
+    out = [f"cluster {off.cluster} ({label}, {off.threads} threads): "
+           + ("the plan runs stages there" if off.chosen else "this machine's workers are kept")]
+    for s in off.stages:
+        out.append(f"  {s.name}: {s.remote_workers} remote task{'s' if s.remote_workers != 1 else ''} in flight"
+                   f" of {s.group} batch{'es' if s.group != 1 else ''}, {s.bytes_per_batch:,} bytes per batch, "
+                   f"{s.predicted_batches_per_s:,.1f} batches/s predicted ({s.bound}-bound)")
+    measured = (f", measured {off.measured_samples_per_s:,.1f}" if off.measured_samples_per_s is not None else "")
+    here = (f", measured {off.local_measured_samples_per_s:,.1f}" if off.local_measured_samples_per_s is not None
+            else "")
+    out.append(f"with the cluster: {off.predicted_samples_per_s:,.1f} samples/s predicted{measured}; this "
+               f"machine's workers only: {off.local_predicted_samples_per_s:,.1f} predicted{here}")
+    out.append(f"network: {off.network_bytes_per_s / 1e6:,.1f} MB/s of {off.bandwidth_bytes_per_s / 1e6:,.0f} MB/s "
+               f"({off.network_share:.1%} of the link)")
+    return out
+
+
 def print_stream_plan(plan) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -250,8 +310,12 @@ def print_stream_plan(plan) -> None:
     for col in ["stage", "device", "workers", "s per batch", "batches/s", "why"]:
         t.add_column(col, overflow="fold")
     for s in plan.stages:
-        t.add_row(s.name, s.device, str(s.workers), f"{s.seconds_per_batch:.4g}", f"{s.batches_per_s:.4g}", s.reason)
+        t.add_row(s.name, s.device, _workers_cell(plan, s), f"{s.seconds_per_batch:.4g}", f"{s.batches_per_s:.4g}",
+                  s.reason)
     c.print(t)
+    if plan.offload is not None:
+        for line in offload_lines(plan.offload):
+            c.print(f"  {line}", highlight=False)
     s = plan.settings
     c.print(f"  settings: prefetch {s.prefetch}, pin_memory {s.pin_memory}, cache {s.cache or 'none'}"
             + (f", torch threads {s.torch_threads}" if s.torch_threads else ""))

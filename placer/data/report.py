@@ -327,6 +327,27 @@ class StreamTargetFacts(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
+class StreamClusterFacts(BaseModel):
+    """A stream's CPU stages as tasks on a dask cluster (``placer advise --scheduler``): per stage its remote
+    tasks in flight (``remote_workers``), batches per task (``group``), bytes per batch and what bounds it;
+    the stream's predicted and measured samples per second with the cluster and with this machine's workers
+    only; the network's load and its share of the link."""
+
+    cluster: str
+    source: str = "measured"
+    threads: int = 1
+    stages: list[dict] = Field(default_factory=list)
+    predicted_samples_per_s: float = 0.0
+    measured_samples_per_s: float | None = None
+    local_predicted_samples_per_s: float = 0.0
+    local_measured_samples_per_s: float | None = None
+    network_bytes_per_s: float = 0.0
+    network_share: float = 0.0
+    bandwidth_bytes_per_s: float = 0.0
+    chosen: bool = False
+    reason: str = ""
+
+
 class StreamFacts(BaseModel):
     """What one stream of minibatches did: throughput, per-stage time, queues, its bottleneck."""
 
@@ -370,6 +391,8 @@ class StreamFacts(BaseModel):
     what_if: list[StreamOption] = Field(default_factory=list)
     #: the stream planned for a described machine (``--target``): predictions for it, never measured
     target: StreamTargetFacts | None = None
+    #: the cluster option (``--scheduler``): remote workers per stage, predicted and measured, the network
+    cluster: StreamClusterFacts | None = None
 
 
 class ReportFacts(Views, BaseModel):

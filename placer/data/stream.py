@@ -70,6 +70,11 @@ class StreamSettings(BaseModel):
         torch's intra-op threads for the run (``torch.set_num_threads``, restored
         after it); None leaves torch's setting as it is. With CPU workers on the same
         cores, fewer threads for a step on the CPU can be faster.
+    stage_group : dict
+        Batches each cluster task carries, per stage with ``dask`` workers (default 1):
+        ``g`` consecutive batches travel as one task and their outputs come back split,
+        in order, so the cluster's per-task overhead is paid once per ``g`` batches.
+        The stage's workers are then its tasks in flight.
     cache_bytes : int
         The most bytes the cache may hold; beyond it caching stops, with a note.
     max_batches : int or None
@@ -94,6 +99,7 @@ class StreamSettings(BaseModel):
     pin_memory: bool = True
     cache: str | None = None
     torch_threads: int | None = Field(None, ge=1)
+    stage_group: dict[str, int] = Field(default_factory=dict)
     cache_bytes: int = Field(2 << 30, ge=0)
     max_batches: int | None = Field(None, ge=1)
 
@@ -110,6 +116,10 @@ class StreamSettings(BaseModel):
 
     def kind_of(self, stage: str) -> WorkerKind:
         return self.worker_kind.get(stage, "thread")
+
+    def group_of(self, stage: str) -> int:
+        """Batches per cluster task of ``stage`` (1 unless its workers are ``dask`` and a group is set)."""
+        return max(1, self.stage_group.get(stage, 1)) if self.kind_of(stage) == "dask" else 1
 
     @classmethod
     def decision_fields(cls) -> list[str]:
@@ -142,7 +152,8 @@ class StreamSettings(BaseModel):
             prefetch=max([2, *(s.prefetch for s in many)]),
             pin_memory=all(s.pin_memory for s in many),
             cache=next((s.cache for s in many if s.cache), None),
-            torch_threads=next((s.torch_threads for s in many if s.torch_threads), None))
+            torch_threads=next((s.torch_threads for s in many if s.torch_threads), None),
+            stage_group={m: g for s in many for m, g in s.stage_group.items()})
 
     def key(self) -> tuple:
         """A hashable value equal for equal settings (mappings compared whatever their order)."""
@@ -341,6 +352,60 @@ class LoaderSettings(BaseModel):
                    torch_threads=settings.torch_threads)
 
 
+class ClusterLink(BaseModel):
+    """What running a stage's batches as tasks on a dask cluster costs: measured once per cluster
+    (:func:`placer.stream.cluster.probe_cluster`) or taken from a description of one that is not running.
+
+    Attributes
+    ----------
+    name : str
+        The scheduler's address, or the description's name.
+    source : {"measured", "described"}
+    workers : int
+        Worker processes (nodes, for a description).
+    threads_per_worker : int
+        Threads of each worker (cores per node).
+    task_s : float
+        Seconds one empty task takes from submit to its result, seen by one client thread:
+        the per-task overhead (scheduler, network latency, both ends' event loops).
+    bandwidth_bytes_per_s : float
+        Bytes per second a batch travels at, to a worker and back (pickling included).
+    client_cpu_task_s, client_cpu_per_byte_s : float
+        This process's CPU seconds per task and per byte moved (the client's work, holding the GIL).
+    remote_cpu_task_s : float
+        CPU seconds per task of the scheduler and the worker (charged to this machine's cores when
+        the cluster runs on it).
+    cpu_scale : float
+        A batch's seconds on a worker's core over its seconds on one core here (1: the same CPU).
+    array_ratio : float or None
+        Measured, not applied: a numpy workload with batch-sized temporaries on a worker over here
+        (on a 127.0.0.1 cluster of the same CPU it measured 6-19x: code that allocates large
+        temporaries can run slower on dask's workers than here; their ``MALLOC_TRIM_THRESHOLD_``
+        is one possible cause).
+    shares_host : bool
+        The workers run on this machine: their work takes its cores.
+    """
+
+    name: str = "cluster"
+    source: Literal["measured", "described"] = "measured"
+    workers: int = Field(1, ge=1)
+    threads_per_worker: int = Field(1, ge=1)
+    task_s: float = Field(0.002, ge=0)
+    bandwidth_bytes_per_s: float = Field(1e9, gt=0)
+    client_cpu_task_s: float = Field(0.0, ge=0)
+    client_cpu_per_byte_s: float = Field(0.0, ge=0)
+    remote_cpu_task_s: float = Field(0.0, ge=0)
+    cpu_scale: float = Field(1.0, gt=0)
+    array_ratio: float | None = None
+    shares_host: bool = False
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def threads(self) -> int:
+        """Every worker thread of the cluster."""
+        return self.workers * self.threads_per_worker
+
+
 class StreamProfile(BaseModel):
     """One stream measured at its real batch size on this machine's devices.
 
@@ -388,6 +453,8 @@ class StreamProfile(BaseModel):
     notes: list[str] = Field(default_factory=list)
     #: the described machine these numbers are predicted for (None: measured on this machine)
     target: str | None = None
+    #: the dask cluster whose workers the stream's CPU stages may run on (None: this machine's only)
+    cluster: ClusterLink | None = None
 
     def stage(self, name: str) -> StageProfile:
         return next(s for s in self.stages if s.name == name)
@@ -445,6 +512,39 @@ class Verification(BaseModel):
         return self.measured_samples_per_s / self.predicted_samples_per_s if self.predicted_samples_per_s else 0.0
 
 
+class OffloadStage(BaseModel):
+    """One CPU stage's batches as tasks on a cluster: its tasks in flight, batches per task, what it moves."""
+
+    name: str
+    remote_workers: int
+    group: int = 1
+    bytes_per_batch: int = 0
+    predicted_batches_per_s: float = 0.0
+    #: what bounds the stage on the cluster: ``per-task overhead``, ``compute``, ``network``
+    bound: str = ""
+
+
+class Offload(BaseModel):
+    """The cluster option of a stream: remote workers per stage, tasks grouping, predicted and measured
+    rates, the network load."""
+
+    cluster: str
+    source: Literal["measured", "described"] = "measured"
+    threads: int = 1
+    stages: list[OffloadStage] = Field(default_factory=list)
+    predicted_samples_per_s: float = 0.0
+    measured_samples_per_s: float | None = None
+    #: the plan with this machine's workers only, for comparison
+    local_predicted_samples_per_s: float = 0.0
+    local_measured_samples_per_s: float | None = None
+    network_bytes_per_s: float = 0.0
+    #: ``network_bytes_per_s`` over the link's bandwidth
+    network_share: float = 0.0
+    bandwidth_bytes_per_s: float = 0.0
+    chosen: bool = False
+    reason: str = ""
+
+
 class StreamPlan(Views, BaseModel):
     """How one stream should run, and why.
 
@@ -487,9 +587,12 @@ class StreamPlan(Views, BaseModel):
     #: for a target: ``1 - the stream's rate / the step's own rate``: the share of the step's time lost
     #: waiting for data (or, with other stages on its GPU, to them)
     predicted_wait_fraction: float | None = None
+    #: the cluster option (remote workers per stage, grouping, predicted and measured, network), when
+    #: planned for a cluster
+    offload: Offload | None = None
 
-    #: fields only a plan for a described machine has (left out of the saved form when unset)
-    TARGET_FIELDS: ClassVar[tuple[str, ...]] = ("target", "target_sentence", "predicted_wait_fraction")
+    #: fields only a plan for a described machine (or a cluster) has (left out of the saved form when unset)
+    TARGET_FIELDS: ClassVar[tuple[str, ...]] = ("target", "target_sentence", "predicted_wait_fraction", "offload")
 
     @model_validator(mode="before")
     @classmethod
@@ -508,8 +611,9 @@ class StreamPlan(Views, BaseModel):
         for k, v in handler(self).items():
             if k in self.TARGET_FIELDS and v is None:
                 continue  # a plan for this machine is saved as it always was
-            if k == "settings":
-                out |= {n: x for n, x in v.items() if n not in StreamSettings.RUN_LIMITS}
+            if k == "settings":  # batches per task only where a stage runs on a cluster: other plans as before
+                out |= {n: x for n, x in v.items() if n not in StreamSettings.RUN_LIMITS
+                        and not (n == "stage_group" and not x)}
             else:
                 out[k] = v
         return out

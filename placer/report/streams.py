@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from placer.data.report import QueueFacts, StreamFacts, StreamOption, StreamStageFacts, StreamTargetFacts
+from placer.data.report import (QueueFacts, StreamClusterFacts, StreamFacts, StreamOption, StreamStageFacts,
+                                StreamTargetFacts)
 from placer.data.run import StreamStageStats, StreamStats
 from placer.data.stream import StreamPlan
 
@@ -235,6 +236,10 @@ def add_plan(facts: StreamFacts, plan: StreamPlan, measured: Mapping[str, float]
     facts.what_if = [StreamOption(name=a.name, change=a.change, predicted_samples_per_s=a.predicted_samples_per_s,
                                   measured_samples_per_s=a.measured_samples_per_s, speedup=a.speedup,
                                   bottleneck=a.bottleneck) for a in plan.what_if]
+    if plan.offload is not None:
+        off = plan.offload
+        facts.cluster = StreamClusterFacts(**off.model_dump(exclude={"stages"}),
+                                           stages=[s.model_dump() for s in off.stages])
 
 
 def target_facts(plan: StreamPlan) -> StreamTargetFacts:

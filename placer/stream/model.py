@@ -1,6 +1,6 @@
 """Predicting a stream's throughput from its profile: operational analysis, as in Plumber.
 
-May import: placer.data.stream. Pure arithmetic on a
+May import: placer.data.stream, placer.stream.remote. Pure arithmetic on a
 :class:`~placer.data.stream.StreamProfile`: no device, no measuring.
 
 A stream runs as a chain of nodes (source, copies where data changes location,
@@ -30,6 +30,11 @@ than its busiest resource allows:
   workers hold it in this process only to move batches (their one-process round trip
   beyond the stage's in-process seconds). All of them share one GIL:
   ``1 / sum(g * t)``;
+- **remote workers** (``worker_kind="dask"``, with the profile's ``cluster``): the
+  stage's rate as tasks on the cluster (:mod:`placer.stream.remote`: tasks in flight,
+  the cluster's cores, the network); here it takes the client's CPU per batch (and
+  holds the GIL for it), and on a cluster that runs on this machine the workers'
+  compute joins the cores;
 - **torch intra-op threads**: with ``StreamSettings.torch_threads`` set, a step on the
   CPU takes the seconds measured at that count (where measured);
 - **the cores the step shares**: a step on the CPU was also timed beside a thread
@@ -51,6 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from placer.data.stream import StreamProfile, StreamSettings
+from placer.stream import remote
 
 HOST = "host"
 
@@ -201,6 +207,9 @@ def _moving_share(st) -> float:
 def _node_gil(profile: StreamProfile, n: ChainNode, config: StreamSettings) -> float:
     """The share of its time node ``n``'s thread(s) hold this process's GIL."""
     st = profile.stage(n.name)
+    if n.kind == "batch" and _remote(profile, n, config):
+        t = remote.terms(profile, n.name, profile.cluster, remote.group_of(profile, n.name, config))
+        return min(1.0, t.client_cpu_s / t.seconds_per_batch) if t.seconds_per_batch > 0 else 0.0
     if n.kind == "batch":
         return _moving_share(st) if config.kind_of(n.name) == "process" else gil_share(profile, n.name)
     if n.kind == "source":
@@ -250,8 +259,30 @@ def rates(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[floa
     return sorted(out, key=lambda r: r.batches_per_s)
 
 
+def _remote(profile: StreamProfile, n: ChainNode, config: StreamSettings) -> bool:
+    """Whether node ``n`` runs its batches as tasks on the profile's cluster."""
+    return (n.kind == "batch" and profile.cluster is not None and not config.sequential
+            and config.kind_of(n.name) == "dask")
+
+
+def remote_costs(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
+                 config: StreamSettings) -> list[tuple[float, float]]:
+    """``costs`` with each cluster stage's: a batch's share of a task's seconds, and the host CPU it takes
+    (the client's; and the workers' own on a cluster that runs on this machine)."""
+    out = list(costs)
+    for i, n in enumerate(nodes):
+        if _remote(profile, n, config):
+            t = remote.terms(profile, n.name, profile.cluster, remote.group_of(profile, n.name, config))
+            out[i] = (t.seconds_per_batch, t.client_cpu_s + (t.remote_cpu_s if profile.cluster.shares_host else 0.0))
+    return out
+
+
 def _cpu_rate(profile: StreamProfile, n: ChainNode, wall: float, config: StreamSettings) -> Rate:
     st = profile.stage(n.name)
+    if _remote(profile, n, config):
+        r = remote.rate(profile, n.name, profile.cluster, config.workers_of(n.name),
+                        remote.group_of(profile, n.name, config))
+        return Rate(n.name, "stage", r, 1.0 / r if r else float("inf"), [n.name])
     if n.kind == "batch":
         w = config.workers_of(n.name)
         r = st.rate(w, config.kind_of(n.name), wall)
@@ -355,6 +386,8 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
     notes: list[str] = []
     nodes = chain(profile, placement)
     costs = node_costs(profile, nodes, config.pin_memory, notes, config.torch_threads)
+    if profile.cluster is not None:
+        costs = remote_costs(profile, nodes, costs, config)
     bps, neck, rs, _ = _contended(profile, nodes, costs, config)
     later_bps, later_neck = bps, neck
     at = cache_index(nodes, config.cache)

@@ -1,6 +1,6 @@
 """Explaining a stream plan in numbers: a reason per stage, baselines and what-ifs.
 
-May import: placer.data.stream, placer.optimize.explain (wording), placer.stream.{model,search}.
+May import: placer.data.stream, placer.optimize.explain (wording), placer.stream.{model,search,remote}.
 
 :func:`explain` turns the chosen :class:`~placer.stream.search.Candidate` into a
 :class:`~placer.data.stream.StreamPlan`: its settings and prediction, a reason per
@@ -169,6 +169,13 @@ def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
         return f"reads batches on the CPU{extra}: {fmt_s(t)} per batch → {per}"
     if dev == "cpu" and c.settings.sequential:
         why = f"on the CPU: {fmt_s(t)} per batch, one batch at a time → {per}"
+    elif dev == "cpu" and c.settings.kind_of(member) == "dask" and profile.cluster is not None:
+        from placer.stream.remote import bound
+
+        w, g = c.workers.get(member, 1), c.settings.group_of(member)
+        why = (f"as tasks on the cluster {profile.cluster.name}: {fmt_s(t)} per batch here, {w} task"
+               f"{'s' if w != 1 else ''} in flight of {g} batch{'es' if g != 1 else ''}, "
+               f"{bound(profile, member, profile.cluster, w, g)}-bound → {per}")
     elif dev == "cpu":
         w = c.workers.get(member, 1)
         why = f"on the CPU: {fmt_s(t)} per batch" + (" per worker" if st.role == "batch" else "")

@@ -65,6 +65,11 @@ class Candidate:
         """The stages run by worker processes."""
         return {m for m, k in self.settings.worker_kind.items() if k == "process"}
 
+    @property
+    def remote(self) -> set[str]:
+        """The stages run as tasks on a cluster."""
+        return {m for m, k in self.settings.worker_kind.items() if k == "dask"}
+
     def with_(self, placement: tuple[tuple[str, str], ...] | None = None, **changes: Any) -> Candidate:
         """This candidate moved to ``placement`` and/or with settings ``changes``: process workers only
         for stages on the CPU, torch's threads only for a step on the CPU, prefetch as :func:`settled`."""
@@ -88,14 +93,17 @@ def settled(settings: StreamSettings) -> StreamSettings:
 
 def make(placement: tuple[tuple[str, str], ...], workers: dict[str, int], *, cache: str | None = None,
          pin: bool = True, processes: tuple[str, ...] = (), threads: int | None = None,
-         sequential: bool = False) -> Candidate:
-    """A candidate with ``workers`` per CPU member (or one batch at a time)."""
+         sequential: bool = False, remote: dict[str, int] | None = None) -> Candidate:
+    """A candidate with ``workers`` per CPU member (or one batch at a time); ``remote``: stage → batches per
+    task of the stages run as tasks on a cluster."""
+    remote = remote or {}
     if sequential:
         settings = StreamSettings(workers=0, cache=cache, pin_memory=pin, torch_threads=threads)
     else:
         settings = StreamSettings(workers=1, stage_workers=workers, prefetch=prefetch_for(workers), cache=cache,
-                                  pin_memory=pin, worker_kind={m: "process" for m in processes},
-                                  torch_threads=threads)
+                                  pin_memory=pin, worker_kind={**{m: "process" for m in processes},
+                                                               **dict.fromkeys(remote, "dask")},
+                                  torch_threads=threads, stage_group=dict(remote))
     return Candidate(placement, settings)
 
 
@@ -118,14 +126,27 @@ def worker_options(profile: StreamProfile, member: str, kind: str = "thread") ->
             return [1]
         # here, at most 8 (each is measured in verification); on a described target, up to its cores
         return list(range(0, (profile.cores if profile.target else min(profile.cores, 8)) + 1))
+    if kind == "dask":  # tasks in flight: powers of two up to the cluster's threads, and its threads
+        n = profile.cluster.threads if profile.cluster is not None else 1
+        return sorted({*(1 << i for i in range(n.bit_length()) if 1 << i <= n), n})
     most = max([1, *[r.workers for r in st.scaling if r.kind == kind]])
     return list(range(1, most + 1))
 
 
 def kind_options(profile: StreamProfile, member: str) -> list[str]:
-    """``thread``, and ``process`` where the profile measured process workers for the stage."""
+    """``thread``, ``process`` where the profile measured process workers for the stage, and ``dask``
+    where the profile has a cluster (:attr:`StreamProfile.cluster`)."""
     st = profile.stage(member)
-    return ["thread", *(["process"] if st.role == "batch" and any(r.kind == "process" for r in st.scaling) else [])]
+    batch = st.role == "batch"
+    return ["thread", *(["process"] if batch and any(r.kind == "process" for r in st.scaling) else []),
+            *(["dask"] if batch and profile.cluster is not None else [])]
+
+
+def remote_groups(profile: StreamProfile, members: list[str], kinds: tuple[str, ...]) -> dict[str, int]:
+    """Batches per task of the members run as tasks on the profile's cluster (:func:`choose_group`)."""
+    from placer.stream.remote import choose_group
+
+    return {m: choose_group(profile, m, profile.cluster) for m, k in zip(members, kinds) if k == "dask"}
 
 
 def cache_options(profile: StreamProfile, epochs: int) -> list[str | None]:
@@ -162,12 +183,13 @@ def candidates(profile: StreamProfile, epochs: int) -> Iterator[Candidate]:
         cpu = cpu_members(profile, dict(place))
         for kinds in itertools.product(*(kind_options(profile, m) for m in cpu)):
             procs = tuple(m for m, k in zip(cpu, kinds) if k == "process")
+            groups = remote_groups(profile, cpu, kinds)
             for ws in itertools.product(*(worker_options(profile, m, k) for m, k in zip(cpu, kinds))):
                 for cache in cache_options(profile, epochs):
                     for pin in pin_options(profile):
                         for threads in torch_options(profile, dict(place)):
                             yield make(place, dict(zip(cpu, ws)), cache=cache, pin=pin, processes=procs,
-                                       threads=threads)
+                                       threads=threads, remote=groups)
         for cache in cache_options(profile, epochs):
             for pin in pin_options(profile):
                 for threads in torch_options(profile, dict(place)):
@@ -207,12 +229,12 @@ class Scorer:
 
 
 def tie_cost(c: Candidate, rule: dict[str, str], profile: StreamProfile | None = None) -> tuple:
-    """Among ties: fewer workers, threads rather than processes, no cache (else the latest cache point:
+    """Among ties: this machine's workers rather than a cluster's, fewer workers, threads rather than processes, no cache (else the latest cache point:
     it removes the most work from later epochs), torch's own threads, fewer departures from the rule of
     thumb."""
     s = c.settings
     later = -profile.members.index(s.cache) if profile is not None and s.cache in profile.members else 0
-    return (sum(c.workers.values()), len(c.processes), s.cache is not None, later,
+    return (len(c.remote), sum(c.workers.values()), len(c.processes), s.cache is not None, later,
             s.torch_threads is not None, sum(rule.get(m) != d for m, d in c.placement))
 
 
@@ -282,7 +304,10 @@ def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Ca
             if other != kind:
                 kinds = {p: k for p, k in s.worker_kind.items() if p != m} | ({m: other} if other != "thread" else {})
                 w = min(workers.get(m, 1), max(worker_options(profile, m, other)))
-                yield c.with_(worker_kind=kinds, stage_workers={**workers, m: w})
+                groups = {p: g for p, g in s.stage_group.items() if p != m}
+                if other == "dask":
+                    groups |= remote_groups(profile, [m], ("dask",))
+                yield c.with_(worker_kind=kinds, stage_workers={**workers, m: w}, stage_group=groups)
     for cache in cache_options(profile, epochs):
         if cache != s.cache:
             yield c.with_(cache=cache)

@@ -63,7 +63,8 @@ def build_nodes(pipeline: Pipeline, members: list[str], devices: dict[str, Devic
         impl = st.impl_for(dev.driver.implementation)
         nodes.append(Node(name=m, kind=kind, device=dev, index=len(nodes), stage=st, reads=reads,
                           consts={a: const_at(s, dev) for a, s in st.inputs.items() if s not in inside},
-                          workers=workers, worker_kind=worker_kind, takes_info=takes(impl.fn, BATCH_INFO)))
+                          workers=workers, worker_kind=worker_kind, takes_info=takes(impl.fn, BATCH_INFO),
+                          group=config.group_of(m) if worker_kind == "dask" else 1))
         avail[m] = {dev.location}
     _plan_drops(nodes)
     return nodes

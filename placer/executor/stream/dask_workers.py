@@ -13,9 +13,14 @@ backpressure and accounting stay as they are. The batches in flight at the
 stage are therefore bounded by its workers (one task per worker thread), and the
 outputs come back in order, so the result equals the sequential run's.
 
+With ``StreamConfig(stage_group={stage: g})`` each worker thread takes ``g``
+consecutive batches and runs them as one task (:meth:`DaskPool.call_many`), so the
+cluster's per-task overhead is paid once per ``g`` batches; the outputs come back
+split, in order, and the batches in flight at the stage are its workers times ``g``.
+
 The stage travels once: its modules as source (:mod:`placer.executor.shipping`),
 the stage with its one-shot inputs pickled and scattered to the workers, each of
-which unpickles it once and keeps it for the run. Each batch then travels as the
+which unpickles it once, before the stream's clock starts, and keeps it for the run. Each batch then travels as the
 task's argument, its result as the task's result.
 
 :func:`run_stream_on_cluster` is what ``execute(..., scheduler=...)`` does with a
@@ -87,6 +92,11 @@ def _stage_call(token: str, payload: bytes) -> StageCall:
         return call
 
 
+def load_stage(token: str, payload: bytes) -> None:
+    """Run on a worker before the stream starts: unpickle the stage (importing its modules) and keep it."""
+    _stage_call(token, payload)
+
+
 def run_batch(token: str, payload: bytes, inputs: dict[str, Any], info: BatchInfo) -> tuple[Any, float]:
     """Run on a worker: the stage on one batch; its output and the seconds it computed."""
     from distributed import get_worker
@@ -96,6 +106,18 @@ def run_batch(token: str, payload: bytes, inputs: dict[str, Any], info: BatchInf
     with stop_when_cancelled(get_worker()):  # a stopped stream leaves no batch running on the worker
         out = call(inputs, info)
     return out, time.perf_counter() - t
+
+
+def run_batches(token: str, payload: bytes, items: list[tuple[dict[str, Any], BatchInfo]]) -> tuple[list[Any], float]:
+    """Run on a worker: the stage on several consecutive batches, in order; their outputs and the seconds
+    it computed."""
+    from distributed import get_worker
+
+    call = _stage_call(token, payload)
+    t = time.perf_counter()
+    with stop_when_cancelled(get_worker()):
+        outs = [call(inputs, info) for inputs, info in items]
+    return outs, time.perf_counter() - t
 
 
 # -- the pool -----------------------------------------------------------------------------------
@@ -133,6 +155,11 @@ class DaskPool:
             except Exception as exc:  # noqa: BLE001 - explained, naming the stage and the object
                 raise unpicklable_stage(stage, exc) from None
         self._payload = self.client.scatter(payload, broadcast=True, hash=False)
+        # every worker unpickles the stage now, before the stream's clock, not on its first batch
+        workers = list(self.client.scheduler_info(n_workers=-1)["workers"])
+        self.client.gather([self.client.submit(load_stage, self.token, self._payload, workers=[w],
+                                               allow_other_workers=False, pure=False,
+                                               key=f"{self.token}-load-{i}") for i, w in enumerate(workers)])
         self.times.start_s = time.perf_counter() - t
         return self.times.start_s
 
@@ -150,6 +177,22 @@ class DaskPool:
                 self._futures.discard(fut)
         self.times.add(compute, time.perf_counter() - t)
         return out
+
+    def call_many(self, items: list[tuple[dict[str, Any], BatchInfo]]) -> list[Any]:
+        """Run the stage on several consecutive batches as one task; their outputs, in order."""
+        t = time.perf_counter()
+        first = items[0][1].seq
+        fut = self.client.submit(run_batches, self.token, self._payload, items, pure=False,
+                                 key=f"{self.token}-{first}-{len(items)}")
+        with self._lock:
+            self._futures.add(fut)
+        try:
+            outs, compute = self._wait(fut)
+        finally:
+            with self._lock:
+                self._futures.discard(fut)
+        self.times.add(compute, time.perf_counter() - t)
+        return outs
 
     def _wait(self, fut: Any) -> tuple[Any, float]:
         done = done_event(fut)
@@ -183,21 +226,23 @@ class DaskPool:
 
 # -- a stream pipeline on a cluster ---------------------------------------------------------------
 def dask_config(pipeline: Any, devices: dict[str, Any], config: StreamConfig | None, threads: int) -> StreamConfig:
-    """``config`` with dask workers for every per-batch CPU stage of the streams (but those asked to run in processes).
+    """``config`` with dask workers for every per-batch CPU stage of the streams (but those whose kind it names).
 
     A stage without its own worker count gets ``threads`` (the cluster's), when the
     config leaves workers at the default; a sequential config (``workers=0``) is
-    left as it is (the reference run stays here).
+    left as it is (the reference run stays here), and so is a config that already
+    names stages with ``dask`` workers (a plan that chose which stages go to the
+    cluster, :mod:`placer.stream.cluster`): its other stages run here.
     """
     cfg = config or StreamConfig()
-    if cfg.sequential:
-        return cfg
+    if cfg.sequential or "dask" in cfg.worker_kind.values():
+        return cfg  # a config that names its cluster stages (a plan's) is taken as it is: the others stay here
     kinds, counts = dict(cfg.worker_kind), dict(cfg.stage_workers)
     default = "workers" not in cfg.model_fields_set
     for members in pipeline.streams().values():
         for m in members[1:-1]:
-            if devices[m].is_accelerator or kinds.get(m, "thread") != "thread":
-                continue  # a GPU stage, or one asked to run in processes here
+            if devices[m].is_accelerator or m in kinds:
+                continue  # a GPU stage, or one whose kind is named (processes or threads here)
             kinds[m] = "dask"
             if default and m not in counts:
                 counts[m] = max(1, threads)
@@ -230,4 +275,4 @@ def run_stream_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, stre
             return prepared.run()
 
 
-__all__ = ["DaskPool", "dask_config", "run_batch", "run_stream_on_cluster", "using_client"]
+__all__ = ["DaskPool", "dask_config", "run_batch", "run_batches", "run_stream_on_cluster", "using_client"]

@@ -82,6 +82,8 @@ class Node:
     pin: bool = True
     #: for process workers: the pool whose child processes run this stage (set by the runner)
     pool: Any = None
+    #: dask workers: consecutive batches each task carries (``StreamConfig.stage_group``)
+    group: int = 1
 
     @property
     def location(self) -> str:

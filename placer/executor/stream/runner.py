@@ -22,6 +22,11 @@ child), and the notes say how long the children took to start and how much of
 the busy time they computed. :func:`interrupt` stops every running stream (the
 command line calls it on Ctrl-C): workers leave within a poll interval, child
 processes are killed, and the run raises KeyboardInterrupt.
+
+A stage whose dask tasks carry several batches (``StreamConfig.stage_group``) has
+each worker take that many consecutive batches (one worker takes at a time), run
+them as one task, and hand each output on in sequence order: its batches in flight
+are its workers times the group.
 """
 
 from __future__ import annotations
@@ -313,9 +318,11 @@ class StreamRun:
         for i, node in enumerate(self.nodes[1:], start=1):
             out = _Ordered(self.queues[i] if i < len(self.queues) else None, self.stop)
             shared = _Exit(node.workers, out)
+            grouped = node.group > 1 and node.pool is not None and hasattr(node.pool, "call_many")
+            loop, extra = (self._group_loop, (threading.Lock(),)) if grouped else (self._node_loop, ())
             for w in range(node.workers):
-                threads.append(threading.Thread(target=without_stop(self._node_loop),
-                                                args=(node, self.queues[i - 1], out, shared),
+                threads.append(threading.Thread(target=without_stop(loop),
+                                                args=(node, self.queues[i - 1], out, shared, *extra),
                                                 name=f"placer-{node.name}-{w}", daemon=True))
         self._wait(threads)
 
@@ -392,6 +399,55 @@ class StreamRun:
                 if node.kind == "step":
                     self.trace.append((t2 - self.t0, [q.qsize() for q in self.queues]))
                 out.put(b.seq, b, self)
+                mark = now()
+                acc[2] += mark - t2
+        shared.leave(node, self.t0, acc, mark)
+
+    def _group_loop(self, node: Node, inq: queue.Queue, out: _Ordered, shared: _Exit, take: threading.Lock) -> None:
+        """A worker of a stage whose cluster tasks carry ``node.group`` batches: it takes that many
+        consecutive batches (one worker at a time takes, so a group's batches are consecutive), runs them
+        as one task, and hands each output on in sequence order. Its batches in flight are its group."""
+        acc = [0.0, 0.0, 0.0, 0]  # busy, starved, blocked, batches of this worker
+        mark = self.t0
+        ended = False
+        with node.device.work_stream():
+            while not ended:
+                group: list[Bundle] = []
+                with take:
+                    while len(group) < node.group:
+                        b = _get(inq, self.stop)
+                        if b is _END or b is None:
+                            if b is _END:
+                                _put(inq, _END, self.stop)  # for the other workers of this node
+                            ended = True
+                            break
+                        if b.seq < self.fail_seq:  # after a failed batch: dropped, never reaches the step
+                            group.append(b)
+                t1 = now()
+                acc[1] += t1 - mark
+                mark = t1
+                if not group:
+                    continue
+                todo = [b for b in group if b.start <= node.index]  # the others were replayed from a cache
+                try:
+                    if todo:
+                        items = [({a: b.values[src][node.location] for a, src in node.reads.items()}, b.info)
+                                 for b in todo]
+                        outs = self.watch.call(node.name, node.pool.call_many, items,
+                                               key=(todo[0].info, todo[0].seq), stoppable=False)
+                        for b, o in zip(todo, outs):
+                            node.store(b, o)
+                            self.cache.offer(node, b)
+                except Exception as exc:  # noqa: BLE001 - named and re-raised by run()
+                    self._fail(node.name, todo[0].info, exc, seq=todo[0].seq)
+                    mark = now()
+                    acc[0] += mark - t1
+                    continue
+                t2 = now()
+                acc[0] += t2 - t1
+                acc[3] += len(todo)
+                for b in group:
+                    out.put(b.seq, b, self)
                 mark = now()
                 acc[2] += mark - t2
         shared.leave(node, self.t0, acc, mark)

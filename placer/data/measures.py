@@ -192,6 +192,12 @@ class PrecisionCheck(BaseModel):
         runs for a one-shot stage; one run for a stream's stage).
     size : int or None
         The size the pipeline was built at for the check.
+    bytes_ratio, ops_ratio, calls_ratio : float or None
+        The stage's work counted under this precision (bf16, fp16: ``torch.autocast``, so each
+        op's tensors have the type autocast gives them) over its work counted in fp32, on the
+        same input: bytes moved, kernels launched, calls dispatched (autocast's casts add
+        some). None when not counted (TF32 moves fp32 bytes; a stream's stage). The roofline
+        prices the precision's work with them (:func:`placer.costmodel.precision.under`).
     """
 
     precision: str
@@ -202,6 +208,9 @@ class PrecisionCheck(BaseModel):
     seconds: float | None = None
     fp32_seconds: float | None = None
     size: int | None = None
+    bytes_ratio: float | None = Field(default=None, gt=0)
+    ops_ratio: float | None = Field(default=None, gt=0)
+    calls_ratio: float | None = Field(default=None, gt=0)
 
     @property
     def ok(self) -> bool:

@@ -8,7 +8,9 @@ For every stage with allowed lower precisions (:meth:`placer.pipeline.Pipeline.a
 alike), then runs the stage again on the same inputs in each allowed precision and compares:
 
 - ``bf16``, ``fp16``: ``torch.autocast`` on the CPU, which is real (the products run in the lower type)
-  and is timed like any other option. A CPU without native bf16 (or fp16) products runs them a
+  and is timed like any other option, with CUDA's fp32 list (:func:`placer.precision.cuda_fp32_list`:
+  layer norm, softmax, sums... in fp32, as a GPU's autocast runs them; CPU autocast alone runs them
+  in bf16). A CPU without native bf16 (or fp16) products runs them a
   hundred times slower than fp32 (this machine's 256³ product is timed in both first, :func:`cpu_slowdown`):
   there the products are computed by fp32 kernels from the same lower-precision inputs and rounded
   back (:func:`placer.precision.emulated_autocast`, the numbers a tensor core gives), and the
@@ -17,6 +19,14 @@ alike), then runs the stage again on the same inputs in each allowed precision a
   inputs of every matrix product, convolution and attention rounded to TF32's 10-bit mantissa, as
   tensor cores read them, backward passes included). The emulation is the measurement; the bf16
   run (7-bit mantissa) is a stricter bound when both are allowed.
+
+For ``bf16`` and ``fp16`` a one-shot stage's work is also counted once in fp32 and once under
+autocast (:func:`counted_under`) on the same input, and the check keeps the ratios of bytes moved,
+kernels launched and calls dispatched (:func:`work_ratios`): autocast makes the products' outputs,
+and the elementwise ops that consume them, two-byte, keeps its fp32-list ops (layer norm, softmax,
+losses, sums) and the master weights in fp32, and adds casts. A GPU's roofline prices the
+precision with those counts (:func:`placer.costmodel.precision.under`). CPU autocast's op lists
+are CUDA's but for a few ops (see ``docs/precision.md``).
 
 The difference is the largest relative difference by norm over the output's floating-point
 values (``outputs``); for a stage whose output has a ``loss`` or ``losses`` entry (a training
@@ -120,10 +130,17 @@ def check_precisions(pipeline: Pipeline, precisions: Mapping[str, tuple[str, ...
         if st.role == "once":
             ins = {a: ref.outputs[src] for a, src in st.inputs.items()}
             base, base_s = _timed(lambda s=st: call_stage(s, cpu, ins, workers=cpu.workers))
+            base_work = None
             for prec in precs:
                 variant = _variant(st, prec)
                 got, secs = _timed(lambda s=variant: call_stage(s, cpu, ins, workers=cpu.workers))
-                checks.append(_check(prec, base, got, tol, secs, base_s, p.size))
+                c = _check(prec, base, got, tol, secs, base_s, p.size)
+                if prec in ("bf16", "fp16"):
+                    if base_work is None:
+                        base_work = counted_under(lambda: call_stage(st, cpu, ins), "fp32")
+                    c = c.model_copy(update=work_ratios(base_work, counted_under(lambda: call_stage(st, cpu, ins),
+                                                                                 prec)))
+                checks.append(c)
         else:
             base, base_s = _stream_output(ref, name), ref.stage(name).seconds
             for prec in precs:
@@ -143,6 +160,32 @@ def check_precisions(pipeline: Pipeline, precisions: Mapping[str, tuple[str, ...
     return out
 
 
+def counted_under(call, prec: str):
+    """The work of ``call()`` counted (:func:`placer.costmodel.counts.count_work`, one run) in ``prec``:
+    ``fp32`` as it is; ``bf16``, ``fp16`` under ``torch.autocast`` on the CPU (emulated when this CPU has
+    no native products in that type: the counter sees the same ops and types either way, since it sits
+    above the emulation), so each op's tensors have the type autocast gives them."""
+    from placer.costmodel.counts import count_work
+
+    if prec == "fp32":
+        ctx: Any = contextlib.nullcontext()
+    elif cpu_slowdown(prec) is not None:
+        ctx = emulated_autocast(prec)
+    else:
+        ctx = _native(prec)
+    with _seeded(), ctx:
+        return count_work(call, repeats=1)[1]
+
+
+def work_ratios(fp32: Any, low: Any) -> dict[str, float | None]:
+    """``bytes_ratio``, ``ops_ratio``, ``calls_ratio`` of work counted in a lower precision over fp32's."""
+    def r(a: float, b: float) -> float | None:
+        return float(a) / float(b) if a > 0 and b > 0 else None
+
+    return {"bytes_ratio": r(low.bytes, fp32.bytes), "ops_ratio": r(low.ops, fp32.ops),
+            "calls_ratio": r(low.calls, fp32.calls)}
+
+
 def _check(prec: str, base: Any, got: Any, tol: float, secs: float, base_s: float, size: int | None) -> PrecisionCheck:
     metric, diff = relative_difference(got, base)
     return PrecisionCheck(precision=prec, metric=metric, rel_error=diff, tolerance=tol, method=METHODS[prec],
@@ -150,19 +193,32 @@ def _check(prec: str, base: Any, got: Any, tol: float, secs: float, base_s: floa
 
 
 def _variant(st: Stage, prec: str) -> Stage:
-    """``st`` as it runs in ``prec`` here: autocast through ``run_precision`` on a CPU with native
-    products in that type, else emulated around each call (TF32 always)."""
-    if prec != "tf32" and cpu_slowdown(prec) is None:
-        return st.model_copy(update={"run_precision": prec})
+    """``st`` as a GPU runs it in ``prec``, here: CPU autocast with CUDA's fp32 list
+    (:func:`placer.precision.cuda_fp32_list`) on a CPU with native products in that type, else
+    emulated (:func:`placer.precision.emulated_autocast`; TF32 always emulated), around each call."""
     upd = {slot: Impl(fn=_emulating(impl.fn, prec), api=impl.api) for slot in ("fn", "cpu", "gpu")
            if (impl := getattr(st, slot)) is not None}
     return st.model_copy(update=upd)
 
 
+@contextlib.contextmanager
+def _native(prec: str):
+    from placer.precision import cuda_fp32_list, running_in
+
+    with running_in(prec, "cpu"), cuda_fp32_list():
+        yield
+
+
 def _emulating(fn, prec: str):
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with emulated_tf32() if prec == "tf32" else emulated_autocast(prec):
+        if prec == "tf32":
+            ctx: Any = emulated_tf32()
+        elif cpu_slowdown(prec) is not None:
+            ctx = emulated_autocast(prec)
+        else:
+            ctx = _native(prec)
+        with ctx:
             return fn(*args, **kwargs)
 
     return run

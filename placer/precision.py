@@ -124,6 +124,12 @@ def running_in(precision: str, device: object = "cpu") -> Iterator[None]:
     around its backward pass and optimizer step: placer cannot add one to a user's
     step, which is why ``auto`` never allows fp16 (declare it on a step that scales
     its own loss).
+
+    Autocast's cast cache is off (``cache_enabled=False``): a stage's whole training loop
+    runs inside the one region, and the cache would keep the first lower-precision copy of
+    each weight for all of it, so every step after the first would compute with the
+    initial weights. Each use casts the weight as it is now, as a GPU step under autocast
+    around its forward pass does.
     """
     p = check_precision(precision)
     if p == "fp32":
@@ -145,7 +151,7 @@ def running_in(precision: str, device: object = "cpu") -> Iterator[None]:
             torch.backends.cuda.matmul.allow_tf32 = old_cuda
         return
     dtype = torch.bfloat16 if p == "bf16" else torch.float16
-    with torch.autocast(device_type=device_type(device), dtype=dtype):
+    with torch.autocast(device_type=device_type(device), dtype=dtype, cache_enabled=False):
         yield
 
 
@@ -278,5 +284,5 @@ def emulated_autocast(precision: str) -> Iterator[None]:
                 return tree_map(down, func(*tree_map(up, args), **tree_map(up, kwargs)))
             return func(*args, **kwargs)
 
-    with torch.autocast(device_type="cpu", dtype=low), _Products(), cuda_fp32_list():
+    with torch.autocast(device_type="cpu", dtype=low, cache_enabled=False), _Products(), cuda_fp32_list():
         yield

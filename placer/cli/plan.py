@@ -87,7 +87,7 @@ def plan_command(
     if pipeline is not None and costs is None and profile_file is None and scheduler is None:
         streamed = _stream_pipeline(pipeline, size)
         if streamed is not None:
-            _plan_streams(streamed, budget_s, output, as_json, target=target)
+            _plan_streams(streamed, budget_s, output, as_json, target=target, precision=precision)
             return
     notes: list[str] = []
     try:
@@ -205,7 +205,8 @@ def _stream_pipeline(pipeline: str, size: int | None):
     return p if p.streams() else None
 
 
-def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool, target: str | None = None) -> None:
+def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool, target: str | None = None,
+                  precision: str | None = None) -> None:
     """Plan every stream of ``p`` here (:func:`placer.stream.planner.plan_streams`), or for ``target`` from a
     profile taken here (:func:`placer.stream.target.plan_streams_for_target`); print or save it."""
     import json
@@ -219,11 +220,11 @@ def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool,
             from placer.stream.target import plan_streams_for_target
             from placer.target import load_target
 
-            plans = plan_streams_for_target(p, load_target(target), budget_s=budget)
+            plans = plan_streams_for_target(p, load_target(target), budget_s=budget, precision=precision)
         else:
             from placer.stream.planner import plan_streams
 
-            plans = plan_streams(p, budget_s=budget)
+            plans = plan_streams(p, budget_s=budget, precision=precision)
     except PlacerError as exc:
         fail(error_line(exc))
     docs = [json.loads(plan.to_json()) for plan in plans]

@@ -607,4 +607,7 @@ def target_summary(plan: StreamPlan) -> dict[str, Any]:
     }
     if plan.source == LOADER:
         out["loader"] = LoaderSettings.from_stream(plan.settings, LOADER).as_dict()
+    if plan.precision_s:  # the step's times per precision, the one chosen, the checks
+        out |= {"precision": dict(plan.precision), "precision_s": plan.precision_s,
+                "precision_checks": list(plan.precision_checks)}
     return out

@@ -1,8 +1,8 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
 May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log}, placer.data;
-placer.executor.distributed's errors, placer.target, placer.stream.planner and placer.stream.target
-inside functions.
+placer.executor.distributed's errors, placer.target, placer.stream.planner, placer.stream.precision and
+placer.stream.target inside functions.
 torch, dask and numba are
 reached only through the site (its profiler and executor).
 

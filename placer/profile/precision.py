@@ -1,7 +1,7 @@
 """Checking a lower precision's accuracy here, before it can be chosen.
 
-May import: numpy, placer.data, placer.devices, placer.executor, placer.pipeline, placer.precision; torch inside
-functions.
+May import: numpy, placer.data, placer.devices, placer.executor, placer.pipeline, placer.precision,
+placer.costmodel.counts (counting a stage's work under autocast); torch inside functions.
 
 For every stage with allowed lower precisions (:meth:`placer.pipeline.Pipeline.allowed_precisions`),
 :func:`check_precisions` runs the pipeline once in fp32 on this machine's CPU (every stage seeded
@@ -120,7 +120,7 @@ def check_precisions(pipeline: Pipeline, precisions: Mapping[str, tuple[str, ...
     if not todo:
         return {}
     cpu = discover().get("cpu")
-    with _seeded():
+    with seeded():
         ref = execute(p, "all=cpu")
     out: dict[str, list[PrecisionCheck]] = {}
     for name, precs in todo.items():
@@ -145,7 +145,7 @@ def check_precisions(pipeline: Pipeline, precisions: Mapping[str, tuple[str, ...
             base, base_s = _stream_output(ref, name), ref.stage(name).seconds
             for prec in precs:
                 variant_p = _with_stage(p, _variant(p.stages[name], prec))
-                with _seeded():
+                with seeded():
                     run = execute(variant_p, "all=cpu")
                 checks.append(_check(prec, base, _stream_output(run, name), tol, run.stage(name).seconds, base_s,
                                      p.size))
@@ -172,8 +172,8 @@ def counted_under(call, prec: str):
     elif cpu_slowdown(prec) is not None:
         ctx = emulated_autocast(prec)
     else:
-        ctx = _native(prec)
-    with _seeded(), ctx:
+        ctx = native_autocast(prec)
+    with seeded(), ctx:
         return count_work(call, repeats=1)[1]
 
 
@@ -196,20 +196,24 @@ def _variant(st: Stage, prec: str) -> Stage:
     """``st`` as a GPU runs it in ``prec``, here: CPU autocast with CUDA's fp32 list
     (:func:`placer.precision.cuda_fp32_list`) on a CPU with native products in that type, else
     emulated (:func:`placer.precision.emulated_autocast`; TF32 always emulated), around each call."""
-    upd = {slot: Impl(fn=_emulating(impl.fn, prec), api=impl.api) for slot in ("fn", "cpu", "gpu")
+    upd = {slot: Impl(fn=emulating(impl.fn, prec), api=impl.api) for slot in ("fn", "cpu", "gpu")
            if (impl := getattr(st, slot)) is not None}
     return st.model_copy(update=upd)
 
 
 @contextlib.contextmanager
-def _native(prec: str):
+def native_autocast(prec: str):
+    """CPU autocast in ``prec`` with CUDA's fp32 list (:func:`placer.precision.cuda_fp32_list`), for a
+    CPU with native products in that type."""
     from placer.precision import cuda_fp32_list, running_in
 
     with running_in(prec, "cpu"), cuda_fp32_list():
         yield
 
 
-def _emulating(fn, prec: str):
+def emulating(fn, prec: str):
+    """``fn`` wrapped to run as a GPU runs it in ``prec``, here (TF32 emulated; bf16 and fp16 by
+    :func:`native_autocast`, or :func:`placer.precision.emulated_autocast` on a CPU without native products)."""
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         if prec == "tf32":
@@ -217,7 +221,7 @@ def _emulating(fn, prec: str):
         elif cpu_slowdown(prec) is not None:
             ctx = emulated_autocast(prec)
         else:
-            ctx = _native(prec)
+            ctx = native_autocast(prec)
         with ctx:
             return fn(*args, **kwargs)
 
@@ -276,7 +280,7 @@ def _timed(call) -> tuple[Any, float]:
     while they stay within :data:`REPEAT_BUDGET_S` in all)."""
     best, out, spent = float("inf"), None, 0.0
     for _ in range(REPEATS):
-        with _seeded():
+        with seeded():
             t0 = time.perf_counter()
             out = call()
             took = time.perf_counter() - t0
@@ -287,7 +291,7 @@ def _timed(call) -> tuple[Any, float]:
 
 
 @contextlib.contextmanager
-def _seeded(seed: int = 0):
+def seeded(seed: int = 0):
     """Every run starts from the same random state (a model's initial weights alike), restored after."""
     import torch
 

@@ -108,7 +108,7 @@ def count_step(pipeline: Any, source: str, precisions: list[str], *, inventory: 
                consts: dict | None = None) -> dict[str, Work]:
     """One batch of the step's work counted in fp32 and in each of ``precisions`` (under autocast, with
     CUDA's fp32 list; emulated where this CPU has no native products in that type)."""
-    from placer.profile.precision import _native, cpu_slowdown
+    from placer.profile.precision import native_autocast, cpu_slowdown
     from placer.precision import emulated_autocast
     from placer.stream.target import count_stream_work
 
@@ -119,7 +119,7 @@ def count_step(pipeline: Any, source: str, precisions: list[str], *, inventory: 
         if prec == "fp32":
             ctx: Any = contextlib.nullcontext()
         else:
-            ctx = emulated_autocast(prec) if cpu_slowdown(prec) is not None else _native(prec)
+            ctx = emulated_autocast(prec) if cpu_slowdown(prec) is not None else native_autocast(prec)
         with ctx:
             got = count_stream_work(p, source, inventory=inventory, consts=consts).get(step)
         if got is not None:

@@ -60,7 +60,7 @@ def check_step(step: Callable[[Any], Any], kept: list, precisions: tuple[str, ..
     difference is marked unmeasurable and its method says why, so it is never chosen.
     """
     from placer.precision import DEFAULT_TOLERANCE
-    from placer.profile.precision import UNMEASURABLE, _emulating, _seeded, cpu_slowdown, relative_difference
+    from placer.profile.precision import UNMEASURABLE, emulating, seeded, cpu_slowdown, relative_difference
 
     tol = tolerance or DEFAULT_TOLERANCE
     objs = [] if state is None else (list(state) if isinstance(state, (list, tuple)) else [state])
@@ -80,7 +80,7 @@ def check_step(step: Callable[[Any], Any], kept: list, precisions: tuple[str, ..
     def run(fn: Callable[[Any], Any]) -> tuple[list, float]:
         for o, s in zip(objs, saved):
             o.load_state_dict(copy.deepcopy(s))
-        with _seeded():
+        with seeded():
             t0 = time.perf_counter()
             got = [_detached(fn(b)) for b in kept]
             return got, time.perf_counter() - t0
@@ -88,7 +88,7 @@ def check_step(step: Callable[[Any], Any], kept: list, precisions: tuple[str, ..
     try:
         base, base_s = run(step)
         for p in precisions:
-            got, secs = run(_emulating(step, p))
+            got, secs = run(emulating(step, p))
             if all(g is None for g in base):
                 c = PrecisionCheck(precision=p, metric="loss", rel_error=UNMEASURABLE, tolerance=tol,
                                    method="not measured: the step returns nothing; return the loss from it")
@@ -124,7 +124,7 @@ def count_step(step: Callable[[Any], Any], batch: Any, precisions: tuple[str, ..
     """The step's work on ``batch`` counted in fp32 and under autocast in each of ``precisions`` (bf16, fp16),
     the state put back after each count when given."""
     from placer.costmodel.counts import count_work
-    from placer.profile.precision import _native, cpu_slowdown
+    from placer.profile.precision import native_autocast, cpu_slowdown
     from placer.precision import emulated_autocast
 
     objs = [] if state is None else (list(state) if isinstance(state, (list, tuple)) else [state])
@@ -137,7 +137,7 @@ def count_step(step: Callable[[Any], Any], batch: Any, precisions: tuple[str, ..
             if p == "fp32":
                 out[p] = count_work(lambda: step(batch), repeats=1)[1]
                 continue
-            with emulated_autocast(p) if cpu_slowdown(p) is not None else _native(p):
+            with emulated_autocast(p) if cpu_slowdown(p) is not None else native_autocast(p):
                 out[p] = count_work(lambda: step(batch), repeats=1)[1]
     finally:
         for o, s in zip(objs, saved):

@@ -172,7 +172,7 @@ class CostModel:
         """
         sp = self.profile.stages[stage]
         host = self.host_seconds(stage)
-        works = [precision_model.under(self, stage, precision, w.work, h) for w, h in zip(sp.work, host)]
+        works = [precision_model.under(self, stage, precision, w.work, h, w.size) for w, h in zip(sp.work, host)]
         pts = [(float(w.size), desc.predict(wk.model_copy(update={"host_s": h}), precision=precision))
                for w, (wk, h) in zip(sp.work, works)]
         if len(sp.work) == 1 and sp.work[0].size > 0:

@@ -61,14 +61,18 @@ def ratio(model: Any, stage: str, device: str, precision: str, size: float | Non
     return None
 
 
-def under(model: Any, stage: str, precision: str | None, work: Any, host_s: float) -> tuple[Any, float]:
+def under(model: Any, stage: str, precision: str | None, work: Any, host_s: float, size: float | None = None
+          ) -> tuple[Any, float]:
     """``work`` (counted in fp32) and its host seconds as ``stage`` runs in ``precision`` on a GPU.
 
     For ``bf16`` and ``fp16`` with a check that counted the stage under autocast
     (:attr:`~placer.data.measures.PrecisionCheck.bytes_ratio` and the others): bytes moved, kernels
     launched and the host's dispatch time scale by the counted ratios, and ``tensor_bytes`` is 0
     (the counted bytes already have the products' two-byte elements, so the roofline must not
-    halve them again). Otherwise (fp32, tf32, nothing counted) as it is: the roofline then halves
+    halve them again). Counted at two sizes (:attr:`~placer.data.measures.PrecisionCheck.counted`),
+    the difference autocast makes to each is read at ``size`` off the line through them (a
+    weight's casts are fixed, an activation's halving grows with the size); counted at one, the
+    ratios apply at every size. Otherwise (fp32, tf32, nothing counted) as it is: the roofline then halves
     the tensor-core ops' bytes only (:meth:`placer.costmodel.roofline.DeviceDescription.predict`).
     """
     if precision not in ("bf16", "fp16"):
@@ -76,10 +80,26 @@ def under(model: Any, stage: str, precision: str | None, work: Any, host_s: floa
     c = checks(model, stage).get(precision)
     if c is None or not c.bytes_ratio:
         return work, host_s
+    sizes = {e["size"] for e in c.counted}
+    if len(sizes) >= 2 and size is not None:  # the difference autocast makes, a line over size
+        d_bytes, d_ops, d_calls = (_line(c.counted, f"low_{k}", k, size) for k in ("bytes", "ops", "calls"))
+        calls = work.calls or work.ops
+        upd = {"bytes": max(work.bytes + d_bytes, 0.25 * work.bytes), "tensor_bytes": 0.0,
+               "ops": max(1, round(work.ops + d_ops))}
+        return work.model_copy(update=upd), host_s * (max(calls + d_calls, 1.0) / calls if calls else 1.0)
     upd: dict[str, Any] = {"bytes": work.bytes * c.bytes_ratio, "tensor_bytes": 0.0}
     if c.ops_ratio:
         upd["ops"] = max(1, round(work.ops * c.ops_ratio))
     return work.model_copy(update=upd), host_s * (c.calls_ratio or 1.0)
+
+
+def _line(counted: list[dict[str, float]], low: str, base: str, size: float) -> float:
+    """The difference ``low - base`` read at ``size`` off the line through the counted sizes (the two
+    extreme sizes)."""
+    pts = sorted(counted, key=lambda e: e["size"])
+    a, b = pts[0], pts[-1]
+    da, db = a[low] - a[base], b[low] - b[base]
+    return da + (db - da) * (size - a["size"]) / (b["size"] - a["size"])
 
 
 def roofline_at(model: Any, stage: str, device: str, size: float, precision: str) -> float:

@@ -198,6 +198,11 @@ class PrecisionCheck(BaseModel):
         same input: bytes moved, kernels launched, calls dispatched (autocast's casts add
         some). None when not counted (TF32 moves fp32 bytes; a stream's stage). The roofline
         prices the precision's work with them (:func:`placer.costmodel.precision.under`).
+    counted : list of dict
+        The counts those ratios come from, one per size counted: ``size``, and fp32's and
+        this precision's ``bytes``/``low_bytes``, ``ops``/``low_ops``, ``calls``/``low_calls``.
+        With two sizes the roofline takes the difference autocast makes as a line over size
+        (a weight's casts are fixed, an activation's halving grows with the batch).
     """
 
     precision: str
@@ -211,6 +216,7 @@ class PrecisionCheck(BaseModel):
     bytes_ratio: float | None = Field(default=None, gt=0)
     ops_ratio: float | None = Field(default=None, gt=0)
     calls_ratio: float | None = Field(default=None, gt=0)
+    counted: list[dict[str, float]] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -139,7 +139,7 @@ def check_precisions(pipeline: Pipeline, precisions: Mapping[str, tuple[str, ...
                     if base_work is None:
                         base_work = counted_under(lambda: call_stage(st, cpu, ins), "fp32")
                     c = c.model_copy(update=work_ratios(base_work, counted_under(lambda: call_stage(st, cpu, ins),
-                                                                                 prec)))
+                                                                                 prec), p.size))
                 checks.append(c)
         else:
             base, base_s = _stream_output(ref, name), ref.stage(name).seconds
@@ -177,13 +177,49 @@ def counted_under(call, prec: str):
         return count_work(call, repeats=1)[1]
 
 
-def work_ratios(fp32: Any, low: Any) -> dict[str, float | None]:
-    """``bytes_ratio``, ``ops_ratio``, ``calls_ratio`` of work counted in a lower precision over fp32's."""
+def work_ratios(fp32: Any, low: Any, size: int | None = None) -> dict[str, Any]:
+    """``bytes_ratio``, ``ops_ratio``, ``calls_ratio`` of work counted in a lower precision over fp32's, and
+    the counts themselves at ``size`` (``counted``, when a size is given)."""
     def r(a: float, b: float) -> float | None:
         return float(a) / float(b) if a > 0 and b > 0 else None
 
-    return {"bytes_ratio": r(low.bytes, fp32.bytes), "ops_ratio": r(low.ops, fp32.ops),
-            "calls_ratio": r(low.calls, fp32.calls)}
+    out: dict[str, Any] = {"bytes_ratio": r(low.bytes, fp32.bytes), "ops_ratio": r(low.ops, fp32.ops),
+                           "calls_ratio": r(low.calls, fp32.calls)}
+    if size is not None:
+        out["counted"] = [counts_at(size, fp32, low)]
+    return out
+
+
+def counts_at(size: float, fp32: Any, low: Any) -> dict[str, float]:
+    """One entry of :attr:`PrecisionCheck.counted`."""
+    return {"size": float(size), "bytes": fp32.bytes, "low_bytes": low.bytes, "ops": float(fp32.ops),
+            "low_ops": float(low.ops), "calls": float(fp32.calls), "low_calls": float(low.calls)}
+
+
+def count_precisions(pipeline: Pipeline, todo: Mapping[str, tuple[str, ...]]) -> dict[str, dict[str, dict]]:
+    """Stage → precision → the counts (:func:`counts_at`) of each one-shot stage in ``todo`` in fp32 and under
+    autocast (bf16, fp16 only), on the pipeline as built (its own size): a second size for the checks'
+    counts (:func:`placer.site.attach_precision_checks`)."""
+    from placer.devices import discover
+    from placer.executor import call_stage, execute
+
+    p = pipeline.validate()
+    cpu = discover().get("cpu")
+    todo = {n: [q for q in v if q in ("bf16", "fp16")] for n, v in todo.items()
+            if n in p.stages and p.stages[n].role == "once"}
+    todo = {n: v for n, v in todo.items() if v}
+    if not todo:
+        return {}
+    with seeded():
+        ref = execute(p, "all=cpu")
+    out: dict[str, dict[str, dict]] = {}
+    for name, precs in todo.items():
+        st = p.stages[name]
+        ins = {a: ref.outputs[src] for a, src in st.inputs.items()}
+        base = counted_under(lambda: call_stage(st, cpu, ins), "fp32")
+        out[name] = {q: counts_at(p.size or 0, base, counted_under(lambda: call_stage(st, cpu, ins), q))
+                     for q in precs}
+    return out
 
 
 def _check(prec: str, base: Any, got: Any, tol: float, secs: float, base_s: float, size: int | None) -> PrecisionCheck:

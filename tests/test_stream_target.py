@@ -332,3 +332,49 @@ def test_a_step_whose_bf16_loss_moved_too_much_keeps_fp32_and_says_why(no_calibr
     assert plan.precision == {} and "bf16" in plan.precision_s["gpu:0"]
     assert plan.settings.stage_workers.get("augment", 0) < 4
     assert any("bf16 not chosen for the step: loss differs by 4.00%" in r for r in plan.reasons)
+
+
+def _matmul_stream(precision=("tf32", "bf16")):
+    """batches of rows → a step that trains a linear layer on them and records its loss per batch."""
+    import numpy as np
+    import torch
+
+    from placer import Pipeline
+
+    p = Pipeline("mm-stream", size=48, size_unit="samples")
+
+    @p.source(batch_size=16)
+    def rows():
+        g = np.random.default_rng(0)
+        for _ in range(3):
+            yield g.standard_normal((16, 64)).astype(np.float32)
+
+    def init(device):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(64, 64)
+        return {"lin": lin, "opt": torch.optim.SGD(lin.parameters(), lr=0.01), "losses": []}
+
+    @p.step(kind="training", init=init, precision=precision)
+    def train(rows, state, device):
+        x = torch.as_tensor(rows)
+        loss = torch.nn.functional.mse_loss(state["lin"](x).float(), x)
+        state["opt"].zero_grad()
+        loss.backward()
+        state["opt"].step()
+        state["losses"].append(float(loss.detach()))
+        return state
+
+    return p
+
+
+def test_planning_a_stream_checks_the_steps_precisions_and_predicts_them_here_and_on_the_target(no_calibration):
+    from placer.stream.planner import plan_stream
+
+    here = plan_stream(_matmul_stream(), budget_s=2.0, verify_runs=False)
+    checks = {c["precision"]: c for c in here.precision_checks}
+    assert set(checks) == {"tf32", "bf16"} and all(c["rel_error"] < 0.01 for c in checks.values())
+    cpu = here.precision_s["cpu"]
+    assert cpu["tf32"] == cpu["fp32"] and here.precision == {}  # a CPU has no TF32; fp32 stays
+    there = tg.plan_stream_for_target(_matmul_stream(), TARGET, budget_s=2.0, here_cpu=HERE)
+    assert set(there.precision_s["gpu:0"]) == {"fp32", "tf32", "bf16"}
+    assert plan_stream(_matmul_stream(precision=()), budget_s=2.0, verify_runs=False).precision_s == {}

@@ -1,7 +1,7 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
 May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log}, placer.data;
-placer.executor.distributed's errors, placer.target, placer.stream.{planner,target,cluster}
+placer.executor.distributed's errors, placer.target, placer.stream.{planner,precision,target,cluster}
 inside functions.
 torch, dask and numba are
 reached only through the site (its profiler and executor).
@@ -335,7 +335,7 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
     p = built_pipeline(pipeline, size)
     if p.streams():
         return _advise_stream(site, p, budget_s=budget_s, baselines=baselines, warmup=warmup, timed=timed,
-                              target=target)
+                              target=target, precision=precision)
     if isinstance(pipeline, Pipeline) and p.size is not None:
         size = p.size  # a built pipeline runs (and is measured) at its own size, whatever is asked
     size = p.size if size is None else size
@@ -440,7 +440,7 @@ class Chosen:
 
 
 def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: float, baselines: bool, warmup: bool,
-                   timed: _Timed, target: str | None = None) -> Advised:
+                   timed: _Timed, target: str | None = None, precision: str | None = None) -> Advised:
     """The advise flow for a pipeline with streams: plan each stream, run the plan and the usual settings.
 
     The source, the step and the one-shot stages run on this machine (where the step's
@@ -463,11 +463,15 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     inv = here.inventory()
     described = None if target in (None, "", "none", "auto") else resolve_target(target, inv)
     profiles: list = []
+    steps: list = []
     plans = timed("profile and plan the streams",
-                  lambda: plan_streams(p, budget_s=budget_s, inventory=inv, profiles=profiles))
-    target_plans = timed("target", lambda: _stream_target_plans(p, described, profiles, inv)) if described else []
+                  lambda: plan_streams(p, budget_s=budget_s, inventory=inv, profiles=profiles, precision=precision,
+                                       step_precisions=steps))
+    target_plans = timed("target", lambda: _stream_target_plans(p, described, profiles, inv, steps)) if described else []
     placement = {n: d for sp in plans for n, d in sp.placement.items()}
-    plan_run = timed("run plan", lambda: here.execute(p, placement, warmup=warmup, stream=stream_config(plans)))
+    in_precision = {n: v for sp in plans for n, v in sp.precision.items()} or None
+    plan_run = timed("run plan", lambda: here.execute(p, placement, warmup=warmup, stream=stream_config(plans),
+                                                      precision=in_precision))
     runs: dict[str, Any] = {}
     for alt in (plans[0].baselines if baselines else []):
         cfg, where = StreamSettings.model_validate(alt.config), {**placement, **alt.placement}
@@ -486,16 +490,22 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
                    stream_target_plans=target_plans)
 
 
-def _stream_target_plans(p: Pipeline, target: str, profiles: list, inv: Inventory) -> list:
-    """Each stream planned for ``target`` from its profile taken here and one batch's work counted here."""
+def _stream_target_plans(p: Pipeline, target: str, profiles: list, inv: Inventory, steps: list | None = None) -> list:
+    """Each stream planned for ``target`` from its profile taken here and one batch's work counted here
+    (the step's in each lower precision it may run in: ``steps``, from :func:`plan_streams`)."""
+    from placer.stream.precision import count_step
     from placer.stream.target import count_stream_work, plan_for_target
     from placer.target import load_target
 
     desc = load_target(target)
     out = []
-    for prof in profiles:
+    for i, prof in enumerate(profiles):
         notes: list[str] = []
-        plan = plan_for_target(prof, desc, count_stream_work(p, prof.source, inventory=inv, notes=notes))
+        sp = steps[i] if steps and i < len(steps) else None
+        if sp is not None and sp.precisions:
+            sp.work = count_step(p, prof.source, [q for q in sp.precisions if q in ("bf16", "fp16")], inventory=inv)
+        plan = plan_for_target(prof, desc, count_stream_work(p, prof.source, inventory=inv, notes=notes),
+                               step_precision=sp)
         plan.notes.extend(n for n in notes if n not in plan.notes)
         out.append(plan)
     return out

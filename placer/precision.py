@@ -124,6 +124,12 @@ def running_in(precision: str, device: object = "cpu") -> Iterator[None]:
     around its backward pass and optimizer step: placer cannot add one to a user's
     step, which is why ``auto`` never allows fp16 (declare it on a step that scales
     its own loss).
+
+    Autocast's cast cache is off (``cache_enabled=False``): a stage's whole training loop
+    runs inside the one region, and the cache would keep the first lower-precision copy of
+    each weight for all of it, so every step after the first would compute with the
+    initial weights. Each use casts the weight as it is now, as a GPU step under autocast
+    around its forward pass does.
     """
     p = check_precision(precision)
     if p == "fp32":
@@ -145,7 +151,7 @@ def running_in(precision: str, device: object = "cpu") -> Iterator[None]:
             torch.backends.cuda.matmul.allow_tf32 = old_cuda
         return
     dtype = torch.bfloat16 if p == "bf16" else torch.float16
-    with torch.autocast(device_type=device_type(device), dtype=dtype):
+    with torch.autocast(device_type=device_type(device), dtype=dtype, cache_enabled=False):
         yield
 
 
@@ -207,6 +213,42 @@ def emulated_tf32() -> Iterator[None]:
         yield
 
 
+#: ops CUDA's autocast runs in fp32 that CPU autocast runs in the input's type (torch 2.x op lists: on
+#: CUDA these are on the fp32 list; on the CPU they follow their inputs). The losses, ``cdist``,
+#: ``prod`` and the other ops on both fp32 lists need nothing: CPU autocast already upcasts them.
+CUDA_ONLY_FP32 = frozenset({
+    "layer_norm", "group_norm", "softmax", "log_softmax", "softmin", "sum", "norm", "normalize", "cumsum",
+    "cumprod", "exp", "expm1", "log", "log10", "log1p", "log2", "pow", "reciprocal", "rsqrt", "softplus",
+    "acos", "asin", "cosh", "sinh", "tan", "erfinv", "dist", "renorm", "cosine_similarity", "pdist",
+})
+
+
+@contextlib.contextmanager
+def cuda_fp32_list() -> Iterator[None]:
+    """Within CPU autocast, run the ops CUDA's autocast keeps in fp32 (:data:`CUDA_ONLY_FP32`: layer
+    and group norm, softmax, sums, exponentials and logarithms...) in fp32, as on a GPU: their
+    lower-precision floating-point inputs are cast to fp32 first, so they and their backward passes
+    compute and write fp32. Outside autocast it changes nothing."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_map
+
+    low = (torch.bfloat16, torch.float16)
+
+    def up(x):
+        return x.float() if isinstance(x, torch.Tensor) and x.dtype in low else x
+
+    class _GPULists(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if getattr(func, "__name__", "") in CUDA_ONLY_FP32 and torch.is_autocast_enabled("cpu"):
+                args, kwargs = tree_map(up, (args, kwargs))
+            return func(*args, **kwargs)
+
+    with _GPULists():
+        yield
+
+
 #: the products :func:`emulated_autocast` computes in fp32 (attention kernels, whose extra outputs
 #: stay fp32, run as autocast gives them)
 _PRODUCTS = frozenset(n for n in TF32_OPS if "attention" not in n)
@@ -220,7 +262,8 @@ def emulated_autocast(precision: str) -> Iterator[None]:
     result back to the lower type, as a GPU's tensor cores do. Everything else (casts, elementwise
     work in the lower type, reductions autocast keeps in fp32) is autocast's own. For a CPU whose own
     bf16 products are slow (no native bf16: a hundred times fp32's time), this gives autocast's
-    numbers at fp32's speed."""
+    numbers at fp32's speed. The ops CUDA's autocast keeps in fp32 and the CPU's does not run in
+    fp32 (:func:`cuda_fp32_list`), so the numbers and the types are a GPU's."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten, tree_map
@@ -241,5 +284,5 @@ def emulated_autocast(precision: str) -> Iterator[None]:
                 return tree_map(down, func(*tree_map(up, args), **tree_map(up, kwargs)))
             return func(*args, **kwargs)
 
-    with torch.autocast(device_type="cpu", dtype=low), _Products():
+    with torch.autocast(device_type="cpu", dtype=low, cache_enabled=False), _Products(), cuda_fp32_list():
         yield

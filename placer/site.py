@@ -186,6 +186,14 @@ def attach_precision_checks(prof: Any, pipeline: Any, size: int | None, precisio
     for n, found in check_precisions(p, todo).items():
         if n in prof.stages:
             prof.stages[n].precision_checks = found
+    smaller = [m for m in measured if at and m < at]
+    if smaller:  # a second size: autocast's difference as a line over size (fixed casts, growing activations)
+        from placer.profile.precision import count_precisions
+
+        for n, by in count_precisions(built_pipeline(pipeline, min(smaller)), todo).items():
+            for c in getattr(prof.stages.get(n), "precision_checks", []):
+                if c.precision in by:
+                    c.counted = [by[c.precision], *c.counted]
     return fixed
 
 

@@ -8,6 +8,7 @@ and all outputs must be close to the all-CPU run's.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import json
@@ -244,6 +245,9 @@ def test_placer_run_cli_gives_the_in_process_digest(name, placement, sim_env):
 #: sizes for the advise flow: large enough that the profiler's smaller sizes build
 ADVISE_SIZES = {"mnist_mlp": 200, "mnist_cnn": 100, "cifar_augment": 100, "batched_inference": 500,
                 "timeseries": 1000, "branches": 100, "etl_dask": 2000, "transformer": 2}
+#: parameters that keep a pipeline's advise flow affordable on a 2-core CPU (the transformer's
+#: defaults are a realistic model width: seconds per step of one sequence here)
+ADVISE_PARAMS = {"transformer": {"d_model": 64, "heads": 4, "vocab": 128, "seq": 32}}
 
 
 @pytest.mark.parametrize("name", sorted(GALLERY))
@@ -252,14 +256,16 @@ def test_advise_plans_and_runs_every_pipeline(name, tmp_path, monkeypatch):
 
     monkeypatch.setenv("PLACER_CACHE_DIR", str(tmp_path))
     size = ADVISE_SIZES[name]
-    advice = advise(f"pipelines.{name}:build", size=size, budget_s=1.5, target="none")
+    mod = importlib.import_module(f"pipelines.{name}")
+    small = ADVISE_PARAMS.get(name)
+    ref = functools.partial(mod.build, **small) if small else f"pipelines.{name}:build"
+    advice = advise(ref, size=size, budget_s=1.5, target="none")
     p = advice.pipeline
     assert set(advice.plan.placement) == set(p.stages)
     for n, s in p.stages.items():
         if s.pin == "cpu":
             assert advice.run.stage(n).device == "cpu", f"{name}: pinned stage {n} left the CPU"
-    mod = importlib.import_module(f"pipelines.{name}")
-    assert advice.run.outputs_digest == execute(mod.build(size), "all=cpu").outputs_digest
+    assert advice.run.outputs_digest == execute(mod.build(size, **(small or {})), "all=cpu").outputs_digest
     assert advice.facts.summary.digests_agree is not False
 
 

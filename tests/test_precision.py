@@ -234,3 +234,31 @@ def test_plan_names_a_wrong_precision_option_before_profiling():
 def test_run_refuses_auto_with_a_fixed_placement():
     res = _cli("run", "pipelines/mnist_mlp.py", "--size", "64", "--placement", "all=cpu", "--precision", "auto")
     assert res.returncode == 2 and "--precision auto lets the plan choose" in res.stderr
+
+
+def test_a_training_loop_in_bf16_uses_its_updated_weights_each_step():
+    """A stage's whole training loop runs inside one autocast region: autocast's cast cache (which keeps the
+    first bf16 copy of each weight for the region) must be off, or every step after the first computes
+    with the initial weights and the loss stops moving."""
+    def train():
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(64, 32, generator=g), torch.randn(64, 1, generator=g)
+        lin = torch.nn.Linear(32, 1)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(1, 32, generator=g))
+            lin.bias.zero_()
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        losses = []
+        for _ in range(5):
+            loss = torch.nn.functional.mse_loss(lin(x).float(), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    fp32 = train()
+    with running_in("bf16", "cpu"):
+        low = train()
+    assert fp32[-1] < 0.5 * fp32[0]
+    assert low[-1] == pytest.approx(fp32[-1], rel=0.05)

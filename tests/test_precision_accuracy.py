@@ -3,6 +3,8 @@ of a precision that breaks a stage (one that sums many small values)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -118,3 +120,79 @@ def test_the_plan_refuses_bf16_to_the_summing_stage_and_says_why(tmp_path, monke
     assert total.precision != "bf16" and plan.precision.get("total") != "bf16"
     assert "bf16 not chosen: outputs differ by" in total.reason and "(tolerance 1.00%)" in total.reason
     assert all("bf16" in times for times in total.precision_s.values())  # the what-if still lists it
+
+
+def test_work_counted_under_autocast_has_two_byte_elementwise_ops_and_fp32_list_ops():
+    """Elementwise ops that consume a product's output move half the bytes under bf16 autocast (more
+    than halving the products' own bytes gives), while a layer norm after it stays in fp32."""
+    from placer.costmodel.counts import count_work
+    from placer.profile.precision import counted_under, work_ratios
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(256, 128, generator=g), torch.randn(128, 512, generator=g)
+
+    def chain():  # one product, then elementwise work on its output
+        y = x @ w
+        for _ in range(6):
+            y = torch.nn.functional.gelu(y) * 0.5 + y
+        return y
+
+    def normed():  # the same, through layer norm (on autocast's fp32 list) each time
+        y = x @ w
+        for _ in range(6):
+            y = torch.nn.functional.layer_norm(y, (512,)) * 0.5 + y
+        return y
+
+    fp32 = counted_under(chain, "fp32")
+    low = work_ratios(fp32, counted_under(chain, "bf16"))
+    halving = (fp32.bytes - fp32.tensor_bytes / 2) / fp32.bytes
+    assert low["bytes_ratio"] < 0.65 < halving  # the products' outputs and their consumers in bf16
+    assert low["ops_ratio"] >= 1.0  # autocast's casts are kernels too
+    n32 = counted_under(normed, "fp32")
+    assert work_ratios(n32, counted_under(normed, "bf16"))["bytes_ratio"] > 0.85  # layer norm keeps fp32
+    _, plain = count_work(chain, repeats=1)
+    assert plain.bytes == fp32.bytes  # counting in fp32 changes nothing
+
+
+def test_the_check_keeps_the_counted_ratios_for_bf16_only():
+    checks = check_precisions(summing_pipeline())
+    total = {c.precision: c for c in checks["total"]}
+    # each small product casts its chunk and its weights first: under autocast this stage moves more
+    assert total["bf16"].bytes_ratio > 1.2 and total["bf16"].ops_ratio > 1.2 and total["bf16"].calls_ratio > 1.2
+    assert total["tf32"].bytes_ratio is None  # TF32 moves fp32 bytes: nothing to count
+
+
+def test_a_saved_profile_carries_the_checks_and_plans_precisions(tmp_path):
+    """`placer profile -o FILE` checks the declared precisions and saves them; `placer plan --profile FILE`
+    then plans them (the summing stage refused bf16, with the reason) without running anything."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).read_text()
+    start, end = src.index("def summing_pipeline"), src.index("def test_a_stage_summing_many_small_values")
+    mod = tmp_path / "sums.py"
+    mod.write_text("import torch\nfrom placer import Pipeline\n\n" + src[start:end]
+                   + "\n\ndef build(size=None):\n    return summing_pipeline()\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "PLACER_CACHE_DIR": str(tmp_path / "cache")}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=300)
+
+    saved = tmp_path / "profile.json"
+    got = cli("profile", str(mod), "--budget-s", "3", "-o", str(saved))
+    assert got.returncode == 0, got.stderr
+    from placer.data.profile import Profile
+
+    checks = {c.precision: c for c in Profile.load(saved).stages["total"].precision_checks}
+    assert set(checks) == {"tf32", "bf16"} and not checks["bf16"].ok
+    plan = cli("plan", "--profile", str(saved), "--target", "h200", "--json")
+    assert plan.returncode == 0, plan.stderr
+    doc = json.loads(plan.stdout)
+    total = next(s for s in doc["stages"] if s["name"] == "total")
+    assert total["precision_s"] and "bf16 not chosen: outputs differ by" in total["reason"]
+    wrong = cli("profile", str(mod), "--precision", "total=bf16")
+    assert wrong.returncode != 0 and "takes auto only" in wrong.stderr

@@ -134,3 +134,51 @@ def test_advise_facts_for_the_target_carry_times_checks_and_reasons():
     assert "bf16 not chosen" in facts["precision_reasons"]["sums"]
     tp = TargetPlan(device="gpu:0", label="H200", placement={}, predicted_s=1.0, **facts)  # the report keeps them
     assert tp.precision == {"train": "bf16"} and tp.precision_checks["sums"][0]["rel_error"] == 0.04
+
+
+def test_bf16_on_the_target_is_priced_with_the_bytes_counted_under_autocast():
+    """A check that counted the stage under autocast sets the bytes, launches and host dispatches the
+    roofline prices bf16 with; without counts the tensor-core bytes alone are halved."""
+    from placer.costmodel import precision as pm
+
+    def bytes_bound(ratio):
+        c = check("bf16", 3e-3).model_copy(update={"bytes_ratio": ratio, "ops_ratio": 1.2, "calls_ratio": 1.1})
+        prof = synthetic({"train": [c]})
+        for wp in prof.stages["train"].work:  # memory-bound: a byte per FLOP
+            wp.work = wp.work.model_copy(update={"bytes": wp.work.flops, "tensor_bytes": 0.3 * wp.work.flops})
+        return costs_from_profile(prof, size=800, describe="h200").target_model
+
+    counted, plain = bytes_bound(0.6), bytes_bound(None)
+    work = counted.profile.stages["train"].work[-1].work
+    low, host = pm.under(counted, "train", "bf16", work, 1.0)
+    assert low.bytes == pytest.approx(0.6 * work.bytes) and low.tensor_bytes == 0
+    assert low.ops == round(1.2 * work.ops) and host == pytest.approx(1.1)
+    assert pm.under(counted, "train", "tf32", work, 1.0) == (work, 1.0)  # tf32: fp32 bytes
+    assert pm.under(plain, "train", "bf16", work, 1.0) == (work, 1.0)  # not counted: as it is
+    r_counted = counted.precision_ratio("train", "gpu:0", "bf16", 800)
+    r_plain = plain.precision_ratio("train", "gpu:0", "bf16", 800)
+    # memory-bound: 0.6 of the bytes against 1 - 0.3 / 2 = 0.85 when only the products' bytes halve
+    assert r_counted < r_plain < 1
+    assert r_counted == pytest.approx(0.6 / 0.85 * r_plain, rel=0.15)
+
+
+def test_counted_at_two_sizes_autocast_difference_is_a_line_over_size():
+    """Casts of the weights are a fixed cost, halved activations grow with the size: counted at two sizes,
+    the bf16 bytes at a third come off the line through the two differences, not one ratio."""
+    from placer.costmodel import precision as pm
+
+    def counts(n):  # fp32: 1e8 fixed (weights) + 4e6 per item; bf16: weights 1.5e8 (casts) + half the rest
+        return {"size": float(n), "bytes": 1e8 + 4e6 * n, "low_bytes": 1.5e8 + 2e6 * n, "ops": 50.0,
+                "low_ops": 60.0, "calls": 80.0, "low_calls": 90.0}
+
+    c = check("bf16", 3e-3).model_copy(update={"bytes_ratio": 1.0, "ops_ratio": 1.2, "calls_ratio": 1.1,
+                                               "counted": [counts(100), counts(200)]})
+    prof = synthetic({"train": [c]})
+    model = costs_from_profile(prof, size=800, describe="h200").target_model
+    w = Work(flops=1e9, bytes=1e8 + 4e6 * 800, ops=50, calls=80)
+    low, host = pm.under(model, "train", "bf16", w, 1.0, 800)
+    assert low.bytes == pytest.approx(1.5e8 + 2e6 * 800)  # the line, not the ratio 1.0 counted at 200
+    assert low.ops == 60 and host == pytest.approx(90 / 80)
+    one = c.model_copy(update={"counted": [counts(200)]})
+    model1 = costs_from_profile(synthetic({"train": [one]}), size=800, describe="h200").target_model
+    assert pm.under(model1, "train", "bf16", w, 1.0, 800)[0].bytes == pytest.approx(w.bytes * 1.0)  # one size: ratio

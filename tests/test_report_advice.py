@@ -117,3 +117,29 @@ def test_target_plan_advice_names_the_absent_gpu():
     assert any(a.topic == "target" and "'b' on the GPU" in a.text and "4.0×" in a.text for a in advice)
     assert any(a.topic == "move" and a.text.startswith("On NVIDIA H200: Move stage 'a'") and "5,000 rows" in a.text
                for a in advice)
+
+
+def test_the_report_lists_each_precision_on_the_target_with_the_measured_differences():
+    from placer.report.render import render_html, render_markdown
+
+    t = TargetPlan(device="gpu:0", label="NVIDIA H200", placement={"a": "cpu", "b": "gpu:0"}, predicted_s=0.5,
+                   precision={"b": "bf16"},
+                   precision_s={"b": {"cpu": {"fp32": 2.0, "bf16": 200.0},
+                                      "gpu:0": {"fp32": 0.06, "tf32": 0.02, "bf16": 0.01}}},
+                   precision_checks={"b": [{"precision": "tf32", "metric": "loss", "rel_error": 2e-6, "tolerance": 0.01},
+                                           {"precision": "bf16", "metric": "loss", "rel_error": 0.003,
+                                            "tolerance": 0.01}]},
+                   precision_notes=["allow bf16 on 'a' for a predicted 3.0x on gpu:0"])
+    cpu_only = [DeviceInfo(name="cpu", kind="cpu"), DeviceInfo(name="gpu:0", kind="gpu", present=False)]
+    f = make([("a", "preprocessing", "cpu", None, False), ("b", "training", "cpu", None, False)], devices=cpu_only,
+             target=t)
+    md = render_markdown(f)
+    assert "| fp32 | tf32 | bf16 | fp16 | planned |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| b |") and "(6.0×)" in line)
+    assert "(3.0×)" in row and "| bf16 |" in row and "bf16 loss 0.3% (tolerance 1%)" in row
+    assert "allow bf16 on 'a'" in md
+    html = render_html(f)
+    assert "(6.0×)" in html and "bf16 loss 0.3% (tolerance 1%)" in html
+    plain = make([("a", "preprocessing", "cpu", None, False)], devices=cpu_only,
+                 target=TargetPlan(device="gpu:0", label="NVIDIA H200", placement={"a": "cpu"}, predicted_s=0.5))
+    assert "Per precision" not in render_markdown(plain) and "Per precision" not in render_html(plain)

@@ -290,3 +290,91 @@ def test_one_threads_work_is_scaled_per_core_never_by_the_targets_extra_cores():
     prof.stage("augment").cpu_seconds["cpu"] = 0.08  # one core busy all the time: pure Python, one thread
     tp = tg.target_profile(prof, H200, work(), here_cpu=here)
     assert tp.stage("augment").seconds["cpu"] == pytest.approx(0.08 * scale.dispatch_ratio)
+
+
+# -- the step in a lower precision ----------------------------------------------------------------
+def _step_precision(rel_error: float):
+    from placer.data.measures import PrecisionCheck
+    from placer.stream.precision import StepPrecision
+
+    w32 = Work(flops=1.5e12, tensor_flops=1.49e12, bytes=1.4e9, tensor_bytes=4e8, ops=54, calls=91, outside_s=5e-4)
+    w16 = w32.model_copy(update={"bytes": 0.8e9, "tensor_bytes": 2e8, "ops": 70, "calls": 110})
+    check = PrecisionCheck(precision="bf16", metric="loss", rel_error=rel_error, tolerance=0.01, method="test",
+                           seconds=5.0, fp32_seconds=0.05, size=64)
+    return StepPrecision(step="train", checks={"bf16": check}, work={"fp32": w32, "bf16": w16}), w32
+
+
+def test_a_faster_bf16_step_moves_the_bottleneck_to_the_loader_and_its_workers_follow(no_calibration):
+    sp, w32 = _step_precision(3e-3)
+    w = {**work(), "train": w32}
+    prof = stream_profile(augment_s=0.08, gil_bound=False, step_s=2.0)
+    fp32 = tg.plan_for_target(prof, TARGET, w, here_cpu=HERE)
+    low = tg.plan_for_target(prof, TARGET, w, here_cpu=HERE, step_precision=sp)
+    assert fp32.placement["train"] == low.placement["train"] == "gpu:0"
+    times = low.precision_s["gpu:0"]
+    assert 3 <= times["fp32"] / times["bf16"] <= 14  # a matmul-bound step: the reference's range
+    assert low.precision == {"train": "bf16"} and not fp32.precision
+    # the CPU's bf16 (emulated here, charged at 100x) is never chosen there
+    assert low.precision_s["cpu"]["bf16"] > low.precision_s["cpu"]["fp32"]
+    # the loader that kept up with the fp32 step needs many workers to keep up with the bf16 one
+    assert low.settings.stage_workers.get("augment", 0) >= 4 > fp32.settings.stage_workers.get("augment", 0)
+    assert any("next: augment" in r for r in low.reasons) and not any("next: augment" in r for r in fp32.reasons)
+    assert low.predicted_samples_per_s > 2 * fp32.predicted_samples_per_s
+    assert any("step 'train' in bf16 on gpu:0" in r and "loss differs by 0.30%" in r for r in low.reasons)
+    assert [c["precision"] for c in low.precision_checks] == ["bf16"]
+    assert "precision" in low.model_dump() and "precision" not in fp32.model_dump()  # saved as before in fp32
+
+
+def test_a_step_whose_bf16_loss_moved_too_much_keeps_fp32_and_says_why(no_calibration):
+    sp, w32 = _step_precision(0.04)
+    w = {**work(), "train": w32}
+    plan = tg.plan_for_target(stream_profile(gil_bound=False, step_s=2.0), TARGET, w, here_cpu=HERE, step_precision=sp)
+    assert plan.precision == {} and "bf16" in plan.precision_s["gpu:0"]
+    assert plan.settings.stage_workers.get("augment", 0) < 4
+    assert any("bf16 not chosen for the step: loss differs by 4.00%" in r for r in plan.reasons)
+
+
+def _matmul_stream(precision=("tf32", "bf16")):
+    """batches of rows → a step that trains a linear layer on them and records its loss per batch."""
+    import numpy as np
+    import torch
+
+    from placer import Pipeline
+
+    p = Pipeline("mm-stream", size=48, size_unit="samples")
+
+    @p.source(batch_size=16)
+    def rows():
+        g = np.random.default_rng(0)
+        for _ in range(3):
+            yield g.standard_normal((16, 64)).astype(np.float32)
+
+    def init(device):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(64, 64)
+        return {"lin": lin, "opt": torch.optim.SGD(lin.parameters(), lr=0.01), "losses": []}
+
+    @p.step(kind="training", init=init, precision=precision)
+    def train(rows, state, device):
+        x = torch.as_tensor(rows)
+        loss = torch.nn.functional.mse_loss(state["lin"](x).float(), x)
+        state["opt"].zero_grad()
+        loss.backward()
+        state["opt"].step()
+        state["losses"].append(float(loss.detach()))
+        return state
+
+    return p
+
+
+def test_planning_a_stream_checks_the_steps_precisions_and_predicts_them_here_and_on_the_target(no_calibration):
+    from placer.stream.planner import plan_stream
+
+    here = plan_stream(_matmul_stream(), budget_s=2.0, verify_runs=False)
+    checks = {c["precision"]: c for c in here.precision_checks}
+    assert set(checks) == {"tf32", "bf16"} and all(c["rel_error"] < 0.01 for c in checks.values())
+    cpu = here.precision_s["cpu"]
+    assert cpu["tf32"] == cpu["fp32"] and here.precision == {}  # a CPU has no TF32; fp32 stays
+    there = tg.plan_stream_for_target(_matmul_stream(), TARGET, budget_s=2.0, here_cpu=HERE)
+    assert set(there.precision_s["gpu:0"]) == {"fp32", "tf32", "bf16"}
+    assert plan_stream(_matmul_stream(precision=()), budget_s=2.0, verify_runs=False).precision_s == {}

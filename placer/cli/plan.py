@@ -105,7 +105,7 @@ def plan_command(
     if pipeline is not None and costs is None and profile_file is None and scheduler is None:
         streamed = _stream_pipeline(pipeline, size)
         if streamed is not None:
-            _plan_streams(streamed, budget_s, output, as_json, target=target,
+            _plan_streams(streamed, budget_s, output, as_json, target=target, precision=precision,
                           cluster=described if cluster is not None else None)
             return
         if cluster is not None:
@@ -227,7 +227,7 @@ def _stream_pipeline(pipeline: str, size: int | None):
 
 
 def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool, target: str | None = None,
-                  cluster=None) -> None:
+                  precision: str | None = None, cluster=None) -> None:
     """Plan every stream of ``p`` here (:func:`placer.stream.planner.plan_streams`), or for ``target`` from a
     profile taken here (:func:`placer.stream.target.plan_streams_for_target`), or with a described
     ``cluster``'s workers in the search (:func:`placer.stream.cluster.plan_offload`); print or save it."""
@@ -242,19 +242,19 @@ def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool,
             from placer.stream.target import plan_streams_for_target
             from placer.target import load_target
 
-            plans = plan_streams_for_target(p, load_target(target), budget_s=budget)
+            plans = plan_streams_for_target(p, load_target(target), budget_s=budget, precision=precision)
         elif cluster is not None:
             from placer.stream.cluster import describe_link, plan_offload
             from placer.stream.planner import plan_streams
 
             profiles: list = []
-            plan_streams(p, budget_s=budget, profiles=profiles, verify_runs=False)
+            plan_streams(p, budget_s=budget, profiles=profiles, verify_runs=False, precision=precision)
             link = describe_link(cluster)
             plans = [plan_offload(prof, link)[0] for prof in profiles]
         else:
             from placer.stream.planner import plan_streams
 
-            plans = plan_streams(p, budget_s=budget)
+            plans = plan_streams(p, budget_s=budget, precision=precision)
     except PlacerError as exc:
         fail(error_line(exc))
     docs = [json.loads(plan.to_json()) for plan in plans]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from placer.cli.app import app, error_line, fail, output_path, positive_int, positive_seconds, stage_timeout_option
+from placer.cli.app import (app, error_line, fail, output_path, positive_int, positive_seconds, stage_timeout_option,
+                            usage)
 from placer.cli.options import build_param_option
 
 
@@ -36,6 +37,9 @@ def profile_cmd(
     stage_timeout_s: float = stage_timeout_option(),
     target: str = typer.Option(None, "--target", help="Also predict for this machine: h200 or a JSON file from "
                                "`placer describe` (its GPUs by roofline, its CPU by scaling this one's times)."),
+    precision: str = typer.Option(None, "--precision", help="auto: also check tf32 and bf16 on every torch stage; "
+                                  "stages' own declared precisions are checked either way. The checks are saved "
+                                  "with the profile, so `placer plan --profile` plans them."),
 ) -> None:
     """Measure every stage of PIPELINE on every device at several sizes; fit and show the cost model."""
     t_start = time.perf_counter()
@@ -47,12 +51,18 @@ def profile_cmd(
 
     if target is not None and describe is not None:
         usage("give --target or --describe, not both (--target also scales the CPU to the target's)")
+    if precision is not None and precision.strip().lower() != "auto":
+        usage("--precision on `placer profile` takes auto only (a fixed STAGE=PRECISION is a planning choice: "
+              "give it to `placer plan` or `placer run`)")
     try:
         left = budget_s - (time.perf_counter() - t_start) - 1.0  # keep a second for fitting and printing
         site = LocalSite(cache=None if not fresh else _fresh_cache(ProfileCache()))
         with stage_timeout(stage_timeout_s):
             prof = site.measure(pipeline, size=size, max_size=max_size, budget_s=max(left, 0.5),
                                 devices=devices.split(",") if devices else None, threads=threads, progress=None)
+            from placer.site import attach_precision_checks
+
+            attach_precision_checks(prof, pipeline, size, precision)
         want = None if (describe or "").lower() == "none" else target or describe or (
             "h200" if not any(d.get("kind") == "gpu" for d in prof.devices.values()) else None)
         costs = costs_from_profile(prof, size=size, describe=want, inventory=site.inventory())

@@ -172,11 +172,12 @@ class CostModel:
         """
         sp = self.profile.stages[stage]
         host = self.host_seconds(stage)
-        pts = [(float(w.size), desc.predict(w.work.model_copy(update={"host_s": h}), precision=precision))
-               for w, h in zip(sp.work, host)]
+        works = [precision_model.under(self, stage, precision, w.work, h, w.size) for w, h in zip(sp.work, host)]
+        pts = [(float(w.size), desc.predict(wk.model_copy(update={"host_s": h}), precision=precision))
+               for w, (wk, h) in zip(sp.work, works)]
         if len(sp.work) == 1 and sp.work[0].size > 0:
-            w = sp.work[0].work
-            twice = w.model_copy(update={"host_s": host[0], **{k: 2 * getattr(w, k) for k in _GROWS if hasattr(w, k)}})
+            w, h = works[0]
+            twice = w.model_copy(update={"host_s": h, **{k: 2 * getattr(w, k) for k in _GROWS if hasattr(w, k)}})
             pts.append((2.0 * sp.work[0].size, desc.predict(twice, precision=precision)))
         return pts
 

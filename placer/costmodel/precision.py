@@ -6,8 +6,10 @@ A stage's fp32 time comes from the cost model as always. Each lower precision sc
 
 - on a **described GPU** (the roofline): the roofline's time in that precision for the stage's
   counted work at each counted size, fitted over size like the fp32 one, which prices the
-  tensor-core part (``Work.tensor_flops``) at the precision's peak and leaves the rest, the
-  memory traffic and the host's time unchanged;
+  tensor-core part (``Work.tensor_flops``) at the precision's peak and the rest at fp32's; in
+  bf16 and fp16 the bytes moved, kernels launched and host dispatches are those counted under
+  autocast when the accuracy check counted them (:func:`under`: the ratios to fp32's counts at the
+  check's size, applied at every size), else fp32's with the tensor-core ops' bytes halved;
 - on the **CPU**: ``bf16`` and ``fp16`` by the ratio measured here when the precision's accuracy
   was checked (:mod:`placer.profile.precision`: autocast on this CPU is real); ``tf32`` changes
   nothing (a CPU has no TF32), so it is never chosen there;
@@ -57,6 +59,47 @@ def ratio(model: Any, stage: str, device: str, precision: str, size: float | Non
         if c is not None and c.seconds and c.fp32_seconds:
             return c.seconds / c.fp32_seconds
     return None
+
+
+def under(model: Any, stage: str, precision: str | None, work: Any, host_s: float, size: float | None = None
+          ) -> tuple[Any, float]:
+    """``work`` (counted in fp32) and its host seconds as ``stage`` runs in ``precision`` on a GPU.
+
+    For ``bf16`` and ``fp16`` with a check that counted the stage under autocast
+    (:attr:`~placer.data.measures.PrecisionCheck.bytes_ratio` and the others): bytes moved, kernels
+    launched and the host's dispatch time scale by the counted ratios, and ``tensor_bytes`` is 0
+    (the counted bytes already have the products' two-byte elements, so the roofline must not
+    halve them again). Counted at two sizes (:attr:`~placer.data.measures.PrecisionCheck.counted`),
+    the difference autocast makes to each is read at ``size`` off the line through them (a
+    weight's casts are fixed, an activation's halving grows with the size); counted at one, the
+    ratios apply at every size. Otherwise (fp32, tf32, nothing counted) as it is: the roofline then halves
+    the tensor-core ops' bytes only (:meth:`placer.costmodel.roofline.DeviceDescription.predict`).
+    """
+    if precision not in ("bf16", "fp16"):
+        return work, host_s
+    c = checks(model, stage).get(precision)
+    if c is None or not c.bytes_ratio:
+        return work, host_s
+    sizes = {e["size"] for e in c.counted}
+    if len(sizes) >= 2 and size is not None:  # the difference autocast makes, a line over size
+        d_bytes, d_ops, d_calls = (_line(c.counted, f"low_{k}", k, size) for k in ("bytes", "ops", "calls"))
+        calls = work.calls or work.ops
+        upd = {"bytes": max(work.bytes + d_bytes, 0.25 * work.bytes), "tensor_bytes": 0.0,
+               "ops": max(1, round(work.ops + d_ops))}
+        return work.model_copy(update=upd), host_s * (max(calls + d_calls, 1.0) / calls if calls else 1.0)
+    upd: dict[str, Any] = {"bytes": work.bytes * c.bytes_ratio, "tensor_bytes": 0.0}
+    if c.ops_ratio:
+        upd["ops"] = max(1, round(work.ops * c.ops_ratio))
+    return work.model_copy(update=upd), host_s * (c.calls_ratio or 1.0)
+
+
+def _line(counted: list[dict[str, float]], low: str, base: str, size: float) -> float:
+    """The difference ``low - base`` read at ``size`` off the line through the counted sizes (the two
+    extreme sizes)."""
+    pts = sorted(counted, key=lambda e: e["size"])
+    a, b = pts[0], pts[-1]
+    da, db = a[low] - a[base], b[low] - b[base]
+    return da + (db - da) * (size - a["size"]) / (b["size"] - a["size"])
 
 
 def roofline_at(model: Any, stage: str, device: str, size: float, precision: str) -> float:

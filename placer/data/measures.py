@@ -192,6 +192,17 @@ class PrecisionCheck(BaseModel):
         runs for a one-shot stage; one run for a stream's stage).
     size : int or None
         The size the pipeline was built at for the check.
+    bytes_ratio, ops_ratio, calls_ratio : float or None
+        The stage's work counted under this precision (bf16, fp16: ``torch.autocast``, so each
+        op's tensors have the type autocast gives them) over its work counted in fp32, on the
+        same input: bytes moved, kernels launched, calls dispatched (autocast's casts add
+        some). None when not counted (TF32 moves fp32 bytes; a stream's stage). The roofline
+        prices the precision's work with them (:func:`placer.costmodel.precision.under`).
+    counted : list of dict
+        The counts those ratios come from, one per size counted: ``size``, and fp32's and
+        this precision's ``bytes``/``low_bytes``, ``ops``/``low_ops``, ``calls``/``low_calls``.
+        With two sizes the roofline takes the difference autocast makes as a line over size
+        (a weight's casts are fixed, an activation's halving grows with the batch).
     """
 
     precision: str
@@ -202,6 +213,10 @@ class PrecisionCheck(BaseModel):
     seconds: float | None = None
     fp32_seconds: float | None = None
     size: int | None = None
+    bytes_ratio: float | None = Field(default=None, gt=0)
+    ops_ratio: float | None = Field(default=None, gt=0)
+    calls_ratio: float | None = Field(default=None, gt=0)
+    counted: list[dict[str, float]] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:

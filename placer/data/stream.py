@@ -591,8 +591,17 @@ class StreamPlan(Views, BaseModel):
     #: planned for a cluster
     offload: Offload | None = None
 
+    #: the step's lower precision, when one is planned (step → ``tf32``, ``bf16``, ``fp16``; absent: fp32)
+    precision: dict[str, str] = Field(default_factory=dict)
+    #: device → precision → the step's predicted seconds per batch (when the step allows a lower precision)
+    precision_s: dict[str, dict[str, float]] = Field(default_factory=dict)
+    #: the step's accuracy checks (:class:`~placer.data.measures.PrecisionCheck` as dicts)
+    precision_checks: list[dict] = Field(default_factory=list)
+
     #: fields only a plan for a described machine (or a cluster) has (left out of the saved form when unset)
     TARGET_FIELDS: ClassVar[tuple[str, ...]] = ("target", "target_sentence", "predicted_wait_fraction", "offload")
+    #: fields only a plan whose step allows a lower precision has (left out of the saved form when empty)
+    PRECISION_FIELDS: ClassVar[tuple[str, ...]] = ("precision", "precision_s", "precision_checks")
 
     @model_validator(mode="before")
     @classmethod
@@ -609,8 +618,8 @@ class StreamPlan(Views, BaseModel):
         """Saved with the settings' decisions flat, where ``settings`` stands."""
         out: dict[str, Any] = {}
         for k, v in handler(self).items():
-            if k in self.TARGET_FIELDS and v is None:
-                continue  # a plan for this machine is saved as it always was
+            if (k in self.TARGET_FIELDS and v is None) or (k in self.PRECISION_FIELDS and not v):
+                continue  # a plan for this machine (in fp32) is saved as it always was
             if k == "settings":  # batches per task only where a stage runs on a cluster: other plans as before
                 out |= {n: x for n, x in v.items() if n not in StreamSettings.RUN_LIMITS
                         and not (n == "stage_group" and not x)}

@@ -1,14 +1,16 @@
 """Checking a lower precision's accuracy here, before it can be chosen.
 
-May import: numpy, placer.data, placer.devices, placer.executor, placer.pipeline, placer.precision; torch inside
-functions.
+May import: numpy, placer.data, placer.devices, placer.executor, placer.pipeline, placer.precision,
+placer.costmodel.counts (counting a stage's work under autocast); torch inside functions.
 
 For every stage with allowed lower precisions (:meth:`placer.pipeline.Pipeline.allowed_precisions`),
 :func:`check_precisions` runs the pipeline once in fp32 on this machine's CPU (every stage seeded
 alike), then runs the stage again on the same inputs in each allowed precision and compares:
 
 - ``bf16``, ``fp16``: ``torch.autocast`` on the CPU, which is real (the products run in the lower type)
-  and is timed like any other option. A CPU without native bf16 (or fp16) products runs them a
+  and is timed like any other option, with CUDA's fp32 list (:func:`placer.precision.cuda_fp32_list`:
+  layer norm, softmax, sums... in fp32, as a GPU's autocast runs them; CPU autocast alone runs them
+  in bf16). A CPU without native bf16 (or fp16) products runs them a
   hundred times slower than fp32 (this machine's 256³ product is timed in both first, :func:`cpu_slowdown`):
   there the products are computed by fp32 kernels from the same lower-precision inputs and rounded
   back (:func:`placer.precision.emulated_autocast`, the numbers a tensor core gives), and the
@@ -17,6 +19,14 @@ alike), then runs the stage again on the same inputs in each allowed precision a
   inputs of every matrix product, convolution and attention rounded to TF32's 10-bit mantissa, as
   tensor cores read them, backward passes included). The emulation is the measurement; the bf16
   run (7-bit mantissa) is a stricter bound when both are allowed.
+
+For ``bf16`` and ``fp16`` a one-shot stage's work is also counted once in fp32 and once under
+autocast (:func:`counted_under`) on the same input, and the check keeps the ratios of bytes moved,
+kernels launched and calls dispatched (:func:`work_ratios`): autocast makes the products' outputs,
+and the elementwise ops that consume them, two-byte, keeps its fp32-list ops (layer norm, softmax,
+losses, sums) and the master weights in fp32, and adds casts. A GPU's roofline prices the
+precision with those counts (:func:`placer.costmodel.precision.under`). CPU autocast's op lists
+are CUDA's but for a few ops (see ``docs/precision.md``).
 
 The difference is the largest relative difference by norm over the output's floating-point
 values (``outputs``); for a stage whose output has a ``loss`` or ``losses`` entry (a training
@@ -110,7 +120,7 @@ def check_precisions(pipeline: Pipeline, precisions: Mapping[str, tuple[str, ...
     if not todo:
         return {}
     cpu = discover().get("cpu")
-    with _seeded():
+    with seeded():
         ref = execute(p, "all=cpu")
     out: dict[str, list[PrecisionCheck]] = {}
     for name, precs in todo.items():
@@ -120,15 +130,22 @@ def check_precisions(pipeline: Pipeline, precisions: Mapping[str, tuple[str, ...
         if st.role == "once":
             ins = {a: ref.outputs[src] for a, src in st.inputs.items()}
             base, base_s = _timed(lambda s=st: call_stage(s, cpu, ins, workers=cpu.workers))
+            base_work = None
             for prec in precs:
                 variant = _variant(st, prec)
                 got, secs = _timed(lambda s=variant: call_stage(s, cpu, ins, workers=cpu.workers))
-                checks.append(_check(prec, base, got, tol, secs, base_s, p.size))
+                c = _check(prec, base, got, tol, secs, base_s, p.size)
+                if prec in ("bf16", "fp16"):
+                    if base_work is None:
+                        base_work = counted_under(lambda: call_stage(st, cpu, ins), "fp32")
+                    c = c.model_copy(update=work_ratios(base_work, counted_under(lambda: call_stage(st, cpu, ins),
+                                                                                 prec), p.size))
+                checks.append(c)
         else:
             base, base_s = _stream_output(ref, name), ref.stage(name).seconds
             for prec in precs:
                 variant_p = _with_stage(p, _variant(p.stages[name], prec))
-                with _seeded():
+                with seeded():
                     run = execute(variant_p, "all=cpu")
                 checks.append(_check(prec, base, _stream_output(run, name), tol, run.stage(name).seconds, base_s,
                                      p.size))
@@ -143,6 +160,68 @@ def check_precisions(pipeline: Pipeline, precisions: Mapping[str, tuple[str, ...
     return out
 
 
+def counted_under(call, prec: str):
+    """The work of ``call()`` counted (:func:`placer.costmodel.counts.count_work`, one run) in ``prec``:
+    ``fp32`` as it is; ``bf16``, ``fp16`` under ``torch.autocast`` on the CPU (emulated when this CPU has
+    no native products in that type: the counter sees the same ops and types either way, since it sits
+    above the emulation), so each op's tensors have the type autocast gives them."""
+    from placer.costmodel.counts import count_work
+
+    if prec == "fp32":
+        ctx: Any = contextlib.nullcontext()
+    elif cpu_slowdown(prec) is not None:
+        ctx = emulated_autocast(prec)
+    else:
+        ctx = native_autocast(prec)
+    with seeded(), ctx:
+        return count_work(call, repeats=1)[1]
+
+
+def work_ratios(fp32: Any, low: Any, size: int | None = None) -> dict[str, Any]:
+    """``bytes_ratio``, ``ops_ratio``, ``calls_ratio`` of work counted in a lower precision over fp32's, and
+    the counts themselves at ``size`` (``counted``, when a size is given)."""
+    def r(a: float, b: float) -> float | None:
+        return float(a) / float(b) if a > 0 and b > 0 else None
+
+    out: dict[str, Any] = {"bytes_ratio": r(low.bytes, fp32.bytes), "ops_ratio": r(low.ops, fp32.ops),
+                           "calls_ratio": r(low.calls, fp32.calls)}
+    if size is not None:
+        out["counted"] = [counts_at(size, fp32, low)]
+    return out
+
+
+def counts_at(size: float, fp32: Any, low: Any) -> dict[str, float]:
+    """One entry of :attr:`PrecisionCheck.counted`."""
+    return {"size": float(size), "bytes": fp32.bytes, "low_bytes": low.bytes, "ops": float(fp32.ops),
+            "low_ops": float(low.ops), "calls": float(fp32.calls), "low_calls": float(low.calls)}
+
+
+def count_precisions(pipeline: Pipeline, todo: Mapping[str, tuple[str, ...]]) -> dict[str, dict[str, dict]]:
+    """Stage → precision → the counts (:func:`counts_at`) of each one-shot stage in ``todo`` in fp32 and under
+    autocast (bf16, fp16 only), on the pipeline as built (its own size): a second size for the checks'
+    counts (:func:`placer.site.attach_precision_checks`)."""
+    from placer.devices import discover
+    from placer.executor import call_stage, execute
+
+    p = pipeline.validate()
+    cpu = discover().get("cpu")
+    todo = {n: [q for q in v if q in ("bf16", "fp16")] for n, v in todo.items()
+            if n in p.stages and p.stages[n].role == "once"}
+    todo = {n: v for n, v in todo.items() if v}
+    if not todo:
+        return {}
+    with seeded():
+        ref = execute(p, "all=cpu")
+    out: dict[str, dict[str, dict]] = {}
+    for name, precs in todo.items():
+        st = p.stages[name]
+        ins = {a: ref.outputs[src] for a, src in st.inputs.items()}
+        base = counted_under(lambda: call_stage(st, cpu, ins), "fp32")
+        out[name] = {q: counts_at(p.size or 0, base, counted_under(lambda: call_stage(st, cpu, ins), q))
+                     for q in precs}
+    return out
+
+
 def _check(prec: str, base: Any, got: Any, tol: float, secs: float, base_s: float, size: int | None) -> PrecisionCheck:
     metric, diff = relative_difference(got, base)
     return PrecisionCheck(precision=prec, metric=metric, rel_error=diff, tolerance=tol, method=METHODS[prec],
@@ -150,19 +229,36 @@ def _check(prec: str, base: Any, got: Any, tol: float, secs: float, base_s: floa
 
 
 def _variant(st: Stage, prec: str) -> Stage:
-    """``st`` as it runs in ``prec`` here: autocast through ``run_precision`` on a CPU with native
-    products in that type, else emulated around each call (TF32 always)."""
-    if prec != "tf32" and cpu_slowdown(prec) is None:
-        return st.model_copy(update={"run_precision": prec})
-    upd = {slot: Impl(fn=_emulating(impl.fn, prec), api=impl.api) for slot in ("fn", "cpu", "gpu")
+    """``st`` as a GPU runs it in ``prec``, here: CPU autocast with CUDA's fp32 list
+    (:func:`placer.precision.cuda_fp32_list`) on a CPU with native products in that type, else
+    emulated (:func:`placer.precision.emulated_autocast`; TF32 always emulated), around each call."""
+    upd = {slot: Impl(fn=emulating(impl.fn, prec), api=impl.api) for slot in ("fn", "cpu", "gpu")
            if (impl := getattr(st, slot)) is not None}
     return st.model_copy(update=upd)
 
 
-def _emulating(fn, prec: str):
+@contextlib.contextmanager
+def native_autocast(prec: str):
+    """CPU autocast in ``prec`` with CUDA's fp32 list (:func:`placer.precision.cuda_fp32_list`), for a
+    CPU with native products in that type."""
+    from placer.precision import cuda_fp32_list, running_in
+
+    with running_in(prec, "cpu"), cuda_fp32_list():
+        yield
+
+
+def emulating(fn, prec: str):
+    """``fn`` wrapped to run as a GPU runs it in ``prec``, here (TF32 emulated; bf16 and fp16 by
+    :func:`native_autocast`, or :func:`placer.precision.emulated_autocast` on a CPU without native products)."""
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with emulated_tf32() if prec == "tf32" else emulated_autocast(prec):
+        if prec == "tf32":
+            ctx: Any = emulated_tf32()
+        elif cpu_slowdown(prec) is not None:
+            ctx = emulated_autocast(prec)
+        else:
+            ctx = native_autocast(prec)
+        with ctx:
             return fn(*args, **kwargs)
 
     return run
@@ -220,7 +316,7 @@ def _timed(call) -> tuple[Any, float]:
     while they stay within :data:`REPEAT_BUDGET_S` in all)."""
     best, out, spent = float("inf"), None, 0.0
     for _ in range(REPEATS):
-        with _seeded():
+        with seeded():
             t0 = time.perf_counter()
             out = call()
             took = time.perf_counter() - t0
@@ -231,7 +327,7 @@ def _timed(call) -> tuple[Any, float]:
 
 
 @contextlib.contextmanager
-def _seeded(seed: int = 0):
+def seeded(seed: int = 0):
     """Every run starts from the same random state (a model's initial weights alike), restored after."""
     import torch
 

@@ -619,7 +619,7 @@ MORE_ROUNDS = 3
 
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
                   device: Any = None, target: Any = None, cache_bytes: int | None = None,
-                  epochs: int = 1) -> LoaderAdvice:
+                  epochs: int = 1, precision: Any = None, state: Any = None) -> LoaderAdvice:
     """Measure a DataLoader with a train step and recommend DataLoader settings.
 
     Parameters
@@ -670,6 +670,14 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     cache_bytes : int, optional
         The memory a cache inside the dataset may take (default: a quarter of the memory
         available); ``0`` looks for no cache.
+    precision : str or tuple of str, optional
+        Lower precisions the step may run in (``"bf16"``, ``("tf32", "bf16")``, ``"auto"``):
+        each is checked here and, with a ``target``, predicted there and planned
+        (:mod:`placer.stream.precision_advice`); the advice's notes say what it gives.
+    state : object or tuple, optional
+        What the step trains (the model, the optimizer: objects with ``state_dict``), put
+        back between the precision checks' runs; without it the difference is not measured
+        and no lower precision is chosen.
 
     Returns
     -------
@@ -752,9 +760,14 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
                             "leaves room for them)")
     if count.unknown:
         advice.notes.append(UNKNOWN_COUNT)
-    if target is not None:
+    if target is not None and not precision:
         with _random_state_kept(loader):
             with_target(advice, loader, step, kept, target, dev)
+    elif precision:
+        from placer.stream.precision_advice import advise_precision
+
+        with _random_state_kept(loader):
+            advise_precision(advice, loader, step, kept, precision, state, target, dev)
     return advice
 
 

@@ -26,6 +26,7 @@ from placer.data.stream import StreamPlan, StreamProfile, StreamSettings
 from placer.devices import Inventory, discover
 from placer.errors import PlacerError
 from placer.pipeline import Pipeline
+from placer.stream.precision import annotate, apply, check_step
 from placer.stream.reasons import explain
 from placer.stream.search import Candidate, Scorer, candidates, make, rule_candidate, rule_of_thumb, search
 from placer.stream.verify import verify
@@ -72,7 +73,8 @@ def stream_config(plan: StreamPlan | list[StreamPlan], **extra: Any) -> StreamSe
 def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: float = 10.0,
                 inventory: Inventory | None = None, objective: str = "auto", epochs: int | None = None,
                 verify_runs: bool = True, profile: StreamProfile | None = None,
-                profiles: list[StreamProfile] | None = None) -> StreamPlan:
+                profiles: list[StreamProfile] | None = None, precision: str | None = None,
+                step_precisions: list | None = None) -> StreamPlan:
     """Profile, model and plan one stream of ``pipeline`` on this machine.
 
     Parameters
@@ -97,6 +99,12 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
         Plan from this profile instead of measuring (no verification).
     profiles : list, optional
         The profile measured is appended to it (to plan the stream again, for a target).
+    precision : str, optional
+        ``--precision``'s text. The step's allowed (or fixed) lower precisions are checked for
+        accuracy here and planned (:mod:`placer.stream.precision`): the search sees the step's
+        time in the precision chosen on each device.
+    step_precisions : list, optional
+        The step's :class:`~placer.stream.precision.StepPrecision` (or None) is appended to it.
 
     Returns
     -------
@@ -116,15 +124,20 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     prof = profile_stream(p, source, budget_s=0.5 * budget_s, inventory=inv, consts=consts)
     if profiles is not None:
         profiles.append(prof)
-    plan, ranked, scorer = plan_from_profile(prof, objective=objective, epochs=epochs)
+    sp = check_step(p, source, precision)
+    if step_precisions is not None:
+        step_precisions.append(sp)
+    planned, times, chosen_precision = apply(prof, sp)
+    plan, ranked, scorer = plan_from_profile(planned, objective=objective, epochs=epochs)
     left = budget_s - (time.perf_counter() - t0)
     if verify_runs and left >= 1.0:
-        chosen, rows = verify(p, prof, ranked, scorer, inv, consts, left)
+        chosen, rows = verify(p, planned, ranked, scorer, inv, consts, left)
         if chosen != ranked[0]:
-            plan = explain(prof, scorer, chosen, plan.search, plan.candidates)
+            plan = explain(planned, scorer, chosen, plan.search, plan.candidates)
             plan.notes.append("the predicted best ran slower than another candidate by more than the runs' "
                               "spread; the faster one was kept")
         plan.verified = rows
+    annotate(plan, sp, times, chosen_precision)
     plan.planning_s = time.perf_counter() - t0 - prof.seconds
     return plan
 

@@ -302,18 +302,26 @@ def _copies(profile: StreamProfile, stages: list[StageProfile], gpu: Any) -> lis
 
 # -- the plan for the target -------------------------------------------------------------------------
 def plan_for_target(profile: StreamProfile, target: Any, work: dict[str, Work], *, objective: str = "auto",
-                    epochs: int | None = None, here_cpu: Any = None, dispatch_s: float | None = None) -> StreamPlan:
+                    epochs: int | None = None, here_cpu: Any = None, dispatch_s: float | None = None,
+                    step_precision: Any = None) -> StreamPlan:
     """The plan of a stream profiled here, for ``target``: settings chosen for it, every number a prediction.
 
     Returns
     -------
     StreamPlan
         ``target`` set, ``target_sentence`` (what it would be bound by), ``predicted_wait_fraction``
-        and a what-if table for the target (:func:`target_what_if`) ahead of the usual one.
+        and a what-if table for the target (:func:`target_what_if`) ahead of the usual one. With a
+        ``step_precision`` (:class:`~placer.stream.precision.StepPrecision`), the step is predicted in each
+        allowed precision and planned in the one chosen on each device (:func:`placer.stream.precision.apply`).
     """
     from placer.stream.planner import plan_from_profile
+    from placer.stream.precision import annotate, apply
+    from placer.target import load_target
 
     tp = target_profile(profile, target, work, here_cpu=here_cpu, dispatch_s=dispatch_s)
+    if step_precision is not None and "fp32" not in step_precision.work and profile.step in work:
+        step_precision.work["fp32"] = work[profile.step]
+    tp, times, chosen = apply(tp, step_precision, load_target(target).gpus[0])
     plan, ranked, scorer = plan_from_profile(tp, objective=objective, epochs=epochs)
     plan.target = tp.target
     best = ranked[0]
@@ -331,13 +339,14 @@ def plan_for_target(profile: StreamProfile, target: Any, work: dict[str, Work], 
             seen.add(key)
             usual.append(a)
     plan.what_if = [*ours, *usual[:USUAL_ROWS]]
+    annotate(plan, step_precision, times, chosen)
     return plan
 
 
 def plan_stream_for_target(pipeline: Any, target: Any, *, source: str | None = None, budget_s: float = 10.0,
                            inventory: Any = None, objective: str = "auto", epochs: int | None = None,
                            here_cpu: Any = None, profile: StreamProfile | None = None,
-                           work: dict[str, Work] | None = None) -> StreamPlan:
+                           work: dict[str, Work] | None = None, precision: str | None = None) -> StreamPlan:
     """Profile one stream of ``pipeline`` here (or take ``profile``), count one batch's work, and plan it
     for ``target`` (:func:`plan_for_target`). Nothing is verified by running: the target is not here."""
     from placer.stream.profile import one_shot_inputs, profile_stream
@@ -357,7 +366,11 @@ def plan_stream_for_target(pipeline: Any, target: Any, *, source: str | None = N
         profile = profile_stream(p, source, budget_s=0.8 * budget_s, inventory=inventory, consts=consts)
     if work is None:
         work = count_stream_work(p, source, inventory=inventory, consts=consts, notes=notes)
-    plan = plan_for_target(profile, target, work, objective=objective, epochs=epochs, here_cpu=here_cpu)
+    from placer.stream.precision import check_step
+
+    sp = check_step(p, source, precision, count=True, inventory=inventory, consts=consts)
+    plan = plan_for_target(profile, target, work, objective=objective, epochs=epochs, here_cpu=here_cpu,
+                           step_precision=sp)
     plan.notes.extend(n for n in notes if n not in plan.notes)
     return plan
 
@@ -594,4 +607,7 @@ def target_summary(plan: StreamPlan) -> dict[str, Any]:
     }
     if plan.source == LOADER:
         out["loader"] = LoaderSettings.from_stream(plan.settings, LOADER).as_dict()
+    if plan.precision_s:  # the step's times per precision, the one chosen, the checks
+        out |= {"precision": dict(plan.precision), "precision_s": plan.precision_s,
+                "precision_checks": list(plan.precision_checks)}
     return out

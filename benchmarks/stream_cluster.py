@@ -4,8 +4,9 @@ For every stream pipeline of the gallery (``pipelines/stream_*.py``, :data:`CASE
 starts (once) a ``distributed.LocalCluster`` of two worker processes with one thread each
 on 127.0.0.1, and per pipeline:
 
-1. profiles the stream here (:func:`placer.stream.profile.profile_stream`) and measures the
-   cluster (:func:`placer.stream.cluster.probe_cluster`: per-task overhead, a batch's round
+1. profiles the stream here (:func:`placer.stream.profile.profile_stream`, each CPU batch
+   stage also timed on a worker of the cluster against here: its ``remote_ratio``, what the
+   model prices its batches there at) and measures the cluster (:func:`placer.stream.cluster.probe_cluster`: per-task overhead, a batch's round
    trip; cached per address and batch size);
 2. plans it twice from that profile: this machine's workers only (the stream planner), and
    with the cluster in the search (:func:`placer.stream.cluster.plan_offload`), whose best
@@ -69,13 +70,16 @@ def measure_case(label: str, client, rounds: int, budget_s: float) -> dict:
     module, size, params = CASES[label]
     before = load()
     p = load_pipeline(str(ROOT / "pipelines" / f"{module}.py"), size, **params)
-    prof = profile_stream(p, budget_s=budget_s)
+    prof = profile_stream(p, budget_s=budget_s, cluster=client)
     link = probe_cluster(client, probe_bytes(prof))
+    address = str(client.scheduler.address)
+    ratios = {s.name: s.remote_ratio[address] for s in prof.stages if address in s.remote_ratio}
     local, _, _ = plan_from_profile(prof, objective="throughput")
     plan, cand, off = plan_offload(prof, link, objective="throughput")
     row = {"case": label, "pipeline": module, "size": size, "params": params, "load_before": before,
            "link": link.model_dump(), "local_settings": local.settings.decisions(),
-           "local_placement": local.placement, "local_predicted": local.predicted_samples_per_s}
+           "local_placement": local.placement, "local_predicted": local.predicted_samples_per_s,
+           "stage_ratios": ratios}
     if cand is None:
         row["note"] = "no CPU per-batch stage to offload"
         return row
@@ -123,7 +127,7 @@ def _rate(v) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    out = ["| case | offload (remote workers × batches/task, bound) | predicted offload | measured offload | "
+    out = ["| case | offload (remote workers × batches/task, bound; a batch's seconds on a worker / here) | predicted offload | measured offload | "
            "measured / predicted | predicted local | measured local | measured / predicted | model says | "
            "measured faster | kept | network share | load before→after |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -131,7 +135,10 @@ def table(rows: list[dict]) -> list[str]:
         if "offload" not in r:
             out.append(f"| {r['case']} | {r.get('note', '')} |" + " |" * 11)
             continue
-        what = ", ".join(f"{s['name']} {s['remote_workers']}×{s['group']} ({s['bound']})" for s in r["offload"]["stages"])
+        ratios = r.get("stage_ratios", {})
+        what = ", ".join(f"{s['name']} {s['remote_workers']}×{s['group']} ({s['bound']}"
+                         + (f"; {ratios[s['name']]:.1f}x per batch there" if s["name"] in ratios else "") + ")"
+                         for s in r["offload"]["stages"])
         ok = "" if r["offload_ratio"] is None else (" ✓" if abs(r["offload_ratio"] - 1) <= TOLERANCE else " ✗")
         out.append(f"| {r['case']} | {what} | {_rate(r['offload_predicted'])} | {_rate(r['offload_measured'])} | "
                    f"{r['offload_ratio']:.2f}{ok} | {_rate(r['local_predicted'])} | {_rate(r['local_measured'])} | "

@@ -464,7 +464,8 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     described = None if target in (None, "", "none", "auto") else resolve_target(target, inv)
     profiles: list = []
     plans = timed("profile and plan the streams",
-                  lambda: plan_streams(p, budget_s=budget_s, inventory=inv, profiles=profiles))
+                  lambda: plan_streams(p, budget_s=budget_s, inventory=inv, profiles=profiles,
+                                       cluster=site.client if isinstance(site, ClusterSite) else None))
     target_plans = timed("target", lambda: _stream_target_plans(p, described, profiles, inv)) if described else []
     placement = {n: d for sp in plans for n, d in sp.placement.items()}
     plan_run = timed("run plan", lambda: here.execute(p, placement, warmup=warmup, stream=stream_config(plans)))
@@ -653,7 +654,8 @@ def _best_for_streams_on_cluster(pipeline: Pipeline, site: ClusterSite) -> Chose
 
     try:
         profiles: list = []
-        plans = plan_streams(pipeline, budget_s=RUN_BUDGET_S, inventory=LocalSite().inventory(), profiles=profiles)
+        plans = plan_streams(pipeline, budget_s=RUN_BUDGET_S, inventory=LocalSite().inventory(), profiles=profiles,
+                             cluster=site.client)
         out = []
         for sp, prof in zip(plans, profiles):
             link = probe_cluster(site.client, probe_bytes(prof))

@@ -72,7 +72,7 @@ def stream_config(plan: StreamPlan | list[StreamPlan], **extra: Any) -> StreamSe
 def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: float = 10.0,
                 inventory: Inventory | None = None, objective: str = "auto", epochs: int | None = None,
                 verify_runs: bool = True, profile: StreamProfile | None = None,
-                profiles: list[StreamProfile] | None = None) -> StreamPlan:
+                profiles: list[StreamProfile] | None = None, cluster: Any = None) -> StreamPlan:
     """Profile, model and plan one stream of ``pipeline`` on this machine.
 
     Parameters
@@ -97,6 +97,9 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
         Plan from this profile instead of measuring (no verification).
     profiles : list, optional
         The profile measured is appended to it (to plan the stream again, for a target).
+    cluster : distributed.Client, optional
+        A dask cluster the stream may offload to: the profile also times each CPU batch stage
+        on one of its workers (``StageProfile.remote_ratio``).
 
     Returns
     -------
@@ -113,7 +116,7 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     inv = inventory or discover()
     t0 = time.perf_counter()
     consts = one_shot_inputs(p, source, inv)
-    prof = profile_stream(p, source, budget_s=0.5 * budget_s, inventory=inv, consts=consts)
+    prof = profile_stream(p, source, budget_s=0.5 * budget_s, inventory=inv, consts=consts, cluster=cluster)
     if profiles is not None:
         profiles.append(prof)
     plan, ranked, scorer = plan_from_profile(prof, objective=objective, epochs=epochs)

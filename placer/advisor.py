@@ -444,8 +444,10 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     """The advise flow for a pipeline with streams: plan each stream, run the plan and the usual settings.
 
     The source, the step and the one-shot stages run on this machine (where the step's
-    device is), so the streams are profiled and planned here. At a cluster the plan
-    is measured (per-task overhead, a batch's round trip) and each stream planned again
+    device is), so the streams are profiled and planned here. At a cluster the profile also
+    times each CPU per-batch stage on a worker against here (its ratio, what the model prices
+    its batches there at), the cluster is measured (per-task overhead, a batch's round trip) and
+    each stream planned again
     with the cluster's workers in the search (remote workers and batches per task per
     CPU stage); the best offload runs, and is kept when the model predicted it faster
     and it measured faster; the other run is shown beside the baselines, and the plan's

@@ -13,7 +13,10 @@ gives one:
   the scheduler and the workers), then round trips of an array of the stage's real
   batch size (the bandwidth a batch travels at, pickling included, and this process's
   CPU per byte). The workers' threads come from ``client.scheduler_info()``; workers
-  on this machine (127.0.0.1 or its own addresses) share its cores and its CPU.
+  on this machine (127.0.0.1 or its own addresses) share its cores and its CPU. Each CPU
+  stage's own seconds per batch on a worker against here is measured when the stream is
+  profiled with the cluster (:func:`placer.stream.profile.profile_stream`, ``cluster``:
+  ``StageProfile.remote_ratio``), and :func:`ratio_notes` says it in the plan.
 - :func:`load_cluster` reads a description of a cluster that is not running (JSON or
   YAML: nodes × cores, network bandwidth and latency, optionally the per-task overhead
   and a core's speed relative to one here); :func:`describe_link` turns it into a link.
@@ -317,8 +320,9 @@ def probe_cluster(client: Any, nbytes: int = MIN_PROBE_BYTES, *, refresh: bool =
     here = cpu_model()
     other = [m for m in theirs if m != here]
     if other:
-        link.notes.append(f"the workers' CPU ({', '.join(other)}) is not this machine's ({here}): a batch's seconds "
-                          "there are taken as here (no scale measured between the two)")
+        link.notes.append(f"the workers' CPU ({', '.join(other)}) is not this machine's ({here}): each stage is "
+                          "priced there at its own ratio when the stream is profiled with the cluster, else at its "
+                          "seconds here")
     log.info("cluster probe: %s", link.notes[0])
     with _PROBES_LOCK:
         _PROBES[key] = link
@@ -403,4 +407,4 @@ def offload_reason(stages: list[OffloadStage], value: float, local: float, chose
 
 
 __all__ = ["ClusterDescription", "ClusterDescriptionError", "describe_link", "load_cluster", "parse_cluster",
-           "plan_offload", "probe_bytes", "probe_cluster"]
+           "plan_offload", "probe_bytes", "probe_cluster", "ratio_notes"]

@@ -117,7 +117,9 @@ def advise_block(address: str, budget_s: float) -> dict:
     off = plan.offload.model_dump() if plan.offload is not None else None
     ratio = (off["measured_samples_per_s"] / off["predicted_samples_per_s"]
              if off and off["predicted_samples_per_s"] and off["measured_samples_per_s"] else None)
+    notes = [n for n in plan.notes if "per batch on the cluster's workers" in n]
     return {"command": "placer advise pipelines/stream_cache.py --scheduler ADDR --json", "cluster": off,
+            "ratio_notes": notes,
             "offload_ratio": ratio, "kept_on_cluster": any(s.worker_kind == "dask" for s in a.run.stages),
             "load_before": before, "load_after": load()}
 
@@ -166,6 +168,13 @@ def write(rows: list[dict], advised: dict | None, info: dict, out: Path) -> None
                      f"measured slower than the other in "
                      f"{sum(r['kept'] != r['measured_faster'] and r['predicted_faster'] == 'offload' for r in ok)}.")
         lines.append("")
+    measured = [r for r in rows if r.get("stage_ratios")]
+    if measured:
+        lines += ["Each CPU stage's seconds per batch on a worker over here, as the profile measured it (timed inside "
+                  "a task on a few profiled batches, median) and the model priced it:", ""]
+        lines += [f"- {r['case']}: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["stage_ratios"].items())
+                  for r in measured]
+        lines.append("")
     if advised is not None:
         c = advised["cluster"] or {}
         stages = ", ".join(f"{s['name']} {s['remote_workers']}×{s['group']}" for s in c.get("stages", []))
@@ -176,7 +185,8 @@ def write(rows: list[dict], advised: dict | None, info: dict, out: Path) -> None
                   f"{advised['offload_ratio']:.2f}); this machine's workers: predicted "
                   f"{_rate(c.get('local_predicted_samples_per_s'))}, measured {_rate(c.get('local_measured_samples_per_s'))}; "
                   f"kept on the cluster: {advised['kept_on_cluster']}; network share {c.get('network_share', 0):.2%}; "
-                  f"load {advised['load_before'][0]}→{advised['load_after'][0]}", ""]
+                  f"load {advised['load_before'][0]}→{advised['load_after'][0]}", "",
+                  *[f"- {n}" for n in advised.get("ratio_notes", [])], ""]
     write_text_atomic(out.with_suffix(".md"), "\n".join(lines))
 
 

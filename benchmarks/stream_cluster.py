@@ -6,7 +6,8 @@ on 127.0.0.1, and per pipeline:
 
 1. profiles the stream here (:func:`placer.stream.profile.profile_stream`, each CPU batch
    stage also timed on a worker of the cluster against here: its ``remote_ratio``, what the
-   model prices its batches there at) and measures the cluster (:func:`placer.stream.cluster.probe_cluster`: per-task overhead, a batch's round
+   model prices its batches there at) and measures the cluster
+   (:func:`placer.stream.cluster.probe_cluster`: per-task overhead, a batch's round
    trip; cached per address and batch size);
 2. plans it twice from that profile: this machine's workers only (the stream planner), and
    with the cluster in the search (:func:`placer.stream.cluster.plan_offload`), whose best
@@ -129,7 +130,8 @@ def _rate(v) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    out = ["| case | offload (remote workers × batches/task, bound; a batch's seconds on a worker / here) | predicted offload | measured offload | "
+    out = ["| case | offload (remote workers × batches/task, bound; a batch's seconds on a worker / here) | "
+           "predicted offload | measured offload | "
            "measured / predicted | predicted local | measured local | measured / predicted | model says | "
            "measured faster | kept | network share | load before→after |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

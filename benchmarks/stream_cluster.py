@@ -4,8 +4,10 @@ For every stream pipeline of the gallery (``pipelines/stream_*.py``, :data:`CASE
 starts (once) a ``distributed.LocalCluster`` of two worker processes with one thread each
 on 127.0.0.1, and per pipeline:
 
-1. profiles the stream here (:func:`placer.stream.profile.profile_stream`) and measures the
-   cluster (:func:`placer.stream.cluster.probe_cluster`: per-task overhead, a batch's round
+1. profiles the stream here (:func:`placer.stream.profile.profile_stream`, each CPU batch
+   stage also timed on a worker of the cluster against here: its ``remote_ratio``, what the
+   model prices its batches there at) and measures the cluster
+   (:func:`placer.stream.cluster.probe_cluster`: per-task overhead, a batch's round
    trip; cached per address and batch size);
 2. plans it twice from that profile: this machine's workers only (the stream planner), and
    with the cluster in the search (:func:`placer.stream.cluster.plan_offload`), whose best
@@ -69,13 +71,16 @@ def measure_case(label: str, client, rounds: int, budget_s: float) -> dict:
     module, size, params = CASES[label]
     before = load()
     p = load_pipeline(str(ROOT / "pipelines" / f"{module}.py"), size, **params)
-    prof = profile_stream(p, budget_s=budget_s)
+    prof = profile_stream(p, budget_s=budget_s, cluster=client)
     link = probe_cluster(client, probe_bytes(prof))
+    address = str(client.scheduler.address)
+    ratios = {s.name: s.remote_ratio[address] for s in prof.stages if address in s.remote_ratio}
     local, _, _ = plan_from_profile(prof, objective="throughput")
     plan, cand, off = plan_offload(prof, link, objective="throughput")
     row = {"case": label, "pipeline": module, "size": size, "params": params, "load_before": before,
            "link": link.model_dump(), "local_settings": local.settings.decisions(),
-           "local_placement": local.placement, "local_predicted": local.predicted_samples_per_s}
+           "local_placement": local.placement, "local_predicted": local.predicted_samples_per_s,
+           "stage_ratios": ratios}
     if cand is None:
         row["note"] = "no CPU per-batch stage to offload"
         return row
@@ -113,7 +118,9 @@ def advise_block(address: str, budget_s: float) -> dict:
     off = plan.offload.model_dump() if plan.offload is not None else None
     ratio = (off["measured_samples_per_s"] / off["predicted_samples_per_s"]
              if off and off["predicted_samples_per_s"] and off["measured_samples_per_s"] else None)
+    notes = [n for n in plan.notes if "per batch on the cluster's workers" in n]
     return {"command": "placer advise pipelines/stream_cache.py --scheduler ADDR --json", "cluster": off,
+            "ratio_notes": notes,
             "offload_ratio": ratio, "kept_on_cluster": any(s.worker_kind == "dask" for s in a.run.stages),
             "load_before": before, "load_after": load()}
 
@@ -123,7 +130,8 @@ def _rate(v) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    out = ["| case | offload (remote workers × batches/task, bound) | predicted offload | measured offload | "
+    out = ["| case | offload (remote workers × batches/task, bound; a batch's seconds on a worker / here) | "
+           "predicted offload | measured offload | "
            "measured / predicted | predicted local | measured local | measured / predicted | model says | "
            "measured faster | kept | network share | load before→after |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -131,7 +139,10 @@ def table(rows: list[dict]) -> list[str]:
         if "offload" not in r:
             out.append(f"| {r['case']} | {r.get('note', '')} |" + " |" * 11)
             continue
-        what = ", ".join(f"{s['name']} {s['remote_workers']}×{s['group']} ({s['bound']})" for s in r["offload"]["stages"])
+        ratios = r.get("stage_ratios", {})
+        what = ", ".join(f"{s['name']} {s['remote_workers']}×{s['group']} ({s['bound']}"
+                         + (f"; {ratios[s['name']]:.1f}x per batch there" if s["name"] in ratios else "") + ")"
+                         for s in r["offload"]["stages"])
         ok = "" if r["offload_ratio"] is None else (" ✓" if abs(r["offload_ratio"] - 1) <= TOLERANCE else " ✗")
         out.append(f"| {r['case']} | {what} | {_rate(r['offload_predicted'])} | {_rate(r['offload_measured'])} | "
                    f"{r['offload_ratio']:.2f}{ok} | {_rate(r['local_predicted'])} | {_rate(r['local_measured'])} | "
@@ -159,6 +170,13 @@ def write(rows: list[dict], advised: dict | None, info: dict, out: Path) -> None
                      f"measured slower than the other in "
                      f"{sum(r['kept'] != r['measured_faster'] and r['predicted_faster'] == 'offload' for r in ok)}.")
         lines.append("")
+    measured = [r for r in rows if r.get("stage_ratios")]
+    if measured:
+        lines += ["Each CPU stage's seconds per batch on a worker over here, as the profile measured it (timed inside "
+                  "a task on a few profiled batches, median) and the model priced it:", ""]
+        lines += [f"- {r['case']}: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["stage_ratios"].items())
+                  for r in measured]
+        lines.append("")
     if advised is not None:
         c = advised["cluster"] or {}
         stages = ", ".join(f"{s['name']} {s['remote_workers']}×{s['group']}" for s in c.get("stages", []))
@@ -169,7 +187,8 @@ def write(rows: list[dict], advised: dict | None, info: dict, out: Path) -> None
                   f"{advised['offload_ratio']:.2f}); this machine's workers: predicted "
                   f"{_rate(c.get('local_predicted_samples_per_s'))}, measured {_rate(c.get('local_measured_samples_per_s'))}; "
                   f"kept on the cluster: {advised['kept_on_cluster']}; network share {c.get('network_share', 0):.2%}; "
-                  f"load {advised['load_before'][0]}→{advised['load_after'][0]}", ""]
+                  f"load {advised['load_before'][0]}→{advised['load_after'][0]}", "",
+                  *[f"- {n}" for n in advised.get("ratio_notes", [])], ""]
     write_text_atomic(out.with_suffix(".md"), "\n".join(lines))
 
 

@@ -444,8 +444,10 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     """The advise flow for a pipeline with streams: plan each stream, run the plan and the usual settings.
 
     The source, the step and the one-shot stages run on this machine (where the step's
-    device is), so the streams are profiled and planned here. At a cluster the plan
-    is measured (per-task overhead, a batch's round trip) and each stream planned again
+    device is), so the streams are profiled and planned here. At a cluster the profile also
+    times each CPU per-batch stage on a worker against here (its ratio, what the model prices
+    its batches there at), the cluster is measured (per-task overhead, a batch's round trip) and
+    each stream planned again
     with the cluster's workers in the search (remote workers and batches per task per
     CPU stage); the best offload runs, and is kept when the model predicted it faster
     and it measured faster; the other run is shown beside the baselines, and the plan's
@@ -466,7 +468,8 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     steps: list = []
     plans = timed("profile and plan the streams",
                   lambda: plan_streams(p, budget_s=budget_s, inventory=inv, profiles=profiles, precision=precision,
-                                       step_precisions=steps))
+                                       step_precisions=steps,
+                                       cluster=site.client if isinstance(site, ClusterSite) else None))
     target_plans = timed("target", lambda: _stream_target_plans(p, described, profiles, inv, steps)) if described else []
     placement = {n: d for sp in plans for n, d in sp.placement.items()}
     in_precision = {n: v for sp in plans for n, v in sp.precision.items()} or None
@@ -663,7 +666,8 @@ def _best_for_streams_on_cluster(pipeline: Pipeline, site: ClusterSite) -> Chose
 
     try:
         profiles: list = []
-        plans = plan_streams(pipeline, budget_s=RUN_BUDGET_S, inventory=LocalSite().inventory(), profiles=profiles)
+        plans = plan_streams(pipeline, budget_s=RUN_BUDGET_S, inventory=LocalSite().inventory(), profiles=profiles,
+                             cluster=site.client)
         out = []
         for sp, prof in zip(plans, profiles):
             link = probe_cluster(site.client, probe_bytes(prof))

@@ -117,6 +117,36 @@ def test_the_planner_offloads_only_what_the_model_predicts_faster():
     assert cand is not None and off.stages[0].bound == "network"
 
 
+def test_a_stage_measured_slower_on_the_workers_is_priced_so_and_can_flip_the_offload():
+    prof = profile(decode_s=20 * MS, nbytes=1000, cores=2, step_s=0.2 * MS, batches=256)
+    link = ClusterLink(name="tcp://10.0.0.1:8786", source="measured", workers=2, threads_per_worker=2, task_s=1 * MS,
+                       bandwidth_bytes_per_s=1e9)
+    same = remote.terms(prof, "decode", link, 1)
+    assert remote.ratio(prof, "decode", link) == (1.0, "assumed")
+    slow = prof.model_copy(deep=True)
+    slow.stage("decode").remote_ratio = {link.name: 3.0, "tcp://elsewhere:8786": 0.5}  # only this address counts
+    assert remote.ratio(slow, "decode", link) == (3.0, "measured")
+    assert remote.terms(slow, "decode", link, 1).compute_s == pytest.approx(3 * same.compute_s)
+    # compute-bound on the cluster's four cores: three times slower per batch there, a third of the rate
+    assert remote.bound(prof, "decode", link, 4, 1) == remote.bound(slow, "decode", link, 4, 1) == "compute"
+    assert remote.rate(slow, "decode", link, 4, 1) == pytest.approx(remote.rate(prof, "decode", link, 4, 1) / 3)
+    # four remote cores against this machine's two: the offload wins at 1x, loses at 3x
+    plan, _, off = plan_offload(prof, link, objective="throughput")
+    assert off.chosen and plan.settings.kind_of("decode") == "dask"
+    plan, _, off3 = plan_offload(slow, link, objective="throughput")
+    assert not off3.chosen and "dask" not in plan.settings.worker_kind.values()
+    assert off3.predicted_samples_per_s < off.predicted_samples_per_s
+    assert "'decode' measured 3.0x slower per batch on the cluster's workers than here: priced so" in plan.notes
+    # a described cluster: 1 unless the description gives the stage's ratio (which it takes as given)
+    d = ClusterDescription(nodes=2, cores_per_node=2, bandwidth_gbit_s=8, task_overhead_ms=1, latency_ms=0)
+    assert remote.ratio(slow, "decode", describe_link(d)) == (1.0, "assumed")
+    told = describe_link(d.model_copy(update={"stage_ratio": {"decode": 3.0}}))
+    assert remote.rate(prof, "decode", told, 4, 1) == pytest.approx(remote.rate(slow, "decode", link, 4, 1), rel=0.01)
+    assert "'decode' described 3.0x slower" in " ".join(plan_offload(prof, told, objective="throughput")[0].notes)
+    with pytest.raises(PlacerError, match="stage_ratio"):
+        parse_cluster('{"nodes": 1, "cores_per_node": 2, "bandwidth_gbit_s": 1, "stage_ratio": {"decode": 0}}')
+
+
 # -- a described cluster ---------------------------------------------------------------------------
 def test_a_description_gives_a_link_and_bad_ones_name_the_field_and_the_fix(tmp_path):
     d = parse_cluster('{"nodes": 3, "cores_per_node": 8, "bandwidth_gbit_s": 25, "latency_ms": 0.5, '
@@ -255,8 +285,9 @@ def test_advise_on_a_cluster_never_keeps_a_slower_measured_offload(client, monke
     real = cluster.probe_cluster
 
     def eager(c, nbytes, **kw):  # the model is told the cluster's cores are 100x these: it predicts the offload
-        return real(c, nbytes, **kw).model_copy(update={"task_s": 0.0, "cpu_scale": 0.01, "shares_host": False,
-                                                         "client_cpu_task_s": 0.0, "client_cpu_per_byte_s": 0.0})
+        return real(c, nbytes, **kw).model_copy(update={"task_s": 0.0, "stage_ratio": {"wait": 0.01},
+                                                         "shares_host": False, "client_cpu_task_s": 0.0,
+                                                         "client_cpu_per_byte_s": 0.0})
 
     monkeypatch.setattr(cluster, "probe_cluster", eager)
     advised = advise(p, scheduler=client, budget_s=3, target="none", baselines=False)
@@ -274,6 +305,23 @@ def test_advise_on_a_cluster_never_keeps_a_slower_measured_offload(client, monke
     assert other.predicted_samples_per_s == pytest.approx(
         off.local_predicted_samples_per_s if on_cluster else off.predicted_samples_per_s)
     assert type(plan).model_validate_json(plan.to_json()) == plan
+
+
+def test_profiling_with_a_cluster_times_each_cpu_stage_on_a_worker(client, tmp_path):
+    from placer.loader import load_pipeline
+    from placer.stream.profile import profile_stream
+
+    (tmp_path / "sleepy_stream.py").write_text(SLEEPY)
+    p = load_pipeline(str(tmp_path / "sleepy_stream.py"), 96)
+    prof = profile_stream(p, budget_s=2, cluster=client)
+    address = str(client.scheduler.address)
+    wait = prof.stage("wait")
+    assert set(wait.remote_ratio) == {address} and wait.remote_ratio[address] > 0  # measured for this cluster
+    assert not prof.stage("batches").remote_ratio and not prof.stage("total").remote_ratio  # CPU batch stages only
+    link = probe_cluster(client, 1000)
+    assert remote.ratio(prof, "wait", link) == (wait.remote_ratio[address], "measured")
+    plan = plan_offload(prof, link, objective="throughput")[0]
+    assert any(n.startswith("'wait' measured") and n.endswith("priced so") for n in plan.notes), plan.notes
 
 
 def test_the_report_shows_the_cluster_option():
@@ -315,7 +363,7 @@ def test_placer_run_at_a_cluster_runs_the_modelled_offload_grouped_or_keeps_the_
     p = load_pipeline(str(tmp_path / "sleepy_stream.py"), 96)
     sequential = execute(p, "all=cpu", stream=StreamConfig(workers=0))
     real = cluster.probe_cluster
-    for told, offloaded in ((dict(task_s=0.0, cpu_scale=0.01, shares_host=False, client_cpu_task_s=0.0,
+    for told, offloaded in ((dict(task_s=0.0, stage_ratio={"wait": 0.01}, shares_host=False, client_cpu_task_s=0.0,
                                   client_cpu_per_byte_s=0.0), True),  # a cluster the model finds fast
                             (dict(task_s=1.0, bandwidth_bytes_per_s=1e3), False)):  # a hopeless one
         monkeypatch.setattr(cluster, "probe_cluster",

@@ -210,6 +210,11 @@ class StageProfile(BaseModel):
         The work of one batch of its torch GPU implementation (or of the step), counted on
         the CPU (:func:`placer.costmodel.counts.count_work`): what a described GPU's
         roofline prices when the stream is planned for a target; None when not counted.
+    remote_ratio : dict
+        A CPU batch stage's per-batch seconds on a dask cluster's worker over its seconds here
+        (the same batches, each timed inside the task, median), per scheduler address: measured
+        when the stream is profiled with a cluster (:func:`placer.stream.profile.profile_stream`'s
+        ``cluster``), and what the stream model prices its batches there at.
     """
 
     name: str
@@ -229,6 +234,7 @@ class StageProfile(BaseModel):
     cacheable: bool = False
     pin: str | None = None
     work: Work | None = None
+    remote_ratio: dict[str, float] = Field(default_factory=dict)
 
     def rate(self, workers: int, kind: WorkerKind, seconds: float) -> float:
         """Batches per second with ``workers`` of ``kind``: threads scale ``1 / seconds`` by their
@@ -376,12 +382,18 @@ class ClusterLink(BaseModel):
         CPU seconds per task of the scheduler and the worker (charged to this machine's cores when
         the cluster runs on it).
     cpu_scale : float
-        A batch's seconds on a worker's core over its seconds on one core here (1: the same CPU).
+        A batch's seconds on a worker's core over its seconds on one core here (1: the same CPU),
+        for a stage without a ratio of its own.
+    stage_ratio : dict
+        Per stage, a batch's seconds on a worker over here, given (a description's
+        ``stage_ratio``) and taken as given. Otherwise a running cluster's stages are priced at
+        their own measured ratio (``StageProfile.remote_ratio`` for this address, measured when
+        the stream is profiled with the cluster), and a stage without one at ``cpu_scale``.
     array_ratio : float or None
-        Measured, not applied: a numpy workload with batch-sized temporaries on a worker over here
-        (on a 127.0.0.1 cluster of the same CPU it measured 6-19x: code that allocates large
-        temporaries can run slower on dask's workers than here; their ``MALLOC_TRIM_THRESHOLD_``
-        is one possible cause).
+        A diagnostic: a synthetic numpy workload with batch-sized temporaries on a worker over here
+        (on a 127.0.0.1 cluster of the same CPU it measured 6-19x: dask's nanny starts workers with
+        ``MALLOC_TRIM_THRESHOLD_=65536``, which turns off glibc's dynamic mmap threshold). The
+        model prices each stage at its own measured ratio instead.
     shares_host : bool
         The workers run on this machine: their work takes its cores.
     """
@@ -396,6 +408,7 @@ class ClusterLink(BaseModel):
     client_cpu_per_byte_s: float = Field(0.0, ge=0)
     remote_cpu_task_s: float = Field(0.0, ge=0)
     cpu_scale: float = Field(1.0, gt=0)
+    stage_ratio: dict[str, float] = Field(default_factory=dict)
     array_ratio: float | None = None
     shares_host: bool = False
     notes: list[str] = Field(default_factory=list)

@@ -13,7 +13,10 @@ gives one:
   the scheduler and the workers), then round trips of an array of the stage's real
   batch size (the bandwidth a batch travels at, pickling included, and this process's
   CPU per byte). The workers' threads come from ``client.scheduler_info()``; workers
-  on this machine (127.0.0.1 or its own addresses) share its cores and its CPU.
+  on this machine (127.0.0.1 or its own addresses) share its cores and its CPU. Each CPU
+  stage's own seconds per batch on a worker against here is measured when the stream is
+  profiled with the cluster (:func:`placer.stream.profile.profile_stream`, ``cluster``:
+  ``StageProfile.remote_ratio``), and :func:`ratio_notes` says it in the plan.
 - :func:`load_cluster` reads a description of a cluster that is not running (JSON or
   YAML: nodes × cores, network bandwidth and latency, optionally the per-task overhead
   and a core's speed relative to one here); :func:`describe_link` turns it into a link.
@@ -38,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from placer.data.stream import ClusterLink, Offload, OffloadStage, StreamPlan, StreamProfile
 from placer.errors import PlacerError
@@ -74,6 +77,8 @@ FIXES = {
     "task_overhead_ms": "the scheduler's overhead per task in milliseconds, 0 or more (dask: about 1)",
     "core_speed": "a worker core's speed relative to one core of this machine, above 0 (1: the same CPU)",
     "client_cpu_per_task_ms": "this machine's CPU milliseconds per task submitted, 0 or more",
+    "stage_ratio": "per stage, a batch's seconds on a worker over its seconds here, above 0 "
+                   "({\"decode\": 3} for a stage three times slower there)",
     "name": "a name for the cluster, text",
 }
 
@@ -99,6 +104,15 @@ class ClusterDescription(BaseModel):
     task_overhead_ms: float = Field(1.0, ge=0)
     core_speed: float = Field(1.0, gt=0)
     client_cpu_per_task_ms: float = Field(0.3, ge=0)
+    stage_ratio: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("stage_ratio")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, r in v.items() if not r > 0]
+        if bad:
+            raise ValueError(f"stage {bad[0]!r} has a ratio of {v[bad[0]]}, not above 0")
+        return v
 
 
 def describe_link(d: ClusterDescription) -> ClusterLink:
@@ -109,7 +123,7 @@ def describe_link(d: ClusterDescription) -> ClusterLink:
         name=d.name, source="described", workers=d.nodes, threads_per_worker=d.cores_per_node,
         task_s=(d.task_overhead_ms + 4 * d.latency_ms) / 1e3, bandwidth_bytes_per_s=d.bandwidth_gbit_s * 1e9 / 8,
         client_cpu_task_s=d.client_cpu_per_task_ms / 1e3, client_cpu_per_byte_s=1 / 2e9,
-        cpu_scale=1.0 / d.core_speed, shares_host=False,
+        cpu_scale=1.0 / d.core_speed, stage_ratio=dict(d.stage_ratio), shares_host=False,
         notes=[f"{d.name}: described, not measured: {d.nodes} × {d.cores_per_node} cores, "
                f"{d.bandwidth_gbit_s:g} Gbit/s, {d.latency_ms:g} ms latency, {d.task_overhead_ms:g} ms per task"])
 
@@ -299,14 +313,16 @@ def probe_cluster(client: Any, nbytes: int = MIN_PROBE_BYTES, *, refresh: bool =
         link.array_ratio = None
     if link.array_ratio is not None and link.array_ratio > 1.5:
         link.notes.append(f"a numpy workload with batch-sized temporaries ran {link.array_ratio:.1f}x slower on the "
-                          "workers than here (measured, not applied: the model takes a batch's seconds there as here; "
-                          "dask's workers run with MALLOC_TRIM_THRESHOLD_ set, one possible cause): stages that "
-                          "allocate large arrays may run slower there than predicted")
+                          "workers than here (a diagnostic; dask's nanny starts workers with "
+                          "MALLOC_TRIM_THRESHOLD_=65536, from distributed.nanny.pre-spawn-environ, which turns off "
+                          "glibc's dynamic mmap threshold): each stage is priced at its own ratio when the stream "
+                          "is profiled with the cluster, else at this machine's seconds")
     here = cpu_model()
     other = [m for m in theirs if m != here]
     if other:
-        link.notes.append(f"the workers' CPU ({', '.join(other)}) is not this machine's ({here}): a batch's seconds "
-                          "there are taken as here (no scale measured between the two)")
+        link.notes.append(f"the workers' CPU ({', '.join(other)}) is not this machine's ({here}): each stage is "
+                          "priced there at its own ratio when the stream is profiled with the cluster, else at its "
+                          "seconds here")
     log.info("cluster probe: %s", link.notes[0])
     with _PROBES_LOCK:
         _PROBES[key] = link
@@ -357,7 +373,28 @@ def plan_offload(profile: StreamProfile, link: ClusterLink, *, objective: str = 
                   reason=offload_reason(stages, value, local_value, chosen))
     plan.offload = off
     plan.notes.extend(n for n in link.notes if n not in plan.notes)
+    plan.notes.extend(n for n in ratio_notes(prof, link) if n not in plan.notes)
     return plan, best_remote, off
+
+
+def ratio_notes(profile: StreamProfile, link: ClusterLink) -> list[str]:
+    """What the plan's notes say of each CPU per-batch stage's seconds on the cluster's workers against here."""
+    out = []
+    for st in profile.stages:
+        if st.role != "batch" or "cpu" not in st.seconds:
+            continue
+        r, how = remote.ratio(profile, st.name, link)
+        if how == "assumed":
+            continue
+        what = how
+        if abs(r - 1) < 0.05:
+            out.append(f"{st.name!r} {what} as fast per batch on the cluster's workers as here: priced so")
+        elif r > 1:
+            out.append(f"{st.name!r} {what} {r:.1f}x slower per batch on the cluster's workers than here: priced so")
+        else:
+            out.append(f"{st.name!r} {what} {1 / r:.1f}x faster per batch on the cluster's workers than here: "
+                       "priced so")
+    return out
 
 
 def offload_reason(stages: list[OffloadStage], value: float, local: float, chosen: bool) -> str:
@@ -370,4 +407,4 @@ def offload_reason(stages: list[OffloadStage], value: float, local: float, chose
 
 
 __all__ = ["ClusterDescription", "ClusterDescriptionError", "describe_link", "load_cluster", "parse_cluster",
-           "plan_offload", "probe_bytes", "probe_cluster"]
+           "plan_offload", "probe_bytes", "probe_cluster", "ratio_notes"]

@@ -74,7 +74,7 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
                 inventory: Inventory | None = None, objective: str = "auto", epochs: int | None = None,
                 verify_runs: bool = True, profile: StreamProfile | None = None,
                 profiles: list[StreamProfile] | None = None, precision: str | None = None,
-                step_precisions: list | None = None) -> StreamPlan:
+                step_precisions: list | None = None, cluster: Any = None) -> StreamPlan:
     """Profile, model and plan one stream of ``pipeline`` on this machine.
 
     Parameters
@@ -105,6 +105,9 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
         time in the precision chosen on each device.
     step_precisions : list, optional
         The step's :class:`~placer.stream.precision.StepPrecision` (or None) is appended to it.
+    cluster : distributed.Client, optional
+        A dask cluster the stream may offload to: the profile also times each CPU batch stage
+        on one of its workers (``StageProfile.remote_ratio``).
 
     Returns
     -------
@@ -121,7 +124,7 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     inv = inventory or discover()
     t0 = time.perf_counter()
     consts = one_shot_inputs(p, source, inv)
-    prof = profile_stream(p, source, budget_s=0.5 * budget_s, inventory=inv, consts=consts)
+    prof = profile_stream(p, source, budget_s=0.5 * budget_s, inventory=inv, consts=consts, cluster=cluster)
     if profiles is not None:
         profiles.append(prof)
     sp = check_step(p, source, precision)

@@ -4,7 +4,8 @@ May import: numpy, networkx, placer.pipeline, placer.devices, placer.errors, pla
 placer.data.stream, placer.executor (to compute one-shot inputs) and
 placer.executor.transfer, placer.timing (every timing: per-batch repeats, torch's threads),
 placer.profile.transfers (pinned and pageable copies, through the device's kind),
-placer.stream.*. No torch of its own.
+placer.stream.*, placer.executor.stream.* (``dask_workers`` inside a function, with a cluster). No torch of its
+own.
 
 :func:`profile_stream` measures one stream at its real batch size:
 
@@ -29,7 +30,13 @@ placer.stream.*. No torch of its own.
    with torch's default (``torch_seconds``); at each of those counts beside a thread
    that keeps one core busy (``busy_seconds``: the cores the stream's workers take
    from it); and with a probe thread counting beside it (:func:`gil_held`): the
-   share of its time it holds the GIL.
+   share of its time it holds the GIL;
+7. **on a cluster** (only with ``cluster``, a dask client): every CPU batch stage shipped
+   to a worker as a run ships it, timed inside one task on a few of the batches it saw,
+   and here on the same batches: its ``remote_ratio`` (the medians' ratio), what the
+   stream model prices its batches on that cluster at (a worker may run the same code
+   slower than here: dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``,
+   which makes numpy code with batch-sized temporaries several times slower).
 
 Everything is bounded by ``budget_s``: sweeps get 60 % of it, thread scaling half of
 what is left, process scaling most of the rest (at least :data:`PROCESS_MIN_S` when
@@ -69,6 +76,12 @@ DEFAULT_BATCHES = 8
 THREADS = (1, 2, 4, 8)
 #: the step's last batches kept for re-running it (GIL probe, torch threads)
 STEP_KEPT = 3
+#: seconds each CPU batch stage is timed for on a cluster's worker, and again here (after a warm-up call)
+CLUSTER_TIMING_S = 0.5
+#: batches of the CPU sweep a stage is timed on, on a cluster's worker
+CLUSTER_BATCHES = 4
+#: seconds the timing task of one stage may take on the cluster before it is cancelled
+CLUSTER_TIMEOUT_S = 60.0
 #: seconds a process-scaling measurement needs at least (children start in about half a second)
 PROCESS_MIN_S = 1.0
 HOST_DEVICE = Device(name="cpu", kind="cpu", label="host")
@@ -383,7 +396,7 @@ def _placements(pipeline: Pipeline, members: list[str], devices: list[str]) -> d
 def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: float | None = 10.0,
                    inventory: Inventory | None = None, batches: int = DEFAULT_BATCHES,
                    max_threads: int | None = None, consts: dict[str, Any] | None = None,
-                   devices: list[str] | None = None) -> StreamProfile:
+                   devices: list[str] | None = None, cluster: Any = None) -> StreamProfile:
     """Measure one stream of ``pipeline`` on this machine's devices.
 
     Parameters
@@ -403,6 +416,10 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
         The stream's one-shot inputs on the host, when already computed.
     devices : list of str, optional
         Devices to measure (default: the CPU and every accelerator of the inventory).
+    cluster : distributed.Client, optional
+        A dask cluster the stream's CPU batch stages may run on: each is also timed on one
+        of its workers against here (``StageProfile.remote_ratio``; bounded by
+        :data:`CLUSTER_TIMING_S` per side and :data:`CLUSTER_TIMEOUT_S`).
 
     Returns
     -------
@@ -434,6 +451,8 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
     floor = PROCESS_MIN_S if budget_s is None or budget_s >= 4 * PROCESS_MIN_S else 0.0
     _scale_processes(prof, cpu, stages, None if budget_s is None else max(floor, left(0.7)))
     _step_extras(prof, cpu, stages[prof.members[-1]])
+    if cluster is not None:
+        _time_on_cluster(prof, cpu, stages, cluster)
     return _assemble(prof, sweeps, stages, budget_s, budget.spent())
 
 
@@ -512,6 +531,34 @@ def _scale_processes(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, St
             prof.notes.append(f"{node.name}: {best.workers} worker processes ran {best.batches_per_s:.4g} "
                               f"batches/s ({best.batches_per_s / thread:.2f}x one thread, moving batches "
                               "included)")
+
+
+def _time_on_cluster(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile], client: Any) -> None:
+    """Every CPU batch stage timed on a worker of ``client``'s cluster and here, on the same few batches of
+    the CPU sweep: its ``remote_ratio`` for that cluster (a stage that cannot travel is noted, and priced at
+    this machine's seconds)."""
+    from placer.executor.stream.dask_workers import stage_ratio
+    from placer.executor.stream.workers import StageCall
+
+    if sweep is None:
+        return
+    address = str(client.scheduler.address)
+    todo = [n for n in sweep.run.nodes if n.kind == "batch" and n.device.kind == "cpu" and sweep.inputs.get(n.name)]
+    for node in todo:
+        items = [({a: b.values[src][node.location] for a, src in node.reads.items()}, b.info)
+                 for b in sweep.inputs[node.name][-CLUSTER_BATCHES:]]
+        call = StageCall(node.stage, node.device, node.consts, node.takes_info)
+        try:
+            ratio, there, here = stage_ratio(client, call, node.name, items, limit_s=CLUSTER_TIMING_S,
+                                             timeout_s=CLUSTER_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - a stage that cannot be timed there is priced at its seconds here
+            prof.notes.append(f"{node.name}: not timed on the cluster's workers ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); priced there at its "
+                              "seconds here")
+            continue
+        stages[node.name].remote_ratio[address] = ratio
+        log.info("%s: %.4g s per batch on a worker of %s, %.4g s here (%.2fx)", node.name, there, address, here,
+                 ratio)
 
 
 def _step_extras(prof: _Profiler, sweep: _Sweep | None, step: StageProfile) -> None:

@@ -8,8 +8,10 @@ A stage with ``k`` dask workers keeps ``k`` tasks in flight (one per worker thre
 of the runner), each carrying ``g`` consecutive batches (``StreamSettings.stage_group``).
 One batch costs
 
-- ``c``: its compute on one core of a worker: its seconds here times the link's
-  ``cpu_scale`` (1 on the same CPU);
+- ``c``: its compute on one core of a worker: its seconds here times its ratio there
+  (:func:`ratio`: the stage's own per-batch seconds on a worker over here, measured on a
+  running cluster, or given by a description; else the link's ``cpu_scale``, 1 on the
+  same CPU);
 - ``m``: moving it, to the worker and back: ``bytes / bandwidth`` (the stage's
   per-batch inputs and its output, as measured here; pickling included in the
   measured bandwidth);
@@ -77,10 +79,23 @@ def stage_bytes(profile: StreamProfile, stage: str) -> int:
     return int(ins + st.out_bytes.get("host", 0))
 
 
+def ratio(profile: StreamProfile, stage: str, link: ClusterLink) -> tuple[float, str]:
+    """A batch's seconds of ``stage`` on a worker of ``link``'s cluster over its seconds here, and where the
+    ratio comes from: ``described`` (the link's ``stage_ratio``: a description's, taken as given),
+    ``measured`` (the stage timed on a worker of that cluster: ``StageProfile.remote_ratio`` for the link's
+    address) or ``assumed`` (the link's ``cpu_scale``)."""
+    st = profile.stage(stage)
+    if stage in link.stage_ratio:
+        return link.stage_ratio[stage], "described"
+    if link.source == "measured" and link.name in st.remote_ratio:
+        return st.remote_ratio[link.name], "measured"
+    return link.cpu_scale, "assumed"
+
+
 def terms(profile: StreamProfile, stage: str, link: ClusterLink, group: int = 1) -> RemoteTerms:
     """The costs of ``stage`` as tasks of ``group`` batches on ``link``'s cluster."""
     st = profile.stage(stage)
-    c = st.seconds.get("cpu", 0.0) * link.cpu_scale
+    c = st.seconds.get("cpu", 0.0) * ratio(profile, stage, link)[0]
     b = stage_bytes(profile, stage)
     g = max(1, group)
     return RemoteTerms(compute_s=c, move_s=b / link.bandwidth_bytes_per_s, bytes=b, task_s=link.task_s, group=g,
@@ -146,4 +161,4 @@ def network_load(profile: StreamProfile, settings, batches_per_s: float) -> floa
 
 
 __all__ = ["GROUPS", "OVERHEAD_SHARE", "TASKS_PER_THREAD", "RemoteTerms", "bound", "choose_group", "group_of", "limits",
-           "network_load", "rate", "stage_bytes", "terms"]
+           "network_load", "rate", "ratio", "stage_bytes", "terms"]

@@ -120,6 +120,29 @@ def run_batches(token: str, payload: bytes, items: list[tuple[dict[str, Any], Ba
     return outs, time.perf_counter() - t
 
 
+def time_calls(call: Any, items: list[tuple[dict[str, Any], BatchInfo]], limit_s: float,
+               most: int = 32) -> list[float]:
+    """Seconds of each call of ``call`` on ``items`` (in turn, round again while under ``limit_s`` and ``most``
+    calls), after one untimed call on the first (warm-up); at least two timed calls."""
+    call(*items[0])
+    out: list[float] = []
+    start = time.perf_counter()
+    k = 0
+    while len(out) < 2 or (time.perf_counter() - start < limit_s and len(out) < most):
+        inputs, info = items[k % len(items)]
+        t = time.perf_counter()
+        call(inputs, info)
+        out.append(time.perf_counter() - t)
+        k += 1
+    return out
+
+
+def time_batches(token: str, payload: bytes, items: list[tuple[dict[str, Any], BatchInfo]],
+                 limit_s: float) -> list[float]:
+    """Run on a worker: :func:`time_calls` of the stage on ``items``; only the seconds come back."""
+    return time_calls(_stage_call(token, payload), items, limit_s)
+
+
 # -- the pool -----------------------------------------------------------------------------------
 class DaskPool:
     """``count`` workers of one stage whose calls run as tasks on the current dask cluster.
@@ -193,6 +216,20 @@ class DaskPool:
                 self._futures.discard(fut)
         self.times.add(compute, time.perf_counter() - t)
         return outs
+
+    def time_on_worker(self, items: list[tuple[dict[str, Any], BatchInfo]], limit_s: float) -> list[float]:
+        """Seconds per batch of the stage on one worker of the cluster (:func:`time_calls`, timed inside the
+        task: no per-task overhead, no moving batches), after :meth:`start`."""
+        worker = next(iter(self.client.scheduler_info(n_workers=-1)["workers"]))
+        fut = self.client.submit(time_batches, self.token, self._payload, items, limit_s, workers=[worker],
+                                 allow_other_workers=False, pure=False, key=f"{self.token}-timed")
+        with self._lock:
+            self._futures.add(fut)
+        try:
+            return self._wait(fut)
+        finally:
+            with self._lock:
+                self._futures.discard(fut)
 
     def _wait(self, fut: Any) -> tuple[Any, float]:
         done = done_event(fut)
@@ -275,4 +312,44 @@ def run_stream_on_cluster(pipeline: Any, placement: Any, scheduler: Any, *, stre
             return prepared.run()
 
 
-__all__ = ["DaskPool", "dask_config", "run_batch", "run_batches", "run_stream_on_cluster", "using_client"]
+def stage_ratio(client: Any, call: StageCall, name: str, items: list[tuple[dict[str, Any], BatchInfo]], *,
+                limit_s: float = 1.0, timeout_s: float = 60.0) -> tuple[float, float, float]:
+    """A stage's per-batch seconds on a worker of ``client``'s cluster over here, on the same batches.
+
+    The stage travels as a run ships it (:class:`DaskPool`: its modules as source, the stage pickled and
+    loaded on every worker); one task on one worker times it on ``items`` (:func:`time_calls`: a warm-up
+    call, then each call timed, for about ``limit_s``), and this process times it the same way.
+
+    Returns
+    -------
+    (ratio, seconds there, seconds here)
+        The medians' ratio and the medians.
+
+    Raises
+    ------
+    PlacerError
+        The stage cannot travel, failed there, or took over ``timeout_s`` (then cancelled).
+    """
+    import statistics
+
+    stop = threading.Event()
+    timer = threading.Timer(timeout_s, stop.set)
+    with using_client(client):
+        pool = DaskPool(name, call, 1, stop)
+    try:
+        timer.start()
+        pool.start()
+        try:
+            there = statistics.median(pool.time_on_worker(items, limit_s))
+        except WorkerStopped:
+            raise PlacerError(f"stage {name!r} took over {timeout_s:g} s to time on the cluster's worker",
+                              stage=name) from None
+    finally:
+        timer.cancel()
+        pool.close()
+    here = statistics.median(time_calls(call, items, limit_s))
+    return (there / here if here > 0 else 1.0), there, here
+
+
+__all__ = ["DaskPool", "dask_config", "run_batch", "run_batches", "run_stream_on_cluster", "stage_ratio",
+           "time_batches", "using_client"]

@@ -117,7 +117,12 @@ def device_type(device: object) -> str:
 def running_in(precision: str, device: object = "cpu") -> Iterator[None]:
     """Run the block in ``precision`` on ``device``'s type; every setting changed is restored after it.
 
-    ``fp32`` changes nothing (torch is not even imported). ``tf32`` sets the fp32
+    ``fp32`` changes nothing on a CPU (torch is not even imported); on a CUDA device it
+    turns TF32 off for the block (cuDNN's ``allow_tf32``, which torch leaves on by
+    default for convolutions, and the fp32 matrix-product precision ``"highest"``), so
+    a stage placed on the GPU computes in the fp32 its accuracy was judged in and its
+    outputs match the CPU's within fp32 rounding: TF32 is a precision a stage must be
+    allowed, like bf16 (``--precision STAGE=tf32`` or ``auto``). ``tf32`` sets the fp32
     matrix-product precision to ``"high"`` and cuDNN's ``allow_tf32``; ``bf16`` and
     ``fp16`` enter ``torch.autocast`` on the device's type (fp16 on a CPU too, where
     torch supports it). A training loop in fp16 needs a ``torch.amp.GradScaler``
@@ -132,17 +137,17 @@ def running_in(precision: str, device: object = "cpu") -> Iterator[None]:
     around its forward pass does.
     """
     p = check_precision(precision)
-    if p == "fp32":
+    if p == "fp32" and device_type(device) != "cuda":
         yield
         return
     import torch
 
-    if p == "tf32":
+    if p in ("fp32", "tf32"):
         old_matmul = torch.get_float32_matmul_precision()
         old_cudnn = torch.backends.cudnn.allow_tf32
         old_cuda = torch.backends.cuda.matmul.allow_tf32
-        torch.set_float32_matmul_precision("high")
-        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high" if p == "tf32" else "highest")
+        torch.backends.cudnn.allow_tf32 = p == "tf32"
         try:
             yield
         finally:

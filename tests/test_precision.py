@@ -133,6 +133,26 @@ def test_settings_are_restored_after_a_stage_even_when_it_raises(precision):
     assert state() == before
 
 
+def test_fp32_on_a_cuda_device_turns_tf32_off_for_the_stage_and_restores_the_users_settings():
+    import torch
+
+    # torch's defaults leave cuDNN's TF32 on for convolutions; a user may have turned matmuls to TF32 too
+    old = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        before = state()
+        with running_in("fp32", "cuda:0"):  # the flags are plain settings: no GPU is needed to set them
+            inside = state()
+        assert inside["matmul"] == "highest" and inside["cudnn_tf32"] is False and inside["cuda_matmul_tf32"] is False
+        assert state() == before
+        with running_in("fp32", "cpu"):  # on a CPU nothing is touched
+            assert state() == before
+    finally:
+        torch.set_float32_matmul_precision(old[0])
+        torch.backends.cudnn.allow_tf32 = old[1]
+
+
 def test_an_unknown_stage_in_the_precision_mapping_is_refused():
     with pytest.raises(PlacementError, match="no stage 'nope'"):
         execute(matmul_pipeline(), "all=cpu", precision={"nope": "bf16"})

@@ -287,7 +287,15 @@ class CostModel:
         were not told), where less than 1: its threads waited for cores or spun at a
         barrier (a pool's spinning counts as CPU time), and the target is charged the work,
         not the waits, so that profiles at one and at several threads, on a quiet or a
-        busy machine, predict the same.
+        busy machine, predict the same. Where one core's work was timed (``Point.one_core_s``,
+        a profile at several threads), it is that work over the lower quartile (above 1 when
+        the threads worked in parallel) and ``threads_used`` is left out: the target is
+        charged one core's work scaled by the calibration ops like it, as a one-thread
+        profile of the stage is. The split into serial and parallel time that
+        ``threads_used`` would give is not kept: a one-thread profile cannot read it, and
+        read from the process's CPU time it calls short parallel work serial (the CPU time of
+        the pool's other thread is counted at the scheduler's tick, not as it runs), which
+        made a stage's target CPU time differ several-fold between the two profiles.
         """
         kw: dict[str, Any] = {}
         sp = self.profile.stages[stage]
@@ -307,9 +315,18 @@ class CostModel:
                and (one := one_core(p, threads, cores))]
         if pts:
             p, one = min(pts, key=lambda po: abs(np.log(po[0].size / max(size, 1e-9))))
-            busy = fit_value(p) * min(max(kw.get("threads_used", 1.0), 1.0), float(max(threads, 1)))
-            if busy > 0 and one < busy:
-                kw["work_share"] = one / busy
+            if p.one_core_s:
+                # one core's work was timed: scaled as it is, whatever the threads made of it here
+                # (a one-thread profile has no split to read, and a pool thread's CPU time is
+                # counted late, so a short parallel call reads as serial at several threads)
+                kw.pop("threads_used", None)
+                kw.pop("threads", None)
+                if fit_value(p) > 0:
+                    kw["work_share"] = one / fit_value(p)
+            else:
+                busy = fit_value(p) * min(max(kw.get("threads_used", 1.0), 1.0), float(max(threads, 1)))
+                if busy > 0 and one < busy:
+                    kw["work_share"] = one / busy
         if sp.work:
             w = min(sp.work, key=lambda w: abs(np.log(w.size / max(size, 1e-9))))
             if w.work.source == "counted":
@@ -523,23 +540,47 @@ def one_core(p: Point, threads: int, cores: int) -> float | None:
 _GROWS = ("flops", "bytes", "tensor_flops", "tensor_bytes")
 
 
+#: time outside ops per call below which readings are taken as equal (their noise is about this)
+PER_CALL_FLOOR_S = 1e-6
+
+
 def smoothed_outside(work: list) -> list[float]:
     """Each counted size's time outside torch ops (``Work.outside_s``), read off the robust line
-    through all of them (Theil-Sen: the median of the slopes between every two sizes, and the
-    median intercept), never below zero; with fewer than three counted sizes, the readings.
+    through all of them against the calls dispatched at each size, never below zero; with one
+    counted size, the reading.
 
-    That time is a few microseconds of a thread's CPU time less the counter's measured
-    overhead: on a busy machine one size's reading can be off by tens of microseconds
-    either way (nothing at one size, 25 µs at the next, for one Python call), and a GPU
-    stage's host time does not jump between sizes. Time outside ops is a fixed cost per
-    call plus a cost per item (Python per batch, numpy per element): a line, which a
-    minority of wrong readings does not move. A time exactly in proportion to the size
-    is kept as it is.
+    That time is a few microseconds per call of a thread's CPU time less the counter's
+    measured overhead: on a busy machine one size's reading can be off by tens of
+    microseconds either way, and on any machine the Python between large ops runs in the
+    caches they evicted (a GPU's work evicts nothing), so the readings creep up with the
+    size for a stage of torch ops alone. Neither is host time a GPU run pays: a stage
+    that issues the same calls at every size is charged the median of its readings. Python
+    per step of a loop grows with the calls, and is kept: the line (Theil-Sen: the median
+    of the slopes between every two sizes, and the median intercept) is a fixed cost plus
+    a cost per call, so a training loop over more batches pays it per batch.
+
+    Time outside ops that grows per item whatever the calls (numpy over every element)
+    grows at least as the square root of the size per call over the counted sizes (the
+    median slope between every two of them in logs; readings under
+    :data:`PER_CALL_FLOOR_S` per call count as that): it is read off the same line
+    against the size instead.
     """
     vs = [w.work.outside_s for w in work]
     xs = [float(w.size) for w in work]
-    if len(work) < 3:
+    if len(work) < 2:
         return vs
+    calls = [float(max(w.work.dispatches, 1)) for w in work]
+    per = [max(v / c, PER_CALL_FLOOR_S) for v, c in zip(vs, calls)]
+    grows = [(np.log(per[b]) - np.log(per[a])) / (np.log(xs[b]) - np.log(xs[a]))
+             for a in range(len(xs)) for b in range(a + 1, len(xs)) if xs[a] > 0 and xs[b] > 0 and xs[b] != xs[a]]
+    if grows and float(np.median(grows)) >= 0.5:
+        return vs if len(work) < 3 else _theil_sen(xs, vs)
+    return _theil_sen(calls, vs)
+
+
+def _theil_sen(xs: list[float], vs: list[float]) -> list[float]:
+    """``vs`` read off their Theil-Sen line against ``xs`` (the median where every x is the same),
+    never below zero."""
     slopes = [(vs[b] - vs[a]) / (xs[b] - xs[a]) for a in range(len(xs)) for b in range(a + 1, len(xs))
               if xs[b] != xs[a]]
     slope = float(np.median(slopes)) if slopes else 0.0

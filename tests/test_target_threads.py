@@ -234,3 +234,29 @@ def test_python_per_step_of_a_loop_grows_with_its_calls():
     readings[3] *= 1.6  # one size read on a busy machine
     work = [WorkPoint(size=n, work=Work(ops=c, calls=c, outside_s=o)) for n, c, o in zip(SIZES, calls, readings)]
     assert smoothed_outside(work) == pytest.approx([300e-6 + 10e-6 * c for c in calls], rel=1e-6)
+
+
+def test_a_two_thread_profile_is_scaled_by_one_cores_work_over_size_not_its_wall_times():
+    """The wall times at two threads on a busy machine jump (the pool waited for a core at some
+    sizes); one core's work, timed beside each point, does not: the target's time at a size
+    between the measured ones follows the latter."""
+    prof = _matmul_bound(2)
+    pts = prof.stages["infer"].devices["cpu"].points
+    for p in pts:
+        if p.size in (4, 16):
+            p.median_s = p.raw_times[0] * 6
+            p.raw_times = [p.median_s] * 5
+    one = costs_from_profile(_matmul_bound(1), size=32, describe="h200").target_model
+    two = costs_from_profile(prof, size=32, describe="h200").target_model
+    for n in (12, 24, 32):
+        assert two.predict("infer", "cpu", n).value == pytest.approx(one.predict("infer", "cpu", n).value, rel=0.05)
+
+
+def test_the_ops_of_a_loop_between_counted_sizes_grow_with_the_size():
+    from placer.costmodel.model import ops_at
+
+    loop = [WorkPoint(size=n, work=Work(ops=40 * n)) for n in (2, 8, 32)]
+    assert ops_at(loop, 16) == 640 and ops_at(loop, 8) == 320 and ops_at(loop, 64) == 2560
+    fixed = [WorkPoint(size=n, work=Work(ops=12)) for n in (2, 8, 32)]
+    assert ops_at(fixed, 16) == 12 and ops_at(fixed, 1000) == 12
+    assert ops_at(loop[:1], 500) == 80

@@ -100,6 +100,8 @@ class CostModel:
         self._fits: dict[tuple[str, str], SizeFit] = {}
         self._out: dict[str, SizeFit] = {}
         self._peak: dict[tuple[str, str], SizeFit] = {}
+        #: one core's work of the CPU over size, where timed at one thread (a profile at several)
+        self._work: dict[tuple[str, str], SizeFit] = {}
         self.described: dict[str, DeviceDescription] = {}
         #: scales this machine's CPU seconds to the target's CPU (a placer.target.CpuScale)
         self.cpu_scale = cpu_scale
@@ -124,6 +126,8 @@ class CostModel:
             if not pts:
                 continue
             self._fits[(name, dev)] = fit_size_model([p.size for p in pts], [fit_value(p) for p in pts])
+            if self.scaled(dev) and any(p.one_core_s for p in pts):
+                self._work[(name, dev)] = fit_size_model([p.size for p in pts], [work_value(p) for p in pts])
             on_device = getattr(kinds().get(dp.kind), "accelerator", False)  # its memory is the device's
             peak = [(p.size, p.peak_device_bytes if on_device else p.peak_host_bytes) for p in pts]
             peak = [(s, b) for s, b in peak if b is not None and b > 0]
@@ -258,6 +262,8 @@ class CostModel:
                                                          p.fit_spread)})
         dp: DeviceProfile = self.profile.stages[stage].devices[device]
         at = [p for p in dp.points if p.size == size]
+        if (stage, device) in self._work:
+            return self._one_core_scaled(stage, device, size, at)
         if at:
             # for a target, this machine's noise is no part of the stage's cost: the lower quartile
             med = sum(fit_value(p) if self.scaled(device) else p.median_s for p in at) / len(at)
@@ -271,12 +277,31 @@ class CostModel:
         return here.model_copy(update={"value": self.cpu_scale.seconds(here.value, **kw), "label": "scaled",
                                        "rel_error": max(here.rel_error, 0.3)})
 
+    def _one_core_scaled(self, stage: str, device: str, size: float, at: list[Point]) -> Prediction:
+        """The target CPU's time of ``stage`` at ``size`` from one core's work here: timed at one
+        thread beside every point of a profile at several (``Point.one_core_s``), fitted over
+        size (or the points at ``size``), and scaled by the calibration ops like it, as a
+        one-thread profile's time is: what the threads made of it here (their split into
+        serial and parallel time, a pool waiting for a core) is no part of the target's."""
+        if at:
+            value = sum(work_value(p) for p in at) / len(at)
+            here = Prediction(value=value, rel_error=max(p.iqr_s / p.median_s if p.median_s else 0.0 for p in at),
+                              label="measured")
+        else:
+            here = self._work[(stage, device)].predict(size)
+        kw = {k: v for k, v in self.scale_inputs(stage, device, size).items() if k not in ("work_share", "threads_used",
+                                                                                           "threads")}
+        return here.model_copy(update={"value": self.cpu_scale.seconds(here.value, **kw), "label": "scaled",
+                                       "rel_error": max(here.rel_error, 0.3)})
+
     def scale_inputs(self, stage: str, device: str, size: float) -> dict[str, Any]:
         """What the CPU scale needs to know of ``stage``'s work at ``size``.
 
         ``threads_used`` (CPU time over wall time) of the nearest measured point, the
-        threads it was measured with, and the counted operations and bytes of the
-        nearest counted size (bytes in proportion to the size). A point's CPU time
+        threads it was measured with, and the counted operations (:func:`ops_at`: between
+        the counted sizes around ``size``, so that a loop over more batches is placed
+        by its ops at that size) and bytes of the nearest counted size (bytes in
+        proportion to the size). A point's CPU time
         tells its threads only when each thread had a core: not when it stalled, nor
         when the load average beyond its own threads left a thread without a core (a
         pool thread waiting for one leaves the others spinning or idle, and the call
@@ -330,7 +355,7 @@ class CostModel:
         if sp.work:
             w = min(sp.work, key=lambda w: abs(np.log(w.size / max(size, 1e-9))))
             if w.work.source == "counted":
-                kw["ops"] = w.work.ops
+                kw["ops"] = ops_at(sp.work, size)
                 if w.work.bytes > 0:
                     kw["bytes"] = w.work.bytes * size / w.size
         return kw
@@ -534,6 +559,28 @@ def one_core(p: Point, threads: int, cores: int) -> float | None:
     if threads <= 1 and p.cpu_s and p.load is not None and p.load >= cores - 0.5 and p.cpu_s < fit_value(p):
         return float(p.cpu_s)
     return None
+
+
+def ops_at(work: list, size: float) -> int:
+    """The ops issued at ``size``: read off the counted sizes on either side of it on a
+    log-log line (from the two nearest beyond them, the growth kept between none and in
+    proportion to the size), so that profiles counted at different sizes agree."""
+    pts = sorted({float(w.size): max(int(w.work.ops), 1) for w in work if w.size > 0}.items())
+    if not pts:
+        return max(int(work[0].work.ops), 1) if work else 1
+    if len(pts) == 1 or size <= 0:
+        return min(pts, key=lambda sv: abs(np.log(sv[0] / max(size, 1e-9))))[1]
+    lo = max([i for i, (n, _) in enumerate(pts) if n <= size] or [0])
+    lo = min(lo, len(pts) - 2)
+    (n0, v0), (n1, v1) = pts[lo], pts[lo + 1]
+    slope = min(max((np.log(v1) - np.log(v0)) / (np.log(n1) - np.log(n0)), 0.0), 1.0)
+    return max(int(round(v0 * (size / n0) ** slope)), 1)
+
+
+def work_value(p: Point) -> float:
+    """One core's work per call of a measured CPU point: its time at one thread
+    (``Point.one_core_s``) where taken, else the time it is fitted by (:func:`fit_value`)."""
+    return float(p.one_core_s) if p.one_core_s else fit_value(p)
 
 
 #: the counted work that grows with a batched stage's size (see :meth:`CostModel.described_points`)

@@ -45,9 +45,10 @@ def count_work(fn: Callable[[], Any], *, repeats: int = 7, budget_s: float = 0.5
     """Run ``fn`` (on CPU torch tensors) and count its work.
 
     ``fn`` runs once, and again (up to ``repeats`` times) while the runs fit in
-    ``budget_s`` (twice when the first run took less than ``budget_s``): the counts are one run's, the time outside torch ops read from all
-    the runs' gaps between ops (:func:`outside_of_gaps`; a small stage's seven runs cost
-    milliseconds). The result is the last run's. It runs at one
+    ``budget_s`` (twice when the first run took less than ``budget_s``): the counts are
+    one run's, the time outside torch ops read from all the runs' gaps between ops
+    (:func:`outside_of_gaps`; a small stage's seven runs cost milliseconds). The result
+    is the last run's. It runs at one
     intra-op thread: a thread pool sharing busy cores with the caller slows the
     caller's own work between ops, and the profile's thread count must not change
     what the host of a GPU pays.

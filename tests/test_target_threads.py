@@ -166,6 +166,97 @@ def test_the_time_outside_ops_is_the_median_of_the_counting_runs(monkeypatch):
     from placer.costmodel import counts
 
     readings = iter([330e-6, 0.0, 310e-6, 720e-6, 320e-6, 340e-6, 300e-6])
-    monkeypatch.setattr(counts, "_count_once", lambda fn: (None, Work(ops=13, outside_s=next(readings))))
+    monkeypatch.setattr(counts, "_count_once", lambda fn, gaps=None: (None, Work(ops=13, outside_s=next(readings))))
     _, work = counts.count_work(lambda: None, repeats=7, budget_s=10.0)
     assert work.outside_s == pytest.approx(320e-6)
+
+
+def _parallel_calibration() -> dict:
+    """This machine's calibration against the H200's host: as fast per core on the ops near the
+    dispatch cost (ratio 1), 16x slower on the larger ones (the target's 16 cores split them)."""
+    rows = []
+    for r in H200.cpu.ops:
+        f = 16.0 if r.seconds / (r.ops or 1) >= 1e-4 else 1.0
+        rows.append(OpRow(op=r.op, size=r.size, seconds=f * r.seconds, ops=r.ops, bytes=r.bytes))
+    return CpuDescription(model="Test CPU", cores=2, ops=rows, dispatch_s=H200.cpu.dispatch_s).model_dump(mode="json")
+
+
+def _matmul_bound(threads: int, used: float = 1.0) -> Profile:
+    """A stage of large matrix products (8 ops, ~0.2 ms of one core's work per op) on a quiet
+    machine: at two threads the second core takes 0.8 of the wall time off, and the process's
+    CPU time reads ``used`` of it (1.0: the pool thread's time counted at the scheduler's tick,
+    after the call)."""
+    prof = _profile(threads)
+    prof.machine["cpu_calibration"] = _parallel_calibration()
+    pts = []
+    for n in SIZES:
+        one = ONE_CORE[0] + ONE_CORE[1] * n
+        wall = one if threads == 1 else one / 1.8
+        pts.append(Point(size=n, median_s=wall, iqr_s=0.0, reps=5, raw_times=[wall] * 5, load=0.3,
+                         cpu_s=wall * (1.0 if threads == 1 else used), one_core_s=one if threads == 2 else None))
+    prof.stages["infer"].devices["cpu"].points = pts
+    return prof
+
+
+@pytest.mark.parametrize("used", [1.0, 1.8])
+def test_a_parallel_stage_has_the_same_target_cpu_time_from_one_and_two_threads(used):
+    """One core's work, timed at one thread in a two-thread profile, is scaled as a one-thread
+    profile's is: the 2-thread profile's serial/parallel split (which a one-thread profile
+    cannot read, and which reads a short parallel call as serial) no longer changes it."""
+    one = costs_from_profile(_matmul_bound(1), size=32, describe="h200").target_model
+    two = costs_from_profile(_matmul_bound(2, used), size=32, describe="h200").target_model
+    for n in (8, 32):
+        a, b = one.predict("infer", "cpu", n).value, two.predict("infer", "cpu", n).value
+        assert b == pytest.approx(a, rel=0.05), (n, a, b)
+        # the work is 16x faster on the target's cores, not the per-core ratio's 1x
+        assert a < 0.2 * (ONE_CORE[0] + ONE_CORE[1] * n)
+    # the cause: the split read from the CPU time charged the "serial" part at the per-core ratio
+    kw = {k: v for k, v in two.scale_inputs("infer", "cpu", 32).items() if k != "work_share"}
+    wall = (ONE_CORE[0] + ONE_CORE[1] * 32) / 1.8
+    old = two.cpu_scale.seconds(wall, threads_used=used, threads=2, **kw)
+    assert old > 1.5 * one.predict("infer", "cpu", 32).value
+
+
+def test_a_time_outside_ops_that_creeps_up_with_the_size_at_the_same_calls_is_not_charged_more():
+    """A stage of torch ops alone issues the same calls at every size: its readings (which creep up
+    as large ops evict the caches the Python between them runs in, and jump on a busy machine)
+    give one host time, the median, at every size."""
+    readings = [30e-6, 35e-6, 60e-6, 90e-6, 45e-6, 120e-6]
+    work = [WorkPoint(size=n, work=Work(ops=6, calls=6, outside_s=o)) for n, o in zip(SIZES, readings)]
+    assert smoothed_outside(work) == pytest.approx([52.5e-6] * len(SIZES), rel=1e-9)
+
+
+def test_python_per_step_of_a_loop_grows_with_its_calls():
+    """A training loop over more batches issues more calls and pays its Python per batch: the
+    time outside ops is a fixed cost plus a cost per call, whatever one size's reading."""
+    calls = [60 * n + 10 for n in SIZES]
+    readings = [300e-6 + 10e-6 * c for c in calls]
+    readings[3] *= 1.6  # one size read on a busy machine
+    work = [WorkPoint(size=n, work=Work(ops=c, calls=c, outside_s=o)) for n, c, o in zip(SIZES, calls, readings)]
+    assert smoothed_outside(work) == pytest.approx([300e-6 + 10e-6 * c for c in calls], rel=1e-6)
+
+
+def test_a_two_thread_profile_is_scaled_by_one_cores_work_over_size_not_its_wall_times():
+    """The wall times at two threads on a busy machine jump (the pool waited for a core at some
+    sizes); one core's work, timed beside each point, does not: the target's time at a size
+    between the measured ones follows the latter."""
+    prof = _matmul_bound(2)
+    pts = prof.stages["infer"].devices["cpu"].points
+    for p in pts:
+        if p.size in (4, 16):
+            p.median_s = p.raw_times[0] * 6
+            p.raw_times = [p.median_s] * 5
+    one = costs_from_profile(_matmul_bound(1), size=32, describe="h200").target_model
+    two = costs_from_profile(prof, size=32, describe="h200").target_model
+    for n in (12, 24, 32):
+        assert two.predict("infer", "cpu", n).value == pytest.approx(one.predict("infer", "cpu", n).value, rel=0.05)
+
+
+def test_the_ops_of_a_loop_between_counted_sizes_grow_with_the_size():
+    from placer.costmodel.model import ops_at
+
+    loop = [WorkPoint(size=n, work=Work(ops=40 * n)) for n in (2, 8, 32)]
+    assert ops_at(loop, 16) == 640 and ops_at(loop, 8) == 320 and ops_at(loop, 64) == 2560
+    fixed = [WorkPoint(size=n, work=Work(ops=12)) for n in (2, 8, 32)]
+    assert ops_at(fixed, 16) == 12 and ops_at(fixed, 1000) == 12
+    assert ops_at(loop[:1], 500) == 80

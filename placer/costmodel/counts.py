@@ -27,6 +27,7 @@ cost model charges per op issued.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from typing import Any
 from placer.data.measures import Work
 
 #: the version of what :func:`count_work` measures; counted work of another version is counted again
-VERSION = "5"
+VERSION = "6"
 
 _PREC = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
@@ -44,9 +45,10 @@ def count_work(fn: Callable[[], Any], *, repeats: int = 7, budget_s: float = 0.5
     """Run ``fn`` (on CPU torch tensors) and count its work.
 
     ``fn`` runs once, and again (up to ``repeats`` times) while the runs fit in
-    ``budget_s``: the counts are one run's, the time outside torch ops the median of
-    the runs' (:func:`outside_of`; a small stage's seven runs cost milliseconds).
-    The result is the last run's. It runs at one
+    ``budget_s`` (twice when the first run took less than ``budget_s``): the counts are
+    one run's, the time outside torch ops read from all the runs' gaps between ops
+    (:func:`outside_of_gaps`; a small stage's seven runs cost milliseconds). The result
+    is the last run's. It runs at one
     intra-op thread: a thread pool sharing busy cores with the caller slows the
     caller's own work between ops, and the profile's thread count must not change
     what the host of a GPU pays.
@@ -61,7 +63,8 @@ def count_work(fn: Callable[[], Any], *, repeats: int = 7, budget_s: float = 0.5
     tensor (returning its pages to the system) is torch's work that a GPU's caching
     allocator does not repeat: the counter keeps each large output's storage until
     the first op after everyone else let go of it, so it is freed inside that op's
-    time, not outside.
+    time, not outside. Python's garbage collector is off during a counted run: a
+    collection the counter's own objects set off is no host time of the stage's.
 
     Returns
     -------
@@ -72,12 +75,16 @@ def count_work(fn: Callable[[], Any], *, repeats: int = 7, budget_s: float = 0.5
     """
     def runs():
         t0 = time.perf_counter()
-        result, work = _count_once(fn)
+        gaps: list[list[tuple[str, str, float]]] = [[]]
+        result, work = _count_once(fn, gaps=gaps[-1])
         outside = [work.outside_s]
-        while len(outside) < repeats and (time.perf_counter() - t0) * (len(outside) + 1) / len(outside) <= budget_s:
-            result, again = _count_once(fn)
+        while len(outside) < repeats and (len(outside) < 2 and time.perf_counter() - t0 <= budget_s
+                                          or (time.perf_counter() - t0) * (len(outside) + 1) / len(outside) <= budget_s):
+            gaps.append([])
+            result, again = _count_once(fn, gaps=gaps[-1])
             outside.append(again.outside_s)
-        return result, work.model_copy(update={"outside_s": outside_of(outside)})
+        read = outside_of_gaps(gaps) if all(gaps) else None
+        return result, work.model_copy(update={"outside_s": outside_of(outside) if read is None else read})
 
     return _one_thread(runs)
 
@@ -94,8 +101,43 @@ def outside_of(readings: list[float]) -> float:
     return float(statistics.median(readings)) if readings else 0.0
 
 
-def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
-    """One counted run of ``fn`` (see :func:`count_work`)."""
+#: two readings of one gap between ops that differ by more than this: the higher one stalled
+LUMP_S = 50e-6
+
+
+def outside_of_gaps(runs: list[list[tuple[str, str, float]]]) -> float | None:
+    """The time outside torch ops of several counted runs, from their gaps between ops.
+
+    Each run's gaps are ``(op before, op after, seconds)``: the thread's CPU time between
+    two ops less the counter's measured overhead there (a gap's share of the run's
+    outside time). Noise (a preemption's cache refill, a late page fault, the counter's
+    own first calls) lands in a few gaps of one run, a stage's own Python in the same gaps
+    of every run. With three runs or more of the same gaps, each gap is the median over
+    the runs; with two, their mean, or the less where they differ by more than
+    :data:`LUMP_S` (a stall in one of them); with one, or when the runs' gaps differ (a
+    data-dependent loop), each kind of gap (the ops on either side) is the median of its
+    occurrences, times how often one run has it. Never below zero; None without gaps.
+    """
+    runs = [r for r in runs if r]
+    if not runs:
+        return None
+    same = all([g[:2] for g in r] == [g[:2] for g in runs[0]] for r in runs)
+    if len(runs) >= 3 and same:
+        total = sum(statistics.median(r[i][2] for r in runs) for i in range(len(runs[0])))
+    elif len(runs) == 2 and same:
+        total = sum(min(a[2], b[2]) if abs(a[2] - b[2]) > LUMP_S else (a[2] + b[2]) / 2 for a, b in zip(*runs))
+    else:
+        kinds: dict[tuple[str, str], list[float]] = {}
+        for r in runs:
+            for before, after, sec in r:
+                kinds.setdefault((before, after), []).append(sec)
+        total = sum(statistics.median(v) * len(v) / len(runs) for v in kinds.values())
+    return max(float(total), 0.0)
+
+
+def _count_once(fn: Callable[[], Any], gaps: list[tuple[str, str, float]] | None = None) -> tuple[Any, Work]:
+    """One counted run of ``fn`` (see :func:`count_work`); each gap between ops is appended to
+    ``gaps`` as ``(op before, op after, seconds outside ops)`` (see :func:`outside_of_gaps`)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -103,6 +145,9 @@ def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
 
     tally = {"bytes": 0, "tensor_bytes": 0, "ops": 0, "syncs": 0, "elems": 0, "flops": 0, "prec": {}, "inside": 0.0, "calls": 0,
              "probes": 0.0}
+    # the gap being read: the op before it, where it began, the counter's overhead to take off
+    gap = {"op": "<start>", "t": 0.0, "probe": 0.0}
+    gaps = [] if gaps is None else gaps
     probe = {"on": False, "in": 0.0, "out": 0.0, "x": torch.zeros(1)}
     held: dict[int, Any] = {}  # storages of large outputs, by address: freed inside an op's time
     use_count = torch._C._storage_Use_Count
@@ -124,13 +169,17 @@ def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
                 probe["out"] = clock()
                 return out
             t0 = clock()
+            name = str(func)
+            gaps.append((gap["op"], name, t0 - gap["t"] - gap["probe"]))
             try:
                 release()
                 out = self._count(func, args, kwargs or {})
-                self._probe()
+                gap["probe"] = self._probe()
                 return out
             finally:
-                tally["inside"] += clock() - t0
+                gap["op"] = name
+                gap["t"] = clock()
+                tally["inside"] += gap["t"] - t0
                 tally["calls"] += 1
 
         def _probe(self):
@@ -145,6 +194,7 @@ def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
             finally:
                 probe["on"] = False
             tally["probes"] += (probe["in"] - p0) + (p1 - probe["out"])
+            return (probe["in"] - p0) + (p1 - probe["out"])
 
         def _count(self, func, args, kwargs):
             out = func(*args, **kwargs)
@@ -179,13 +229,19 @@ def _count_once(fn: Callable[[], Any]) -> tuple[Any, Work]:
                     tally["elems"] += t.nelement()
             return out
 
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         with _Counter():
-            t_start = clock()
+            t_start = gap["t"] = clock()
             result = fn()
-            total = clock() - t_start
+            t_end = clock()
+            total = t_end - t_start
     finally:
         held.clear()
+        if collecting:
+            gc.enable()
+    gaps.append((gap["op"], "<end>", t_end - gap["t"] - gap["probe"]))
     prec = max(tally["prec"], key=tally["prec"].get) if tally["prec"] else "fp32"
     work = Work(
         flops=float(tally["flops"]) + float(tally["elems"]),

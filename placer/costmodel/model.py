@@ -100,6 +100,8 @@ class CostModel:
         self._fits: dict[tuple[str, str], SizeFit] = {}
         self._out: dict[str, SizeFit] = {}
         self._peak: dict[tuple[str, str], SizeFit] = {}
+        #: one core's work of the CPU over size, where timed at one thread (a profile at several)
+        self._work: dict[tuple[str, str], SizeFit] = {}
         self.described: dict[str, DeviceDescription] = {}
         #: scales this machine's CPU seconds to the target's CPU (a placer.target.CpuScale)
         self.cpu_scale = cpu_scale
@@ -124,6 +126,8 @@ class CostModel:
             if not pts:
                 continue
             self._fits[(name, dev)] = fit_size_model([p.size for p in pts], [fit_value(p) for p in pts])
+            if self.scaled(dev) and any(p.one_core_s for p in pts):
+                self._work[(name, dev)] = fit_size_model([p.size for p in pts], [work_value(p) for p in pts])
             on_device = getattr(kinds().get(dp.kind), "accelerator", False)  # its memory is the device's
             peak = [(p.size, p.peak_device_bytes if on_device else p.peak_host_bytes) for p in pts]
             peak = [(s, b) for s, b in peak if b is not None and b > 0]
@@ -259,6 +263,8 @@ class CostModel:
                                                          p.fit_spread)})
         dp: DeviceProfile = self.profile.stages[stage].devices[device]
         at = [p for p in dp.points if p.size == size]
+        if (stage, device) in self._work:
+            return self._one_core_scaled(stage, device, size, at)
         if at:
             # for a target, this machine's noise is no part of the stage's cost: the lower quartile
             med = sum(fit_value(p) if self.scaled(device) else p.median_s for p in at) / len(at)
@@ -272,12 +278,31 @@ class CostModel:
         return here.model_copy(update={"value": self.cpu_scale.seconds(here.value, **kw), "label": "scaled",
                                        "rel_error": max(here.rel_error, 0.3)})
 
+    def _one_core_scaled(self, stage: str, device: str, size: float, at: list[Point]) -> Prediction:
+        """The target CPU's time of ``stage`` at ``size`` from one core's work here: timed at one
+        thread beside every point of a profile at several (``Point.one_core_s``), fitted over
+        size (or the points at ``size``), and scaled by the calibration ops like it, as a
+        one-thread profile's time is: what the threads made of it here (their split into
+        serial and parallel time, a pool waiting for a core) is no part of the target's."""
+        if at:
+            value = sum(work_value(p) for p in at) / len(at)
+            here = Prediction(value=value, rel_error=max(p.iqr_s / p.median_s if p.median_s else 0.0 for p in at),
+                              label="measured")
+        else:
+            here = self._work[(stage, device)].predict(size)
+        kw = {k: v for k, v in self.scale_inputs(stage, device, size).items() if k not in ("work_share", "threads_used",
+                                                                                           "threads")}
+        return here.model_copy(update={"value": self.cpu_scale.seconds(here.value, **kw), "label": "scaled",
+                                       "rel_error": max(here.rel_error, 0.3)})
+
     def scale_inputs(self, stage: str, device: str, size: float) -> dict[str, Any]:
         """What the CPU scale needs to know of ``stage``'s work at ``size``.
 
         ``threads_used`` (CPU time over wall time) of the nearest measured point, the
-        threads it was measured with, and the counted operations and bytes of the
-        nearest counted size (bytes in proportion to the size). A point's CPU time
+        threads it was measured with, and the counted operations (:func:`ops_at`: between
+        the counted sizes around ``size``, so that a loop over more batches is placed
+        by its ops at that size) and bytes of the nearest counted size (bytes in
+        proportion to the size). A point's CPU time
         tells its threads only when each thread had a core: not when it stalled, nor
         when the load average beyond its own threads left a thread without a core (a
         pool thread waiting for one leaves the others spinning or idle, and the call
@@ -288,7 +313,15 @@ class CostModel:
         were not told), where less than 1: its threads waited for cores or spun at a
         barrier (a pool's spinning counts as CPU time), and the target is charged the work,
         not the waits, so that profiles at one and at several threads, on a quiet or a
-        busy machine, predict the same.
+        busy machine, predict the same. Where one core's work was timed (``Point.one_core_s``,
+        a profile at several threads), it is that work over the lower quartile (above 1 when
+        the threads worked in parallel) and ``threads_used`` is left out: the target is
+        charged one core's work scaled by the calibration ops like it, as a one-thread
+        profile of the stage is. The split into serial and parallel time that
+        ``threads_used`` would give is not kept: a one-thread profile cannot read it, and
+        read from the process's CPU time it calls short parallel work serial (the CPU time of
+        the pool's other thread is counted at the scheduler's tick, not as it runs), which
+        made a stage's target CPU time differ several-fold between the two profiles.
         """
         kw: dict[str, Any] = {}
         sp = self.profile.stages[stage]
@@ -308,13 +341,22 @@ class CostModel:
                and (one := one_core(p, threads, cores))]
         if pts:
             p, one = min(pts, key=lambda po: abs(np.log(po[0].size / max(size, 1e-9))))
-            busy = fit_value(p) * min(max(kw.get("threads_used", 1.0), 1.0), float(max(threads, 1)))
-            if busy > 0 and one < busy:
-                kw["work_share"] = one / busy
+            if p.one_core_s:
+                # one core's work was timed: scaled as it is, whatever the threads made of it here
+                # (a one-thread profile has no split to read, and a pool thread's CPU time is
+                # counted late, so a short parallel call reads as serial at several threads)
+                kw.pop("threads_used", None)
+                kw.pop("threads", None)
+                if fit_value(p) > 0:
+                    kw["work_share"] = one / fit_value(p)
+            else:
+                busy = fit_value(p) * min(max(kw.get("threads_used", 1.0), 1.0), float(max(threads, 1)))
+                if busy > 0 and one < busy:
+                    kw["work_share"] = one / busy
         if sp.work:
             w = min(sp.work, key=lambda w: abs(np.log(w.size / max(size, 1e-9))))
             if w.work.source == "counted":
-                kw["ops"] = w.work.ops
+                kw["ops"] = ops_at(sp.work, size)
                 if w.work.bytes > 0:
                     kw["bytes"] = w.work.bytes * size / w.size
         return kw
@@ -520,27 +562,73 @@ def one_core(p: Point, threads: int, cores: int) -> float | None:
     return None
 
 
+def ops_at(work: list, size: float) -> int:
+    """The ops issued at ``size``: read off the counted sizes on either side of it on a
+    log-log line (from the two nearest beyond them, the growth kept between none and in
+    proportion to the size), so that profiles counted at different sizes agree."""
+    pts = sorted({float(w.size): max(int(w.work.ops), 1) for w in work if w.size > 0}.items())
+    if not pts:
+        return max(int(work[0].work.ops), 1) if work else 1
+    if len(pts) == 1 or size <= 0:
+        return min(pts, key=lambda sv: abs(np.log(sv[0] / max(size, 1e-9))))[1]
+    lo = max([i for i, (n, _) in enumerate(pts) if n <= size] or [0])
+    lo = min(lo, len(pts) - 2)
+    (n0, v0), (n1, v1) = pts[lo], pts[lo + 1]
+    slope = min(max((np.log(v1) - np.log(v0)) / (np.log(n1) - np.log(n0)), 0.0), 1.0)
+    return max(int(round(v0 * (size / n0) ** slope)), 1)
+
+
+def work_value(p: Point) -> float:
+    """One core's work per call of a measured CPU point: its time at one thread
+    (``Point.one_core_s``) where taken, else the time it is fitted by (:func:`fit_value`)."""
+    return float(p.one_core_s) if p.one_core_s else fit_value(p)
+
+
 #: the counted work that grows with a batched stage's size (see :meth:`CostModel.described_points`)
 _GROWS = ("flops", "bytes", "tensor_flops", "tensor_bytes")
 
 
+#: time outside ops per call below which readings are taken as equal (their noise is about this)
+PER_CALL_FLOOR_S = 1e-6
+
+
 def smoothed_outside(work: list) -> list[float]:
     """Each counted size's time outside torch ops (``Work.outside_s``), read off the robust line
-    through all of them (Theil-Sen: the median of the slopes between every two sizes, and the
-    median intercept), never below zero; with fewer than three counted sizes, the readings.
+    through all of them against the calls dispatched at each size, never below zero; with one
+    counted size, the reading.
 
-    That time is a few microseconds of a thread's CPU time less the counter's measured
-    overhead: on a busy machine one size's reading can be off by tens of microseconds
-    either way (nothing at one size, 25 µs at the next, for one Python call), and a GPU
-    stage's host time does not jump between sizes. Time outside ops is a fixed cost per
-    call plus a cost per item (Python per batch, numpy per element): a line, which a
-    minority of wrong readings does not move. A time exactly in proportion to the size
-    is kept as it is.
+    That time is a few microseconds per call of a thread's CPU time less the counter's
+    measured overhead: on a busy machine one size's reading can be off by tens of
+    microseconds either way, and on any machine the Python between large ops runs in the
+    caches they evicted (a GPU's work evicts nothing), so the readings creep up with the
+    size for a stage of torch ops alone. Neither is host time a GPU run pays: a stage
+    that issues the same calls at every size is charged the median of its readings. Python
+    per step of a loop grows with the calls, and is kept: the line (Theil-Sen: the median
+    of the slopes between every two sizes, and the median intercept) is a fixed cost plus
+    a cost per call, so a training loop over more batches pays it per batch.
+
+    Time outside ops that grows per item whatever the calls (numpy over every element)
+    grows at least as the square root of the size per call over the counted sizes (the
+    median slope between every two of them in logs; readings under
+    :data:`PER_CALL_FLOOR_S` per call count as that): it is read off the same line
+    against the size instead.
     """
     vs = [w.work.outside_s for w in work]
     xs = [float(w.size) for w in work]
-    if len(work) < 3:
+    if len(work) < 2:
         return vs
+    calls = [float(max(w.work.dispatches, 1)) for w in work]
+    per = [max(v / c, PER_CALL_FLOOR_S) for v, c in zip(vs, calls)]
+    grows = [(np.log(per[b]) - np.log(per[a])) / (np.log(xs[b]) - np.log(xs[a]))
+             for a in range(len(xs)) for b in range(a + 1, len(xs)) if xs[a] > 0 and xs[b] > 0 and xs[b] != xs[a]]
+    if grows and float(np.median(grows)) >= 0.5:
+        return vs if len(work) < 3 else _theil_sen(xs, vs)
+    return _theil_sen(calls, vs)
+
+
+def _theil_sen(xs: list[float], vs: list[float]) -> list[float]:
+    """``vs`` read off their Theil-Sen line against ``xs`` (the median where every x is the same),
+    never below zero."""
     slopes = [(vs[b] - vs[a]) / (xs[b] - xs[a]) for a in range(len(xs)) for b in range(a + 1, len(xs))
               if xs[b] != xs[a]]
     slope = float(np.median(slopes)) if slopes else 0.0

@@ -187,9 +187,11 @@ class CpuScale(BaseModel):
         work_share : float, optional
             The share of the measurement's thread-seconds (the wall time times the threads
             it kept busy, one without ``threads_used``) that was work: one core's CPU time
-            at one thread over them, at most 1. Below 1 the threads waited for cores or
-            spun at a pool's barrier; the work, serial and parallel parts alike, is then
-            that share of it.
+            at one thread over them, at most 1 with ``threads_used``. Below 1 the threads
+            waited for cores or spun at a pool's barrier; the work, serial and parallel
+            parts alike, is then that share of it. Without ``threads_used`` it may exceed 1:
+            one core's work over the wall time of a measurement whose threads worked in
+            parallel.
 
         Examples
         --------
@@ -201,9 +203,10 @@ class CpuScale(BaseModel):
         (0.5, 0.125)
         """
         t = max(seconds_here, 1e-12)
-        share = min(max(work_share, 1e-9), 1.0) if work_share is not None else 1.0
+        share = max(work_share, 1e-9) if work_share is not None else 1.0
         if threads_used is None:
             return self.work_ratio(t * share, ops=ops, bytes=bytes) * share
+        share = min(share, 1.0)
         n = max(threads or self.here_threads, 1)
         used = min(max(threads_used, 1.0), float(n))
         par = (used - 1.0) / (n - 1.0) if n > 1 else 1.0  # fraction of the wall time on every thread

@@ -314,3 +314,16 @@ def test_the_whole_run_with_a_cache_fills_it_in_the_first_epoch_and_reads_it_aft
     # a cache not offered leaves the run as it was
     assert dropin.with_cache(run, CacheAdvice("Audio.decode", recommended=False)) is run
     assert dropin.with_cache(run, None) is run
+
+
+def test_a_setting_slow_in_some_runs_is_ranked_by_its_mean_time():
+    from dataclasses import replace
+
+    # the same median, but one run of the user's 10x slower (its threads contended with other work)
+    user = replace(trial(0, 2000.0), run_rates=(2000.0, 200.0, 2100.0))
+    steady = replace(trial(0, 1900.0, tt=1), run_rates=(1900.0, 1950.0, 1880.0))
+    assert user.score == pytest.approx(3 / (1 / 2000 + 1 / 200 + 1 / 2100))
+    assert steady.score > 2 * user.score
+    assert dropin.choose(user, [user, steady], waits=True) is steady
+    # without the run's shape: the steady state's median, as before
+    assert replace(user, run_rates=()).score == 2000.0

@@ -130,9 +130,13 @@ class Trial:
 
     @property
     def score(self) -> float:
-        """What the settings are ranked by: the whole run's samples/s (the median of the runs) where
-        the run's shape is known, else the steady state's."""
-        return float(np.median(self.run_rates)) if self.run_rates else self.samples_per_s
+        """What the settings are ranked by: the whole run's samples/s where the run's shape is known
+        (over the runs' mean time: a setting that is fast in some runs and several times slower in
+        others, e.g. a step's intra-op threads that contend with other work on shared cores, costs
+        the script its mean, not its median), else the steady state's (the median of the runs)."""
+        if not self.run_rates:
+            return self.samples_per_s
+        return len(self.run_rates) / sum(1 / max(r, 1e-12) for r in self.run_rates)
 
     @property
     def scores(self) -> tuple[float, ...]:

@@ -130,7 +130,7 @@ def test_the_drop_in_is_scored_by_running_the_script_with_its_advice_applied(mon
     monkeypatch.setattr(pg, "run_script", fake)
     a = type("A", (), dict(quick=True, advise=True, score=[], repeats=1, final_rounds=3, top=1, timeout_s=9,
                            gpu=False))()
-    doc = pg.bench_script("mlp_big_train", a, PLAIN, lambda m: None)
+    doc = pg.bench_script("audio_cache_train", a, PLAIN, lambda m: None)
     dropin = [c for c in calls if c[0] == pg.DROPIN]
     assert len(dropin) == 3 and all(c[1] == ["--placer-advice"] and c[2] for c in dropin)
     # and the settings of one advice run before the grid, as the script's flags in a new process
@@ -142,5 +142,9 @@ def test_the_drop_in_is_scored_by_running_the_script_with_its_advice_applied(mon
     c = doc["claimed_vs_measured"]
     assert c["claimed"] == 2.8 and c["measured"] == pytest.approx(3.0) and c["within"]
     assert [d["settings"] for d in doc["advice"]] == ["0 workers, torch threads 1, cache"] * 3
+    # a script without a --cache flag cannot run a cache as flags: scored as applied only
+    calls.clear()
+    table = pg.bench_script("table_train", a, PLAIN, lambda m: None)
+    assert not any(c[0].startswith("drop-in settings") for c in calls) and table["final"][pg.DROPIN]["ok"] == 3
     assert "advice applied" in pg.markdown({"machine": "m", "mode": "quick", "load_start": [1], "load_end": [1],
                                             "seconds": 1, "command": "c", "scripts": [doc]})

@@ -145,6 +145,6 @@ def test_the_drop_in_is_scored_by_running_the_script_with_its_advice_applied(mon
     # a script without a --cache flag cannot run a cache as flags: scored as applied only
     calls.clear()
     table = pg.bench_script("table_train", a, PLAIN, lambda m: None)
-    assert not any(c[0].startswith("drop-in settings") for c in calls) and table["final"][pg.DROPIN]["ok"] == 3
+    assert not any((c[0] or "").startswith("drop-in settings") for c in calls) and table["final"][pg.DROPIN]["ok"] == 3
     assert "advice applied" in pg.markdown({"machine": "m", "mode": "quick", "load_start": [1], "load_end": [1],
                                             "seconds": 1, "command": "c", "scripts": [doc]})

@@ -327,3 +327,19 @@ def test_a_setting_slow_in_some_runs_is_ranked_by_its_mean_time():
     assert dropin.choose(user, [user, steady], waits=True) is steady
     # without the run's shape: the steady state's median, as before
     assert replace(user, run_rates=()).score == 2000.0
+
+
+def test_a_cache_that_would_not_make_the_users_run_faster_is_not_offered():
+    from placer.stream.dataset_cache import CacheAdvice
+
+    user = trial(0, 80.0, first=0.1)
+    cache = CacheAdvice("Arrays.load", uncached_s=[1.0], fill_s=1.2, cached_s=[0.3], recommended=True)
+    # one epoch: it only fills the cache (1.2x the time), and nothing reads it
+    one = dropin.whole_run(user, user, [user], None, epochs=1, batches=10)
+    run, kept = dropin._cache_over_the_run(one, cache)
+    assert run is one and not kept.recommended and "1 epoch x 10 batches" in kept.reason
+    assert cache.recommended  # the search's own finding is left as it was
+    # three epochs: 1.2 + 2 x 0.3 of 3: offered, and in the claim
+    three = dropin.whole_run(user, user, [user], None, epochs=3, batches=10)
+    run, kept = dropin._cache_over_the_run(three, cache)
+    assert kept is cache and kept.recommended and run["speedup"] == pytest.approx(3 / 1.8, rel=1e-3)

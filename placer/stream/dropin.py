@@ -769,7 +769,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
             run = whole_run(mine, best, trials, (longer[0], longer[0], longer[2]), epochs=epochs, batches=per_epoch)
             if threads is not None:
                 threads["helped"] = False
-    run = with_cache(run, cache)
+    run, cache = _cache_over_the_run(run, cache)
     advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
     advice.budget_s, advice.within_noise, advice.cache = budget_s, noise, cache
     advice.whole_run, advice.confirmed = run, confirmed
@@ -968,6 +968,20 @@ def with_cache(run: dict[str, Any] | None, cache: Any) -> dict[str, Any] | None:
             "recommended_s": round(best_s, 3), "speedup": round(run["user_s"] / max(best_s, 1e-12), 3),
             "recommended_samples_per_s": round(samples / best_s, 2),
             "cache": {"fill": round(fill, 4), "hit": round(hit, 4)}}
+
+
+def _cache_over_the_run(run: dict[str, Any] | None, cache: Any) -> tuple[dict[str, Any] | None, Any]:
+    """The whole run with the cache (:func:`with_cache`), when the cache makes it ``MIN_GAIN`` faster;
+    otherwise the cache is not offered (``recommended`` False, and why): over a run of one epoch, or
+    of a few short ones, filling the cache costs more than reading it saves."""
+    cached = with_cache(run, cache)
+    if cached is run or cached["recommended_s"] * (1 + MIN_GAIN) <= cached["settings_recommended_s"]:
+        return cached, cache
+    n = run["epochs"]
+    why = (f"over your run ({n} epoch{'s' if n != 1 else ''} x {run['batches']} batches) it would take "
+           f"{cached['recommended_s']:.2f} s against {run['recommended_s']:.2f} s without it: filling it costs "
+           "more than reading it saves")
+    return run, replace(cache, recommended=False, reason=why)
 
 
 #: the knobs of a loader setting, as :func:`decided_by` names them

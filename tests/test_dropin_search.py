@@ -343,3 +343,15 @@ def test_a_cache_that_would_not_make_the_users_run_faster_is_not_offered():
     three = dropin.whole_run(user, user, [user], None, epochs=3, batches=10)
     run, kept = dropin._cache_over_the_run(three, cache)
     assert kept is cache and kept.recommended and run["speedup"] == pytest.approx(3 / 1.8, rel=1e-3)
+
+
+def test_filling_a_cache_is_never_counted_faster_than_not_caching():
+    from placer.stream.dataset_cache import CacheAdvice
+
+    user = trial(0, 80.0, first=0.1)
+    # the filling pass happened to measure faster than the uncached ones (noise): one epoch gains nothing
+    cache = CacheAdvice("Arrays.load", uncached_s=[1.0, 1.1], fill_s=0.4, cached_s=[0.3], recommended=True)
+    one = dropin.whole_run(user, user, [user], None, epochs=1, batches=10)
+    assert dropin.with_cache(one, cache)["cache"]["fill"] == 1.0
+    run, kept = dropin._cache_over_the_run(one, cache)
+    assert run is one and not kept.recommended

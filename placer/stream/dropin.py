@@ -959,7 +959,9 @@ def with_cache(run: dict[str, Any] | None, cache: Any) -> dict[str, Any] | None:
             or cache.fill_s is None:
         return run
     uncached = float(np.median(cache.uncached_s))
-    fill, hit = cache.fill_s / max(uncached, 1e-12), float(np.median(cache.cached_s)) / max(uncached, 1e-12)
+    # filling does an uncached epoch's work and stores it: a fill measured faster is the machine's noise
+    fill = max(1.0, cache.fill_s / max(uncached, 1e-12))
+    hit = float(np.median(cache.cached_s)) / max(uncached, 1e-12)
     costs = RunCosts(**{k: run["recommended_costs"][k] for k in
                         ("start_s", "per_batch_s", "close_s", "refill_s", "persistent")})
     best_s = cached_run_seconds(costs, epochs=run["epochs"], batches=run["batches"], fill=fill, hit=hit)

@@ -21,9 +21,16 @@ subprocess:
    round (the grid's best is a maximum over many noisy cells, which flatters it,
    so it is re-measured beside the scored ones).
 
-Configurations to score: ``--advise`` runs each script that has a
-``--placer-advice`` flag once with it (the drop-in, ``placer.stream.advise_loader``,
-applied as a user would) and scores the settings it recommended; ``--score``
+Configurations to score: ``--advise`` adds, for each script that has a
+``--placer-advice`` flag, the script run with it in every final round: the drop-in
+(``placer.stream.advise_loader``) measures and advises first, then the script's loop runs
+with the advice applied as a user would (``advice.loader()``: its settings, its cache, its
+thread-pool loader, its step threads), timed by the script's own clock as every other run
+(the advice's own time is left out, but its runs have warmed the process up); its claimed
+speed-up is compared with the one the same rounds measured against the script as written.
+``--advise`` also runs the script with ``--placer-advice`` once before the grid and scores
+the settings it recommended written as the script's flags (cache and thread-pool loader
+included), each in a new process, as a user who edits the script would run them. ``--score``
 adds any other, e.g. the pipeline form's choice written as the script's flags:
 ``--score "images_train:pipeline=--num-workers 2 --worker-kind thread --prefetch-factor 4"``.
 Every run's digest is checked against the run as written: a setting must not change
@@ -140,7 +147,8 @@ def config_from_advice(advice: dict) -> Config:
     return Config(num_workers=w, worker_kind="thread" if threads else "process",
                   prefetch_factor=advice.get("prefetch_factor") if w else None,
                   persistent_workers=bool(w and not threads and advice.get("persistent_workers")),
-                  pin_memory=bool(advice.get("pin_memory")), threads=advice.get("torch_threads"))
+                  pin_memory=bool(advice.get("pin_memory")), threads=advice.get("torch_threads"),
+                  cache=bool(advice.get("cache")))
 
 
 def grid(script: str, cores: int, gpu: bool) -> list[Config]:
@@ -230,16 +238,25 @@ def stats(runs: list[Run]) -> dict:
             "max": round(max(rates), 2), "spread": round((max(rates) - min(rates)) / med, 3)}
 
 
-def interleaved(script: str, configs: dict[str, Config], rounds: int, *, base, phase, timeout_s, seed,
-                log) -> dict[str, list[Run]]:
-    """``rounds`` rounds, each running every configuration once in a shuffled order."""
+#: the final comparison's entry for the drop-in: the script with ``--placer-advice`` (advice applied)
+DROPIN = "drop-in: advice applied"
+
+
+def interleaved(script: str, configs: dict[str, Config | None], rounds: int, *, base, phase, timeout_s, seed,
+                log, extras: dict[str, list[str]] | None = None) -> dict[str, list[Run]]:
+    """``rounds`` rounds, each running every configuration once in a shuffled order.
+
+    ``extras``: more flags for some entries (e.g. ``--placer-advice``); their output is kept.
+    """
+    extras = extras or {}
     runs: dict[str, list[Run]] = {k: [] for k in configs}
     rng = random.Random(seed)
     for r in range(rounds):
         order = list(configs)
         rng.shuffle(order)
         for k in order:
-            run = run_script(script, configs[k], base=base, phase=phase, timeout_s=timeout_s, label=k)
+            run = run_script(script, configs[k], base=base, phase=phase, timeout_s=timeout_s, label=k,
+                             extra=extras.get(k, []), keep_output=k in extras)
             runs[k].append(run)
             log(f"  {phase} round {r + 1}/{rounds} {k}: "
                 + (f"{run.samples_per_s:,.1f} samples/s" if run.ok else f"FAILED {run.error[-200:]!r}"))
@@ -254,21 +271,25 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
     if not ref.ok:
         log(f"  FAILED: {ref.error}")
         return {"script": script, "reference": asdict(ref), "error": "the script as written failed"}
-    scored: dict[str, Config] = {}
-    advice_runs = []
-    claimed: float | None = None
-    dropin_key: str | None = None
+    scored: dict[str, Config | None] = {}
+    extras: dict[str, list[str]] = {}
+    settings_key: str | None = None
+    before: Run | None = None
     if a.advise and "--placer-advice" in (PLAIN / f"{script}.py").read_text():
-        log(f"{script}: the drop-in (--placer-advice)")
-        adv = run_script(script, None, base=base, phase="advice", timeout_s=a.timeout_s,
-                         extra=["--placer-advice"], label="drop-in run", keep_output=True)
-        advice_runs.append(adv)
-        if adv.ok and adv.advice:
-            dropin_key = "drop-in: " + config_from_advice(adv.advice).label()
-            scored[dropin_key] = config_from_advice(adv.advice)
-            claimed = adv.advice.get("claimed_speedup")
+        scored[DROPIN], extras[DROPIN] = None, ["--placer-advice"]
+        # and its settings written as the script's flags, as a user who edits the script runs them (a new
+        # process: nothing warmed up by the advice's own runs)
+        log(f"{script}: the drop-in's settings (--placer-advice once)")
+        before = run_script(script, None, base=base, phase="advice", timeout_s=a.timeout_s,
+                            extra=["--placer-advice"], label="drop-in run", keep_output=True)
+        if before.ok and before.advice and before.advice.get("cache") and not SCRIPTS[script]["cache"]:
+            log("  its settings include a cache inside the dataset, which this script has no flag for: "
+                "scored as applied only")
+        elif before.ok and before.advice:
+            settings_key = "drop-in settings: " + config_from_advice(before.advice).label()
+            scored[settings_key] = config_from_advice(before.advice)
         else:
-            log(f"  the drop-in run FAILED: {adv.error}")
+            log(f"  the drop-in run FAILED: {before.error}")
     for spec in a.score:
         name, _, rest = spec.partition(":")
         if name == script:
@@ -286,19 +307,30 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
              **scored}
     log(f"{script}: final comparison of {len(final)} configurations x {a.final_rounds} rounds")
     final_runs = interleaved(script, final, a.final_rounds, base=base, phase="final", timeout_s=a.timeout_s,
-                             seed=2, log=log)
+                             seed=2, log=log, extras=extras)
     final_table = {k: stats(v) for k, v in final_runs.items()}
     best = max((s["median"] for k, s in final_table.items() if k.startswith("grid #") and s["median"]), default=None)
     scores = {k: (round(final_table[k]["median"] / best, 3) if best and final_table[k]["median"] else None)
               for k in final_table}
-    every = [r for v in [*grid_runs.values(), *final_runs.values()] for r in v] + advice_runs
-    claim = claim_check(claimed, final_runs.get(dropin_key, []), final_runs["as written"]) if dropin_key else None
+    every = [r for v in [*grid_runs.values(), *final_runs.values()] for r in v] + ([before] if before else [])
+    dropin = final_runs.get(DROPIN, [])
+    claim = claim_check(dropin, final_runs["as written"]) if dropin else None
+    claim_settings = claim_check(final_runs[settings_key], final_runs["as written"],
+                                 claims=[before.advice["claimed_speedup"]]) if settings_key else None
+    advice_runs = [r for r in dropin if r.output]
     mismatched = sorted({r.label for r in every if r.ok and r.digest != ref.digest})
     failed = sorted({r.label for r in every if not r.ok})
     return {"script": script, "reference": asdict(ref), "grid": table, "final": final_table,
-            "score_vs_grid_best": scores, "scored": {k: asdict(v) for k, v in scored.items()},
+            "score_vs_grid_best": scores,
+            "scored": {k: (asdict(v) if v is not None else {"flags": extras.get(k)}) for k, v in scored.items()},
+            "advice": [{"round": i + 1, **(r.advice or {}),
+                        "settings": config_from_advice(r.advice).label() if r.advice else None}
+                       for i, r in enumerate(dropin)],
             "digest_mismatch": mismatched, "failed": failed,
             "advice_output": [r.output for r in advice_runs], "claimed_vs_measured": claim,
+            "claimed_vs_measured_settings": claim_settings,
+            "advice_before": ({**before.advice, "settings": settings_key, "output": before.output}
+                              if before and before.ok and before.advice else None),
             "runs": [asdict(r) | {"output": None} for r in every]}
 
 
@@ -306,19 +338,23 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
 CLAIM_TOLERANCE = 0.20
 
 
-def claim_check(claimed: float | None, dropin: list[Run], written: list[Run]) -> dict | None:
-    """The drop-in's claimed speed-up against the one the script measured: its runs with the
-    recommended settings over its runs as written, both of the final comparison (interleaved, so
-    each ratio is taken under one load). ``ratio``: claimed over measured (median of the runs)."""
+def claim_check(dropin: list[Run], written: list[Run], claims: list[float] | None = None) -> dict | None:
+    """The drop-in's claimed speed-up against the one the script measured: its loop with the advice
+    applied over the script as written, both of the final comparison (interleaved, so each ratio is
+    taken under one load). ``claimed``: the median of the claims of its runs (each run advises
+    anew; ``claims`` given: those); ``ratio``: claimed over measured (medians of the runs)."""
+    claims = claims or [r.advice["claimed_speedup"] for r in dropin if r.ok and r.advice]
     a = [r.samples_per_s for r in dropin if r.ok]
     b = [r.samples_per_s for r in written if r.ok]
-    if claimed is None or not a or not b:
+    if not claims or not a or not b:
         return None
+    claimed = round(statistics.median(claims), 3)
     measured = statistics.median(a) / statistics.median(b)
     pairs = [x.samples_per_s / y.samples_per_s for x, y in zip(dropin, written) if x.ok and y.ok]
     loads = [r.load for r in [*dropin, *written] if r.load is not None]
     return {"claimed": claimed, "measured": round(measured, 3), "ratio": round(claimed / measured, 3),
             "within": abs(claimed / measured - 1) <= CLAIM_TOLERANCE, "per_round": [round(p, 3) for p in pairs],
+            "claims": claims,
             "load": [min(loads), max(loads)] if loads else None}
 
 
@@ -339,14 +375,20 @@ def markdown(doc: dict) -> str:
              f"{doc['seconds']:.0f} s in all. Command: `{doc['command']}`.", "",
              "Samples/s of each script's own loop (its epochs, worker start-up included), median of the "
              "runs with the lowest and highest; spread = (max - min) / median.", ""]
-    claims = [(s["script"], s["claimed_vs_measured"]) for s in doc["scripts"] if s.get("claimed_vs_measured")]
+    claims = [(s["script"], what, s[key]) for s in doc["scripts"]
+              for key, what in (("claimed_vs_measured", "advice applied"),
+                                ("claimed_vs_measured_settings", "its settings as flags"))
+              if s.get(key)]
     if claims:
         lines += ["The drop-in's claimed speed-up (its whole-run prediction) against the script's own, measured "
-                  "in the final comparison (the recommended settings over the script as written, interleaved):", "",
-                  "| script | claimed | measured | claimed / measured | within 20 % | load |",
-                  "|---|---|---|---|---|---|"]
-        for name, c in claims:
-            lines.append(f"| {name} | {c['claimed']:.2f}x | {c['measured']:.2f}x | {c['ratio']:.2f} | "
+                  "in the final comparison (interleaved, over the script as written): *advice applied* runs the "
+                  "script with --placer-advice (it advises anew each run, then its loop runs with advice.loader() "
+                  "and the step threads it recommends, after the advice's runs warmed the process up); *its "
+                  "settings as flags* runs, in a new process, the settings of one advice run before the grid:", "",
+                  "| script | scored | claimed | measured | claimed / measured | within 20 % | load |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, what, c in claims:
+            lines.append(f"| {name} | {what} | {c['claimed']:.2f}x | {c['measured']:.2f}x | {c['ratio']:.2f} | "
                          f"{'yes' if c['within'] else 'no'} | {c['load']} |")
         lines.append("")
     for s in doc["scripts"]:
@@ -366,9 +408,14 @@ def markdown(doc: dict) -> str:
         for k, g in sorted(s["final"].items(), key=lambda kv: -(kv[1]["median"] or 0)):
             lines.append(f"| {k} | {_rate(g['median'])} | {_rate(g['min'])}–{_rate(g['max'])} | "
                          f"{s['score_vs_grid_best'].get(k)} | {g['ok']}/{g['runs']} |")
-        c = s.get("claimed_vs_measured")
-        if c:
-            lines += ["", f"The drop-in claimed {c['claimed']:.2f}x; the script measured {c['measured']:.2f}x "
+        for key, what in (("claimed_vs_measured", "advice applied"),
+                          ("claimed_vs_measured_settings", "its settings as flags")):
+            c = s.get(key)
+            if not c:
+                continue
+            lines += ["", f"{what}: the drop-in claimed {c['claimed']:.2f}x (its runs: "
+                      f"{', '.join(f'{x:.2f}x' for x in c.get('claims', []))}); the script measured "
+                      f"{c['measured']:.2f}x "
                       f"(rounds: {', '.join(f'{p:.2f}x' for p in c['per_round'])}; load {c['load']}): "
                       f"claimed / measured {c['ratio']:.2f}, "
                       + ("within" if c["within"] else "NOT within") + f" {CLAIM_TOLERANCE:.0%}"]
@@ -376,7 +423,12 @@ def markdown(doc: dict) -> str:
                   + ("every run" if not s["digest_mismatch"] else "NOT for " + "; ".join(s["digest_mismatch"]))]
         if s["failed"]:
             lines.append(f"Failed: {'; '.join(s['failed'])}")
-        for out in s["advice_output"]:
+        if s.get("advice"):
+            lines += ["", "The drop-in's advice in each final round (it advises anew every run):", ""]
+            lines += [f"- round {d['round']}: {d['settings'] or 'FAILED'}"
+                      + (f", claimed {d['claimed_speedup']:.2f}x" if d.get("claimed_speedup") else "")
+                for d in s["advice"]]
+        for out in s["advice_output"][:1]:
             if out:
                 text = "\n".join(line for line in out.splitlines() if not line.startswith("{"))
                 lines += ["", "The drop-in's advice as printed:", "", "```", text.strip(), "```"]

@@ -240,11 +240,16 @@ def test_the_drop_in_offers_to_cache_the_audio_decode_and_its_loader_gives_the_s
             model(batch[0])
 
     random.seed(0)
-    advice = advise_loader(loader, step, batches=4, budget_s=16)
+    advice = advise_loader(loader, step, batches=4, budget_s=16, epochs=3)
     assert advice.cache is not None and advice.cache.method == "Clips.features", advice.cache
     assert advice.cache.recommended, advice.cache.reason
     assert "`Clips.features` is" in str(advice) and "makes epochs 2+" in str(advice)
     assert advice.as_dict()["cache"]["recommended"] is True
+    # the whole run it claims (3 epochs) has the cache in it: filled in the first, read in the other two
+    w = advice.whole_run
+    assert w["cache"]["hit"] < 1 and w["speedup"] == pytest.approx(
+        w["settings_speedup"] * w["settings_recommended_s"] / w["recommended_s"], rel=1e-2)
+    assert w["recommended_s"] < w["settings_recommended_s"] and "with the cache (advice.loader())" in str(advice)
     tuned = advice.loader()
     assert isinstance(tuned.dataset, mod.Clips) and tuned.dataset is not ds
 

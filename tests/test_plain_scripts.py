@@ -98,3 +98,53 @@ def test_grid_cells_are_the_scripts_flags():
     threads = {**advice, "worker_kind": "threads", "worker_threads": True, "persistent_workers": False}
     assert plain_grid.config_from_advice(threads).args() == [
         "--num-workers", "2", "--worker-kind", "thread", "--prefetch-factor", "4", "--threads", "1"]
+
+
+def _plain_grid():
+    sys.path.insert(0, str(PLAIN.parent))
+    try:
+        import plain_grid
+    finally:
+        sys.path.remove(str(PLAIN.parent))
+    return plain_grid
+
+
+def test_the_drop_in_is_scored_by_running_the_script_with_its_advice_applied(monkeypatch):
+    """Each final round runs the script with --placer-advice (the advice applied by the script, cache
+    and thread loader included), interleaved with the grid's best and the script as written; the claim
+    is checked against the same rounds."""
+    pg = _plain_grid()
+    calls = []
+    rates = {"as written": 100.0, pg.DROPIN: 300.0}
+
+    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False):
+        calls.append((label, list(extra), keep_output))
+        if label and label.startswith("drop-in settings"):
+            assert config.args() == ["--threads", "1", "--cache"]
+        rate = rates.get(label, 250.0)
+        advice = {"num_workers": 0, "torch_threads": 1, "cache": True, "claimed_speedup": 2.8} \
+            if "--placer-advice" in extra else None
+        return pg.Run(script, label, list(extra), phase, 1.0, True, seconds=1.0, samples_per_s=rate, digest="d",
+                      advice=advice, output="advice text" if keep_output else None, load=1.0)
+
+    monkeypatch.setattr(pg, "run_script", fake)
+    a = type("A", (), dict(quick=True, advise=True, score=[], repeats=1, final_rounds=3, top=1, timeout_s=9,
+                           gpu=False))()
+    doc = pg.bench_script("audio_cache_train", a, PLAIN, lambda m: None)
+    dropin = [c for c in calls if c[0] == pg.DROPIN]
+    assert len(dropin) == 3 and all(c[1] == ["--placer-advice"] and c[2] for c in dropin)
+    # and the settings of one advice run before the grid, as the script's flags in a new process
+    key = "drop-in settings: 0 workers, torch threads 1, cache"
+    assert [c[0] for c in calls].count(key) == 3 and doc["scored"][key]["cache"]
+    assert doc["claimed_vs_measured_settings"]["measured"] == pytest.approx(2.5)
+    assert doc["final"][pg.DROPIN]["median"] == 300.0
+    assert doc["score_vs_grid_best"][pg.DROPIN] == pytest.approx(300 / 250)
+    c = doc["claimed_vs_measured"]
+    assert c["claimed"] == 2.8 and c["measured"] == pytest.approx(3.0) and c["within"]
+    assert [d["settings"] for d in doc["advice"]] == ["0 workers, torch threads 1, cache"] * 3
+    # a script without a --cache flag cannot run a cache as flags: scored as applied only
+    calls.clear()
+    table = pg.bench_script("table_train", a, PLAIN, lambda m: None)
+    assert not any((c[0] or "").startswith("drop-in settings") for c in calls) and table["final"][pg.DROPIN]["ok"] == 3
+    assert "advice applied" in pg.markdown({"machine": "m", "mode": "quick", "load_start": [1], "load_end": [1],
+                                            "seconds": 1, "command": "c", "scripts": [doc]})

@@ -122,6 +122,9 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None, help="where the arrays are (written on the first run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--placer-advice", action="store_true", help="ask placer.stream.advise_loader first")
+    ap.add_argument("--placer-target", default=None, metavar="NAME",
+                    help="ask placer.stream.advise_loader first, also planning for a described machine "
+                         "(e.g. h200: its numbers are predictions for that machine)")
     args = ap.parse_args()
 
     if args.threads:
@@ -155,14 +158,16 @@ def main() -> None:
             return model(x).argmax(1)
 
     advice = None
-    if args.placer_advice:
+    if args.placer_advice or args.placer_target:
         import placer.stream
-        advised = placer.stream.advise_loader(loader, predict, batches=20, budget_s=60, epochs=args.epochs)
+        advised = placer.stream.advise_loader(loader, predict, batches=20, budget_s=60, epochs=args.epochs,
+                                              target=args.placer_target)
         print(advised)
         loader = advised.loader()
         torch.set_num_threads(advised.recommended.settings.torch_threads)
         advice = {**advised.recommended.settings.as_dict(), "seconds": round(advised.seconds, 2),
-                  "claimed_speedup": round(advised.speedup, 3)}
+                  "claimed_speedup": round(advised.speedup, 3),
+                  "cache": bool(advised.cache is not None and advised.cache.recommended)}
 
     digest = hashlib.blake2b(digest_size=16)
     counts = np.zeros(10, dtype=np.int64)

@@ -119,10 +119,29 @@ class Trial:
     #: every batch read (warm-up included), and the seconds from ``iter(loader)`` to the last one's step
     read: int = field(default=0, compare=False)
     read_s: float = field(default=0.0, compare=False)
+    #: samples/s of the script's whole run (its epochs x batches: start-up, epoch ends and the steady
+    #: state) as each run of these settings predicts it (:func:`run_rate`); empty when the run's shape
+    #: is unknown (an iterable dataset without a length)
+    run_rates: tuple[float, ...] = field(default=(), compare=False)
 
     @property
     def rates(self) -> tuple[float, ...]:
         return self.repeats or (self.samples_per_s,)
+
+    @property
+    def score(self) -> float:
+        """What the settings are ranked by: the whole run's samples/s where the run's shape is known
+        (over the runs' mean time: a setting that is fast in some runs and several times slower in
+        others, e.g. a step's intra-op threads that contend with other work on shared cores, costs
+        the script its mean, not its median), else the steady state's (the median of the runs)."""
+        if not self.run_rates:
+            return self.samples_per_s
+        return len(self.run_rates) / sum(1 / max(r, 1e-12) for r in self.run_rates)
+
+    @property
+    def scores(self) -> tuple[float, ...]:
+        """Each run's :attr:`score`, in the order run."""
+        return self.run_rates or self.rates
 
     @property
     def spread(self) -> float:
@@ -135,7 +154,7 @@ class Trial:
                 "first_batch_s": round(self.first_batch_s, 4), "fetch_fraction": round(self.fetch_fraction, 4),
                 "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4),
                 "repeats": [round(r, 2) for r in self.rates], "spread": round(self.spread, 4),
-                "close_s": round(self.close_s, 4)}
+                "close_s": round(self.close_s, 4), "run_rates": [round(r, 2) for r in self.run_rates]}
 
 
 def merged(first: Trial, more: list[Trial]) -> Trial:
@@ -150,7 +169,7 @@ def merged(first: Trial, more: list[Trial]) -> Trial:
                    read=min(t.read for t in runs), read_s=float(np.median([t.read_s for t in runs])),
                    fetch_fraction=float(np.mean([t.fetch_fraction for t in runs])),
                    batches=sum(t.batches for t in runs), samples=sum(t.samples for t in runs),
-                   seconds=sum(t.seconds for t in runs))
+                   seconds=sum(t.seconds for t in runs), run_rates=tuple(r for t in runs for r in t.run_rates))
 
 
 @dataclass
@@ -581,6 +600,8 @@ class _Budget:
         self.runs = runs
         self.fixed_s = 0.0
         self.walls: list[float] = []
+        #: the script's run (epochs, batches an epoch), when known: each run predicts its whole run
+        self.shape: tuple[int, int] | None = None
 
     def deadline(self) -> Deadline:
         share = self.total.left() / max(self.runs, 1)
@@ -648,10 +669,14 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     -----
     Every setting is run once; then the user's settings, the few fastest and the
     cheapest near the fastest run ``REPEATS`` times in all, interleaved (one run of each
-    per round), so that the machine's drift falls on all of them alike. A setting is
-    recommended only when its median beats the user's by ``MIN_GAIN`` and its slowest
-    run beats the user's fastest (the gain exceeds the spread); otherwise the advice
-    keeps the user's settings and says the difference is within noise.
+    per round), so that the machine's drift falls on all of them alike. Settings are
+    ranked by the script's whole run as each run predicts it (:func:`run_rate`: start-up,
+    epoch ends and the steady state over ``epochs`` x the loader's batches), where the
+    loader's length is known. A setting is recommended only when its median beats the
+    user's by ``MIN_GAIN`` and the gain exceeds the noise (:func:`beats`: its slowest run
+    beats the user's fastest, or each of its runs beats the user's of the same round);
+    otherwise the advice keeps the user's settings and says the difference is within noise.
+    A cache the advice offers is in the whole run it claims (:func:`with_cache`).
 
     The space: worker processes 0, 1, 2 and the cores, thread workers 2 and the cores
     (a :class:`~placer.stream.threadloader.ThreadLoader`), then more workers of each kind
@@ -700,6 +725,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     budget = _Budget(budget_s * (1 - CONFIRM_SHARE),
                      runs=3 + len(cands) + more_runs + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 3))
     count = counter_of(loader)
+    per_epoch = _length(loader)
+    budget.shape = (epochs, per_epoch) if per_epoch else None
     with _random_state_kept(loader):
         kept: list = []
         mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept, count=count))
@@ -727,12 +754,11 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
                         **({"samples_per_s": round(top.samples_per_s, 2)} if top is not None else {})}
         if best is not mine and best.settings.num_workers and not best.settings.worker_threads:
             best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
-        per_epoch = _length(loader)
         longer = None
         if best is not mine:
             n = max(batches, min(CONFIRM_LENGTH * batches, per_epoch or CONFIRM_LENGTH * batches))
             rest = _Budget(max(budget_s + cache_s - took.spent(), 0.0), 2 * CONFIRM_ROUNDS)
-            rest.fixed_s = budget.fixed_s
+            rest.fixed_s, rest.shape = budget.fixed_s, budget.shape
             longer = confirm(loader, mine, best, step, n, dev, rest, count)
     run = whole_run(mine, best, trials, longer, epochs=epochs, batches=per_epoch)
     confirmed = None
@@ -751,6 +777,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
             run = whole_run(mine, best, trials, (longer[0], longer[0], longer[2]), epochs=epochs, batches=per_epoch)
             if threads is not None:
                 threads["helped"] = False
+    run, cache = _cache_over_the_run(run, cache)
     advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
     advice.budget_s, advice.within_noise, advice.cache = budget_s, noise, cache
     advice.whole_run, advice.confirmed = run, confirmed
@@ -801,7 +828,7 @@ def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: i
     first round and the setting the first round chose. Returns ``trials`` with each
     finalist's runs merged (:func:`merged`), in the same order.
     """
-    ranked = sorted(trials[1:], key=lambda t: -t.samples_per_s)
+    ranked = sorted(trials[1:], key=lambda t: -t.score)
     finalists = [trials[0], *[t for t in ranked[:FINALISTS]]]
     same = [t for t in ranked if (t.settings.num_workers, t.settings.prefetch_factor, t.settings.pin_memory)
             == (trials[0].settings.num_workers, trials[0].settings.prefetch_factor, trials[0].settings.pin_memory)]
@@ -843,7 +870,7 @@ def _widen(loader: Any, trials: list[Trial], step: Any, batches: int, dev: Devic
             break
         for s in more:
             attempt(s)
-    fastest = max((t for t in trials if t.settings.num_workers), key=lambda t: t.samples_per_s, default=None)
+    fastest = max((t for t in trials if t.settings.num_workers), key=lambda t: t.score, default=None)
     if fastest is not None:
         for s in prefetch_depths(fastest.settings, [t.settings for t in trials]):
             attempt(s)
@@ -934,6 +961,44 @@ def whole_run(user: Trial, best: Trial, trials: list[Trial], longer: tuple[Trial
     return out
 
 
+def with_cache(run: dict[str, Any] | None, cache: Any) -> dict[str, Any] | None:
+    """The whole run with the cache the advice offers (``advice.loader()`` applies it): its first epoch
+    fills the cache, the later ones read it, each at the ratio the cache search measured over the
+    same batches with the user's settings (:func:`~placer.stream.wholerun.cached_run_seconds`).
+    ``run`` unchanged when no cache is offered; its ``speedup`` is then the settings' alone."""
+    from placer.stream.wholerun import RunCosts, cached_run_seconds
+
+    if run is None or cache is None or not cache.recommended or not cache.uncached_s or not cache.cached_s \
+            or cache.fill_s is None:
+        return run
+    uncached = float(np.median(cache.uncached_s))
+    # filling does an uncached epoch's work and stores it: a fill measured faster is the machine's noise
+    fill = max(1.0, cache.fill_s / max(uncached, 1e-12))
+    hit = float(np.median(cache.cached_s)) / max(uncached, 1e-12)
+    costs = RunCosts(**{k: run["recommended_costs"][k] for k in
+                        ("start_s", "per_batch_s", "close_s", "refill_s", "persistent")})
+    best_s = cached_run_seconds(costs, epochs=run["epochs"], batches=run["batches"], fill=fill, hit=hit)
+    samples = run["user_samples_per_s"] * run["user_s"]
+    return {**run, "settings_speedup": run["speedup"], "settings_recommended_s": run["recommended_s"],
+            "recommended_s": round(best_s, 3), "speedup": round(run["user_s"] / max(best_s, 1e-12), 3),
+            "recommended_samples_per_s": round(samples / best_s, 2),
+            "cache": {"fill": round(fill, 4), "hit": round(hit, 4)}}
+
+
+def _cache_over_the_run(run: dict[str, Any] | None, cache: Any) -> tuple[dict[str, Any] | None, Any]:
+    """The whole run with the cache (:func:`with_cache`), when the cache makes it ``MIN_GAIN`` faster;
+    otherwise the cache is not offered (``recommended`` False, and why): over a run of one epoch, or
+    of a few short ones, filling the cache costs more than reading it saves."""
+    cached = with_cache(run, cache)
+    if cached is run or cached["recommended_s"] * (1 + MIN_GAIN) <= cached["settings_recommended_s"]:
+        return cached, cache
+    n = run["epochs"]
+    why = (f"over your run ({n} epoch{'s' if n != 1 else ''} x {run['batches']} batches) it would take "
+           f"{cached['recommended_s']:.2f} s against {run['recommended_s']:.2f} s without it: filling it costs "
+           "more than reading it saves")
+    return run, replace(cache, recommended=False, reason=why)
+
+
 #: the knobs of a loader setting, as :func:`decided_by` names them
 KNOBS = ("num_workers", "worker_threads", "prefetch_factor", "torch_threads", "persistent_workers")
 
@@ -962,7 +1027,7 @@ def decided_by(user: Trial, best: Trial, trials: list[Trial], run: dict[str, Any
             back = _measured_as(best.settings.model_copy(update={k: mine}))
             base = next((t for t in trials if _measured_as(t.settings) == back), None)
             if base is not None:
-                gain = round(best.samples_per_s / max(base.samples_per_s, 1e-12), 3)
+                gain = round(best.score / max(base.score, 1e-12), 3)
         out.append({"knob": k, "yours": mine, "recommended": theirs, "gain": gain})
     return out
 
@@ -988,27 +1053,43 @@ def decide(user: Trial, trials: list[Trial], *, waits: bool = True) -> tuple[Tri
     eligible = [t for t in repeated if t is not user
                 and (waits or loader_part(t.settings) == loader_part(user.settings))]
 
-    def beats(t: Trial) -> bool:
-        return t.samples_per_s > user.samples_per_s * (1 + MIN_GAIN) and min(t.rates) > max(user.rates)
-
-    winners = [t for t in eligible if beats(t)]
+    winners = [t for t in eligible if beats(t, user)]
     if winners:
-        fastest = max(winners, key=lambda t: t.samples_per_s)
-        near = [t for t in winners if t.samples_per_s >= NEAR_BEST * fastest.samples_per_s]
+        fastest = max(winners, key=lambda t: t.score)
+        near = [t for t in winners if t.score >= NEAR_BEST * fastest.score]
         return min(near, key=lambda t: _cost(t.settings)), None
     noise = None
-    fastest = max(eligible, key=lambda t: t.samples_per_s, default=None)
-    if fastest is not None and fastest.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
+    fastest = max(eligible, key=lambda t: t.score, default=None)
+    if fastest is not None and fastest.score > user.score * (1 + MIN_GAIN):
         noise = (f"{label(fastest.settings)} measured {_span(fastest)}, yours {_span(user)}: "
                  "the difference is within noise")
     fewer = [t for t in repeated if t.settings.num_workers < user.settings.num_workers
-             and t.samples_per_s >= NEAR_BEST * user.samples_per_s]
+             and t.score >= NEAR_BEST * user.score]
     return (min(fewer, key=lambda t: _cost(t.settings)) if fewer else user), noise
 
 
+def beats(t: Trial, user: Trial) -> bool:
+    """Whether ``t`` beats the user's settings by more than the noise of their runs.
+
+    Its median (:attr:`Trial.score`) must be ``MIN_GAIN`` faster, and either its slowest run
+    faster than the user's fastest, or each of its runs faster than the user's run of the
+    same round, over at least ``REPEATS`` rounds (runs are interleaved: one round's two runs
+    share the machine's load, which on a shared machine moves both far more than a setting
+    does, so a noisy setting's range alone would hide a gain that every round shows).
+    """
+    if t.score <= user.score * (1 + MIN_GAIN):
+        return False
+    mine, yours = t.scores, user.scores
+    if min(mine) > max(yours):
+        return True
+    pairs = list(zip(mine, yours))
+    return len(pairs) >= REPEATS and all(a > b for a, b in pairs)
+
+
 def _span(t: Trial) -> str:
-    lo, hi = min(t.rates), max(t.rates)
-    return f"{lo:,.0f}-{hi:,.0f} samples/s over {len(t.rates)} runs" if len(t.rates) > 1 else _rate(lo)
+    lo, hi = min(t.scores), max(t.scores)
+    what = "samples/s over your run" if t.run_rates else "samples/s"
+    return f"{lo:,.0f}-{hi:,.0f} {what}, {len(t.scores)} runs" if len(t.scores) > 1 else f"{lo:,.0f} {what}"
 
 
 def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, budget: _Budget,
@@ -1020,7 +1101,24 @@ def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: 
                            warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep,
                            count=count, drain=queue)
     budget.ran(wall.wall, trial.seconds if trial is not None else 0.0)
-    return None if trial is None else replace(trial, settings=settings)
+    if trial is None:
+        return None
+    trial = replace(trial, settings=settings)
+    return replace(trial, run_rates=(run_rate(trial, *budget.shape),)) if budget.shape else trial
+
+
+def run_rate(t: Trial, epochs: int, batches: int) -> float:
+    """Samples/s of the script's whole run (``epochs`` x ``batches``) as one measured run predicts it.
+
+    Start-up, the workers' shut-down at each epoch's end (none with persistent workers) and
+    the steady state, as :func:`whole_run` adds them up: a setting whose workers take long
+    to start, or whose queue holds a short epoch whole (its steady window then measures the
+    queue, not the workers), is ranked by what the script's own clock would see.
+    """
+    from placer.stream.wholerun import run_seconds
+
+    seconds = run_seconds(_costs(t, None, batches), epochs=epochs, batches=batches)
+    return epochs * batches * (t.samples / max(t.batches, 1)) / max(seconds, 1e-12)
 
 
 def _must(trial: Trial | None) -> Trial:
@@ -1037,12 +1135,12 @@ def choose(user: Trial, trials: list[Trial], *, waits: bool = True) -> Trial:
     that waits for data only within noise (``waits=False``) sets the pace: no faster
     loader setting is recommended for it, whatever a single run measured.
     """
-    best = max(trials, key=lambda t: t.samples_per_s)
-    if waits and best.samples_per_s > user.samples_per_s * (1 + MIN_GAIN):
-        near = [t for t in trials if t.samples_per_s >= NEAR_BEST * best.samples_per_s]
+    best = max(trials, key=lambda t: t.score)
+    if waits and best.score > user.score * (1 + MIN_GAIN):
+        near = [t for t in trials if t.score >= NEAR_BEST * best.score]
         return min(near, key=lambda t: _cost(t.settings))
     fewer = [t for t in trials if t.settings.num_workers < user.settings.num_workers
-             and t.samples_per_s >= NEAR_BEST * user.samples_per_s]
+             and t.score >= NEAR_BEST * user.score]
     return min(fewer, key=lambda t: _cost(t.settings)) if fewer else user
 
 
@@ -1072,8 +1170,8 @@ def _try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device,
                 tried.append(t)
     if not tried:
         return best, None
-    top = max(tried, key=lambda t: t.samples_per_s)
-    helped = top.samples_per_s > best.samples_per_s * (1 + MIN_GAIN)
+    top = max(tried, key=lambda t: t.score)
+    helped = top.score > best.score * (1 + MIN_GAIN)
     info = {"current": now, "tried": top.settings.torch_threads, "samples_per_s": round(top.samples_per_s, 2),
             "helped": helped, "all_tried": {str(t.settings.torch_threads): round(t.samples_per_s, 2) for t in tried}}
     return (top if helped else best), info
@@ -1190,7 +1288,7 @@ def _row(t: Trial, yours: bool) -> str:
     workers = f"{s.num_workers} threads" if s.worker_threads else str(s.num_workers)
     return (f"  {workers:>11} {s.prefetch_factor or '-':>15} {str(s.pin_memory):>10} {s.torch_threads:>13} "
             f"{t.samples_per_s:>10,.0f} {t.first_batch_s:>9.2f} s {len(t.rates):>4} {t.spread:>6.0%}"
-            f"{'  (yours)' if yours else ''}")
+            + (f" {t.score:>9,.0f}" if t.run_rates else "") + f"{'  (yours)' if yours else ''}")
 
 
 def describe(a: LoaderAdvice) -> list[str]:
@@ -1221,10 +1319,12 @@ def describe(a: LoaderAdvice) -> list[str]:
         lines.append(a.cache.sentence())
     lines += _whole_run_lines(a)
     lines += ["Measured (steady state, the median of the runs; the first batch waits for the workers to start; "
-              "spread: the runs' range over their median):" if len(a.trials) > 1
+              "spread: the runs' range over their median; your run: samples/s over your epochs x batches, "
+              "start-up and epoch ends included, which ranks them):" if len(a.trials) > 1
               else "Measured (your loop, after its first batch):",
               f"  {'num_workers':>11} {'prefetch_factor':>15} {'pin_memory':>10} {'torch_threads':>13} "
-              f"{'samples/s':>10} {'first batch':>11} {'runs':>4} {'spread':>6}"]
+              f"{'samples/s':>10} {'first batch':>11} {'runs':>4} {'spread':>6}"
+              + (f" {'your run':>9}" if a.user.run_rates else "")]
     lines += [_row(t, t is a.user) for t in a.trials]
     return lines + [f"Note: {n}" for n in a.notes]
 
@@ -1239,9 +1339,15 @@ def _whole_run_lines(a: LoaderAdvice) -> list[str]:
                 f"predicted from the {w['from']}: {w['user_s']:.2f} s with your settings (start-up "
                 f"{uc['start_s']:.2f} s, {uc['per_batch_s'] * 1000:.1f} ms a batch)")
         if a.change:
-            line += (f", {w['recommended_s']:.2f} s recommended (start-up {rc['start_s']:.2f} s, "
-                     f"{rc['per_batch_s'] * 1000:.1f} ms a batch): {w['speedup']:.2f}x")
+            line += (f", {w['recommended_s' if 'cache' not in w else 'settings_recommended_s']:.2f} s "
+                     f"recommended (start-up {rc['start_s']:.2f} s, {rc['per_batch_s'] * 1000:.1f} ms a batch): "
+                     f"{w['speedup' if 'cache' not in w else 'settings_speedup']:.2f}x")
         out.append(line)
+        if "cache" in w:
+            c = w["cache"]
+            out.append(f"  with the cache (advice.loader()): {w['recommended_s']:.2f} s, {w['speedup']:.2f}x yours "
+                       f"(its first epoch fills it at {c['fill']:.2f}x an uncached epoch's time, later epochs "
+                       f"read it at {c['hit']:.2f}x)")
         if "without_persistent_s" in w:
             out.append(f"  without persistent_workers: {w['without_persistent_s']:.2f} s (the workers would "
                        "start again every epoch)")

@@ -72,3 +72,17 @@ def costs(*, first_batch_s: float, samples_per_s: float, samples_per_batch: floa
     refill = refill_s if refill_s is not None else max(workers, 1) * per_batch
     return RunCosts(start_s=first_batch_s, per_batch_s=per_batch, close_s=close_s if workers else 0.0,
                     refill_s=refill if workers else first_batch_s, persistent=bool(workers and persistent))
+
+
+def cached_run_seconds(costs: RunCosts, *, epochs: int, batches: int, fill: float, hit: float) -> float:
+    """The script's loop with a cache inside its dataset: the first epoch fills it, the later ones read it.
+
+    ``fill`` and ``hit``: an epoch's seconds while filling the cache and while reading it,
+    each over an uncached epoch's (both measured on the same batches). The first epoch
+    costs ``fill`` times its uncached time, every later one ``hit`` times its own.
+    """
+    if fill <= 0 or hit <= 0:
+        raise ValueError(f"a cache's epoch takes some time: fill={fill}, hit={hit} must be above 0")
+    first = costs.epoch_s(batches, True)
+    run_seconds(costs, epochs=epochs, batches=batches)  # checks epochs and batches
+    return fill * first + (epochs - 1) * hit * costs.epoch_s(batches, False)

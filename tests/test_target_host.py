@@ -139,3 +139,30 @@ def test_the_time_outside_ops_of_a_pure_torch_stage_does_not_grow_with_the_size(
     small = min(count_work(stage(10_000))[1].outside_s for _ in range(2))
     big = min(count_work(stage(20_000_000))[1].outside_s for _ in range(2))
     assert big <= small + 2e-3, (small, big)
+
+
+def test_a_few_extra_calls_and_host_noise_at_tiny_counted_sizes_are_not_carried_to_the_planned_size():
+    """A training step counted at 1 and 2 sequences: the FLOPs and bytes double, while the calls grow
+    by 2 % (a view at batch 1 that is a copy at 2) and the time outside ops read 6 % higher at 2
+    (noise). Planned at 64 sequences, the fixed part must stay fixed: the prediction is the work's
+    time plus the host time of about the counted calls, not the line through two host readings."""
+    per_seq = dict(flops=93.5e9, tensor_flops=93.4e9, bytes=1.04e9)
+    work = [WorkPoint(size=n, work=Work(flops=per_seq["flops"] * n, tensor_flops=per_seq["tensor_flops"] * n,
+                                        bytes=2.74e9 + per_seq["bytes"] * n, ops=381 + 18 * (n - 1),
+                                        calls=902 + 18 * (n - 1), outside_s=10.9e-3 * (1 + 0.06 * (n - 1))))
+            for n in (1, 2)]
+    prof = _stage(_points(0.8, 0.3, (1, 2)), work)
+    cm = costs_from_profile(prof, size=64, describe="h200").target_model
+    at2, at64 = cm.predict("train", "gpu:0", 2).value, cm.predict("train", "gpu:0", 64).value
+    desc = cm.described["gpu:0"]
+    host = cm.host_seconds("train")
+    work64 = Work(flops=per_seq["flops"] * 64, tensor_flops=per_seq["tensor_flops"] * 64,
+                  bytes=2.74e9 + per_seq["bytes"] * 64, ops=420, calls=940, host_s=host[-1] * 940 / 920)
+    expected = desc.predict(work64)  # the work at 64, the host time of about the calls counted at 2
+    assert at64 == pytest.approx(expected, rel=0.1), (at64, expected)
+    # the line through the two counted times alone would have charged the host difference 62 times over
+    (_, t1), (_, t2) = cm.described_points("train", desc)[:2]  # the times at the counted sizes
+    naive = t2 + (t2 - t1) * 62
+    assert at64 < 0.9 * naive, (at64, naive)
+    assert at2 == pytest.approx(t2, rel=0.1)  # the counted sizes are still predicted as counted
+    assert cm.predict("train", "gpu:0", 64).far_outside  # still said to be far outside the counted sizes

@@ -139,7 +139,11 @@ class CostModel:
         for dev, desc in self.described.items():
             if not sp.work or "gpu" not in sp.device_classes:
                 continue
-            self._fits[(name, dev)] = fit_size_model(*zip(*self.described_points(name, desc)))
+            fit = fit_size_model(*zip(*self.described_points(name, desc)))
+            counted = max(float(w.size) for w in sp.work)
+            if counted > 0 and fit.n_max > counted:  # points built beyond the counted sizes are not measured ones
+                fit = fit.model_copy(update={"n_max": counted})
+            self._fits[(name, dev)] = fit
 
     def host_seconds(self, stage: str) -> list[float]:
         """Host-side seconds a GPU run of ``stage`` pays at each counted size (``profile.stages[stage].work``).
@@ -173,6 +177,18 @@ class CostModel:
         between a fixed and a per-item part at random; a second point at twice the size is
         added as a batched stage does it (the same calls, launches and host time; twice the
         FLOPs and bytes), so that host and launch costs stay fixed and the work grows.
+
+        With work counted at several sizes, the time at each is a sum of parts that grow
+        differently: FLOPs and bytes in proportion to the batch, the calls, launches and host
+        time hardly at all for a batched stage (a few ops more or fewer at a tiny batch, and
+        the host readings' noise). A line through the times at small counted sizes would
+        carry a difference of a few calls, or of one noisy host reading, to the planned size
+        in proportion (a training step counted at 1 and 2 sequences charged its 18 extra calls
+        and 1 ms of host noise 62 times over at 64). So points at 4 and 16 times the largest
+        counted size are added, each part extended on its own: FLOPs and bytes on the line
+        through the two largest counted sizes, ops and calls by their growth between them in
+        logs (between none and in proportion, :func:`grown`), host time per call as at the
+        largest. The fit over size then follows the work; its range stays the counted sizes.
         """
         sp = self.profile.stages[stage]
         host = self.host_seconds(stage)
@@ -183,7 +199,30 @@ class CostModel:
             w, h = works[0]
             twice = w.model_copy(update={"host_s": h, **{k: 2 * getattr(w, k) for k in _GROWS if hasattr(w, k)}})
             pts.append((2.0 * sp.work[0].size, desc.predict(twice, precision=precision)))
+        elif len({w.size for w in sp.work if w.size > 0}) >= 2:
+            for times in BEYOND:
+                size, work, h = self._beyond(stage, host, times)
+                wk, hk = precision_model.under(self, stage, precision, work, h, size)
+                pts.append((size, desc.predict(wk.model_copy(update={"host_s": hk}), precision=precision)))
         return pts
+
+    def _beyond(self, stage: str, host: list[float], times: float) -> tuple[float, Any, float]:
+        """``stage``'s counted work (fp32) and host seconds extended to ``times`` its largest counted size:
+        see :meth:`described_points`."""
+        sp = self.profile.stages[stage]
+        by = sorted(((float(w.size), w.work, h) for w, h in zip(sp.work, host) if w.size > 0), key=lambda t: t[0])
+        (n0, w0, _), (n1, w1, h1) = by[-2], by[-1]
+        size = times * n1
+        upd: dict[str, Any] = {}
+        for k in _GROWS:
+            a, b = float(getattr(w0, k)), float(getattr(w1, k))
+            upd[k] = max(b + (b - a) * (size - n1) / (n1 - n0), b)
+        upd["ops"] = grown(w0.ops, w1.ops, n0, n1, size)
+        calls0, calls1 = w0.dispatches, w1.dispatches
+        calls = grown(calls0, calls1, n0, n1, size)
+        if w1.calls:
+            upd["calls"] = calls
+        return size, w1.model_copy(update=upd), h1 * (calls / calls1 if calls1 else 1.0)
 
     def dispatch_s(self) -> float | None:
         """Seconds one op costs to issue on the machine the profile was measured on (its CPU
@@ -576,6 +615,18 @@ def ops_at(work: list, size: float) -> int:
     (n0, v0), (n1, v1) = pts[lo], pts[lo + 1]
     slope = min(max((np.log(v1) - np.log(v0)) / (np.log(n1) - np.log(n0)), 0.0), 1.0)
     return max(int(round(v0 * (size / n0) ** slope)), 1)
+
+
+#: multiples of the largest counted size at which :meth:`CostModel.described_points` extends the work
+BEYOND = (4.0, 16.0)
+
+
+def grown(v0: float, v1: float, n0: float, n1: float, size: float) -> int:
+    """A count (ops, calls) at ``size`` beyond ``n1``, from ``v0`` at ``n0`` and ``v1`` at ``n1``: their
+    growth in logs, kept between none and in proportion to the size (:func:`ops_at`'s rule)."""
+    v0, v1 = max(float(v0), 1.0), max(float(v1), 1.0)
+    slope = min(max((np.log(v1) - np.log(v0)) / (np.log(n1) - np.log(n0)), 0.0), 1.0)
+    return max(int(round(v1 * (size / n1) ** slope)), 1)
 
 
 def work_value(p: Point) -> float:

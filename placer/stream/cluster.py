@@ -1,7 +1,7 @@
 """A stream's CPU stages on a dask cluster: the cluster measured or described, and the offload planned.
 
-May import: pydantic, placer.errors, placer.log, placer.data.stream, placer.stream.{remote,planner};
-numpy and distributed inside functions.
+May import: pydantic, placer.errors, placer.log, placer.data.stream, placer.devices.cpu,
+placer.stream.{remote,planner}; numpy and distributed inside functions.
 
 The stream model prices a stage run as tasks on a cluster from a
 :class:`~placer.data.stream.ClusterLink` (:mod:`placer.stream.remote`). This module
@@ -44,6 +44,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from placer.data.stream import ClusterLink, Offload, OffloadStage, StreamPlan, StreamProfile
+from placer.devices.cpu import cpu_model
 from placer.errors import PlacerError
 from placer.log import get_logger
 from placer.stream import remote
@@ -225,20 +226,6 @@ def array_ratio(client: Any, nbytes: int) -> float | None:
                            for w in workers])
     here = min(here, _array_work(n))
     return statistics.median(there) / here if here > 0 and there else None
-
-
-def cpu_model() -> str:
-    """This machine's CPU model (``/proc/cpuinfo``), or the platform's word for it."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _remote_cpu(client: Any) -> float:

@@ -496,8 +496,25 @@ def test_ctrl_c_on_a_cluster_run_cancels_the_task_and_leaves_the_cluster_usable(
     assert client.submit(sum, [1, 2], pure=False).result(timeout=60) == 3
 
 
+@pytest.fixture
+def python_handles_sigint():
+    """SIGINT handled by Python (``KeyboardInterrupt``) for the test, whatever the process had before.
+
+    ``_thread.interrupt_main`` does nothing when SIGINT is set to ``SIG_DFL`` or ``SIG_IGN``: these
+    tests check what placer does with a KeyboardInterrupt, so they make sure one is raised, and
+    restore the process's handler after."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield previous
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("executor", ["inline", "threads"])
-def test_an_interrupt_in_the_library_keeps_finished_outputs_and_leaves_no_thread(files, executor, monkeypatch):
+def test_an_interrupt_in_the_library_keeps_finished_outputs_and_leaves_no_thread(files, executor, monkeypatch,
+                                                                                  python_handles_sigint):
     import _thread
 
     monkeypatch.setenv("SLEEPY_SECONDS", "60")
@@ -580,7 +597,7 @@ def test_without_a_timeout_profiling_bounds_a_hung_stage_by_its_budget(files, tm
     assert err.value.stage == "nap"
 
 
-def test_an_interrupt_stops_a_stream_whose_stage_runs_on_the_cluster(client):
+def test_an_interrupt_stops_a_stream_whose_stage_runs_on_the_cluster(client, python_handles_sigint):
     """The stream runs in a lane thread (threads executor); its batches are cluster tasks of 2 s each."""
     import _thread
 

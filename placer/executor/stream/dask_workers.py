@@ -188,9 +188,16 @@ class DaskPool:
 
     def __call__(self, inputs: dict[str, Any], info: BatchInfo) -> Any:
         """Run the stage on one batch on the cluster; raise what the stage raised there."""
+        return self._task(run_batch, (inputs, info), f"{self.token}-{info.seq}")
+
+    def call_many(self, items: list[tuple[dict[str, Any], BatchInfo]]) -> list[Any]:
+        """Run the stage on several consecutive batches as one task; their outputs, in order."""
+        return self._task(run_batches, (items,), f"{self.token}-{items[0][1].seq}-{len(items)}")
+
+    def _task(self, fn: Any, args: tuple, key: str) -> Any:
+        """Submit ``fn(token, payload, *args)`` as one task, wait for it (cancellable), account its times."""
         t = time.perf_counter()
-        fut = self.client.submit(run_batch, self.token, self._payload, inputs, info, pure=False,
-                                 key=f"{self.token}-{info.seq}")
+        fut = self.client.submit(fn, self.token, self._payload, *args, pure=False, key=key)
         with self._lock:
             self._futures.add(fut)
         try:
@@ -200,22 +207,6 @@ class DaskPool:
                 self._futures.discard(fut)
         self.times.add(compute, time.perf_counter() - t)
         return out
-
-    def call_many(self, items: list[tuple[dict[str, Any], BatchInfo]]) -> list[Any]:
-        """Run the stage on several consecutive batches as one task; their outputs, in order."""
-        t = time.perf_counter()
-        first = items[0][1].seq
-        fut = self.client.submit(run_batches, self.token, self._payload, items, pure=False,
-                                 key=f"{self.token}-{first}-{len(items)}")
-        with self._lock:
-            self._futures.add(fut)
-        try:
-            outs, compute = self._wait(fut)
-        finally:
-            with self._lock:
-                self._futures.discard(fut)
-        self.times.add(compute, time.perf_counter() - t)
-        return outs
 
     def time_on_worker(self, items: list[tuple[dict[str, Any], BatchInfo]], limit_s: float) -> list[float]:
         """Seconds per batch of the stage on one worker of the cluster (:func:`time_calls`, timed inside the

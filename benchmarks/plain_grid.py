@@ -42,6 +42,7 @@ tables), naming the machine and its load average at the start and the end.
 Usage
 -----
     python benchmarks/plain_grid.py --quick                       # a smoke run: tiny sizes, a few cells
+    python benchmarks/plain_grid.py --few-cells --advise --final-rounds 3   # the scripts' own sizes, a few cells
     python benchmarks/plain_grid.py --scripts audio_cache_train --advise
     python benchmarks/plain_grid.py --advise --repeats 3 --final-rounds 5   # the full grid: hours on 2 cores
 """
@@ -296,7 +297,7 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
             label, _, flags = rest.partition("=")
             scored[f"{label}: {config_from_flags(flags).label()}"] = config_from_flags(flags)
 
-    cells = quick_grid(script) if a.quick else grid(script, cores, a.gpu)
+    cells = quick_grid(script) if a.quick or a.few_cells else grid(script, cores, a.gpu)
     log(f"{script}: grid of {len(cells)} configurations x {a.repeats} rounds")
     grid_runs = interleaved(script, {c.label(): c for c in cells}, a.repeats, base=base, phase="grid",
                             timeout_s=a.timeout_s, seed=1, log=log)
@@ -440,6 +441,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scripts", default=",".join(SCRIPTS), help="comma-separated names")
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, a few cells, 2 rounds")
+    ap.add_argument("--few-cells", action="store_true",
+                    help="the --quick grid's few cells at the scripts' own sizes (runs long enough that "
+                         "start-up does not decide; not the exhaustive grid)")
     ap.add_argument("--repeats", type=int, default=None, help="grid rounds (default 3; 2 with --quick)")
     ap.add_argument("--final-rounds", type=int, default=None, help="final rounds (default 5; 2 with --quick)")
     ap.add_argument("--top", type=int, default=3, help="grid configurations in the final comparison")
@@ -472,13 +476,13 @@ def main() -> None:
     load_start = [round(x, 2) for x in os.getloadavg()]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"plain-{a.machine}" + ("-quick" if a.quick else "")
+    stem = f"plain-{a.machine}" + ("-quick" if a.quick else "-few-cells" if a.few_cells else "")
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="plain_grid_") as data:
         for n in names:
             results.append(bench_script(n, a, Path(data), log))
             # after every script, so that a long run keeps what it measured
-            doc = {"machine": describe(), "mode": "quick" if a.quick else "full", "load_start": load_start,
+            doc = {"machine": describe(), "mode": "quick" if a.quick else "few cells" if a.few_cells else "full", "load_start": load_start,
                    "load_end": [round(x, 2) for x in os.getloadavg()],
                    "seconds": round(time.perf_counter() - t0, 1),
                    "command": shlex.join(["python", "benchmarks/plain_grid.py", *sys.argv[1:]]),

@@ -36,7 +36,7 @@ from typing import Any
 from placer.data.measures import Work
 
 #: the version of what :func:`count_work` measures; counted work of another version is counted again
-VERSION = "6"
+VERSION = "7"
 
 _PREC = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
@@ -143,7 +143,7 @@ def _count_once(fn: Callable[[], Any], gaps: list[tuple[str, str, float]] | None
     from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import flop_registry
 
-    tally = {"bytes": 0, "tensor_bytes": 0, "ops": 0, "syncs": 0, "elems": 0, "flops": 0, "prec": {}, "inside": 0.0, "calls": 0,
+    tally = {"bytes": 0, "tensor_bytes": 0, "irregular_bytes": 0, "ops": 0, "syncs": 0, "elems": 0, "flops": 0, "prec": {}, "inside": 0.0, "calls": 0,
              "probes": 0.0}
     # the gap being read: the op before it, where it began, the counter's overhead to take off
     gap = {"op": "<start>", "t": 0.0, "probe": 0.0}
@@ -211,12 +211,15 @@ def _count_once(fn: Callable[[], Any], gaps: list[tuple[str, str, float]] | None
                 return out
             leaves = tree_flatten((args, kwargs))[0] + outs
             formula = flop_registry.get(func._overloadpacket)
+            irregular = name in IRREGULAR
             for t in leaves:
                 if isinstance(t, torch.Tensor):
                     nb = t.nelement() * t.element_size()
                     tally["bytes"] += nb
                     if formula is not None:
                         tally["tensor_bytes"] += nb
+                    if irregular:
+                        tally["irregular_bytes"] += nb
                     if t.is_floating_point():
                         p = _PREC.get(str(t.dtype).replace("torch.", ""), "fp32")
                         tally["prec"][p] = tally["prec"].get(p, 0) + nb
@@ -248,6 +251,7 @@ def _count_once(fn: Callable[[], Any], gaps: list[tuple[str, str, float]] | None
         tensor_flops=float(tally["flops"]),
         bytes=float(tally["bytes"]),
         tensor_bytes=float(tally["tensor_bytes"]),
+        irregular_bytes=float(tally["irregular_bytes"]),
         ops=max(1, tally["ops"]),
         syncs=tally["syncs"],
         calls=tally["calls"],
@@ -328,6 +332,21 @@ def dispatch_s(*, rounds: int = 5, per_round: int = 40) -> float:
 #: aten ops that launch several kernels on a GPU (radix sorts, scans, compactions): launches each
 LAUNCHES = {"sort": 6, "argsort": 6, "topk": 4, "unique": 6, "_unique": 6, "_unique2": 6, "unique_consecutive": 4,
             "nonzero": 3, "cumsum": 2, "cumprod": 2}
+
+#: aten ops that reach memory through an index, a mask or a sort: a boolean-mask compaction
+#: (``x[mask]`` is ``index`` after ``nonzero``), gathers and scatters by an index tensor,
+#: scatter-adds (a group-by's sums: atomics on a GPU), sorts and ``unique``. On a GPU they
+#: run far below streaming bandwidth (the reference H200: a 1M-row compaction at ~0.25 TB/s,
+#: a sort at ~0.1-0.2, an ``index_add_`` into 1000 groups at ~0.4, against 2.3 for
+#: elementwise work), so their bytes are kept apart (``Work.irregular_bytes``). ``embedding``
+#: is not among them: it gathers whole rows, which a GPU reads at streaming speed.
+IRREGULAR = {
+    "index", "index_put", "index_put_", "_index_put_impl_", "nonzero", "nonzero_static", "masked_select",
+    "masked_scatter", "masked_scatter_", "index_select", "gather", "scatter", "scatter_", "scatter_add",
+    "scatter_add_", "scatter_reduce", "scatter_reduce_", "index_add", "index_add_", "index_reduce",
+    "index_reduce_", "index_copy", "index_copy_", "take", "put_", "sort", "argsort", "topk", "kthvalue",
+    "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim", "bincount", "histc",
+}
 
 #: aten ops whose result the host waits for on a GPU (a synchronisation each)
 SYNCING = {

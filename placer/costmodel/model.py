@@ -636,7 +636,7 @@ def work_value(p: Point) -> float:
 
 
 #: the counted work that grows with a batched stage's size (see :meth:`CostModel.described_points`)
-_GROWS = ("flops", "bytes", "tensor_flops", "tensor_bytes")
+_GROWS = ("flops", "bytes", "tensor_flops", "tensor_bytes", "irregular_bytes")
 
 
 #: time outside ops per call below which readings are taken as equal (their noise is about this)
@@ -653,7 +653,8 @@ def smoothed_outside(work: list) -> list[float]:
     microseconds either way, and on any machine the Python between large ops runs in the
     caches they evicted (a GPU's work evicts nothing), so the readings creep up with the
     size for a stage of torch ops alone. Neither is host time a GPU run pays: a stage
-    that issues the same calls at every size is charged the median of its readings. Python
+    that issues the same calls at every size is charged the median of its readings at the
+    smaller half of the counted sizes (those whose large ops evicted the least). Python
     per step of a loop grows with the calls, and is kept: the line (Theil-Sen: the median
     of the slopes between every two sizes, and the median intercept) is a fixed cost plus
     a cost per call, so a training loop over more batches pays it per batch.
@@ -674,6 +675,9 @@ def smoothed_outside(work: list) -> list[float]:
              for a in range(len(xs)) for b in range(a + 1, len(xs)) if xs[a] > 0 and xs[b] > 0 and xs[b] != xs[a]]
     if grows and float(np.median(grows)) >= 0.5:
         return vs if len(work) < 3 else _theil_sen(xs, vs)
+    if len(set(calls)) == 1:
+        by_size = [v for _, v in sorted(zip(xs, vs))]
+        return [max(float(np.median(by_size[:(len(by_size) + 1) // 2])), 0.0)] * len(vs)
     return _theil_sen(calls, vs)
 
 

@@ -11,7 +11,14 @@ into seconds::
 
     t = stage_overhead_s + host_factor * host_s + ops * op_overhead_s + syncs * sync_s
         + max(flops / (peak_flops[precision] * compute_eff),
-              bytes / (mem_bandwidth_Bps * memory_eff))
+              (bytes - irregular_bytes) / (mem_bandwidth_Bps * memory_eff)
+              + irregular_bytes / (mem_bandwidth_Bps * irregular_eff))
+
+Ops that reach memory through an index, a mask or a sort (``Work.irregular_bytes``: a
+boolean-mask compaction, a scatter-add's group sums, a radix sort) run far below the
+bandwidth of streaming elementwise work on a GPU; ``irregular_eff`` is their own fraction of
+the bandwidth (calibrated from the reference's compaction, sort and group-by; a description
+without it prices them as streaming work).
 
 In a lower precision (``precision=`` other than the work's own), the tensor-core part of
 the work (``Work.tensor_flops``: matrix products, convolutions, attention) runs at that
@@ -106,6 +113,9 @@ class DeviceDescription(BaseModel):
         GPU host-side cost relative to a stage's dispatch-bound CPU time.
     compute_eff, memory_eff : float
         Fractions of peak reached by real stages (calibrated).
+    irregular_eff : float or None
+        Fraction of the memory bandwidth reached by ops that address memory through an index,
+        a mask or a sort (calibrated); None: as ``memory_eff``.
     first_call_s : float
         Typical one-time cost of a stage's first call there (context, compilation).
     transfer : TransferModel or None
@@ -126,6 +136,7 @@ class DeviceDescription(BaseModel):
     host_factor: float = Field(default=0.0, ge=0)
     compute_eff: float = Field(gt=0, le=1.5)
     memory_eff: float = Field(gt=0, le=1.5)
+    irregular_eff: float | None = Field(default=None, gt=0, le=1.5)
     first_call_s: float = 0.0
     transfer: TransferModel | None = None
     calibration: list[CalibrationPoint] = Field(default_factory=list)
@@ -150,7 +161,9 @@ class DeviceDescription(BaseModel):
             compute = work.flops / (self.peak(work.precision) * self.compute_eff)
         else:
             compute = work.flops / (self.peak(prec) * self.compute_eff)
-        memory = nbytes / (self.mem_bandwidth_Bps * self.memory_eff)
+        irregular = min(work.irregular_bytes, nbytes)
+        memory = ((nbytes - irregular) / self.memory_eff
+                  + irregular / (self.irregular_eff or self.memory_eff)) / self.mem_bandwidth_Bps
         fixed = self.host_factor * work.host_s + work.ops * self.op_overhead_s + work.syncs * self.sync_s
         return self.stage_overhead_s + fixed + max(compute, memory)
 

@@ -125,6 +125,11 @@ class Work(BaseModel):
     tensor_bytes : float
         The part of ``bytes`` read and written by the ops of ``tensor_flops`` (their inputs and
         outputs): halved in bf16 or fp16, whose elements take two bytes. 0 when not counted.
+    irregular_bytes : float
+        The part of ``bytes`` read and written by ops that reach memory through an index, a
+        mask or a sort (boolean-mask compaction, gathers and scatters by index, scatter-adds,
+        sorts, ``unique``): on a GPU they run at a fraction of streaming bandwidth
+        (:attr:`placer.costmodel.roofline.DeviceDescription.irregular_eff`). 0 when not counted.
     ops : int
         Operations issued (≈ kernel launches on a GPU).
     calls : int
@@ -159,6 +164,8 @@ class Work(BaseModel):
     bytes: float = 0.0
     #: the part of ``bytes`` the tensor-core ops read and write
     tensor_bytes: float = 0.0
+    #: the part of ``bytes`` moved by indexed, masked or sorting ops (see the class docstring)
+    irregular_bytes: float = 0.0
     ops: int = 1
     syncs: int = 0
     calls: int = 0

@@ -157,9 +157,12 @@ def test_the_whole_run_adds_start_up_epoch_boundaries_and_the_steady_state():
     assert z.per_batch_s == pytest.approx(0.02) and z.close_s == 0 and not z.persistent
 
 
-def scripted(monkeypatch, search: dict, longer: dict, *, first: dict | None = None):
-    """Runs of up to the advice's ``batches`` measure ``search[w]``; longer runs ``longer[w]``."""
+def scripted(monkeypatch, search: dict, longer: dict, *, first: dict | None = None,
+             first_longer: dict | None = None):
+    """Runs of up to the advice's ``batches`` measure ``search[w]``; longer runs ``longer[w]`` (their
+    first batch ``first_longer[w]`` where given, else ``first[w]``)."""
     first = first or {}
+    first_longer = {**first, **(first_longer or {})}
 
     def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
         if keep is not None:
@@ -167,7 +170,8 @@ def scripted(monkeypatch, search: dict, longer: dict, *, first: dict | None = No
         w = -1 if getattr(loader, "worker_threads", False) else loader.num_workers
         rates = longer if batches > 20 else search
         rate = 5000.0 if step is None else rates.get(w, 10.0)
-        return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=first.get(w, 0.01),
+        starts = first_longer if batches > 20 else first
+        return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=starts.get(w, 0.01),
                      fetch_fraction=0.5, batches=10, samples=80, seconds=80 / rate)
 
     monkeypatch.setattr(dropin, "run_loader", run)
@@ -210,6 +214,53 @@ def test_a_recommendation_the_longer_runs_do_not_confirm_keeps_your_settings(mon
     assert not advice.change and advice.confirmed["held"] is False
     assert "not confirmed by longer runs" in advice.within_noise and advice.speedup == pytest.approx(1.0)
     assert "keep your settings" in str(advice)
+
+
+def test_longer_runs_faster_only_in_the_steady_state_say_why_the_settings_are_kept(monkeypatch):
+    # the longer runs measure 2 workers twice as fast in the steady state, but their workers take 4 s to
+    # start: over one epoch of 100 batches (8 s as yours) that is no gain
+    scripted(monkeypatch, {0: 100.0, 1: 150.0, 2: 200.0}, {0: 100.0, 2: 200.0}, first_longer={2: 4.0})
+    advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=1)
+    assert not advice.change and advice.confirmed["held"] is False
+    assert advice.confirmed["steady_speedup"] == pytest.approx(2.0)
+    line = next(x for x in str(advice).splitlines() if x.startswith("Confirmed by longer runs"))
+    assert "faster in the steady state, but not by enough over your whole run" in line
+    assert "your settings are kept" in line
+
+
+def test_fewer_step_threads_are_tried_with_the_best_workers_of_each_kind(monkeypatch):
+    """On few cores the loader's workers and the step's threads compete: thread workers that lose to
+    the user's settings at 2 torch threads win at 1, though neither knob wins alone."""
+    import torch as _torch
+
+    def rate(s):
+        if s.num_workers == 0:
+            return 100.0 if s.torch_threads == 2 else 90.0
+        if s.worker_threads:
+            return 95.0 if s.torch_threads == 2 else 140.0
+        return 98.0 if s.torch_threads == 2 else 99.0
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        s = dropin.settings_of(loader)
+        r = 5000.0 if step is None else rate(s)
+        return Trial(settings=s, samples_per_s=r, first_batch_s=0.01, fetch_fraction=0.5, batches=10, samples=80,
+                     seconds=80 / r)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    old = _torch.get_num_threads()
+    _torch.set_num_threads(2)
+    try:
+        advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=1)
+    finally:
+        _torch.set_num_threads(old)
+    tried = {(t.settings.num_workers > 0, t.settings.worker_threads, t.settings.torch_threads) for t in advice.trials}
+    assert (True, True, 1) in tried  # thread workers at one torch thread were measured
+    rec = advice.recommended.settings
+    assert advice.change and rec.worker_threads and rec.torch_threads == 1
 
 
 def test_start_up_that_a_short_run_would_not_repay_is_not_recommended(monkeypatch):

@@ -231,6 +231,10 @@ def test_a_time_outside_ops_that_creeps_up_with_the_size_at_the_same_calls_is_no
     jumped = [w.model_copy(update={"work": w.work.model_copy(update={"outside_s": 400e-6})}) if i == 0 else w
               for i, w in enumerate(work)]
     assert smoothed_outside(jumped) == pytest.approx([60e-6] * len(SIZES), rel=1e-9)
+    # three counted sizes: the smaller half is two readings, and a lump in one of them is not charged
+    three = [WorkPoint(size=n, work=Work(ops=5, calls=5, outside_s=o)) for n, o in [(32, 67e-6), (64, 97e-6),
+                                                                                    (1024, 153e-6)]]
+    assert smoothed_outside(three) == pytest.approx([67e-6] * 3, rel=1e-9)
 
 
 def test_python_per_step_of_a_loop_grows_with_its_calls():

@@ -654,7 +654,10 @@ def smoothed_outside(work: list) -> list[float]:
     caches they evicted (a GPU's work evicts nothing), so the readings creep up with the
     size for a stage of torch ops alone. Neither is host time a GPU run pays: a stage
     that issues the same calls at every size is charged the median of its readings at the
-    smaller half of the counted sizes (those whose large ops evicted the least). Python
+    smaller half of the counted sizes (those whose large ops evicted the least; the lesser where
+    that half holds two: a reading lumps up when the machine takes the thread's core for a while,
+    which a thread's CPU time on a virtual machine counts, and a profile whose two small sizes
+    read 67 and 97 us, where six other profiles read 51-64, cannot tell which one did). Python
     per step of a loop grows with the calls, and is kept: the line (Theil-Sen: the median
     of the slopes between every two sizes, and the median intercept) is a fixed cost plus
     a cost per call, so a training loop over more batches pays it per batch.
@@ -677,7 +680,9 @@ def smoothed_outside(work: list) -> list[float]:
         return vs if len(work) < 3 else _theil_sen(xs, vs)
     if len(set(calls)) == 1:
         by_size = [v for _, v in sorted(zip(xs, vs))]
-        return [max(float(np.median(by_size[:(len(by_size) + 1) // 2])), 0.0)] * len(vs)
+        half = by_size[:(len(by_size) + 1) // 2]
+        # with two readings there is no telling which one lumped; time stolen from the thread only adds
+        return [max(float(np.median(half)) if len(half) >= 3 else min(half), 0.0)] * len(vs)
     return _theil_sen(calls, vs)
 
 

@@ -121,6 +121,11 @@ def test_more_workers_than_cores_only_while_the_rate_rises_and_no_pinned_memory_
     user = LoaderSettings(num_workers=0, torch_threads=2)
     for s in candidates(user, cores=2, gpu=False, iterable=False):
         assert s.num_workers <= 2 and not s.pin_memory
+    # workers are also tried with the step's threads cut to the cores they leave (a CPU step only)
+    pairs = {(s.num_workers, s.worker_threads, s.torch_threads) for s in candidates(user, cores=2, gpu=False,
+                                                                                     iterable=False)}
+    assert {(2, False, 1), (2, True, 1), (1, False, 1), (2, False, 2), (2, True, 2)} <= pairs
+    assert all(s.torch_threads == 2 for s in candidates(user, cores=2, gpu=True, iterable=False))
     # 2 workers rose over 1 (so 3 is tried), 3 did not rise (so 4 is not): the advice asks for 2
     scripted(monkeypatch, {0: 500.0, 1: 900.0, 2: 950.0}, step_rate=1000.0, loader_rate=520.0)
     advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
@@ -207,6 +212,11 @@ def sequenced(monkeypatch, rates: dict[int, list[float]], *, step_rate=10_000.0,
     monkeypatch.setattr(dropin, "_cores", lambda: 2)
     monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
     monkeypatch.setattr(dropin, "prefetch_depths", lambda *a: [])
+    # the calls counted here are the workers' at the user's step threads; the pairs with fewer step
+    # threads are tested in test_more_workers_than_cores_only_while_the_rate_rises...
+    first = dropin.candidates
+    monkeypatch.setattr(dropin, "candidates",
+                        lambda user, **kw: [s for s in first(user, **kw) if s.torch_threads == user.torch_threads])
     return calls
 
 

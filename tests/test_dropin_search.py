@@ -406,3 +406,44 @@ def test_filling_a_cache_is_never_counted_faster_than_not_caching():
     assert dropin.with_cache(one, cache)["cache"]["fill"] == 1.0
     run, kept = dropin._cache_over_the_run(one, cache)
     assert run is one and not kept.recommended
+
+
+class Numbered(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("generator", [True, False])
+def test_persistent_workers_from_the_advice_read_the_users_batches_in_every_epoch(generator):
+    """torch draws each iterator's worker seed from the loader's generator (or the global one): persistent
+    workers start one iterator, so later epochs would shuffle differently; advice.loader() must not."""
+    def loader(**kw):
+        g = torch.Generator().manual_seed(5) if generator else None
+        return DataLoader(Numbered(), batch_size=4, shuffle=True, generator=g, **kw)
+
+    def epochs(dl, n=3):
+        torch.manual_seed(11)
+        out = []
+        for _ in range(n):
+            out.append([b.flatten().tolist() for b in dl])
+            out.append(torch.rand(1).item())  # the script's own draw from the global generator
+        return out
+
+    yours = epochs(loader())
+    plain_persistent = epochs(loader(num_workers=1, persistent_workers=True))
+    assert plain_persistent != yours  # torch's own: why the advice rebuilds it
+    settings = LoaderSettings(num_workers=1, prefetch_factor=2, persistent_workers=True, torch_threads=1)
+    assert epochs(rebuild(loader(), settings)) == yours
+    assert epochs(rebuild(loader(), settings.model_copy(update={"persistent_workers": False}))) == yours
+
+
+def test_advice_that_keeps_workers_between_epochs_says_what_that_does_to_the_random_draws(monkeypatch):
+    scripted(monkeypatch, {0: 100.0, 1: 150.0, 2: 200.0}, {0: 100.0, 2: 190.0}, first={2: 0.5})
+    advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=3)
+    assert advice.change and advice.recommended.settings.persistent_workers
+    note = next(n for n in advice.notes if n.startswith("persistent_workers=True"))
+    assert "one random number fewer per epoch" in note and "advice.loader()" in note
+    assert type(advice.loader()).__name__ == "SameDrawsDataLoader"

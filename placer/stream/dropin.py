@@ -40,6 +40,7 @@ per-index work that dominates it; :attr:`LoaderAdvice.cache` says what it found,
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -342,7 +343,32 @@ def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
         kw |= dict(batch_sampler=loader.batch_sampler)
     else:
         kw |= dict(batch_size=None, sampler=loader.sampler)
+    if settings.persistent_workers and settings.num_workers:
+        return _same_draws_loader()(**kw, **settings.kwargs())
     return DataLoader(**kw, **settings.kwargs())
+
+
+@functools.cache
+def _same_draws_loader() -> type:
+    """A ``DataLoader`` whose persistent workers leave the random numbers as a loader without them does.
+
+    Each iterator a DataLoader starts draws its workers' base seed from the loader's
+    generator (torch's global one without it); persistent workers start one iterator and
+    reuse it, so from the second epoch on one number fewer is drawn per epoch, and a
+    shuffling sampler on the same generator (or the script's own draws from the global
+    one: dropout, augmentation) gets other numbers: other batches than the user's. This
+    loader draws that number at every epoch after the first, as a new iterator would.
+    """
+    import torch
+    from torch.utils.data import DataLoader
+
+    class SameDrawsDataLoader(DataLoader):
+        def __iter__(self):
+            if self.persistent_workers and self.num_workers > 0 and getattr(self, "_iterator", None) is not None:
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            return super().__iter__()
+
+    return SameDrawsDataLoader
 
 
 def candidates(user: LoaderSettings, *, cores: int, gpu: bool, iterable: bool) -> list[LoaderSettings]:
@@ -1215,7 +1241,10 @@ def _advice(mine: Trial, best: Trial, trials: list[Trial], step_rate: float, alo
                      f"epochs (starting them took {best.first_batch_s:.2f} s before the first batch)")
     elif best.settings.num_workers and best is not mine:
         notes.append("persistent_workers=True keeps the worker processes between epochs (starting them took "
-                     f"{best.first_batch_s:.2f} s before the first batch)")
+                     f"{best.first_batch_s:.2f} s before the first batch); written into your DataLoader it also "
+                     "makes torch draw one random number fewer per epoch (the workers' seed), so a shuffled "
+                     "order or your script's own random draws differ from epoch 2 on: advice.loader() draws it "
+                     "and reads your batches")
     if best.settings.num_workers != mine.settings.num_workers and draws_unseeded(loader.dataset):
         notes.append("a dataset that draws random numbers in __getitem__ draws them in the workers, each seeded "
                      "from the loader's generator and its worker id: with other num_workers, other draws")

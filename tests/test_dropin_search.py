@@ -228,41 +228,6 @@ def test_longer_runs_faster_only_in_the_steady_state_say_why_the_settings_are_ke
     assert "your settings are kept" in line
 
 
-def test_fewer_step_threads_are_tried_with_the_best_workers_of_each_kind(monkeypatch):
-    """On few cores the loader's workers and the step's threads compete: thread workers that lose to
-    the user's settings at 2 torch threads win at 1, though neither knob wins alone."""
-    import torch as _torch
-
-    def rate(s):
-        if s.num_workers == 0:
-            return 100.0 if s.torch_threads == 2 else 90.0
-        if s.worker_threads:
-            return 95.0 if s.torch_threads == 2 else 140.0
-        return 98.0 if s.torch_threads == 2 else 99.0
-
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
-        if keep is not None:
-            keep.append(next(iter(loader)))
-        s = dropin.settings_of(loader)
-        r = 5000.0 if step is None else rate(s)
-        return Trial(settings=s, samples_per_s=r, first_batch_s=0.01, fetch_fraction=0.5, batches=10, samples=80,
-                     seconds=80 / r)
-
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
-    old = _torch.get_num_threads()
-    _torch.set_num_threads(2)
-    try:
-        advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=1)
-    finally:
-        _torch.set_num_threads(old)
-    tried = {(t.settings.num_workers > 0, t.settings.worker_threads, t.settings.torch_threads) for t in advice.trials}
-    assert (True, True, 1) in tried  # thread workers at one torch thread were measured
-    rec = advice.recommended.settings
-    assert advice.change and rec.worker_threads and rec.torch_threads == 1
-
-
 def test_start_up_that_a_short_run_would_not_repay_is_not_recommended(monkeypatch):
     # 2 workers are twice as fast in the steady state, but starting them takes 4 s: a one-epoch run of
     # 100 batches (8 s as yours) gains less than 10 %

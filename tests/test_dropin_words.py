@@ -157,25 +157,53 @@ def test_the_note_on_random_draws_only_when_the_dataset_draws_unseeded(monkeypat
     assert any("draws random numbers" in n for n in advice.notes) is noted
 
 
-def test_fewer_step_threads_are_tried_without_workers_too(monkeypatch):
-    # a step whose threads contend for loaded cores: 1 thread measures 4x faster, with no workers
+def rated(monkeypatch, rate, *, step_rate: float, fetch: float = 0.5) -> None:
+    """Each run with the step measures ``rate(settings)`` samples/s (its torch threads included); the
+    loader alone 5000; the step alone ``step_rate``; 2 cores."""
     def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
         if keep is not None:
             keep.append(next(iter(loader)))
-        rate = 400.0 if torch.get_num_threads() == 1 else 100.0
-        rate = rate if step is not None else 5000.0
-        return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
-                     fetch_fraction=0.01, batches=10, samples=80, seconds=80 / rate)
+        s = dropin.settings_of(loader)
+        r = rate(s) if step is not None else 5000.0
+        return Trial(settings=s, samples_per_s=r, first_batch_s=0.01, fetch_fraction=fetch, batches=10, samples=80,
+                     seconds=80 / r)
 
     monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 101.0)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: step_rate)
     monkeypatch.setattr(dropin, "_cores", lambda: 2)
+
+
+def advise_at_two_threads(loader, **kw):
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+        return advise_loader(loader, lambda b: None, **kw)
     finally:
         torch.set_num_threads(before)
+
+
+def test_fewer_step_threads_are_tried_with_the_best_workers_of_each_kind(monkeypatch):
+    """On few cores the loader's workers and the step's threads compete: thread workers that lose to
+    the user's settings at 2 torch threads win at 1, though neither knob wins alone."""
+    def rate(s):
+        if s.num_workers == 0:
+            return 100.0 if s.torch_threads == 2 else 90.0
+        if s.worker_threads:
+            return 95.0 if s.torch_threads == 2 else 140.0
+        return 98.0 if s.torch_threads == 2 else 99.0
+
+    rated(monkeypatch, rate, step_rate=10_000.0)
+    advice = advise_at_two_threads(DataLoader(Plain(), batch_size=8), epochs=1)
+    tried = {(t.settings.num_workers > 0, t.settings.worker_threads, t.settings.torch_threads) for t in advice.trials}
+    assert (True, True, 1) in tried  # thread workers at one torch thread were measured
+    rec = advice.recommended.settings
+    assert advice.change and rec.worker_threads and rec.torch_threads == 1
+
+
+def test_fewer_step_threads_are_tried_without_workers_too(monkeypatch):
+    # a step whose threads contend for loaded cores: 1 thread measures 4x faster, with no workers
+    rated(monkeypatch, lambda s: 400.0 if s.torch_threads == 1 else 100.0, step_rate=101.0, fetch=0.01)
+    advice = advise_at_two_threads(DataLoader(Plain(), batch_size=8))
     assert advice.recommended.settings.num_workers == 0 and advice.recommended.settings.torch_threads == 1
     assert advice.threads["helped"] and advice.steady_speedup == pytest.approx(4.0)
     # the whole run (8 batches, the first after 0.01 s): 0.01 + 7 x 80 ms against 0.01 + 7 x 20 ms

@@ -17,7 +17,9 @@ repository. The script:
 3. takes each op's host-side time as the cost model does for any stage
    (:meth:`placer.costmodel.model.CostModel.host_seconds`): the calls dispatched times the
    reference host's tiny-op cost (its ``launch.cpu`` row), plus the time the counted call
-   spent outside torch ops here, scaled to the reference host by the two tiny-op costs;
+   spent outside torch ops here (the Python between ops: the reference timed no pass of
+   plain Python, so it is taken as this machine's, as the cost model takes it for a target
+   without ``python_s``);
 4. calibrates the roofline's fixed costs (stage, launch, synchronisation, host factor)
    and efficiency factors by a grid search: the most calibration ops within 2x of
    their measured GPU time, then the least mean absolute log ratio;
@@ -164,8 +166,8 @@ def main(argv=None) -> int:
             "sync_s": float(ref["launch"]["cuda"])}
     cache: dict = {}
     points = []
-    # host time as the cost model charges it: ops x the reference host's tiny-op cost, plus
-    # the time outside ops measured here, scaled to that host by the two tiny-op costs
+    # host time as the cost model charges it (CpuScale.host_seconds): ops x the reference host's
+    # tiny-op cost, plus the time outside ops measured here (the reference has no python_s)
     ref_dispatch = float(ref["launch"]["cpu"])
     here_dispatch = dispatch_s()
     print(f"tiny op here {here_dispatch * 1e6:.2f} us, on the reference host {ref_dispatch * 1e6:.2f} us")
@@ -173,7 +175,7 @@ def main(argv=None) -> int:
         if r["device"] != "cuda" or r["op"] not in OPS and not r["op"].startswith("matmul"):
             continue  # numba kernels are not torch: their work cannot be counted here
         w = work_at(r["op"], float(r["size"]), cache)
-        w.host_s = w.dispatches * ref_dispatch + w.outside_s * ref_dispatch / here_dispatch
+        w.host_s = w.dispatches * ref_dispatch + w.outside_s
         points.append((r["op"], float(r["size"]), w, r["seconds"]))
     params = calibrate(points, base)
     first = float(np.median([r["cold_s"] for r in ref["ops"] if r["device"] == "cuda" and r["size"] == min(

@@ -318,7 +318,9 @@ def test_describe_writes_a_target_that_plans_anywhere(tmp_path):
 
 def test_cpu_work_inside_a_gpu_stage_is_host_time_on_the_target():
     """numpy inside a torch stage: the counted call's time outside torch ops is host time at
-    every size, one for one, scaled to the target's CPU by the per-core ratio."""
+    every size, one for one; on a target, each op costs the target's own tiny op and the
+    Python between ops is scaled by the two CPUs' Python passes (as measured here where
+    either lacks one), whatever this machine's per-op ratio."""
     base = profile(ratio=1.0)
     cm0 = CostModel(base, describe=[H200])
     with_numpy = profile(ratio=1.0)
@@ -332,10 +334,18 @@ def test_cpu_work_inside_a_gpu_stage_is_host_time_on_the_target():
     for wp in fast.stages["step"].work:
         wp.work.outside_s = 1e-6 * wp.size
     costs = costs_from_profile(fast, size=800, describe="h200")
-    ratio = costs.target_model.host_scale.dispatch_ratio
-    assert ratio == pytest.approx(0.25, rel=1e-6)
-    assert costs.target_model.host_seconds("step")[-1] == pytest.approx(
-        ratio * (8e-4 + 10 * fast.machine["cpu_calibration"]["dispatch_s"]), rel=1e-6)
+    assert costs.target_model.host_scale.dispatch_ratio == pytest.approx(0.25, rel=1e-6)
+    d = H200.cpu.dispatch_s
+    assert costs.target_model.host_seconds("step")[-1] == pytest.approx(10 * d + 8e-4, rel=1e-6)
+    slow = profile(ratio=4.0)  # a CPU four times as fast at tiny ops: the same host time there
+    for wp in slow.stages["step"].work:
+        wp.work.outside_s = 1e-6 * wp.size
+    again = costs_from_profile(slow, size=800, describe="h200").target_model.host_seconds("step")
+    assert again == pytest.approx(costs.target_model.host_seconds("step"), rel=1e-9)
+    fast.machine["cpu_calibration"]["python_s"] = 2e-6  # both CPUs timed a pass of Python: the target twice as fast
+    twice = H200.model_copy(update={"cpu": H200.cpu.model_copy(update={"python_s": 1e-6})})
+    host = costs_from_profile(fast, size=800, describe=twice).target_model.host_seconds("step")
+    assert host[-1] == pytest.approx(10 * d + 4e-4, rel=1e-6)
 
 
 def test_count_work_keeps_the_time_spent_outside_torch():

@@ -381,3 +381,36 @@ def tensor_bytes_work(input_bytes: float, output_bytes: float, *, flops: float |
         ops=1,
         source="tensor sizes" if flops is None else "declared",
     )
+
+
+class _Layer:
+    """A stand-in for the Python a model runs between ops: a call through a small object
+    graph, attribute reads, a keyword call, a list built and summed."""
+
+    def __init__(self, depth: int):
+        self.child = _Layer(depth - 1) if depth else None
+        self.scale, self.hooks = 1.0, []
+
+    def __call__(self, x: float, *, training: bool = True) -> float:
+        for hook in self.hooks:
+            x = hook(x)
+        y = x * self.scale + (1.0 if training else 0.0)
+        return self.child(y, training=training) if self.child is not None else sum([y, x, 1.0])
+
+
+def python_s(*, rounds: int = 5, per_round: int = 2000) -> float:
+    """Seconds of this thread's CPU time one pass of a fixed piece of plain Python takes
+    (:class:`_Layer`: calls through eight small objects): how fast this CPU runs the
+    Python between torch ops, which the cost model scales by it from one CPU to another
+    (:meth:`placer.target.CpuScale.host_seconds`). The fastest of ``rounds``; a few
+    milliseconds in all."""
+    layer = _Layer(8)
+    layer(1.0)
+    times = []
+    for _ in range(rounds):
+        t0 = time.thread_time()
+        for _ in range(per_round):
+            layer(1.0)
+        times.append(time.thread_time() - t0)
+    return min(times) / per_round
+

@@ -14,7 +14,8 @@ to the requested size (``roofline``). Planning for a described machine
 (``cpu_scale``, ``target_cpu``), the ``cpu`` device is the target's CPU: this
 machine's CPU predictions scaled by ops measured on both (``scaled``: by the
 threads each measurement kept busy and its counted work, :meth:`CostModel.scale_inputs`),
-and the described GPUs' host time, one thread's, by the per-core ratio. Transfers come from the separate
+and the described GPUs' host time at the target's own cost per op issued plus this machine's Python
+between ops (:meth:`placer.target.CpuScale.host_seconds`). Transfers come from the separate
 :class:`~placer.costmodel.bus.TransferModel`.
 
 Examples
@@ -154,19 +155,22 @@ class CostModel:
         costs a dispatch though it launches no kernel), plus the time the counted call
         spent outside torch ops there (``Work.outside_s``: Python, numpy, a DataLoader;
         torch's own work kept out of it; read off the robust line through every counted
-        size's reading, :func:`smoothed_outside`). Both are one thread's time on this machine,
-        scaled to the target's CPU by the per-core ratio when the target describes one
-        (``host_scale.dispatch_ratio``). Without this machine's dispatch cost (a profile
-        from a machine never calibrated), the target CPU's own is charged per op.
+        size's reading, :func:`smoothed_outside`). Both are one thread's time on this machine;
+        for a target that describes its CPU (``host_scale``), each op costs the target's own
+        measured tiny-op cost and the Python between ops is scaled by the two CPUs' Python
+        speeds (:meth:`placer.target.CpuScale.host_seconds`): what the prediction charges then
+        does not hang on how fast this machine issues ops. Without this machine's dispatch
+        cost (a profile from a machine never calibrated), the target CPU's own is charged per op.
         """
         work = self.profile.stages[stage].work
-        ratio = self.host_scale.dispatch_ratio if self.host_scale is not None else 1.0
         outside = smoothed_outside(work)
         here = self.dispatch_s()
+        if self.host_scale is not None:
+            return [self.host_scale.host_seconds(w.work.dispatches, o, here) for w, o in zip(work, outside)]
         if here is not None:
-            return [(w.work.dispatches * here + o) * ratio for w, o in zip(work, outside)]
+            return [w.work.dispatches * here + o for w, o in zip(work, outside)]
         there = getattr(self.target_cpu, "dispatch_s", None) or 0.0
-        return [w.work.dispatches * there + o * ratio for w, o in zip(work, outside)]
+        return [w.work.dispatches * there + o for w, o in zip(work, outside)]
 
     def described_points(self, stage: str, desc: DeviceDescription, precision: str | None = None
                          ) -> list[tuple[float, float]]:
@@ -420,7 +424,7 @@ class CostModel:
         the host time uses (:func:`smoothed_outside`), as a fraction of the described
         device's predicted seconds there: each stage's mean over its counted sizes, the
         median over the stages (0 without a stage counted at three sizes or more)."""
-        ratio = self.host_scale.dispatch_ratio if self.host_scale is not None else 1.0
+        ratio = self.host_scale.python_ratio if self.host_scale is not None else 1.0
         per_stage = []
         for name, sp in self.profile.stages.items():
             if len(sp.work) < 3:

@@ -22,8 +22,8 @@ wrote), every number a prediction for that machine:
   (:class:`~placer.costmodel.roofline.DeviceDescription`) over the work of one batch
   counted here on the CPU (:func:`count_stream_work`: the stage's torch GPU
   implementation, the step's own call), plus the host time a GPU run pays (the calls
-  dispatched times this machine's cost of one, plus the time outside torch ops, scaled
-  to the target's CPU per core: as :meth:`placer.costmodel.model.CostModel.host_seconds`).
+  dispatched times the target's cost of one, plus the time outside torch ops: as
+  :meth:`placer.costmodel.model.CostModel.host_seconds`).
 - **Copies** over the target's link: pinned and pageable (the executor's copy without
   pinning), per value and batch, from its transfer model.
 
@@ -251,11 +251,12 @@ def here_seconds(s: StageProfile) -> float:
 
 
 def host_seconds(work: Work, dispatch_s: float | None, scale: Any) -> float:
-    """The host time a GPU run of ``work`` pays on the target: the calls dispatched times this machine's
-    cost of one, plus the time outside torch ops, scaled by the target's per-core ratio (as
+    """The host time a GPU run of ``work`` pays on the target: the calls dispatched times the target's
+    cost of one, plus the time outside torch ops (:meth:`placer.target.CpuScale.host_seconds`, as
     :meth:`placer.costmodel.model.CostModel.host_seconds` does for one-shot stages)."""
-    per_core = scale.dispatch_ratio if scale is not None else 1.0
-    return (work.dispatches * (dispatch_s or 0.0) + work.outside_s) * per_core
+    if scale is not None:
+        return scale.host_seconds(work.dispatches, work.outside_s, dispatch_s)
+    return work.dispatches * (dispatch_s or 0.0) + work.outside_s
 
 
 def _scaling_rows(profile: StreamProfile, s: StageProfile, ratio: float, cores: int) -> list[ScalingRow]:

@@ -12,8 +12,9 @@ its own CPU time, keeping the faster: a busy machine stalls threaded small ops a
 shares its cores, and a thread's CPU time leaves out the time it waited; each row
 records the threads it kept busy, CPU over wall time and at least its speed-up over
 one thread, and its counted work), the per-op dispatch cost (:func:`placer.costmodel.counts.dispatch_s`:
-tiny ops, one thread's CPU time; a GPU stage's host time is charged by it) and a
-matrix product at one thread and at all (thread scaling). :func:`this_cpu` keeps that
+tiny ops, one thread's CPU time; a GPU stage's host time is charged by it), a pass of
+plain Python (:func:`placer.costmodel.counts.python_s`: the Python between ops is scaled by
+it) and a matrix product at one thread and at all (thread scaling). :func:`this_cpu` keeps that
 calibration per CPU in the profile cache directory, so it runs once per machine.
 :func:`describe_machine` adds each GPU (peak FLOP/s from matrix products, memory
 bandwidth from a device copy, launch and synchronise costs, the copies) and returns
@@ -48,7 +49,7 @@ def calibrate_cpu(*, budget_s: float = CPU_BUDGET_S, rows=None) -> CpuDescriptio
     """Time the calibration ops on this CPU (each within its share of ``budget_s``)."""
     import torch
 
-    from placer.costmodel.counts import count_work, dispatch_s
+    from placer.costmodel.counts import count_work, dispatch_s, python_s
     from placer.devices import discover
     from placer.target.ops import CALIBRATION, OPS
     from placer.timing import measure
@@ -87,7 +88,7 @@ def calibrate_cpu(*, budget_s: float = CPU_BUDGET_S, rows=None) -> CpuDescriptio
                          bytes=work.bytes or None))
     cores = int(host.get("cores") or 1)
     return CpuDescription(model=str(host.get("cpu_model") or "unknown CPU"), cores=cores,
-                          threads=torch.get_num_threads(), dispatch_s=dispatch_s(),
+                          threads=torch.get_num_threads(), dispatch_s=dispatch_s(), python_s=python_s(),
                           thread_scaling=_thread_scaling(cores), ops=out,
                           source=f"placer calibration on {host.get('hostname', 'this machine')} "
                                  f"(torch {host.get('torch')}), {len(out)} ops")

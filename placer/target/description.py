@@ -74,6 +74,10 @@ class CpuDescription(BaseModel):
         Intra-op threads the op rows were measured with (default: ``cores``).
     dispatch_s : float
         Seconds of one tiny op (the fixed cost of a call into torch).
+    python_s : float
+        Seconds of a fixed loop of plain Python calls and attribute reads
+        (:func:`placer.costmodel.counts.python_s`): how fast the CPU runs the Python
+        between torch ops (None where not measured).
     thread_scaling : dict
         Speed-up of a parallel op at ``n`` threads over one (``{"1": 1.0, "16": 9.5}``),
         where measured; empty when unknown.
@@ -89,6 +93,7 @@ class CpuDescription(BaseModel):
     cores: int = Field(ge=1)
     threads: int | None = Field(None, ge=1)
     dispatch_s: float | None = Field(None, gt=0)
+    python_s: float | None = Field(None, gt=0)
     thread_scaling: dict[int, float] = Field(default_factory=dict)
     ops: list[OpRow] = Field(default_factory=list)
     source: str = ""

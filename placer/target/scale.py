@@ -98,6 +98,12 @@ class CpuScale(BaseModel):
         Intra-op threads of this machine's measurements (by default).
     dispatch_ratio : float
         The ratio of the most dispatch-bound ops (the per-call, per-core ratio): serial work's.
+    target_dispatch_s : float or None
+        The target's own cost of one tiny op, where its description measured it: what a
+        GPU run there pays per op issued (:meth:`host_seconds`).
+    python_ratio : float
+        The target's Python over this machine's (both CPUs' ``python_s``), 1.0 where
+        either was not measured.
     width, bytes_width : float
         The weights' widths (natural log of seconds per op, of bytes per op).
     """
@@ -108,6 +114,8 @@ class CpuScale(BaseModel):
     target_cores: int = 1
     here_threads: int = 1
     dispatch_ratio: float = 1.0
+    target_dispatch_s: float | None = None
+    python_ratio: float = 1.0
     width: float = WIDTH
     bytes_width: float = BYTES_WIDTH
 
@@ -128,9 +136,11 @@ class CpuScale(BaseModel):
         points.sort(key=lambda p: p.seconds / (p.ops or 1))
         fastest = points[: max(1, len(points) // 4)]
         dispatch = math.exp(sum(math.log(p.ratio) for p in fastest) / len(fastest))
+        python = target.python_s / here.python_s if target.python_s and here.python_s else 1.0
         scale = cls(points=points, here=f"{here.model} ({here.cores} cores)",
                     target=f"{target.model} ({target.cores} cores)", target_cores=target.cores,
-                    here_threads=threads, dispatch_ratio=dispatch)
+                    here_threads=threads, dispatch_ratio=dispatch, target_dispatch_s=target.dispatch_s,
+                    python_ratio=python)
         return scale.with_widths_chosen()
 
     def loo_error(self) -> float:
@@ -219,6 +229,25 @@ class CpuScale(BaseModel):
     def seconds(self, seconds_here: float, **kw) -> float:
         """``seconds_here`` on the target's CPU (keywords as :meth:`ratio`)."""
         return seconds_here * self.ratio(seconds_here, **kw)
+
+    def host_seconds(self, dispatches: float, outside_s: float, here_dispatch_s: float | None) -> float:
+        """The host time a GPU run on the target pays for ``dispatches`` ops issued and
+        ``outside_s`` of this machine's time outside torch ops.
+
+        Each op costs the target's own tiny-op cost where its description measured it
+        (else this machine's, ``here_dispatch_s``, times :attr:`dispatch_ratio`); the
+        Python between ops is scaled by :attr:`python_ratio`. The two are priced apart
+        because they do not move together from one CPU to another: two 2-core VMs whose
+        tiny ops cost 5.1 and 1.9 us read the same 0.57-0.58 ms outside ops for the
+        reference's CIFAR train step at batch 4-8, where a per-op ratio scaled that time
+        by 1.3x on one and 2.2x on the other.
+
+        >>> s = CpuScale(points=[ScalePoint(seconds=1.0, ratio=2.0)], dispatch_ratio=2.0, target_dispatch_s=5e-6)
+        >>> round(s.host_seconds(100, 1e-3, here_dispatch_s=2e-6) * 1e3, 3)  # 100 x 5 us + 1 ms
+        1.5
+        """
+        per_op = self.target_dispatch_s or (here_dispatch_s or 0.0) * self.dispatch_ratio
+        return dispatches * per_op + outside_s * self.python_ratio
 
     def describe(self) -> str:
         """One line for notes: the two CPUs and the ratio range."""

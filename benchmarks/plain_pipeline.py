@@ -34,8 +34,8 @@ def forms() -> dict[str, Path]:
     return {p.name.removesuffix("_pipeline.py"): p for p in sorted(FORMS.glob("*_pipeline.py"))}
 
 
-def plan_flags(settings: Mapping[str, Any], source: str, step: str, *,
-               cache_flag: bool) -> tuple[list[str], list[str]]:
+def plan_flags(settings: Mapping[str, Any], source: str, step: str, *, cache_flag: bool,
+               thread_flag: bool = True) -> tuple[list[str], list[str]]:
     """The script's flags for a stream plan's settings, and notes on what they cannot express.
 
     Parameters
@@ -48,6 +48,8 @@ def plan_flags(settings: Mapping[str, Any], source: str, step: str, *,
         the placement's other members are its per-batch stages.
     cache_flag : bool
         Whether the script has ``--cache`` (a per-sample cache of its deterministic work).
+    thread_flag : bool
+        Whether the script has a thread-pool loader (``--worker-kind thread``).
 
     The mapping: the source's workers are DataLoader worker processes, so ``--num-workers``
     (processes); the queue depth is their ``--prefetch-factor`` (placer's own conversion,
@@ -56,9 +58,9 @@ def plan_flags(settings: Mapping[str, Any], source: str, step: str, *,
     cache is a dict in each worker process, which non-persistent workers lose every epoch;
     the stream's is one store all of them share). A per-batch stage runs inside the script's
     loader: one thread worker for it is what the script does; more, or processes, have no flag.
-    ``workers`` without source workers overlaps the loader (in the main process) with the step,
-    which the script's loop does not: as flags that is no workers. Pinned copies matter only
-    with a GPU in the placement.
+    ``workers`` without source workers reads the DataLoader in one thread beside the step: the
+    script's thread-pool loader with one thread (``--worker-kind thread``), where it has one.
+    Pinned copies matter only with a GPU in the placement.
 
     Examples
     --------
@@ -79,9 +81,11 @@ def plan_flags(settings: Mapping[str, Any], source: str, step: str, *,
     notes: list[str] = []
     if loader.num_workers:
         flags += ["--num-workers", str(loader.num_workers), "--prefetch-factor", str(loader.prefetch_factor)]
+    elif not s.sequential and thread_flag:
+        flags += ["--num-workers", "1", "--worker-kind", "thread", "--prefetch-factor", str(s.prefetch)]
     elif not s.sequential:
-        notes.append(f"the stream reads '{source}' in a thread beside the step (overlapped): the script's loop "
-                     "does not; as flags, no workers")
+        notes.append(f"the stream reads '{source}' in a thread beside the step: the script has no thread-pool "
+                     "loader; as flags, no workers")
     for n in [n for n in placement if n not in (source, step)]:
         if s.sequential:
             continue

@@ -90,9 +90,10 @@ SETTINGS = {"workers": 1, "stage_workers": {}, "worker_kind": {}, "prefetch": 2,
             "torch_threads": None, "stage_group": {}}
 
 
-def flags_of(source="src", step="train", stages=(), cache_flag=False, **settings):
+def flags_of(source="src", step="train", stages=(), cache_flag=False, thread_flag=True, **settings):
     placement = {source: "cpu", **{s: "cpu" for s in stages}, step: "cpu"}
-    return plan_flags({"placement": placement, **SETTINGS, **settings}, source, step, cache_flag=cache_flag)
+    return plan_flags({"placement": placement, **SETTINGS, **settings}, source, step, cache_flag=cache_flag,
+                      thread_flag=thread_flag)
 
 
 def test_plan_flags_workers_prefetch_threads():
@@ -107,10 +108,18 @@ def test_plan_flags_cache_at_the_source():
     assert flags_of(workers=0, cache="src", cache_flag=True) == (["--cache"], [])
 
 
+def test_plan_flags_loader_in_a_thread():
+    """No DataLoader workers, but the stream reads the loader in a thread beside the step: the script's
+    thread-pool loader with one thread, where it has one."""
+    assert flags_of(stage_workers={"src": 0}, prefetch=3) == (
+        ["--num-workers", "1", "--worker-kind", "thread", "--prefetch-factor", "3"], [])
+    flags, notes = flags_of(stage_workers={"src": 0}, thread_flag=False)
+    assert flags == [] and "no thread-pool loader" in notes[0]
+
+
 def test_plan_flags_names_what_it_cannot_express():
     flags, notes = flags_of(stage_workers={"src": 0}, cache="src")
-    assert flags == []
-    assert any("in a thread beside the step" in n for n in notes)
+    assert flags == ["--num-workers", "1", "--worker-kind", "thread", "--prefetch-factor", "2"]
     assert any("cannot be applied" in n and "no --cache" in n for n in notes)
     flags, notes = flags_of(stages=["augment"], stage_workers={"src": 1, "augment": 2},
                             worker_kind={"augment": "process"}, cache="augment", cache_flag=True)

@@ -420,8 +420,8 @@ def pipeline_lines(pipe: dict | None) -> list[str]:
     out = ["", f"The pipeline form's plan (`{command}`): `{settings}`; "
            f"predicted {_rate(pipe['predicted_samples_per_s'])} samples/s, measured by placer advise "
            f"{_rate(pipe['measured_samples_per_s'])}; over one batch at a time predicted "
-           f"{pipe['claimed_speedup'] or 0:.2f}x, measured {pipe['measured_speedup'] or 0:.2f}x. As the script's flags: "
-           f"`{shlex.join(pipe['flags']) or '(none)'}`"]
+           f"{pipe['claimed_speedup'] or 0:.2f}x, measured {pipe['measured_speedup'] or 0:.2f}x. "
+           f"As the script's flags: `{shlex.join(pipe['flags']) or '(none)'}`"]
     out += [f"- not expressed by the flags: {n}" for n in pipe["notes"]]
     return out
 

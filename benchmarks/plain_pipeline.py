@@ -93,6 +93,9 @@ def plan_flags(settings: Mapping[str, Any], source: str, step: str, *, cache_fla
         if w > 1 or kind != "thread":
             notes.append(f"{w} {kind} worker{'s' if w > 1 else ''} of '{n}': no flag (the script runs it inside "
                          "its loader)")
+        elif not loader.num_workers:
+            notes.append(f"'{n}' in a thread of its own beside the loader's: no flag (the script's loader runs "
+                         "it in its thread)")
     gpu = sorted(n for n, d in placement.items() if d != "cpu")
     if gpu:
         notes.append(f"{', '.join(gpu)} on {placement[gpu[0]]}: the script runs on the CPU; no flag")

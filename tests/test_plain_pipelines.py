@@ -127,4 +127,8 @@ def test_plan_flags_names_what_it_cannot_express():
     assert any("2 process workers of 'augment'" in n for n in notes)
     assert any("cache after 'augment': cannot be applied" in n for n in notes)
     flags, notes = flags_of(stages=["augment"], stage_workers={"src": 1, "augment": 1})
-    assert not notes  # one thread for a per-batch stage: what the script's loader does
+    assert not notes  # one thread for a per-batch stage beside worker processes: what the script's loader does
+    flags, notes = flags_of(stages=["augment"], stage_workers={"src": 0, "augment": 1})
+    assert flags[:4] == ["--num-workers", "1", "--worker-kind", "thread"]
+    assert notes == ["'augment' in a thread of its own beside the loader's: no flag (the script's loader runs it "
+                     "in its thread)"]

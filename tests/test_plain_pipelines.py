@@ -29,7 +29,10 @@ from plain_pipeline import forms, plan_flags  # noqa: E402
 #: script -> tiny sizes (the script's flags; the form's build() takes the same)
 SIZES = {"images_train": dict(size=12, epochs=2, batch_size=4),
          "table_train": dict(size=40, epochs=2, batch_size=8),
-         "audio_cache_train": dict(size=6, epochs=2, batch_size=4)}
+         "audio_cache_train": dict(size=6, epochs=2, batch_size=4),
+         "text_infer": dict(size=24, epochs=1, batch_size=8)}
+#: script -> its step
+STEP = {"text_infer": "predict"}
 
 
 def load(script: str):
@@ -70,7 +73,11 @@ def test_form_validates_and_runs_a_few_batches(script, tmp_path):
     p.validate()
     run = run_form(script, tmp_path, StreamConfig(max_batches=2))
     assert run.streams[0].batches == 2
-    assert len(run.outputs["train"]["losses"]) == 2
+    state = run.outputs[STEP.get(script, "train")]
+    if script == "text_infer":  # predicted classes counted for every document of the two batches
+        assert state["counts"].sum() == 2 * SIZES[script]["batch_size"]
+    else:  # a training step per batch
+        assert len(state["losses"]) == 2
 
 
 @pytest.mark.parametrize("script", sorted(SIZES))
@@ -82,7 +89,7 @@ def test_form_reads_the_scripts_batches(script, tmp_path, capsys, monkeypatch):
     if script == "audio_cache_train":  # the script's --cache: the spectrograms kept by sample at the source
         configs.append(StreamConfig(stage_workers={source: 2}, cache=source))
     for config in configs:
-        state = run_form(script, tmp_path, config).outputs["train"]
+        state = run_form(script, tmp_path, config).outputs[STEP.get(script, "train")]
         assert state["digest"].hexdigest() == written["digest"], config
 
 

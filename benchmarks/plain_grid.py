@@ -330,9 +330,12 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
     claim = claim_check(dropin, final_runs["as written"]) if dropin else None
     claim_settings = claim_check(final_runs[settings_key], final_runs["as written"],
                                  claims=[before.advice["claimed_speedup"]]) if settings_key else None
-    claim_pipeline, claim_pipeline_run = (
-        (claim_check(final_runs[pipe_key], final_runs["as written"], claims=[pipe[k]]) if pipe.get(k) else None)
-        if pipe_key else None for k in ("claimed_speedup", "measured_speedup"))
+    claim_pipeline = claim_pipeline_run = None
+    if pipe_key and pipe.get("claimed_speedup"):
+        claim_pipeline = claim_check(final_runs[pipe_key], final_runs["as written"], claims=[pipe["claimed_speedup"]])
+    if pipe_key and pipe.get("measured_speedup"):
+        claim_pipeline_run = claim_check(final_runs[pipe_key], final_runs["as written"],
+                                         claims=[pipe["measured_speedup"]])
     advice_runs = [r for r in dropin if r.output]
     mismatched = sorted({r.label for r in every if r.ok and r.digest != ref.digest})
     failed = sorted({r.label for r in every if not r.ok})
@@ -441,9 +444,9 @@ def markdown(doc: dict) -> str:
                   "prediction); *its settings as flags* runs, in a new process, the settings of one drop-in run "
                   "before the grid; *pipeline form's plan as flags* runs the plan `placer advise` made for the "
                   "script's pipeline form before the grid, written as the script's flags (it claims the plan's "
-                  "predicted speed-up over one batch at a time, which a plan that its verification runs chose "
-                  "over the predicted best can put under 1; the next row takes the speed-up placer advise "
-                  "measured in its own runs instead):", "",
+                  "predicted speed-up over one batch at a time, placer advise's `num_workers=0` option, the "
+                  "model's number; the next row takes the speed-up placer advise measured in its own runs of "
+                  "the two):", "",
                   "| script | scored | claimed | measured | claimed / measured | within 20 % | load |",
                   "|---|---|---|---|---|---|---|"]
         for name, what, c in claims:

@@ -30,9 +30,15 @@ thread-pool loader, its step threads), timed by the script's own clock as every 
 speed-up is compared with the one the same rounds measured against the script as written.
 ``--advise`` also runs the script with ``--placer-advice`` once before the grid and scores
 the settings it recommended written as the script's flags (cache and thread-pool loader
-included), each in a new process, as a user who edits the script would run them. ``--score``
-adds any other, e.g. the pipeline form's choice written as the script's flags:
-``--score "images_train:pipeline=--num-workers 2 --worker-kind thread --prefetch-factor 4"``.
+included), each in a new process, as a user who edits the script would run them.
+``--pipeline`` does the same for the scripts with a pipeline form
+(``benchmarks/plain/pipelines/<script>_pipeline.py``, the script ported to placer): ``placer
+advise`` on it once before the grid, at the script's size and epochs within
+``--pipeline-budget-s``, then its plan written as the script's flags
+(:func:`plain_pipeline.plan_flags`, which says what of the plan no flag expresses) is scored,
+and the plan's predicted speed-up over one batch at a time (the script as written) is
+compared with the one the final rounds measured. ``--score`` adds any other flags:
+``--score "images_train:mine=--num-workers 2 --worker-kind thread --prefetch-factor 4"``.
 Every run's digest is checked against the run as written: a setting must not change
 the batches a script reads.
 
@@ -44,6 +50,7 @@ Usage
     python benchmarks/plain_grid.py --quick                       # a smoke run: tiny sizes, a few cells
     python benchmarks/plain_grid.py --few-cells --advise --final-rounds 3   # the scripts' own sizes, a few cells
     python benchmarks/plain_grid.py --scripts audio_cache_train --advise
+    python benchmarks/plain_grid.py --quick --pipeline --scripts table_train   # the pipeline form's plan
     python benchmarks/plain_grid.py --advise --repeats 3 --final-rounds 5   # the full grid: hours on 2 cores
 """
 
@@ -69,6 +76,8 @@ PLAIN = HERE / "plain"
 sys.path.insert(0, str(HERE))
 
 from _machine import describe  # noqa: E402
+from plain_pipeline import forms, plan_flags  # noqa: E402
+from plain_pipeline import advise as advise_pipeline  # noqa: E402
 
 #: name -> the script's file, whether it has a thread-pool loader (--worker-kind thread) and
 #: --cache, and the sizes of a --quick run
@@ -291,6 +300,9 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
             scored[settings_key] = config_from_advice(before.advice)
         else:
             log(f"  the drop-in run FAILED: {before.error}")
+    pipe, pipe_key = (pipeline_choice(script, base, a, log) if a.pipeline and script in forms() else (None, None))
+    if pipe_key:
+        scored[pipe_key] = config_from_flags(shlex.join(pipe["flags"]))
     for spec in a.score:
         name, _, rest = spec.partition(":")
         if name == script:
@@ -318,6 +330,12 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
     claim = claim_check(dropin, final_runs["as written"]) if dropin else None
     claim_settings = claim_check(final_runs[settings_key], final_runs["as written"],
                                  claims=[before.advice["claimed_speedup"]]) if settings_key else None
+    claim_pipeline = claim_pipeline_run = None
+    if pipe_key and pipe.get("claimed_speedup"):
+        claim_pipeline = claim_check(final_runs[pipe_key], final_runs["as written"], claims=[pipe["claimed_speedup"]])
+    if pipe_key and pipe.get("measured_speedup"):
+        claim_pipeline_run = claim_check(final_runs[pipe_key], final_runs["as written"],
+                                         claims=[pipe["measured_speedup"]])
     advice_runs = [r for r in dropin if r.output]
     mismatched = sorted({r.label for r in every if r.ok and r.digest != ref.digest})
     failed = sorted({r.label for r in every if not r.ok})
@@ -330,9 +348,27 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
             "digest_mismatch": mismatched, "failed": failed,
             "advice_output": [r.output for r in advice_runs], "claimed_vs_measured": claim,
             "claimed_vs_measured_settings": claim_settings,
+            "pipeline": pipe, "claimed_vs_measured_pipeline": claim_pipeline,
+            "claimed_vs_measured_pipeline_run": claim_pipeline_run,
             "advice_before": ({**before.advice, "settings": settings_key, "output": before.output}
                               if before and before.ok and before.advice else None),
             "runs": [asdict(r) | {"output": None} for r in every]}
+
+
+def pipeline_choice(script: str, base: list[str], a: argparse.Namespace, log) -> tuple[dict, str | None]:
+    """``placer advise`` on the script's pipeline form, once; its plan as the script's flags, and the
+    final comparison's key for them (None when the advice failed)."""
+    log(f"{script}: the pipeline form's plan (placer advise, {a.pipeline_budget_s:g} s budget)")
+    pipe = advise_pipeline(script, base, budget_s=a.pipeline_budget_s, timeout_s=a.timeout_s)
+    if "error" in pipe:
+        log(f"  placer advise FAILED: {pipe['error'][-500:]}")
+        return pipe, None
+    flags, notes = plan_flags(pipe["settings"], pipe["source"], pipe["step"], cache_flag=SCRIPTS[script]["cache"],
+                              thread_flag=SCRIPTS[script]["thread"])
+    pipe |= {"flags": flags, "notes": notes, "label": "pipeline form: " + config_from_flags(shlex.join(flags)).label()}
+    log(f"  plan {pipe['settings']}, claimed {pipe['claimed_speedup'] or 0:.2f}x over one batch at a time; as flags: "
+        f"{shlex.join(flags) or '(none)'}" + "".join(f"; {n}" for n in notes))
+    return pipe, pipe["label"]
 
 
 #: the advice's claimed speed-up may differ from the script's measured one by this much
@@ -370,22 +406,47 @@ def _rate(x: float | None) -> str:
     return "—" if x is None else f"{x:,.1f}"
 
 
+#: the claim checks of a script's result: its key, and what was scored
+CLAIMS = (("claimed_vs_measured", "advice applied"), ("claimed_vs_measured_settings", "its settings as flags"),
+          ("claimed_vs_measured_pipeline", "pipeline form's plan as flags"),
+          ("claimed_vs_measured_pipeline_run", "pipeline form's plan as flags, placer advise's measured speed-up"))
+
+
+def pipeline_lines(pipe: dict | None) -> list[str]:
+    """The pipeline form's plan, its speed-ups as placer advise measured them, and its flags."""
+    if not pipe:
+        return []
+    if "error" in pipe:
+        return ["", f"The pipeline form's advice FAILED: `{pipe['error'][-300:]}`"]
+    settings = {k: v for k, v in pipe["settings"].items() if v not in ({}, None)}
+    command = shlex.join(["placer", *pipe["command"][3:]]).replace(f"{ROOT}{os.sep}", "")
+    out = ["", f"The pipeline form's plan (`{command}`): `{settings}`; "
+           f"predicted {_rate(pipe['predicted_samples_per_s'])} samples/s, measured by placer advise "
+           f"{_rate(pipe['measured_samples_per_s'])}; over one batch at a time predicted "
+           f"{pipe['claimed_speedup'] or 0:.2f}x, measured {pipe['measured_speedup'] or 0:.2f}x. "
+           f"As the script's flags: `{shlex.join(pipe['flags']) or '(none)'}`"]
+    out += [f"- not expressed by the flags: {n}" for n in pipe["notes"]]
+    return out
+
+
 def markdown(doc: dict) -> str:
     lines = [f"# Plain scripts: loader grid and scored settings ({doc['mode']})", "", doc["machine"], "",
              f"Load average at the start {doc['load_start']}, at the end {doc['load_end']}; "
              f"{doc['seconds']:.0f} s in all. Command: `{doc['command']}`.", "",
              "Samples/s of each script's own loop (its epochs, worker start-up included), median of the "
              "runs with the lowest and highest; spread = (max - min) / median.", ""]
-    claims = [(s["script"], what, s[key]) for s in doc["scripts"]
-              for key, what in (("claimed_vs_measured", "advice applied"),
-                                ("claimed_vs_measured_settings", "its settings as flags"))
-              if s.get(key)]
+    claims = [(s["script"], what, s[key]) for s in doc["scripts"] for key, what in CLAIMS if s.get(key)]
     if claims:
-        lines += ["The drop-in's claimed speed-up (its whole-run prediction) against the script's own, measured "
-                  "in the final comparison (interleaved, over the script as written): *advice applied* runs the "
-                  "script with --placer-advice (it advises anew each run, then its loop runs with advice.loader() "
-                  "and the step threads it recommends, after the advice's runs warmed the process up); *its "
-                  "settings as flags* runs, in a new process, the settings of one advice run before the grid:", "",
+        lines += ["The claimed speed-up against the script's own, measured in the final comparison (interleaved, "
+                  "over the script as written): *advice applied* runs the script with --placer-advice (the "
+                  "drop-in advises anew each run, then its loop runs with advice.loader() and the step threads it "
+                  "recommends, after the advice's runs warmed the process up; it claims its whole-run "
+                  "prediction); *its settings as flags* runs, in a new process, the settings of one drop-in run "
+                  "before the grid; *pipeline form's plan as flags* runs the plan `placer advise` made for the "
+                  "script's pipeline form before the grid, written as the script's flags (it claims the plan's "
+                  "predicted speed-up over one batch at a time, placer advise's `num_workers=0` option, the "
+                  "model's number; the next row takes the speed-up placer advise measured in its own runs of "
+                  "the two):", "",
                   "| script | scored | claimed | measured | claimed / measured | within 20 % | load |",
                   "|---|---|---|---|---|---|---|"]
         for name, what, c in claims:
@@ -409,12 +470,12 @@ def markdown(doc: dict) -> str:
         for k, g in sorted(s["final"].items(), key=lambda kv: -(kv[1]["median"] or 0)):
             lines.append(f"| {k} | {_rate(g['median'])} | {_rate(g['min'])}–{_rate(g['max'])} | "
                          f"{s['score_vs_grid_best'].get(k)} | {g['ok']}/{g['runs']} |")
-        for key, what in (("claimed_vs_measured", "advice applied"),
-                          ("claimed_vs_measured_settings", "its settings as flags")):
+        for key, what in CLAIMS:
             c = s.get(key)
             if not c:
                 continue
-            lines += ["", f"{what}: the drop-in claimed {c['claimed']:.2f}x (its runs: "
+            who = "placer advise" if "pipeline" in key else "the drop-in"
+            lines += ["", f"{what}: {who} claimed {c['claimed']:.2f}x (its runs: "
                       f"{', '.join(f'{x:.2f}x' for x in c.get('claims', []))}); the script measured "
                       f"{c['measured']:.2f}x "
                       f"(rounds: {', '.join(f'{p:.2f}x' for p in c['per_round'])}; load {c['load']}): "
@@ -429,6 +490,7 @@ def markdown(doc: dict) -> str:
             lines += [f"- round {d['round']}: {d['settings'] or 'FAILED'}"
                       + (f", claimed {d['claimed_speedup']:.2f}x" if d.get("claimed_speedup") else "")
                 for d in s["advice"]]
+        lines += pipeline_lines(s.get("pipeline"))
         for out in s["advice_output"][:1]:
             if out:
                 text = "\n".join(line for line in out.splitlines() if not line.startswith("{"))
@@ -448,6 +510,10 @@ def main() -> None:
     ap.add_argument("--final-rounds", type=int, default=None, help="final rounds (default 5; 2 with --quick)")
     ap.add_argument("--top", type=int, default=3, help="grid configurations in the final comparison")
     ap.add_argument("--advise", action="store_true", help="score the drop-in's choice (--placer-advice)")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="score the plan of each script's pipeline form (benchmarks/plain/pipelines) as its flags")
+    ap.add_argument("--pipeline-budget-s", type=float, default=None,
+                    help="placer advise's budget for a pipeline form (default 30 s; 8 with --quick)")
     ap.add_argument("--score", action="append", default=[], metavar="SCRIPT:LABEL=FLAGS",
                     help="score these flags on SCRIPT, e.g. 'images_train:pipeline=--num-workers 2'")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per run")
@@ -457,6 +523,7 @@ def main() -> None:
     a = ap.parse_args()
     a.repeats = a.repeats or (2 if a.quick else 3)
     a.final_rounds = a.final_rounds or (2 if a.quick else 5)
+    a.pipeline_budget_s = a.pipeline_budget_s or (8.0 if a.quick else 30.0)
     if not a.quick and (a.repeats < 3 or a.final_rounds < 3):
         ap.error("a recorded grid needs --repeats and --final-rounds of at least 3 (or --quick)")
     names = [s.strip() for s in a.scripts.split(",") if s.strip()]

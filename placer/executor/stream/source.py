@@ -6,9 +6,9 @@ the source returns a ``Dataset`` or a ``DataLoader``).
 A source function returns an iterable of batches (a generator, a list), a
 ``torch.utils.data.Dataset`` (batched here by a ``DataLoader`` with the stage's
 ``batch_size`` and the configured workers: worker *processes*, as DataLoader runs
-them), or a ``DataLoader`` (its dataset, sampler, batch size and collate function
-are kept; with configured workers its worker settings are replaced, else used as
-given: the user's own settings are the baseline).
+them), or a ``DataLoader`` (its dataset, sampler, batch size, collate function,
+generator and ``worker_init_fn`` are kept; with configured workers its worker
+settings are replaced, else used as given: the user's own settings are the baseline).
 """
 
 from __future__ import annotations
@@ -75,7 +75,10 @@ def loader_for(stage: Stage, obj: Any, config: StreamConfig, wrap: Callable[[Any
         kw = dict(batch_size=obj.batch_size, sampler=obj.sampler if obj.batch_size is not None else None,
                   batch_sampler=obj.batch_sampler if obj.batch_size is None else None,
                   collate_fn=obj.collate_fn, drop_last=obj.drop_last if obj.batch_size is not None else False,
-                  dataset=obj.dataset if wrap is None else wrap(obj.dataset))
+                  dataset=obj.dataset if wrap is None else wrap(obj.dataset),
+                  # the generator draws each iterator's worker seed before a seeded sampler's order: without
+                  # it a rebuilt loader would read another order than the user's
+                  generator=obj.generator, worker_init_fn=obj.worker_init_fn)
         if not given:  # the user's own worker settings, on the wrapped dataset
             return DataLoader(**kw, **LoaderSettings.of(obj).kwargs())
     else:

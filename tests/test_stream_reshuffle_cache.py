@@ -174,3 +174,57 @@ def test_the_profile_counts_stages_before_a_keyed_cache_point_as_cacheable():
     plain = {s.name: s.cacheable for s in profile_stream(keyed_stream(epochs=2, key=None), budget_s=3,
                                                          batches=4).stages}
     assert not any(plain.values())  # a reshuffling source without a key: nothing after it replays
+
+
+class SlowDecoded(Decoded):
+    """Decoded, at 4 ms an item: the decode a cache at the source saves in later epochs."""
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(0.004)
+        return super().__getitem__(i)
+
+
+class Noisy(Decoded):
+    """Each read draws new noise: its items cannot be kept by index."""
+
+    def __getitem__(self, i):
+        return super().__getitem__(i) + torch.rand(2)
+
+
+def slow_stream(epochs: int, dataset=SlowDecoded) -> Pipeline:
+    p = Pipeline("reshuffled-slow")
+
+    @p.source(epochs=epochs, batch_size=B)
+    def src(batch_info):
+        return DataLoader(dataset(), batch_size=B, sampler=order(batch_info.epoch))
+
+    @p.step()
+    def seen(src):
+        return src.clone()
+
+    return p
+
+
+def test_the_planner_caches_a_reshuffling_dataset_source_by_sample_and_the_run_gives_the_uncached_outputs():
+    """A slow deterministic decode in a Dataset read in a new order every epoch: the profile measures
+    reading a batch's samples back from the by-sample store, the plan over several epochs caches at
+    the source (its reasons say how), and that run gives the outputs of the uncached one."""
+    from placer.stream import plan_stream, profile_stream
+
+    prof = profile_stream(slow_stream(epochs=4), budget_s=3, batches=6)
+    src = prof.stage("src")
+    assert src.cached_read_s is not None and src.cached_read_s < src.seconds["cpu"] / 4
+    plan = plan_stream(slow_stream(epochs=4), profile=prof)
+    assert plan.settings.cache == "src"
+    assert any("cache at source src, by sample" in r for r in plan.reasons), plan.reasons
+    plain = execute(slow_stream(epochs=4), "all=cpu", stream=StreamConfig(workers=0))
+    cached = execute(slow_stream(epochs=4), "all=cpu", stream=plan.settings)
+    assert outputs(cached) == outputs(plain)
+    # one epoch: nothing to cache; items that differ at every read: never kept by index
+    assert profile_stream(slow_stream(epochs=1), budget_s=2, batches=4).stage("src").cached_read_s is not None
+    assert plan_stream(slow_stream(epochs=1), budget_s=2).settings.cache is None
+    noisy = profile_stream(slow_stream(epochs=4, dataset=Noisy), budget_s=2, batches=4)
+    assert noisy.stage("src").cached_read_s is None
+    assert any("read twice differs" in n for n in noisy.notes)

@@ -206,6 +206,12 @@ class StageProfile(BaseModel):
         core can run slower beside one busy core than on one thread.
     cacheable : bool
         Its output, and everything before it, is the same in every epoch.
+    cached_read_s : float or None
+        A source that reshuffles (takes ``batch_info``) and returns a Dataset or DataLoader
+        whose items read the same twice: seconds to read one batch's samples back from a
+        cache kept by sample (:class:`~placer.executor.stream.store.SampleStore`) and collate
+        them, which each later epoch pays with a cache at the source (``cache=<source>``);
+        None where its samples cannot be kept by index.
     work : Work or None
         The work of one batch of its torch GPU implementation (or of the step), counted on
         the CPU (:func:`placer.costmodel.counts.count_work`): what a described GPU's
@@ -232,6 +238,7 @@ class StageProfile(BaseModel):
     torch_cpu_seconds: dict[int, float] = Field(default_factory=dict)
     busy_seconds: dict[int, float] = Field(default_factory=dict)
     cacheable: bool = False
+    cached_read_s: float | None = Field(None, ge=0)
     pin: str | None = None
     work: Work | None = None
     remote_ratio: dict[str, float] = Field(default_factory=dict)

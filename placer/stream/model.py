@@ -396,6 +396,9 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
         if cache_bytes(profile, nodes, at) * batches > config.cache_bytes:
             notes.append(f"the cache after {config.cache!r} would exceed {config.cache_bytes:,} bytes; "
                          "later epochs recompute it")
+        elif at == 0 and nodes[0].kind == "source":  # by sample: each later epoch reads them back
+            read = profile.stage(nodes[0].name).cached_read_s or 0.0
+            later_bps, later_neck, _, _ = _contended(profile, nodes, [(read, read), *costs[1:]], config)
         else:
             later_bps, later_neck, _, _ = _contended(profile, nodes[at + 1:], costs[at + 1:], config)
     e = profile.epochs if epochs is None else epochs

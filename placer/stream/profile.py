@@ -4,8 +4,9 @@ May import: numpy, networkx, placer.pipeline, placer.devices, placer.errors, pla
 placer.data.stream, placer.executor (to compute one-shot inputs) and
 placer.executor.transfer, placer.timing (every timing: per-batch repeats, torch's threads),
 placer.profile.transfers (pinned and pageable copies, through the device's kind),
-placer.stream.*, placer.executor.stream.* (``dask_workers`` inside a function, with a cluster). No torch of its
-own.
+placer.stream.*, placer.executor.stream.* (``dask_workers`` inside a function, with a cluster), placer.digest
+(a source's items read twice, compared). No torch of its own (a Dataset source's collate is the one torch has
+loaded).
 
 :func:`profile_stream` measures one stream at its real batch size:
 
@@ -677,7 +678,8 @@ def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, Stag
     step = stages[prof.members[-1]]
     first = next(iter(sweeps.values()))
     spb = sum(first.samples) / len(first.samples) if first.samples else 1.0
-    kind, loader, per_epoch = _source_facts(prof, spb)
+    kind, loader, per_epoch, obj = _source_facts(prof, spb)
+    stages[prof.source].cached_read_s = _cached_read(prof, obj, kind, loader)
     devs = {"cpu": HOST_DEVICE, **{d.name: d for d in prof.accel}}
     copies = [CopyProfile(value=v, src=a, dst=b, bytes=prof.copy_bytes[(v, a, b)],
                           seconds={m: steady(t.wall(m)) for m in t.keys()}, cpu_seconds=steady(t.cpu("executor")))
@@ -695,8 +697,9 @@ def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, Stag
         torch_threads=sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None, notes=prof.notes)
 
 
-def _source_facts(prof: _Profiler, spb: float) -> tuple[str, LoaderSettings | None, int | None]:
-    """What the source returns, a DataLoader's own settings, and the batches of one epoch."""
+def _source_facts(prof: _Profiler, spb: float) -> tuple[str, LoaderSettings | None, int | None, Any]:
+    """What the source returns, a DataLoader's own settings, the batches of one epoch, and the
+    source's first epoch's object."""
     p = prof.pipeline
     src = p.stages[prof.source]
     consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
@@ -715,7 +718,55 @@ def _source_facts(prof: _Profiler, spb: float) -> tuple[str, LoaderSettings | No
     if per_epoch is None and p.size and src.batch_size:
         per_epoch = math.ceil(p.size / src.batch_size)
         prof.notes.append(f"batches per epoch taken from the size: {p.size} / {src.batch_size}")
-    return kind, loader, per_epoch
+    return kind, loader, per_epoch, obj
+
+
+#: reads of one batch's samples from a by-sample cache timed (the least kept)
+CACHED_READS = 3
+
+
+def _cached_read(prof: _Profiler, obj: Any, kind: str, loader: LoaderSettings | None) -> float | None:
+    """Seconds to read one batch's samples back from a cache kept by sample, for a source that
+    reshuffles (takes ``batch_info``) and returns a Dataset or DataLoader whose items read the
+    same twice (the first and the last, compared as outputs are); None otherwise.
+
+    The first batch's items are kept in a :class:`~placer.executor.stream.store.SampleStore` (as
+    a cache at the source keeps them) and read back and collated (the DataLoader's own
+    ``collate_fn``) :data:`CACHED_READS` times: what each epoch after the first costs there.
+    """
+    from placer.digest import compare_outputs
+    from placer.executor.stream.store import SampleStore
+
+    src = prof.pipeline.stages[prof.source]
+    if kind == "iterable" or src.cache_key is not None or not takes(src.impl_for("cpu").fn, BATCH_INFO):
+        return None
+    ds = getattr(obj, "dataset", None) if kind == "loader" else obj
+    try:
+        n = len(ds)
+    except TypeError:
+        return None
+    if n < 1:
+        return None
+    for i in sorted({0, n - 1}):
+        if compare_outputs({"item": ds[i]}, {"item": ds[i]}) is not None:
+            prof.notes.append(f"source {prof.source!r}: its item {i} read twice differs (random per read): "
+                              "its samples cannot be cached by index")
+            return None
+    collate = getattr(obj, "collate_fn", None) if kind == "loader" else None
+    size = (loader.batch_size if loader is not None and loader.batch_size else src.batch_size) or 1
+    idx = list(range(min(n, int(size))))
+    store = SampleStore(1 << 40)
+    try:
+        for i in idx:
+            store.put(("__getitem__", i), ds[i])
+        best = float("inf")
+        for _ in range(CACHED_READS):
+            with Clock() as c:
+                (collate or sys.modules["torch.utils.data"].default_collate)([store.get(("__getitem__", i))[1] for i in idx])
+            best = min(best, c.wall)
+        return best
+    finally:
+        store.close()
 
 
 def _count(obj: Any, limit_s: float = 1.0) -> int | None:

@@ -232,8 +232,11 @@ def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Pr
     cfg = c.settings
     if cfg.cache and pred.total_s is not None:
         none = scorer.predict(c.with_(cache=None))
-        out.append(f"cache after {cfg.cache}: epochs 2..{pred.epochs} start after it "
-                   f"({pred.later_batches_per_s:.4g} batches/s instead of {pred.batches_per_s:.4g}); "
+        read = profile.stage(cfg.cache).cached_read_s if cfg.cache == profile.source else None
+        what = (f"cache at source {cfg.cache}, by sample: epochs 2..{pred.epochs} read its samples back in each "
+                f"epoch's order ({fmt_s(read)} a batch)" if read is not None
+                else f"cache after {cfg.cache}: epochs 2..{pred.epochs} start after it")
+        out.append(f"{what} ({pred.later_batches_per_s:.4g} batches/s instead of {pred.batches_per_s:.4g}); "
                    f"{fmt_s(pred.total_s)} over {pred.epochs} epochs instead of {fmt_s(none.total_s or 0)}")
     busiest = max(c.workers.items(), key=lambda kv: kv[1], default=None)
     if cfg.sequential:

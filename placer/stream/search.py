@@ -152,8 +152,10 @@ def remote_groups(profile: StreamProfile, members: list[str], kinds: tuple[str, 
 def cache_options(profile: StreamProfile, epochs: int) -> list[str | None]:
     if epochs < 2 or not profile.batches_per_epoch:
         return [None]
-    # after a per-batch stage only: the runner offers batches to its cache as stages finish them
-    return [None, *[s.name for s in profile.stages if s.cacheable and s.role == "batch"]]
+    # after a per-batch stage (the runner offers batches to its cache as stages finish them), or at a
+    # reshuffling Dataset source, by sample (its samples read back in each epoch's new order)
+    return [None, *[s.name for s in profile.stages if s.cacheable and s.role == "batch"
+                    or s.role == "source" and s.cached_read_s is not None]]
 
 
 def torch_options(profile: StreamProfile, place: dict[str, str]) -> list[int | None]:

@@ -228,3 +228,25 @@ def test_the_planner_caches_a_reshuffling_dataset_source_by_sample_and_the_run_g
     noisy = profile_stream(slow_stream(epochs=4, dataset=Noisy), budget_s=2, batches=4)
     assert noisy.stage("src").cached_read_s is None
     assert any("read twice differs" in n for n in noisy.notes)
+    # a sampler that draws (index, epoch), each epoch's augmentation seeded by it: never read back
+    p = Pipeline("epoch-keys")
+
+    @p.source(epochs=3, batch_size=B)
+    def src(batch_info):
+        return DataLoader(EpochKeyed(), batch_size=B, sampler=[(i, batch_info.epoch) for i in order(batch_info.epoch)])
+
+    @p.step()
+    def seen(src):
+        return src.clone()
+
+    keyed = profile_stream(p, budget_s=2, batches=4)
+    assert keyed.stage("src").cached_read_s is None
+    assert any("second epoch reads samples its first did not" in n for n in keyed.notes), keyed.notes
+
+
+class EpochKeyed(Decoded):
+    """Items keyed by (index, epoch), as a sampler that seeds each epoch's augmentation draws them."""
+
+    def __getitem__(self, key):
+        i, epoch = key
+        return super().__getitem__(i) + epoch

@@ -727,42 +727,72 @@ CACHED_READS = 3
 
 def _cached_read(prof: _Profiler, obj: Any, kind: str, loader: LoaderSettings | None) -> float | None:
     """Seconds to read one batch's samples back from a cache kept by sample, for a source that
-    reshuffles (takes ``batch_info``) and returns a Dataset or DataLoader whose items read the
-    same twice (the first and the last, compared as outputs are); None otherwise.
+    reshuffles (takes ``batch_info``) and returns a Dataset or DataLoader; None where such a cache
+    would not serve (with a note where the reason is the dataset's).
 
-    The first batch's items are kept in a :class:`~placer.executor.stream.store.SampleStore` (as
-    a cache at the source keeps them) and read back and collated (the DataLoader's own
-    ``collate_fn``) :data:`CACHED_READS` times: what each epoch after the first costs there.
+    Its items must be kept by the keys its sampler draws: the keys of the second epoch must be
+    keys of the first (a sampler that draws ``(index, epoch)`` would never read a kept item back),
+    and the item of a key read twice the same (the first and last keys, compared as outputs are;
+    a random draw per read cannot be kept). The first batch's items are then kept in a
+    :class:`~placer.executor.stream.store.SampleStore` (as a cache at the source keeps them) and
+    read back and collated (the DataLoader's own ``collate_fn``) :data:`CACHED_READS` times: what
+    each epoch after the first costs there. A probe that fails leaves the source uncached.
     """
-    from placer.digest import compare_outputs
-    from placer.executor.stream.store import SampleStore
-
     src = prof.pipeline.stages[prof.source]
     if kind == "iterable" or src.cache_key is not None or not takes(src.impl_for("cpu").fn, BATCH_INFO):
         return None
-    ds = getattr(obj, "dataset", None) if kind == "loader" else obj
     try:
-        n = len(ds)
-    except TypeError:
+        return _time_cached_read(prof, src, obj, kind, loader)
+    except Exception as exc:  # noqa: BLE001 - a probe of the user's dataset must not fail the profile
+        prof.notes.append(f"source {prof.source!r}: its samples could not be probed for a cache by sample "
+                          f"({type(exc).__name__}: {exc}); not cached")
         return None
-    if n < 1:
+
+
+def _sample_keys(obj: Any, kind: str) -> tuple[Any, list] | None:
+    """The dataset a Dataset or DataLoader source reads and the keys it reads in one epoch, in order."""
+    if kind == "loader":
+        ds = obj.dataset
+        if getattr(obj, "batch_sampler", None) is not None:
+            return ds, [k for batch in obj.batch_sampler for k in batch]
+        return ds, list(obj.sampler)
+    return obj, list(range(len(obj)))
+
+
+def _time_cached_read(prof: _Profiler, src: Any, obj: Any, kind: str, loader: LoaderSettings | None) -> float | None:
+    from placer.digest import compare_outputs
+    from placer.executor.stream.store import SampleStore
+
+    found = _sample_keys(obj, kind)
+    if found is None or not found[1]:
         return None
-    for i in sorted({0, n - 1}):
-        if compare_outputs({"item": ds[i]}, {"item": ds[i]}) is not None:
-            prof.notes.append(f"source {prof.source!r}: its item {i} read twice differs (random per read): "
+    ds, keys = found
+    consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
+    again = _sample_keys(call_source(src, consts, 1), kind)
+    seen = {repr(k) for k in keys}
+    if again is None or any(repr(k) not in seen for k in again[1]):
+        prof.notes.append(f"source {prof.source!r}: its second epoch reads samples its first did not (keys such "
+                          f"as {again[1][0]!r} if any): a cache by sample would not be read back; not cached"
+                          if again is not None and again[1] else
+                          f"source {prof.source!r}: its epochs' samples could not be listed; not cached")
+        return None
+    for k in (keys[0], keys[-1]):
+        if compare_outputs({"item": ds[k]}, {"item": ds[k]}) is not None:
+            prof.notes.append(f"source {prof.source!r}: its item {k!r} read twice differs (random per read): "
                               "its samples cannot be cached by index")
             return None
     collate = getattr(obj, "collate_fn", None) if kind == "loader" else None
     size = (loader.batch_size if loader is not None and loader.batch_size else src.batch_size) or 1
-    idx = list(range(min(n, int(size))))
+    first = keys[: int(size)]
     store = SampleStore(1 << 40)
     try:
-        for i in idx:
-            store.put(("__getitem__", i), ds[i])
+        for k in first:
+            store.put(("__getitem__", k), ds[k])
         best = float("inf")
         for _ in range(CACHED_READS):
             with Clock() as c:
-                (collate or sys.modules["torch.utils.data"].default_collate)([store.get(("__getitem__", i))[1] for i in idx])
+                (collate or sys.modules["torch.utils.data"].default_collate)(
+                    [store.get(("__getitem__", k))[1] for k in first])
             best = min(best, c.wall)
         return best
     finally:

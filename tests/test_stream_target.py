@@ -179,7 +179,9 @@ def test_the_work_of_the_gpu_implementation_and_the_step_is_counted_here():
 def test_a_bundled_stream_planned_for_the_h200_from_here(no_calibration):
     from pipelines.stream_images import build
 
-    plan = tg.plan_stream_for_target(build(64, epochs=1, batch=16, augment="numpy"), "h200", budget_s=2.0)
+    # batches of 64: the reference's CNN step takes 2.15 ms there on the GPU, 7.65 ms on its CPU (at 16 the two
+    # are within 2x, and the time outside ops read on a busy machine can tip the plan)
+    plan = tg.plan_stream_for_target(build(128, epochs=1, batch=64, augment="numpy"), "h200", budget_s=2.0)
     assert plan.target == H200.name and not plan.verified, "nothing is verified: the target is not here"
     assert plan.placement["train"] == "gpu:0"
     assert plan.consumer_samples_per_s and plan.predicted_samples_per_s > 0
@@ -212,7 +214,7 @@ def test_placer_plan_target_prints_the_plan_for_the_target(no_calibration, tmp_p
     from placer.cli import app
 
     out = tmp_path / "plan.json"
-    r = CliRunner().invoke(app, ["plan", "pipelines/stream_images.py", "--size", "64", "--param", "batch=16",
+    r = CliRunner().invoke(app, ["plan", "pipelines/stream_images.py", "--size", "128", "--param", "batch=64",
                                  "--param", "augment=numpy", "--param", "epochs=1", "--target", "h200",
                                  "--budget-s", "2", "--json", "-o", str(out)])
     assert r.exit_code == 0, r.output

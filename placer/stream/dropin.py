@@ -822,6 +822,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
             run = whole_run(mine, best, trials, (longer[0], longer[0], longer[2]), epochs=epochs, batches=per_epoch)
             if threads is not None:
                 threads["helped"] = False
+    if cache is not None and cache.recommended and best is not mine and not best.settings.worker_threads:
+        cache = _cache_at(cache, loader, step, best.settings, batches, budget_s * CACHE_SHARE, dev)
     run, cache = _cache_over_the_run(run, cache)
     advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent())
     advice.budget_s, advice.within_noise, advice.cache = budget_s, noise, cache
@@ -863,6 +865,21 @@ def _find_cache(loader: Any, step: Any, user: LoaderSettings, batches: int, budg
     except Exception as e:  # noqa: BLE001 - a dataset that cannot be probed still gets its loader advice
         log.warning("could not look for a cache inside the dataset: %s: %s", type(e).__name__, e)
         return dataset_cache.CacheAdvice(None, reason=f"probing the dataset failed: {type(e).__name__}: {e}")
+
+
+def _cache_at(cache: Any, loader: Any, step: Any, settings: LoaderSettings, batches: int, budget_s: float,
+              dev: Device) -> Any:
+    """The cache's passes measured again with the recommended ``settings`` (its workers, its step
+    threads), so that the whole run it claims is that of the settings it runs with
+    (:func:`placer.stream.dataset_cache.measure_at`); as found where that fails. Not for a thread-pool
+    loader, which the cache's passes (a DataLoader) cannot run."""
+    try:
+        with _random_state_kept(loader), torch_threads(settings.torch_threads):
+            return dataset_cache.measure_at(cache, loader, step, loader_kwargs=settings.kwargs(), batches=batches,
+                                            budget_s=budget_s, sync=dev.synchronize)
+    except Exception as e:  # noqa: BLE001 - the cache's first measurement still stands
+        log.warning("could not measure the cache again with the recommended settings: %s: %s", type(e).__name__, e)
+        return cache
 
 
 def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,

@@ -128,8 +128,8 @@ def test_the_drop_in_is_scored_by_running_the_script_with_its_advice_applied(mon
                       advice=advice, output="advice text" if keep_output else None, load=1.0)
 
     monkeypatch.setattr(pg, "run_script", fake)
-    a = type("A", (), dict(quick=True, advise=True, score=[], repeats=1, final_rounds=3, top=1, timeout_s=9,
-                           gpu=False))()
+    a = type("A", (), dict(quick=True, advise=True, pipeline=False, score=[], repeats=1, final_rounds=3, top=1,
+                           timeout_s=9, gpu=False))()
     doc = pg.bench_script("audio_cache_train", a, PLAIN, lambda m: None)
     dropin = [c for c in calls if c[0] == pg.DROPIN]
     assert len(dropin) == 3 and all(c[1] == ["--placer-advice"] and c[2] for c in dropin)

@@ -4,9 +4,8 @@ May import: numpy, networkx, placer.pipeline, placer.devices, placer.errors, pla
 placer.data.stream, placer.executor (to compute one-shot inputs) and
 placer.executor.transfer, placer.timing (every timing: per-batch repeats, torch's threads),
 placer.profile.transfers (pinned and pageable copies, through the device's kind),
-placer.stream.*, placer.executor.stream.* (``dask_workers`` inside a function, with a cluster), placer.digest
-(a source's items read twice, compared). No torch of its own (a Dataset source's collate is the one torch has
-loaded).
+placer.stream.*, placer.executor.stream.* (``dask_workers`` inside a function, with a cluster). No torch of its
+own (a Dataset source's collate is the one torch has loaded).
 
 :func:`profile_stream` measures one stream at its real batch size:
 
@@ -760,8 +759,8 @@ def _sample_keys(obj: Any, kind: str) -> tuple[Any, list] | None:
 
 
 def _time_cached_read(prof: _Profiler, src: Any, obj: Any, kind: str, loader: LoaderSettings | None) -> float | None:
-    from placer.digest import compare_outputs
     from placer.executor.stream.store import SampleStore
+    from placer.stream.dataset_cache import equal
 
     found = _sample_keys(obj, kind)
     if found is None or not found[1]:
@@ -777,7 +776,7 @@ def _time_cached_read(prof: _Profiler, src: Any, obj: Any, kind: str, loader: Lo
                           f"source {prof.source!r}: its epochs' samples could not be listed; not cached")
         return None
     for k in (keys[0], keys[-1]):
-        if compare_outputs({"item": ds[k]}, {"item": ds[k]}) is not None:
+        if not equal(ds[k], ds[k]):
             prof.notes.append(f"source {prof.source!r}: its item {k!r} read twice differs (random per read): "
                               "its samples cannot be cached by index")
             return None

@@ -731,7 +731,7 @@ def _cached_read(prof: _Profiler, obj: Any, kind: str, loader: LoaderSettings | 
 
     Its items must be kept by the keys its sampler draws: the keys of the second epoch must be
     keys of the first (a sampler that draws ``(index, epoch)`` would never read a kept item back),
-    and the item of a key read twice the same (the first and last keys, compared as outputs are;
+    and the item of a key read twice the same (the first and last keys, compared element by element;
     a random draw per read cannot be kept). The first batch's items are then kept in a
     :class:`~placer.executor.stream.store.SampleStore` (as a cache at the source keeps them) and
     read back and collated (the DataLoader's own ``collate_fn``) :data:`CACHED_READS` times: what

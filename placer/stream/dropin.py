@@ -702,8 +702,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         (a run always counts at least one batch after its warm-up), and a run besides
         the user's first starts only when what is left covers the largest start-up and
         shut-down cost seen so far. The search for a cache inside the dataset takes at
-        most a quarter of it more, before those runs. A share (:data:`CONFIRM_SHARE`) is kept for the longer
-        runs that confirm a recommendation.
+        most a quarter of it more, before those runs, and, where a cache is offered beside other
+        settings, measuring it again with them another quarter at most, after them. A share
+        (:data:`CONFIRM_SHARE`) is kept for the longer runs that confirm a recommendation.
     epochs : int
         Epochs of the script's run: with the loader's length (its batches per epoch), the
         whole run is predicted (worker start-up, epoch boundaries with and without

@@ -10,6 +10,7 @@ linearly to 4 threads, or 1 ms on ``gpu:0``) and a ``train`` step (4 ms on ``gpu
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 
@@ -441,6 +442,75 @@ def test_a_step_slowed_beside_busy_cores_is_planned_with_fewer_threads_when_work
     plan = plan_from_profile(prof)[0]
     assert plan.settings.torch_threads == 1
     assert any("beside one busy core 50 ms with 1, 100 ms with 8" in r for r in plan.reasons), plan.reasons
+
+
+def test_a_step_on_two_threads_leaves_worker_processes_one_core_of_two():
+    """torch's OpenMP threads spin between a step's batches: a script whose step runs on 2 threads feeds
+    2 DataLoader worker processes on 2 cores at the rate of one (measured: text_infer, 6,200-7,800
+    samples/s against 9,400-11,600 at 1 thread)."""
+    prof = cpu_only(synthetic(cores=2)).model_copy(update={"torch_threads": 2})
+    train = prof.stage("train")
+    train.seconds["cpu"] = train.cpu_seconds["cpu"] = 1 * MS  # a small step: the loader decides
+    train.torch_seconds, train.torch_cpu_seconds = {1: 1.2 * MS}, {1: 1.2 * MS}
+    procs = StreamConfig(workers=1, stage_workers={"decode": 2, "augment": 2},
+                         worker_kind={"decode": "process", "augment": "process"})
+    two = predict(prof, CPU, procs)
+    spin = next(r for r in two.rates if r.name == "cores beside the step's 2 threads")
+    assert set(spin.members) == {"decode", "augment"}  # the source and the step run in this process
+    assert spin.seconds_per_batch == pytest.approx(15 * MS)  # 10 + 5 ms of CPU on the one core left
+    assert two.bottleneck == spin.name and two.batches_per_s == pytest.approx(1 / (15 * MS))
+    one = predict(prof, CPU, procs.model_copy(update={"torch_threads": 1}))
+    assert not any(r.name.startswith("cores beside") for r in one.rates)
+    assert one.batches_per_s > 1.2 * two.batches_per_s  # the two cores: 2 / 17.2 ms
+    threads = StreamConfig(workers=1, stage_workers={"decode": 2, "augment": 2})  # thread workers: not charged
+    assert not any(r.name.startswith("cores beside") for r in predict(prof, CPU, threads).rates)
+    for m, one_proc in (("decode", 90.0), ("augment", 180.0)):  # threads hold the GIL; processes scale
+        prof.stage(m).scaling = [*scaling((1, 1), (2, 1.0)),
+                                 ScalingRow(kind="process", workers=1, batches_per_s=one_proc, speedup=1.0),
+                                 ScalingRow(kind="process", workers=2, batches_per_s=2 * one_proc, speedup=2.0)]
+    plan = plan_from_profile(prof)[0]
+    assert plan.settings.kind_of("decode") == "process" and plan.settings.torch_threads == 1, plan.settings
+
+
+def test_the_step_thread_of_a_stream_runs_at_the_callers_torch_threads():
+    """A thread starts at OpenMP's default (every core) whatever torch.set_num_threads said before: the
+    runner's step thread takes the count of the thread that runs the stream."""
+    import threading
+
+    torch = pytest.importorskip("torch")
+    from placer.executor.stream.runner import _own_threads
+
+    gomp = _libgomp()
+    if gomp is None:
+        pytest.skip("torch here does not run its intra-op threads on GNU OpenMP (no libgomp loaded)")
+    omp_threads = gomp.omp_get_max_threads  # what BLAS follows: OpenMP's count for the calling thread
+
+    seen: dict[str, int] = {}
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        plain = threading.Thread(target=lambda: seen.setdefault("plain", omp_threads()))
+        own = threading.Thread(target=_own_threads(lambda: seen.setdefault("own", omp_threads())))
+        for t in (plain, own):
+            t.start()
+            t.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen["own"] == 1
+    if (os.cpu_count() or 1) > 1:  # a new thread begins at every core: the case the runner mends
+        assert seen["plain"] == os.cpu_count()
+
+
+def _libgomp():
+    """The GNU OpenMP library torch loaded (None where none is, or off Linux)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            path = next((line.split()[-1] for line in f if "libgomp" in line), None)
+    except OSError:
+        return None
+    return ctypes.CDLL(path) if path else None
 
 
 def test_one_batch_at_a_time_is_planned_where_workers_would_only_slow_the_step():

@@ -178,14 +178,17 @@ def grid(script: str, cores: int, gpu: bool) -> list[Config]:
     return out
 
 
-def quick_grid(script: str) -> list[Config]:
-    """A few cells for a smoke run: no workers, two processes, two threads, the cache."""
+def quick_grid(script: str, threads: tuple[int, ...] = (1,)) -> list[Config]:
+    """A few cells for a smoke run: no workers, two processes, two threads, the cache; each at every
+    count of torch intra-op threads in ``threads``."""
     spec = SCRIPTS[script]
-    out = [Config(threads=1), Config(num_workers=2, prefetch_factor=2, threads=1)]
-    if spec["thread"]:
-        out.append(Config(num_workers=2, worker_kind="thread", prefetch_factor=2, threads=1))
-    if spec["cache"]:
-        out.append(Config(threads=1, cache=True))
+    out = []
+    for n in threads:
+        out += [Config(threads=n), Config(num_workers=2, prefetch_factor=2, threads=n)]
+        if spec["thread"]:
+            out.append(Config(num_workers=2, worker_kind="thread", prefetch_factor=2, threads=n))
+        if spec["cache"]:
+            out.append(Config(threads=n, cache=True))
     return out
 
 
@@ -309,7 +312,10 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
             label, _, flags = rest.partition("=")
             scored[f"{label}: {config_from_flags(flags).label()}"] = config_from_flags(flags)
 
-    cells = quick_grid(script) if a.quick or a.few_cells else grid(script, cores, a.gpu)
+    if a.quick or a.few_cells:  # --few-cells: at one torch thread and at the cores (torch's own count)
+        cells = quick_grid(script, (1,) if a.quick or cores == 1 else (1, cores))
+    else:
+        cells = grid(script, cores, a.gpu)
     log(f"{script}: grid of {len(cells)} configurations x {a.repeats} rounds")
     grid_runs = interleaved(script, {c.label(): c for c in cells}, a.repeats, base=base, phase="grid",
                             timeout_s=a.timeout_s, seed=1, log=log)
@@ -504,8 +510,8 @@ def main() -> None:
     ap.add_argument("--scripts", default=",".join(SCRIPTS), help="comma-separated names")
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, a few cells, 2 rounds")
     ap.add_argument("--few-cells", action="store_true",
-                    help="the --quick grid's few cells at the scripts' own sizes (runs long enough that "
-                         "start-up does not decide; not the exhaustive grid)")
+                    help="the --quick grid's few cells, at 1 torch thread and at the cores, at the scripts' own "
+                         "sizes (runs long enough that start-up does not decide; not the exhaustive grid)")
     ap.add_argument("--repeats", type=int, default=None, help="grid rounds (default 3; 2 with --quick)")
     ap.add_argument("--final-rounds", type=int, default=None, help="final rounds (default 5; 2 with --quick)")
     ap.add_argument("--top", type=int, default=3, help="grid configurations in the final comparison")

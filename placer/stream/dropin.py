@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 #: what an exhausted iterator gives ``next``
 _END = object()
 #: a setting is recommended only when it is this much faster than the user's own
-MIN_GAIN = 0.10
+MIN_GAIN = 0.05
 #: among settings this close to the fastest, the one with the fewest workers is chosen
 NEAR_BEST = 0.95
 #: runs of each finalist (the user's settings and the few fastest of the first round), interleaved

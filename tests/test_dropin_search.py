@@ -451,3 +451,32 @@ def test_the_users_loader_at_one_step_thread_is_tried_first_and_not_run_twice(mo
     assert (chosen.num_workers, chosen.torch_threads) == (0, 1)
     rows = [t for t in advice.trials if (t.settings.num_workers, t.settings.torch_threads) == (0, 1)]
     assert len(rows) == 1 and len(rows[0].rates) == dropin.REPEATS  # one setting, its runs merged
+
+
+def test_settings_slow_to_start_leave_the_budget_room_to_repeat_yours_and_a_finalist(monkeypatch):
+    """Worker processes that take seconds to their first batch (numpy's BLAS threads in each) must not
+    spend the budget on single runs: a recommendation needs repeated runs of yours and of it."""
+    rates = {0: 100.0, 1: 150.0, 2: 20.0, -1: 20.0}
+    walls = {0: 0.05, 1: 0.05, 2: 0.5, -1: 0.5}  # 2 processes and the thread pool: slow to their first batch
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        w = -1 if getattr(loader, "worker_threads", False) else loader.num_workers
+        time.sleep(walls[w])
+        rate = 5000.0 if step is None else rates[w]
+        return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.5,
+                     batches=10, samples=80, seconds=walls[w])
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: None)
+    advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, budget_s=2.5)
+    first = dropin.candidates(advice.user.settings, cores=2, gpu=False, iterable=False)
+    slow = [s for s in first if s.worker_threads or s.num_workers == 2]
+    measured = [t for t in advice.trials if t.settings.worker_threads or t.settings.num_workers == 2]
+    assert len(measured) < len(slow)  # the first round stopped before running every slow setting once
+    assert len(advice.user.rates) >= 2  # yours, repeated
+    assert advice.change and advice.recommended.settings.num_workers == 1

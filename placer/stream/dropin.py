@@ -778,7 +778,10 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept, count=count))
         step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline(), count=count)
         alone = _trial(loader, user, None, batches, dev, budget, count=count) if budget.allows() else None
-        trials = [mine] + [t for s in cands if budget.allows()
+        # the first round yields to the repeats of your settings and of one finalist: a recommendation
+        # needs them (settings slow to start can spend the budget on their single runs)
+        first = (REPEATS - 1) * 2
+        trials = [mine] + [t for s in cands if budget.allows() and budget.leaves(first)
                            and (t := _trial(loader, s, step, batches, dev, budget, count=count)) is not None]
         # widening yields to what decides: the step's threads and the repeats of the finalists
         _widen(loader, trials, step, batches, dev, budget, count, cores,

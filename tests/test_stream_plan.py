@@ -482,7 +482,7 @@ def test_the_step_thread_of_a_stream_runs_at_the_callers_torch_threads():
 
     gomp = _libgomp()
     if gomp is None:
-        pytest.skip("torch here does not run its intra-op threads on GNU OpenMP (no libgomp loaded)")
+        pytest.skip("no GNU OpenMP library of torch's own found loaded (another OpenMP runtime, or several libgomp and none in torch's folder)")
     omp_threads = gomp.omp_get_max_threads  # what BLAS follows: OpenMP's count for the calling thread
 
     seen: dict[str, int] = {}
@@ -502,14 +502,20 @@ def test_the_step_thread_of_a_stream_runs_at_the_callers_torch_threads():
 
 
 def _libgomp():
-    """The GNU OpenMP library torch loaded (None where none is, or off Linux)."""
+    """The GNU OpenMP library torch loaded (None where none is, or off Linux): the one in torch's own folder
+    where it ships one (others, numba's or the system's, may be loaded too and keep counts of their own)."""
     import ctypes
+    from pathlib import Path
+
+    import torch
 
     try:
         with open("/proc/self/maps") as f:
-            path = next((line.split()[-1] for line in f if "libgomp" in line), None)
+            paths = list(dict.fromkeys(line.split()[-1] for line in f if "libgomp" in line))
     except OSError:
         return None
+    own = str(Path(torch.__file__).resolve().parent)
+    path = next((p for p in paths if p.startswith(own)), paths[0] if len(paths) == 1 else None)
     return ctypes.CDLL(path) if path else None
 
 

@@ -446,7 +446,7 @@ def test_a_step_slowed_beside_busy_cores_is_planned_with_fewer_threads_when_work
 
 def test_a_step_on_two_threads_leaves_worker_processes_one_core_of_two():
     """torch's OpenMP threads spin between a step's batches: a script whose step runs on 2 threads feeds
-    2 DataLoader worker processes on 2 cores at the rate of one (measured: text_infer, 6,200-7,800
+    2 DataLoader worker processes on 2 cores at the rate of one (measured: text_infer, 5,400-7,800
     samples/s against 9,400-11,600 at 1 thread)."""
     prof = cpu_only(synthetic(cores=2)).model_copy(update={"torch_threads": 2})
     train = prof.stage("train")

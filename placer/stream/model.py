@@ -47,7 +47,7 @@ than its busiest resource allows:
   keeps ``n - 1`` cores busy between its batches too (torch's OpenMP threads spin-wait after
   each parallel region, for milliseconds), so the nodes in worker processes share what is
   left: ``max(1, cores - (n - 1)) / sum(their cpu s)``. Measured in a plain script on 2 cores: a
-  tokenizer on 2 DataLoader worker processes fed a step at 2 torch threads at 6,200-7,800
+  tokenizer on 2 DataLoader worker processes fed a step at 2 torch threads at 5,400-7,800
   samples/s, the rate of 1 worker (6,200), and at 1 torch thread 9,400-11,600.
 
 Throughput is the smallest rate; the resource that sets it is the bottleneck. With
@@ -276,8 +276,8 @@ def _spinning(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[
     Only worker processes are charged: the spinning shows in a script whose loop runs in its
     main thread; threads of placer's own executor beside the step's thread were not measured
     to lose to it (2 DataLoader worker processes at 2 torch threads: 11,500-12,300 samples/s
-    there against 6,200-7,800 in the script)."""
-    i = next((k for k, n in enumerate(nodes) if n.kind == "step" and n.device == "cpu"), None)
+    there against 5,400-7,800 in the script)."""
+    i = _cpu_step(nodes)
     threads = config.torch_threads if config.torch_threads is not None else profile.torch_threads
     if i is None or not threads or threads < 2:
         return None
@@ -290,11 +290,16 @@ def _spinning(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[
     return Rate(f"cores beside the step's {threads} threads", "cores", left / other, other / left, members)
 
 
+def _cpu_step(nodes: list[ChainNode]) -> int | None:
+    """The index of the step when it runs on the CPU (else None)."""
+    return next((k for k, n in enumerate(nodes) if n.kind == "step" and n.device == "cpu"), None)
+
+
 def _in_processes(profile: StreamProfile, n: ChainNode, config: StreamSettings) -> bool:
     """Whether node ``n`` runs its batches in worker processes on this machine."""
     if n.kind == "source":
         return profile.source_kind != "iterable" and _loader_workers(profile, config) > 0
-    return n.kind == "batch" and config.kind_of(n.name) == "process" and config.workers_of(n.name) > 0
+    return n.kind == "batch" and config.kind_of(n.name) == "process"
 
 
 def _remote(profile: StreamProfile, n: ChainNode, config: StreamSettings) -> bool:
@@ -370,7 +375,7 @@ def _contended(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple
                config: StreamSettings) -> tuple[float, str, list[Rate], list[tuple[float, float]]]:
     """The steady state with a CPU step slowed by the cores the other host nodes keep busy."""
     bps, neck, rs = _steady(profile, nodes, costs, config)
-    i = next((k for k, n in enumerate(nodes) if n.kind == "step" and n.device == "cpu"), None)
+    i = _cpu_step(nodes)
     if config.sequential or i is None or bps in (0.0, float("inf")):
         return bps, neck, rs, costs
     beside = _busy_wall(profile, profile.stage(nodes[i].name), config.torch_threads)

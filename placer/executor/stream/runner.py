@@ -512,8 +512,8 @@ def _own_threads(fn: Callable[..., Any]) -> Callable[..., Any]:
     n = torch.get_num_threads()
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        torch.set_num_threads(n)
-        return fn(*args, **kwargs)
+        with torch_threads(n):  # sets it in this thread (torch's number is n already)
+            return fn(*args, **kwargs)
 
     return run
 

@@ -275,7 +275,7 @@ def _spinning(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[
 
     Only worker processes are charged: the spinning shows in a script whose loop runs in its
     main thread; threads of placer's own executor beside the step's thread were not measured
-    to lose to it (2 DataLoader worker processes at 2 torch threads: 11,500-12,300 samples/s
+    to lose to it (2 DataLoader worker processes at 2 torch threads: 11,500-12,500 samples/s
     there against 5,400-7,800 in the script)."""
     i = _cpu_step(nodes)
     threads = config.torch_threads if config.torch_threads is not None else profile.torch_threads

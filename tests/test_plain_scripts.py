@@ -148,3 +148,37 @@ def test_the_drop_in_is_scored_by_running_the_script_with_its_advice_applied(mon
     assert not any((c[0] or "").startswith("drop-in settings") for c in calls) and table["final"][pg.DROPIN]["ok"] == 3
     assert "advice applied" in pg.markdown({"machine": "m", "mode": "quick", "load_start": [1], "load_end": [1],
                                             "seconds": 1, "command": "c", "scripts": [doc]})
+
+
+def test_a_screened_grid_runs_every_cell_once_and_repeats_the_best_of_that_round(monkeypatch):
+    """--screen K: the whole grid once, then only the K fastest of that round for the other rounds; the
+    final comparison takes its best from those K (a cell run once has no median to rank by)."""
+    pg = _plain_grid()
+    calls = []
+    cells = pg.grid("text_infer", cores=2, gpu=False)
+    # a rate per cell, and one cell that was lucky once (fast in the first round, slow after)
+    rate = {c.label(): 100.0 + i for i, c in enumerate(cells)}
+    lucky = cells[0].label()
+    rate[lucky] = 10_000.0
+
+    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False):
+        calls.append((phase, label))
+        r = rate.get(label, 50.0)
+        if label == lucky and sum(1 for c in calls if c[1] == lucky) > 1:
+            r = 1.0
+        return pg.Run(script, label, list(extra), phase, 1.0, True, seconds=1.0, samples_per_s=r, digest="d",
+                      load=1.0)
+
+    monkeypatch.setattr(pg, "run_script", fake)
+    a = type("A", (), dict(quick=False, few_cells=False, advise=False, pipeline=False, score=[], repeats=3,
+                           final_rounds=1, top=2, timeout_s=9, gpu=False, screen=4))()
+    doc = pg.bench_script("text_infer", a, PLAIN, lambda m: None)
+    grid_calls = [label for phase, label in calls if phase == "grid"]
+    fastest = [c.label() for c in cells][-3:]  # the three fastest after the lucky one
+    assert len(grid_calls) == len(cells) + 4 * 2
+    assert all(grid_calls.count(k) == 3 for k in [lucky, *fastest])
+    assert sum(1 for k in set(grid_calls) if grid_calls.count(k) == 1) == len(cells) - 4
+    # the lucky cell's median (1.0) drops it from the final comparison's best; a cell run once is never there
+    finals = [k for k in doc["final"] if k.startswith("grid #")]
+    assert finals == [f"grid #1: {fastest[-1]}", f"grid #2: {fastest[-2]}"]
+    assert doc["grid"][lucky]["runs"] == 3 and doc["grid"][cells[5].label()]["runs"] == 1

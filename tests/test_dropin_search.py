@@ -480,3 +480,85 @@ def test_settings_slow_to_start_leave_the_budget_room_to_repeat_yours_and_a_fina
     assert len(measured) < len(slow)  # the first round stopped before running every slow setting once
     assert len(advice.user.rates) >= 2  # yours, repeated
     assert advice.change and advice.recommended.settings.num_workers == 1
+
+
+def test_a_gain_left_within_noise_gets_more_interleaved_rounds_while_the_budget_has_room(monkeypatch):
+    """2 workers measure 15 % faster in every round but one: after REPEATS rounds (2 of 3 won) the gain
+    is within noise; more rounds of the two (6 of 7 won) decide it, as a sign test would."""
+    # yours and 2 workers, each at the step's 2 threads; then their last value, run after run
+    seq = {(0, None, 2): [100.0, 120.0], (2, 2, 2): [115.0, 110.0, 115.0]}
+    calls: dict = {}
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        w = -1 if getattr(loader, "worker_threads", False) else loader.num_workers
+        key = (w, loader.prefetch_factor if w > 0 else None, torch.get_num_threads())
+        if step is None:
+            rate = 5000.0
+        elif batches > 20:  # the confirming runs
+            rate = {(0, None, 2): 100.0, (2, 2, 2): 115.0}.get(key, 50.0)
+        elif key in seq:
+            n = calls[key] = calls.get(key, 0) + 1
+            rate = seq[key][min(n, len(seq[key])) - 1] if n <= len(seq[key]) else (100.0 if w == 0 else 115.0)
+        else:
+            rate = 50.0
+        return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.5,
+                     batches=10, samples=80, seconds=80 / rate)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: None)
+    with dropin.torch_threads(2):  # the user's step threads, whatever this machine's cores
+        advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    assert advice.change and advice.recommended.settings.num_workers == 2 and advice.within_noise is None
+    assert len(advice.user.rates) == dropin.REPEATS + dropin.SETTLE_ROUNDS
+    # without the extra rounds the same runs keep your settings, within noise
+    calls.clear()
+    monkeypatch.setattr(dropin, "SETTLE_ROUNDS", 0)
+    with dropin.torch_threads(2):
+        kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    assert not kept.change and "within noise" in kept.within_noise
+    assert len(kept.user.rates) == dropin.REPEATS
+
+
+def test_the_rounds_a_gain_must_win_follow_a_sign_test():
+    from dataclasses import replace
+
+    def runs(w, rates):
+        return replace(trial(w, float(sorted(rates)[len(rates) // 2])), repeats=tuple(rates))
+
+    user = runs(0, (100.0, 120.0, 100.0, 100.0, 100.0, 100.0, 100.0))
+    assert dropin.beats(runs(2, (115.0, 110.0, 115.0, 115.0, 115.0, 115.0, 115.0)), user)  # 6 of 7
+    assert not dropin.beats(runs(2, (115.0, 110.0, 115.0, 99.0, 115.0, 115.0, 115.0)), user)  # 5 of 7
+    assert not dropin.beats(runs(2, (115.0, 110.0, 115.0)), runs(0, (100.0, 120.0, 100.0)))  # 2 of 3
+    assert dropin._sign_tail(3, 3) == dropin._sign_tail(6, 7) * 2 == 0.125
+
+
+@pytest.mark.parametrize("per_batch_s, expected", [(0.005, 100), (0.05, 10)])
+def test_runs_too_short_to_measure_read_more_batches_up_to_an_epoch(monkeypatch, per_batch_s, expected):
+    """A run of 10 batches at 5 ms is 50 ms: runs read up to MIN_RUN_S' worth (here the epoch's 100
+    batches caps it), the user's first run is only a probe and runs again at that length; batches of
+    50 ms already make a 0.5 s run and keep the length asked for."""
+    asked = []
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        asked.append((loader.num_workers, getattr(loader, "worker_threads", False), batches, step is None))
+        return Trial(settings=settings_of(loader), samples_per_s=8 / per_batch_s, first_batch_s=0.01,
+                     fetch_fraction=0.5, batches=10, samples=80, seconds=10 * per_batch_s)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 1e6)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: None)
+    advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    assert asked[0][2] == 10  # the first run of yours
+    later = [b for w, threads, b, alone in asked[1:] if w == 0 and not threads and not alone]
+    assert later and all(b == expected for b in later)  # yours again (and every run after) at the length
+    if expected > 10:
+        assert asked[1][:2] == (0, False) and asked[1][2] == expected  # the probe, repeated at once

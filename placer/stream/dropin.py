@@ -43,6 +43,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -69,6 +70,9 @@ NEAR_BEST = 0.95
 REPEATS = 3
 #: settings besides the user's (and the cheapest near the fastest) repeated after the first round
 FINALISTS = 2
+#: more interleaved rounds of the user's settings and the fastest, when ``REPEATS`` rounds left its
+#: gain within noise and the budget has room (a gain of 10-15 % on short, noisy runs needs them)
+SETTLE_ROUNDS = 4
 #: a step that waits for data at most this share of the time waits within noise: even a loader
 #: that never kept it waiting would gain at most ``1 / (1 - WAIT_NOISE)``, i.e. ``MIN_GAIN``, so no
 #: loader setting is recommended for it (a single run that measured more measured noise)
@@ -76,6 +80,9 @@ FINALISTS = 2
 WAIT_NOISE = 1 - 1 / (1 + MIN_GAIN)
 #: the search for a cache inside the dataset takes at most this share of the budget, before the settings' runs
 CACHE_SHARE = 0.25
+#: a run shorter than this measures the machine's hiccups and the workers' start more than the loader:
+#: where the budget has room, runs read more batches (up to an epoch) to last this long
+MIN_RUN_S = 0.5
 
 
 def _as_dict(s: LoaderSettings) -> dict[str, Any]:
@@ -696,7 +703,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         ``step(batch)``: the script's train step. It runs for real on the measured
         batches (a training step trains the model on them).
     batches : int
-        Batches per measured run (the first one, or ``num_workers`` ones, are warm-up).
+        Batches per measured run (the first one, or ``num_workers`` ones, are warm-up); where
+        a run of them lasts under ``MIN_RUN_S`` (0.5 s), more, up to an epoch and to half of a
+        run's share of the budget (:func:`run_length`).
     budget_s : float
         Wall-clock budget of all runs together; each run stops early at its share
         (a run always counts at least one batch after its warm-up), and a run besides
@@ -720,7 +729,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     epoch ends and the steady state over ``epochs`` x the loader's batches), where the
     loader's length is known. A setting is recommended only when its median beats the
     user's by ``MIN_GAIN`` and the gain exceeds the noise (:func:`beats`: its slowest run
-    beats the user's fastest, or each of its runs beats the user's of the same round);
+    beats the user's fastest, or its runs beat the user's of the same round in enough rounds,
+    a sign test); when the fastest's gain is still within noise, it and the user's settings
+    run up to ``SETTLE_ROUNDS`` more rounds while the budget has room (:func:`_settle`);
     otherwise the advice keeps the user's settings and says the difference is within noise.
     A cache the advice offers is in the whole run it claims (:func:`with_cache`).
 
@@ -776,6 +787,11 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     with _random_state_kept(loader):
         kept: list = []
         mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept, count=count))
+        longer_runs = run_length(mine, batches, per_epoch, budget)
+        if longer_runs > batches:  # the first run was a probe: yours again, at the length every run reads
+            batches = longer_runs
+            budget.runs += 1
+            mine = _must(_trial(loader, user, step, batches, dev, budget, count=count))
         step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline(), count=count)
         alone = _trial(loader, user, None, batches, dev, budget, count=count) if budget.allows() else None
         # the first round yields to the repeats of your settings and of one finalist: a recommendation
@@ -795,6 +811,10 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         mine = trials[0]
         waits = max(0.0, 1 - mine.samples_per_s / step_rate) > wait_noise(mine)  # the median of the user's runs
         best, noise = decide(mine, trials, waits=waits)
+        if noise is not None and (near := contender(mine, trials, waits=waits)) is not None:
+            trials = _settle(loader, trials, near, step, batches, dev, budget, count)
+            mine = trials[0]
+            best, noise = decide(mine, trials, waits=waits)
         if threads is not None:
             top = max((t for t in trials if t.settings.torch_threads == threads["tried"]
                        and t.settings.num_workers == best.settings.num_workers), key=lambda t: t.samples_per_s,
@@ -1125,8 +1145,8 @@ def decide(user: Trial, trials: list[Trial], *, waits: bool = True) -> tuple[Tri
         near = [t for t in winners if t.score >= NEAR_BEST * fastest.score]
         return min(near, key=lambda t: _cost(t.settings)), None
     noise = None
-    fastest = max(eligible, key=lambda t: t.score, default=None)
-    if fastest is not None and fastest.score > user.score * (1 + MIN_GAIN):
+    fastest = contender(user, trials, waits=waits)
+    if fastest is not None:
         noise = (f"{label(fastest.settings)} measured {_span(fastest)}, yours {_span(user)}: "
                  "the difference is within noise")
     fewer = [t for t in repeated if t.settings.num_workers < user.settings.num_workers
@@ -1134,14 +1154,66 @@ def decide(user: Trial, trials: list[Trial], *, waits: bool = True) -> tuple[Tri
     return (min(fewer, key=lambda t: _cost(t.settings)) if fewer else user), noise
 
 
+def contender(user: Trial, trials: list[Trial], *, waits: bool = True) -> Trial | None:
+    """The fastest repeated setting whose median is ``MIN_GAIN`` faster than the user's (None if none):
+    what :func:`decide` keeps the user's settings against when the gain is within noise. A step that
+    waits within noise (``waits=False``) is compared with the user's loader at other step threads only."""
+    def loader_part(s: LoaderSettings) -> tuple:
+        return s.num_workers, s.prefetch_factor, s.pin_memory
+
+    eligible = [t for t in trials if t is not user and len(t.rates) > 1
+                and (waits or loader_part(t.settings) == loader_part(user.settings))]
+    fastest = max(eligible, key=lambda t: t.score, default=None)
+    return fastest if fastest is not None and fastest.score > user.score * (1 + MIN_GAIN) else None
+
+
+def run_length(first: Trial, batches: int, per_epoch: int | None, budget: _Budget) -> int:
+    """Batches per run: ``batches``, or more where a run of them lasts under ``MIN_RUN_S`` (at the
+    rate of the user's ``first`` run), up to an epoch and to half of a run's share of the budget."""
+    per_batch = first.seconds / max(first.batches, 1)
+    if per_batch <= 0 or per_batch * batches >= MIN_RUN_S:
+        return batches
+    share = budget.total.left() / max(budget.runs, 1)
+    n = min(math.ceil(MIN_RUN_S / per_batch), int(0.5 * share / per_batch))
+    if per_epoch:
+        n = min(n, per_epoch)
+    return max(batches, n)
+
+
+def _settle(loader: Any, trials: list[Trial], near: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
+            count: SampleCount) -> list[Trial]:
+    """Up to ``SETTLE_ROUNDS`` more rounds of the user's settings (``trials[0]``) and ``near``, in turn,
+    while the budget leaves room for both runs of a round (a round with a failed run is dropped whole,
+    so that the rounds stay paired). Returns ``trials`` with the two settings' runs merged."""
+    more: dict[int, list[Trial]] = {id(trials[0]): [], id(near): []}
+    budget.runs += 2 * SETTLE_ROUNDS  # what is left is shared over these runs
+    for done in range(SETTLE_ROUNDS):
+        if not budget.leaves(1):
+            budget.runs -= 2 * (SETTLE_ROUNDS - done) - 1
+            break
+        mine = _trial(loader, trials[0].settings, step, batches, dev, budget, count=count)
+        theirs = _trial(loader, near.settings, step, batches, dev, budget, count=count)
+        if mine is not None and theirs is not None:
+            more[id(trials[0])].append(mine)
+            more[id(near)].append(theirs)
+    return [merged(t, more.get(id(t), [])) for t in trials]
+
+
+def _sign_tail(wins: int, rounds: int) -> float:
+    """The chance that a setting no faster than yours wins at least ``wins`` of ``rounds`` rounds."""
+    return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2 ** rounds
+
+
 def beats(t: Trial, user: Trial) -> bool:
     """Whether ``t`` beats the user's settings by more than the noise of their runs.
 
     Its median (:attr:`Trial.score`) must be ``MIN_GAIN`` faster, and either its slowest run
-    faster than the user's fastest, or each of its runs faster than the user's run of the
-    same round, over at least ``REPEATS`` rounds (runs are interleaved: one round's two runs
-    share the machine's load, which on a shared machine moves both far more than a setting
-    does, so a noisy setting's range alone would hide a gain that every round shows).
+    faster than the user's fastest, or its runs faster than the user's run of the same round in
+    so many of at least ``REPEATS`` rounds that a setting no faster would win as many at most as
+    often as it wins all of ``REPEATS`` rounds (a sign test at 1/8: 3 of 3, 4 of 4, 5 of 6, 6 of 7).
+    Runs are interleaved: one round's two runs share the machine's load, which on a shared
+    machine moves both far more than a setting does, so a noisy setting's range alone would hide
+    a gain that the rounds show.
     """
     if t.score <= user.score * (1 + MIN_GAIN):
         return False
@@ -1149,7 +1221,8 @@ def beats(t: Trial, user: Trial) -> bool:
     if min(mine) > max(yours):
         return True
     pairs = list(zip(mine, yours))
-    return len(pairs) >= REPEATS and all(a > b for a, b in pairs)
+    wins = sum(a > b for a, b in pairs)
+    return len(pairs) >= REPEATS and _sign_tail(wins, len(pairs)) <= 0.5 ** REPEATS
 
 
 def _span(t: Trial) -> str:

@@ -1132,13 +1132,7 @@ def decide(user: Trial, trials: list[Trial], *, waits: bool = True) -> tuple[Tri
     gets no loader change: only fewer step threads, or fewer workers as fast.
     """
     repeated = [t for t in trials if len(t.rates) > 1 or t is user]
-
-    def loader_part(s: LoaderSettings) -> tuple:
-        return s.num_workers, s.prefetch_factor, s.pin_memory
-
-    eligible = [t for t in repeated if t is not user
-                and (waits or loader_part(t.settings) == loader_part(user.settings))]
-
+    eligible = _eligible(user, trials, waits=waits)
     winners = [t for t in eligible if beats(t, user)]
     if winners:
         fastest = max(winners, key=lambda t: t.score)
@@ -1154,16 +1148,21 @@ def decide(user: Trial, trials: list[Trial], *, waits: bool = True) -> tuple[Tri
     return (min(fewer, key=lambda t: _cost(t.settings)) if fewer else user), noise
 
 
+def _eligible(user: Trial, trials: list[Trial], *, waits: bool) -> list[Trial]:
+    """The settings besides the user's that may be recommended: those run more than once and, for a step
+    that waits within noise (``waits=False``), only the user's loader at other step threads."""
+    def loader_part(s: LoaderSettings) -> tuple:
+        return s.num_workers, s.prefetch_factor, s.pin_memory
+
+    return [t for t in trials if t is not user and len(t.rates) > 1
+            and (waits or loader_part(t.settings) == loader_part(user.settings))]
+
+
 def contender(user: Trial, trials: list[Trial], *, waits: bool = True) -> Trial | None:
     """The fastest repeated setting whose median is ``MIN_GAIN`` faster than the user's (None if none):
     what :func:`decide` keeps the user's settings against when the gain is within noise. A step that
     waits within noise (``waits=False``) is compared with the user's loader at other step threads only."""
-    def loader_part(s: LoaderSettings) -> tuple:
-        return s.num_workers, s.prefetch_factor, s.pin_memory
-
-    eligible = [t for t in trials if t is not user and len(t.rates) > 1
-                and (waits or loader_part(t.settings) == loader_part(user.settings))]
-    fastest = max(eligible, key=lambda t: t.score, default=None)
+    fastest = max(_eligible(user, trials, waits=waits), key=lambda t: t.score, default=None)
     return fastest if fastest is not None and fastest.score > user.score * (1 + MIN_GAIN) else None
 
 

@@ -13,7 +13,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset,
 
 from placer.data.stream import LoaderSettings
 from placer.stream import ThreadLoader, advise_loader, dropin
-from placer.stream.dropin import Trial, decided_by, more_workers, prefetch_depths, rebuild, run_loader, settings_of
+from placer.stream.dropin import (Trial, decided_by, depth_bases, more_workers, prefetch_depths, rebuild, run_loader,
+                                  settings_of)
 from placer.stream.wholerun import RunCosts, costs, run_seconds
 
 
@@ -107,6 +108,18 @@ def test_the_fastest_gets_every_prefetch_depth_not_yet_measured():
     depths = prefetch_depths(best, [best, best.model_copy(update={"prefetch_factor": 4})])
     assert [s.prefetch_factor for s in depths] == [1, 8] and all(s.num_workers == 2 for s in depths)
     assert prefetch_depths(LoaderSettings(num_workers=0), []) == []
+
+
+def test_the_next_worker_count_near_the_fastest_also_gets_other_prefetch_depths():
+    # 4 processes fastest at depth 2; 3 processes within 10 % of it: both get the other depths
+    first = [trial(0, 900, pf=None), trial(2, 700), trial(3, 930), trial(4, 1000), trial(4, 980, threads=True)]
+    bases = depth_bases(first)
+    assert [(s.num_workers, s.worker_threads) for s in bases] == [(4, False), (3, False)]
+    # the fastest of another count is the thread loader when it is nearer than the other process counts
+    assert [s.num_workers for s in depth_bases([trial(2, 700), trial(4, 1000), trial(2, 950, threads=True)])] == [4, 2]
+    # a count far behind the fastest is not widened; no workers at all, nothing to widen
+    assert [s.num_workers for s in depth_bases([trial(2, 500), trial(4, 1000)])] == [4]
+    assert depth_bases([trial(0, 900, pf=None)]) == []
 
 
 class Listed:

@@ -473,6 +473,27 @@ def prefetch_depths(best: LoaderSettings, measured: list[LoaderSettings]) -> lis
     return [s for s in depths if _measured_as(s) not in seen]
 
 
+#: a worker count whose fastest setting is within this of the fastest's also gets every prefetch depth
+DEPTH_NEAR = 0.9
+
+
+def depth_bases(trials: list[Trial]) -> list[LoaderSettings]:
+    """The settings whose other prefetch depths are tried: the fastest with workers, and the fastest
+    of another worker count when it is within :data:`DEPTH_NEAR` of it.
+
+    Worker count and depth interact: on 2 cores a text-tokenising script measured fastest with 4
+    processes at depth 2 in the first round, while 2 processes at depth 4 or 8 ran its whole run
+    faster as a script (fewer workers start sooner; a deeper queue keeps them busy).
+    """
+    with_workers = sorted((t for t in trials if t.settings.num_workers), key=lambda t: -t.score)
+    if not with_workers:
+        return []
+    top = with_workers[0]
+    other = next((t for t in with_workers if t.settings.num_workers != top.settings.num_workers), None)
+    near = other is not None and other.score >= DEPTH_NEAR * top.score
+    return [top.settings] + ([other.settings] if near else [])
+
+
 def _measured_as(s: LoaderSettings) -> LoaderSettings:
     # persistent workers only matter between epochs: a bounded run measures them the same; without
     # workers, neither their kind nor a prefetch depth means anything
@@ -688,6 +709,8 @@ CONFIRM_ROUNDS = 2
 CONFIRM_LENGTH = 4
 #: rounds of raising the worker count while the rate rises
 MORE_ROUNDS = 3
+#: runs widening may take: more workers of both kinds for MORE_ROUNDS, then two worker counts' other depths
+WIDEN_RUNS = 2 * MORE_ROUNDS + 2 * (len(PREFETCH) - 1)
 
 
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
@@ -738,7 +761,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     The space: worker processes 0, 1, 2 and the cores, thread workers 2 and the cores
     (a :class:`~placer.stream.threadloader.ThreadLoader`), then more workers of each kind
     while the rate rises (:func:`more_workers`), prefetch 1, 2, 4 and 8 for the fastest
-    (:func:`prefetch_depths`), and fewer intra-op threads for the step. A recommendation
+    and for the next worker count when it is near (:func:`depth_bases`), and fewer intra-op threads for the step. A recommendation
     is then confirmed by longer runs, interleaved with the user's settings
     (:func:`confirm`): it stands only when the whole run it predicts is still
     ``MIN_GAIN`` faster.
@@ -778,7 +801,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     with _random_state_kept(loader):
         cache = _find_cache(loader, step, user, batches, budget_s * CACHE_SHARE, cache_bytes, dev)
     cache_s = took.spent()  # the cache search is on top of budget_s
-    more_runs = 2 * MORE_ROUNDS + len(PREFETCH) - 1  # as _widen counts them
+    more_runs = WIDEN_RUNS
     budget = _Budget(budget_s * (1 - CONFIRM_SHARE),
                      runs=3 + len(cands) + more_runs + len(threads_tried) + (REPEATS - 1) * (FINALISTS + 3))
     count = counter_of(loader)
@@ -935,7 +958,7 @@ def _repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: i
 
 def _widen(loader: Any, trials: list[Trial], step: Any, batches: int, dev: Device, budget: _Budget,
            count: SampleCount, cores: int, keep: int = 0) -> None:
-    """After the first round: more workers while the rate rises, then the fastest's other prefetch depths.
+    """After the first round: more workers while the rate rises, then other prefetch depths (:func:`depth_bases`).
 
     A run starts only while it leaves room for ``keep`` more runs (those that decide: the
     step's threads and the repeats), at the mean run's length so far.
@@ -949,16 +972,15 @@ def _widen(loader: Any, trials: list[Trial], step: Any, batches: int, dev: Devic
         if budget.leaves(keep) and (t := _trial(loader, s, step, batches, dev, budget, count=count)) is not None:
             trials.append(t)
 
-    planned = 2 * MORE_ROUNDS + len(PREFETCH) - 1  # the runs the budget counted for widening
+    planned = WIDEN_RUNS  # the runs the budget counted for widening
     for _ in range(MORE_ROUNDS):
         more = [s for s in more_workers(trials, cores=cores) if not seen(s)]
         if not more:
             break
         for s in more:
             attempt(s)
-    fastest = max((t for t in trials if t.settings.num_workers), key=lambda t: t.score, default=None)
-    if fastest is not None:
-        for s in prefetch_depths(fastest.settings, [t.settings for t in trials]):
+    for base in depth_bases(trials):
+        for s in prefetch_depths(base, [t.settings for t in trials]):
             attempt(s)
     budget.runs -= max(planned, 0)  # counted but not tried: their shares go to the runs to come
 

@@ -330,6 +330,7 @@ def test_the_profile_times_stages_measures_scaling_and_marks_gil_bound_stages():
     prof = profile_stream(two_stage_stream(), budget_s=8.0)
     slow, spin = prof.stage("slow"), prof.stage("spin")
     assert slow.seconds["cpu"] >= 0.012, slow
+    assert slow.in_turn_seconds["cpu"] >= 0.012 and set(slow.in_turn_seconds) == set(slow.seconds), slow
     share = {st.name: st.cpu_seconds["cpu"] / st.seconds["cpu"] for st in (slow, spin)}
     assert share["slow"] < share["spin"], share  # sleeping uses little CPU, spinning all of it
     assert slow.gil_bound is False and slow.speedup(2) >= 1.5, slow.scaling
@@ -403,6 +404,63 @@ def test_process_workers_hold_the_gil_only_to_move_batches():
     # one process: 12.5 ms a batch against 10 ms in this process: 2.5 ms of moving, under the GIL
     assert gil.seconds_per_batch == pytest.approx((1 + 2.5 + 20) * MS)  # source, moving, half of train's 40
     assert pred.rate_of("decode").batches_per_s == pytest.approx(80.0)
+
+
+def test_one_batch_at_a_time_is_predicted_from_what_each_member_cost_in_turn_in_the_sweep():
+    """The sweep ran one batch at a time: a step slower there in some batches (its threads met a
+    loader's on the cores) than its lower quartile costs that much again in every run without workers."""
+    prof = cpu_only(synthetic(epochs=2))
+    base = predict(prof, CPU, StreamConfig(workers=0))
+    assert base.batches_per_s == pytest.approx(1 / (56 * MS))  # 1 + 10 + 5 + 40 ms
+    prof.stage("train").in_turn_seconds = {"cpu": 80 * MS}
+    prof.stage("decode").in_turn_seconds = {"cpu": 4 * MS}  # faster in turn than its lower quartile: kept at 10
+    seq = predict(prof, CPU, StreamConfig(workers=0))
+    assert seq.batches_per_s == pytest.approx(1 / (96 * MS)) and seq.bottleneck == "one batch at a time"
+    # batches that overlap keep the members' own costs
+    assert predict(prof, CPU, StreamConfig(workers=1)).batches_per_s == pytest.approx(
+        predict(cpu_only(synthetic(epochs=2)), CPU, StreamConfig(workers=1)).batches_per_s)
+    # later epochs behind a cache are not the sweep's chain: the step's own cost (5 + 40 ms)
+    cached = predict(prof, CPU, StreamConfig(workers=0, cache="decode"))
+    assert cached.batches_per_s == pytest.approx(1 / (96 * MS))
+    assert cached.later_batches_per_s == pytest.approx(1 / (45 * MS))
+    # nor is the step at other intra-op threads than the sweep's
+    threaded = prof.model_copy(update={"torch_threads": 8})
+    threaded.stage("train").torch_seconds, threaded.stage("train").torch_cpu_seconds = {1: 30 * MS}, {1: 30 * MS}
+    assert predict(threaded, CPU, StreamConfig(workers=0, torch_threads=1)).batches_per_s == pytest.approx(
+        1 / (46 * MS))
+    assert predict(threaded, CPU, StreamConfig(workers=0)).batches_per_s == pytest.approx(1 / (96 * MS))
+
+
+def test_the_step_at_one_thread_is_not_charged_the_sweeps_slow_batches(monkeypatch):
+    """One thread's seconds: the sweep's times the ratio measured alone, or those measured alone where fewer."""
+    from types import SimpleNamespace
+
+    from placer.stream import profile as prof_mod
+    from placer.timing import torch_threads
+
+    class Run:
+        nodes = [SimpleNamespace(name="train", device=SimpleNamespace(kind="cpu"))]
+
+        def work(self, node, b):
+            return None
+
+    sweep = SimpleNamespace(run=Run(), inputs={"train": [object()] * 4})
+    fake = SimpleNamespace(cores=2)
+
+    def extras(ratio: float, one: float) -> StageProfile:
+        step = StageProfile(name="train", role="step", seconds={"cpu": 20 * MS}, cpu_seconds={"cpu": 40 * MS})
+        monkeypatch.setattr(prof_mod, "_threads_ratio", lambda *a, **k: ((ratio, ratio), (one, one)))
+        with torch_threads(2):
+            prof_mod._step_extras(fake, sweep, step)
+        return step
+
+    # slow in the sweep (20 ms at 2 threads, 10 ms alone), 1.5x slower at one thread alone: 15 ms, not 30
+    step = extras(1.5, 15 * MS)
+    assert step.torch_seconds[1] == pytest.approx(15 * MS) and step.torch_cpu_seconds[1] == pytest.approx(15 * MS)
+    assert set(step.busy_seconds) == {1, 2}
+    # the sweep as fast as alone: its seconds times the ratio, which cancels a change of load
+    step = extras(1.5, 45 * MS)
+    assert step.torch_seconds[1] == pytest.approx(30 * MS) and step.torch_cpu_seconds[1] == pytest.approx(45 * MS)
 
 
 def test_fewer_torch_threads_are_planned_where_the_step_measured_faster_with_them():

@@ -181,6 +181,13 @@ class StageProfile(BaseModel):
     cpu_seconds : dict
         Device → host CPU seconds per batch (all threads of the process): what the
         stage takes from the cores. Near zero for a stage that sleeps or waits.
+    in_turn_seconds : dict
+        Device → wall seconds per batch as the profile's sweep ran it, one batch at a time
+        through every member (the mean over the batches after the first): what it costs in
+        turn with the others, its slow batches included. A step whose intra-op threads meet
+        the threads a loader left spinning on the cores can run several times slower in turn
+        than alone, in some batches and not others, which a lower quartile leaves out (an audio
+        script's train step on 2 cores: 19 ms lower quartile, 63 ms mean, 10 ms alone).
     reads : list of str
         The per-batch values (stages of the stream) it reads.
     out_bytes : dict
@@ -196,7 +203,8 @@ class StageProfile(BaseModel):
         None when not measured (a batch stage's share comes from its scaling).
     torch_seconds : dict
         The step on the CPU: torch intra-op threads → wall seconds per batch, for the
-        counts measured besides torch's default (which ``seconds`` holds).
+        counts measured besides torch's default (which ``seconds`` holds): ``seconds``
+        times the ratio measured alone, or the seconds measured alone where fewer.
     torch_cpu_seconds : dict
         The same counts → host CPU seconds per batch.
     busy_seconds : dict
@@ -229,6 +237,7 @@ class StageProfile(BaseModel):
     devices: list[str] = Field(default_factory=list)
     seconds: dict[str, float] = Field(default_factory=dict)
     cpu_seconds: dict[str, float] = Field(default_factory=dict)
+    in_turn_seconds: dict[str, float] = Field(default_factory=dict)
     reads: list[str] = Field(default_factory=list)
     out_bytes: dict[str, int] = Field(default_factory=dict)
     scaling: list[ScalingRow] = Field(default_factory=list)

@@ -51,7 +51,10 @@ than its busiest resource allows:
   samples/s, the rate of 1 worker (6,200), and at 1 torch thread 9,400-11,600.
 
 Throughput is the smallest rate; the resource that sets it is the bottleneck. With
-``workers=0`` nothing overlaps: one batch takes the sum of every node's seconds.
+``workers=0`` nothing overlaps: one batch takes the sum of every node's seconds, each as
+the profile's sweep (which ran one batch at a time) measured it in turn, slow batches
+included (``StageProfile.in_turn_seconds``), where the chain is the sweep's: every member
+on one device, the step at the threads it was swept at, no cache.
 A cache point after a deterministic stage removes it and every node before it from
 epochs after the first: the total over ``E`` epochs of ``B`` batches is
 ``B / r_first + (E - 1) * B / r_later``.
@@ -187,6 +190,23 @@ def node_costs(profile: StreamProfile, nodes: list[ChainNode], pin_memory: bool,
             wall, cpu = st.torch_seconds[threads], st.torch_cpu_seconds.get(threads, st.torch_seconds[threads])
         out.append((wall, cpu))
         where[n.name] = n.location
+    return out
+
+
+def in_turn(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
+            config: StreamSettings) -> list[tuple[float, float]]:
+    """The costs of one batch at a time: each member at least as slow as the sweep measured it in turn.
+
+    Only where the chain is the one the sweep ran: every member on one device and the step at
+    the intra-op threads it was swept at (other counts and copies keep their costs).
+    """
+    devices = {n.device for n in nodes if n.kind != "copy"}
+    if len(devices) != 1 or config.torch_threads not in (None, profile.torch_threads):
+        return costs
+    out = []
+    for n, (wall, cpu) in zip(nodes, costs):
+        turn = profile.stage(n.name).in_turn_seconds.get(n.device) if n.kind != "copy" else None
+        out.append((max(wall, turn), cpu) if turn is not None else (wall, cpu))
     return out
 
 
@@ -431,7 +451,8 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
     costs = node_costs(profile, nodes, config.pin_memory, notes, config.torch_threads)
     if profile.cluster is not None:
         costs = remote_costs(profile, nodes, costs, config)
-    bps, neck, rs, _ = _contended(profile, nodes, costs, config)
+    first = in_turn(profile, nodes, costs, config) if config.sequential else costs
+    bps, neck, rs, _ = _contended(profile, nodes, first, config)
     later_bps, later_neck = bps, neck
     at = cache_index(nodes, config.cache)
     if at is not None:

@@ -495,6 +495,7 @@ def _stages(prof: _Profiler, sweeps: dict[str, _Sweep]) -> dict[str, StageProfil
             if sw.placement[m] == d and m in sw.timings:
                 prof_m.seconds[d] = steady(sw.timings.wall(m))
                 prof_m.cpu_seconds[d] = steady(sw.timings.cpu(m))
+                prof_m.in_turn_seconds[d] = sw.timings.wall(m).mean_s
         out[m] = prof_m
     return out
 
@@ -591,9 +592,12 @@ def _step_extras(prof: _Profiler, sweep: _Sweep | None, step: StageProfile) -> N
     threads = torch.get_num_threads() if torch is not None else None
     call = _step_call(sweep.run, node)
     if threads is not None and threads > 1:
-        ratio, cpu_ratio = _threads_ratio(torch, call, kept, threads)
-        step.torch_seconds[1] = step.seconds["cpu"] * ratio
-        step.torch_cpu_seconds[1] = step.cpu_seconds.get("cpu", step.seconds["cpu"]) * cpu_ratio
+        (ratio, cpu_ratio), (one, one_cpu) = _threads_ratio(torch, call, kept, threads)
+        # the sweep's seconds at the default threads times the ratio, or the seconds measured at one
+        # thread where fewer: a step slower in the sweep than alone at its default threads (its threads
+        # met a loader's on the cores) does not carry that to one thread, which leaves the loader a core
+        step.torch_seconds[1] = min(step.seconds["cpu"] * ratio, one)
+        step.torch_cpu_seconds[1] = min(step.cpu_seconds.get("cpu", step.seconds["cpu"]) * cpu_ratio, one_cpu)
     if prof.cores > 1:
         alone = {threads or 1: step.seconds["cpu"], **step.torch_seconds}
         for n, r in _busy_ratios(torch, call, kept, sorted(alone)).items():
@@ -610,9 +614,11 @@ def _step_call(run: StreamRun, node: Node):
     return call
 
 
-def _threads_ratio(torch: Any, call, kept: list[Bundle], threads: int, rounds: int = 2) -> tuple[float, float]:
-    """Wall and CPU seconds of the step at one intra-op thread over those at ``threads``: medians of
-    runs interleaved batch by batch, so that a change of load affects both alike."""
+def _threads_ratio(torch: Any, call, kept: list[Bundle], threads: int,
+                   rounds: int = 2) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Wall and CPU seconds of the step at one intra-op thread over those at ``threads`` (medians of
+    runs interleaved batch by batch, so that a change of load affects both alike), and the wall and
+    CPU seconds at one thread (the medians)."""
     t = Timings()
     for _ in range(rounds):
         for b in kept:
@@ -622,8 +628,8 @@ def _threads_ratio(torch: Any, call, kept: list[Bundle], threads: int, rounds: i
                 t.add(n, c)
     wall = {n: Measurement(raw_times=xs, label=f"step at {n} threads").median_s for n, xs in t.wall_s.items()}
     cpu = {n: Measurement(raw_times=xs, label=f"step at {n} threads (CPU)").median_s for n, xs in t.cpu_s.items()}
-    return (wall[1] / wall[threads] if wall[threads] > 0 else 1.0,
-            cpu[1] / cpu[threads] if cpu[threads] > 0 else 1.0)
+    return ((wall[1] / wall[threads] if wall[threads] > 0 else 1.0,
+             cpu[1] / cpu[threads] if cpu[threads] > 0 else 1.0), (wall[1], cpu.get(1, wall[1])))
 
 
 class _Busy(_SideThread):

@@ -761,7 +761,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     The space: worker processes 0, 1, 2 and the cores, thread workers 2 and the cores
     (a :class:`~placer.stream.threadloader.ThreadLoader`), then more workers of each kind
     while the rate rises (:func:`more_workers`), prefetch 1, 2, 4 and 8 for the fastest
-    and for the next worker count when it is near (:func:`depth_bases`), and fewer intra-op threads for the step. A recommendation
+    and for the next worker count when it is near (:func:`depth_bases`), and fewer intra-op
+    threads for the step. A recommendation
     is then confirmed by longer runs, interleaved with the user's settings
     (:func:`confirm`): it stands only when the whole run it predicts is still
     ``MIN_GAIN`` faster.

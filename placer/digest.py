@@ -1,6 +1,7 @@
 """A stable digest of a run's final outputs, equal across placements, and the check behind it.
 
-May import: numpy, hashlib, dataclasses, math, re; torch, pandas and pydantic only through duck typing.
+May import: numpy, hashlib, dataclasses, math, re, placer.attrs; torch, pandas and pydantic only through duck
+typing.
 
 Tolerance (documented contract): two runs get the same digest when their final
 outputs have the same structure, types, shapes and dtypes (``float16`` is not
@@ -27,8 +28,10 @@ What each kind of output contributes:
 - dataclasses, pydantic models, pandas objects (columns, index, values), torch
   modules (their ``state_dict``), dask collections (their computed result), other
   array-likes (``__array__``);
-- any other object: its class and its attributes (``__dict__`` or ``__slots__``),
-  else its ``repr`` with memory addresses removed. Nothing is pickled.
+- any other object: its class and its attributes' values in the order they were set
+  (read without building its ``__dict__``: see :mod:`placer.attrs`), or its
+  ``__dict__`` or ``__slots__`` where it has no managed attributes, else its ``repr``
+  with memory addresses removed. Nothing is pickled.
 
 Containers nested deeper than :data:`MAX_DEPTH` (or that contain themselves)
 contribute a marker instead of their content below that depth.
@@ -43,6 +46,8 @@ import re
 from typing import Any
 
 import numpy as np
+
+from placer.attrs import attribute_values
 
 RTOL = 1e-4
 ATOL = 1e-5
@@ -180,8 +185,8 @@ def _parts(value: Any) -> dict | None:
     """The content of a structured object as a plain dict; None when it has none to show.
 
     Dataclasses (their fields), pydantic models (``model_dump``), torch modules
-    (``state_dict``), pandas objects (columns, index, values), and other objects
-    (``__dict__`` or ``__slots__``).
+    (``state_dict``), pandas objects (columns, index, values), and other objects (their
+    attributes' values, see :mod:`placer.attrs`; else ``__dict__`` or ``__slots__``).
     """
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
@@ -192,11 +197,17 @@ def _parts(value: Any) -> dict | None:
     frame = _pandas_parts(value)
     if frame is not None:
         return frame
-    if isinstance(value, type) or callable(value) and not hasattr(value, "__dict__"):
+    if isinstance(value, type):
         return None
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict) and attrs:
-        return dict(attrs)
+    values = attribute_values(value)  # never builds a plain object's __dict__ (which would slow it)
+    if values:
+        return {"values": values}
+    if values is None:
+        attrs = getattr(value, "__dict__", None)
+        if callable(value) and attrs is None:
+            return None
+        if isinstance(attrs, dict) and attrs:
+            return dict(attrs)
     slots = [s for cls in type(value).__mro__ for s in getattr(cls, "__slots__", ()) if hasattr(value, s)]
     return {s: getattr(value, s) for s in slots} if slots else None
 

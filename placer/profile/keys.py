@@ -1,6 +1,6 @@
 """What a cached measurement depends on: the code a stage runs and the data it is given.
 
-May import: numpy, placer.pipeline. No measuring or device code; torch values are
+May import: numpy, placer.pipeline, placer.attrs. No measuring or device code; torch values are
 recognised by their attributes, never imported.
 
 A stage's cache key (:func:`stage_fingerprint`) covers
@@ -42,6 +42,8 @@ import types
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from placer.attrs import attribute_values
 
 #: arrays up to this many bytes are hashed by content; larger ones by shape, dtype, bytes
 #: and a strided sample
@@ -232,7 +234,9 @@ class _Walker:
         if isinstance(fn, types.FunctionType):
             self.function(fn, depth)
         else:
-            self.add("object", type(fn).__qualname__, data_signature(getattr(fn, "__dict__", None)))
+            values = attribute_values(fn)  # not its __dict__: building that would slow the stage
+            self.add("object", type(fn).__qualname__,
+                     data_signature(getattr(fn, "__dict__", None) if values is None else values))
             call = getattr(type(fn), "__call__", None)
             if isinstance(call, types.FunctionType):
                 self.function(call, depth + 1)

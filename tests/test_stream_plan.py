@@ -736,3 +736,71 @@ def test_a_sources_reads_are_timed_per_batch_on_short_epochs():
 
     prof = profile_stream(p, budget_s=4.0, batches=12)
     assert prof.stage("rows").seconds["cpu"] == pytest.approx(0.02, rel=0.5)
+
+
+def test_a_loaders_worker_processes_are_priced_at_what_a_batch_took_through_one_and_pay_start_up_each_epoch():
+    """A Dataset source's batch through a DataLoader worker process costs what it took there (a
+    tokenizer: 4.6 ms read here, 7 ms through a worker), and every epoch that starts the workers pays
+    their start-up and stop (28 ms of a 0.3 s run), one after the other past one worker per core."""
+    prof = cpu_only(synthetic(cores=2, epochs=3, batches=10)).model_copy(update={"source_kind": "dataset"})
+    for m in ("decode", "augment"):
+        prof.stage(m).seconds["cpu"] = prof.stage(m).cpu_seconds["cpu"] = 0.1 * MS
+    prof.stage("train").seconds["cpu"] = prof.stage("train").cpu_seconds["cpu"] = 0.1 * MS
+    src = prof.stage("batches")
+    src.seconds["cpu"] = src.cpu_seconds["cpu"] = 4 * MS
+    two = StreamConfig(workers=1, stage_workers={"batches": 2})
+    before = predict(prof, CPU, two)
+    assert before.rate_of("batches").seconds_per_batch == pytest.approx(2 * MS)  # 4 ms over 2 processes
+    assert before.total_s == pytest.approx(30 / before.batches_per_s)
+    src.worker_seconds, src.worker_start_s, src.worker_end_s = 6 * MS, 20 * MS, 5 * MS
+    after = predict(prof, CPU, two)
+    assert after.rate_of("batches").seconds_per_batch == pytest.approx(3 * MS)
+    cores = next(r for r in after.rates if r.name == "cores")
+    assert cores.seconds_per_batch == pytest.approx((6 + 0.3) * MS / 2)  # the workers' CPU is theirs too
+    assert after.total_s == pytest.approx(30 / after.batches_per_s + 3 * 25 * MS)  # each epoch starts them
+    four = predict(prof, CPU, two.model_copy(update={"stage_workers": {"batches": 4}}))
+    assert four.total_s == pytest.approx(30 / four.batches_per_s + 3 * 2 * 25 * MS)  # 4 on 2 cores: twice
+    cached = predict(prof, CPU, two.model_copy(update={"cache": "decode"}))  # later epochs replay the cache
+    assert cached.total_s == pytest.approx(10 / cached.batches_per_s + 20 / cached.later_batches_per_s + 25 * MS)
+    seq = predict(prof, CPU, StreamConfig(workers=0))  # in this process: no worker, its own seconds
+    assert seq.total_s == pytest.approx(30 * (4 + 0.3) * MS)
+
+
+def test_a_one_epoch_run_is_planned_on_its_whole_time_so_worker_start_up_can_lose():
+    """A short run pays its workers' start-up once: where that outweighs what they save, the plan
+    reads in this process (the objective is the run's total time whenever its batches are known)."""
+    prof = cpu_only(synthetic(cores=2, epochs=1, batches=4)).model_copy(update={"source_kind": "dataset"})
+    for m in ("decode", "augment", "train"):
+        prof.stage(m).seconds["cpu"] = prof.stage(m).cpu_seconds["cpu"] = 0.1 * MS
+        prof.stage(m).scaling = []
+    src = prof.stage("batches")
+    src.seconds["cpu"] = src.cpu_seconds["cpu"] = 4 * MS
+    src.worker_seconds, src.worker_start_s, src.worker_end_s = 4 * MS, 40 * MS, 5 * MS
+    plan = plan_from_profile(prof)[0]
+    assert plan.objective == "total_time" and plan.settings.stage_workers.get("batches", 0) == 0, plan.settings
+    long = prof.model_copy(update={"batches_per_epoch": 400})
+    assert plan_from_profile(long)[0].settings.stage_workers.get("batches", 0) == 2
+
+
+def test_the_profile_times_a_dataset_source_through_one_worker_process():
+    from torch.utils.data import Dataset
+
+    from placer.stream.profile import profile_stream
+
+    class Squares(Dataset):
+        def __len__(self):
+            return 96
+
+        def __getitem__(self, i):
+            return np.full(16, i * i, dtype=np.float32)
+
+    p = Pipeline("worker_timed", size=96, size_unit="samples")
+    p.source("squares", epochs=1, batch_size=8)(lambda: Squares())
+    p.step("total", init=lambda: 0.0)(lambda squares, state: state + float(squares.sum()))
+    prof = profile_stream(p, budget_s=6.0)
+    src = prof.stage(prof.source)
+    assert prof.source_kind == "dataset"
+    assert src.worker_seconds is not None and 0 < src.worker_seconds < 1.0
+    assert src.worker_start_s is not None and src.worker_end_s is not None
+    # forking and starting a worker costs more than reading one small batch here
+    assert src.worker_start_s > src.seconds["cpu"]

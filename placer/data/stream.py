@@ -183,7 +183,8 @@ class StageProfile(BaseModel):
         stage takes from the cores. Near zero for a stage that sleeps or waits.
     in_turn_seconds : dict
         Device → wall seconds per batch as the profile's sweep ran it, one batch at a time
-        through every member (the mean over the batches after the first): what it costs in
+        through every member (the mean over the batches after the first, and after the leading
+        ones that still warm up: :func:`placer.stream.profile.in_turn_mean`): what it costs in
         turn with the others, its slow batches included. A step whose intra-op threads meet
         the threads a loader left spinning on the cores can run several times slower in turn
         than alone, in some batches and not others, which a lower quartile leaves out (an audio
@@ -224,6 +225,18 @@ class StageProfile(BaseModel):
         The work of one batch of its torch GPU implementation (or of the step), counted on
         the CPU (:func:`placer.costmodel.counts.count_work`): what a described GPU's
         roofline prices when the stream is planned for a target; None when not counted.
+    worker_seconds : float or None
+        A Dataset or DataLoader source: wall seconds per batch read through one DataLoader worker
+        process, the consumer idle (the worker's pace: its items, collating into shared memory and
+        sending included), the median after the first batches. Not the seconds read in this
+        process: a tokenizer's batch took 4.6 ms here and 7 ms through a worker. What the stream
+        model prices a batch from worker processes at (their CPU too). None when not measured.
+    worker_start_s : float or None
+        The same source: seconds from starting an iterator with one worker process to its first
+        batch, beyond a batch's own (forking the worker and starting it), which every epoch pays
+        (the stream makes a loader per epoch): 28 ms against a 0.3 s run of 64 batches.
+    worker_end_s : float or None
+        Seconds to stop that worker at the epoch's end.
     remote_ratio : dict
         A CPU batch stage's per-batch seconds on a dask cluster's worker over its seconds here
         (the same batches, each timed inside the task, median), per scheduler address: measured
@@ -251,6 +264,9 @@ class StageProfile(BaseModel):
     pin: str | None = None
     work: Work | None = None
     remote_ratio: dict[str, float] = Field(default_factory=dict)
+    worker_seconds: float | None = Field(None, ge=0)
+    worker_start_s: float | None = Field(None, ge=0)
+    worker_end_s: float | None = Field(None, ge=0)
 
     def rate(self, workers: int, kind: WorkerKind, seconds: float) -> float:
         """Batches per second with ``workers`` of ``kind``: threads scale ``1 / seconds`` by their

@@ -55,9 +55,15 @@ Throughput is the smallest rate; the resource that sets it is the bottleneck. Wi
 the profile's sweep (which ran one batch at a time) measured it in turn, slow batches
 included (``StageProfile.in_turn_seconds``), where the chain is the sweep's: every member
 on one device, the step at the threads it was swept at, no cache.
+A Dataset or DataLoader source read by worker processes costs, per batch, what it took
+through one worker process as the profile measured it (``StageProfile.worker_seconds``:
+collating into shared memory and sending the batch included; a tokenizer took 4.6 ms a
+batch in the main process and 7 ms through a worker), wall and CPU.
 A cache point after a deterministic stage removes it and every node before it from
 epochs after the first: the total over ``E`` epochs of ``B`` batches is
-``B / r_first + (E - 1) * B / r_later``.
+``B / r_first + (E - 1) * B / r_later``, plus, for each epoch that starts the loader's
+worker processes (every one, unless a later epoch replays a cache), their start-up and
+their stop at its end (:func:`worker_bounds`).
 """
 
 from __future__ import annotations
@@ -208,6 +214,30 @@ def in_turn(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[fl
         turn = profile.stage(n.name).in_turn_seconds.get(n.device) if n.kind != "copy" else None
         out.append((max(wall, turn), cpu) if turn is not None else (wall, cpu))
     return out
+
+
+def in_workers(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
+               config: StreamSettings) -> list[tuple[float, float]]:
+    """A Dataset or DataLoader source read by worker processes: a batch costs what it took through one
+    worker (``StageProfile.worker_seconds``), wall and CPU (a worker runs one thread), where measured."""
+    if not nodes or nodes[0].kind != "source" or not _in_processes(profile, nodes[0], config):
+        return costs
+    t = profile.stage(nodes[0].name).worker_seconds
+    return costs if t is None else [(t, t), *costs[1:]]
+
+
+def worker_bounds(profile: StreamProfile, nodes: list[ChainNode], config: StreamSettings) -> float:
+    """Seconds an epoch adds for starting a loader's worker processes and stopping them at its end:
+    one worker's, as measured, times the workers per core where there are more workers than cores
+    (the loader starts them one after the other; measured for a tokenizer on 2 cores: 28 ms for
+    1 or 2 workers, 36 for 3, 52 for 4)."""
+    if not nodes or nodes[0].kind != "source" or not _in_processes(profile, nodes[0], config):
+        return 0.0
+    st = profile.stage(nodes[0].name)
+    if st.worker_start_s is None:
+        return 0.0
+    w = _loader_workers(profile, config)
+    return (st.worker_start_s + (st.worker_end_s or 0.0)) * max(1.0, w / max(1, profile.cores))
 
 
 def gil_share(profile: StreamProfile, member: str) -> float:
@@ -451,10 +481,12 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
     costs = node_costs(profile, nodes, config.pin_memory, notes, config.torch_threads)
     if profile.cluster is not None:
         costs = remote_costs(profile, nodes, costs, config)
+    costs = in_workers(profile, nodes, costs, config)
     first = in_turn(profile, nodes, costs, config) if config.sequential else costs
     bps, neck, rs, _ = _contended(profile, nodes, first, config)
     later_bps, later_neck = bps, neck
     at = cache_index(nodes, config.cache)
+    loader_later = True  # later epochs start the source's loader again (not when they replay a cache)
     if at is not None:
         batches = profile.batches_per_epoch or 0
         if cache_bytes(profile, nodes, at) * batches > config.cache_bytes:
@@ -465,6 +497,7 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
             later_bps, later_neck, _, _ = _contended(profile, nodes, [(read, read), *costs[1:]], config)
         else:
             later_bps, later_neck, _, _ = _contended(profile, nodes[at + 1:], costs[at + 1:], config)
+            loader_later = False
     e = profile.epochs if epochs is None else epochs
     spb = profile.samples_per_batch
     pred = Prediction(samples_per_s=bps * spb, batches_per_s=bps, bottleneck=neck, rates=rs,
@@ -472,6 +505,6 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
     if profile.batches_per_epoch:
         b = profile.batches_per_epoch
         later = (e - 1) * b / later_bps if later_bps != float("inf") else 0.0
-        pred.total_s = b / bps + later
+        pred.total_s = b / bps + later + (e if loader_later else min(e, 1)) * worker_bounds(profile, nodes, config)
         pred._samples = e * b * spb
     return pred

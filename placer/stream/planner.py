@@ -11,8 +11,9 @@ the best few by short measured runs when the budget allows
 single changes. :func:`plan_from_profile` is the same choice from a saved profile,
 without measuring; :func:`stream_config` gives the settings to run several plans with.
 
-The objective is the stream's own (samples per second, or seconds over its epochs
-when a cache point can pay off), not one of :mod:`placer.optimize.objectives`:
+The objective is the stream's own (seconds over its epochs, worker start-up and a
+cache's later epochs included, where the batches of an epoch are known; else samples per
+second), not one of :mod:`placer.optimize.objectives`:
 those score a placement of one-shot stages on a cost table, while this one also
 chooses workers and a cache point, and reads a stream profile.
 """
@@ -37,7 +38,7 @@ __all__ = ["Candidate", "Scorer", "candidates", "make", "plan_from_profile", "pl
 
 def _objective(profile: StreamProfile, objective: str, epochs: int) -> str:
     if objective == "auto":
-        return "total_time" if epochs > 1 and profile.batches_per_epoch else "throughput"
+        return "total_time" if profile.batches_per_epoch else "throughput"
     if objective not in ("throughput", "total_time"):
         raise PlacerError(f"unknown stream objective {objective!r}; use throughput, total_time or auto")
     if objective == "total_time" and not profile.batches_per_epoch:

@@ -216,25 +216,30 @@ def in_turn(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[fl
     return out
 
 
+def _source_in_workers(profile: StreamProfile, nodes: list[ChainNode], config: StreamSettings):
+    """The source's profile where it is a Dataset or DataLoader read by worker processes, else None."""
+    if not nodes or nodes[0].kind != "source" or not _in_processes(profile, nodes[0], config):
+        return None
+    return profile.stage(nodes[0].name)
+
+
 def in_workers(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
                config: StreamSettings) -> list[tuple[float, float]]:
     """A Dataset or DataLoader source read by worker processes: a batch costs what it took through one
     worker (``StageProfile.worker_seconds``), wall and CPU (a worker runs one thread), where measured."""
-    if not nodes or nodes[0].kind != "source" or not _in_processes(profile, nodes[0], config):
+    st = _source_in_workers(profile, nodes, config)
+    if st is None or st.worker_seconds is None:
         return costs
-    t = profile.stage(nodes[0].name).worker_seconds
-    return costs if t is None else [(t, t), *costs[1:]]
+    return [(st.worker_seconds, st.worker_seconds), *costs[1:]]
 
 
 def worker_bounds(profile: StreamProfile, nodes: list[ChainNode], config: StreamSettings) -> float:
     """Seconds an epoch adds for starting a loader's worker processes and stopping them at its end:
     one worker's, as measured, times the workers per core where there are more workers than cores
-    (the loader starts them one after the other; measured for a tokenizer on 2 cores: 28 ms for
-    1 or 2 workers, 36 for 3, 52 for 4)."""
-    if not nodes or nodes[0].kind != "source" or not _in_processes(profile, nodes[0], config):
-        return 0.0
-    st = profile.stage(nodes[0].name)
-    if st.worker_start_s is None:
+    (the loader starts them one after the other; measured for a tokenizer on 2 cores, to the first
+    batch: 33-40 ms with 1 or 2 workers, 38-55 with 3, 55-63 with 4)."""
+    st = _source_in_workers(profile, nodes, config)
+    if st is None or st.worker_start_s is None:
         return 0.0
     w = _loader_workers(profile, config)
     return (st.worker_start_s + (st.worker_end_s or 0.0)) * max(1.0, w / max(1, profile.cores))

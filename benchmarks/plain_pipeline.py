@@ -53,7 +53,8 @@ def plan_flags(settings: Mapping[str, Any], source: str, step: str, *, cache_fla
 
     The mapping: the source's workers are DataLoader worker processes, so ``--num-workers``
     (processes); the queue depth is their ``--prefetch-factor`` (placer's own conversion,
-    :meth:`LoaderSettings.from_stream`); ``torch_threads`` is ``--threads``; a cache at the
+    :meth:`LoaderSettings.from_stream`); workers kept between epochs (``persistent_workers``) are
+    ``--persistent-workers``; ``torch_threads`` is ``--threads``; a cache at the
     source is ``--cache``, with ``--persistent-workers`` when there are workers (the script's
     cache is a dict in each worker process, which non-persistent workers lose every epoch;
     the stream's is one store all of them share). A per-batch stage runs inside the script's
@@ -101,9 +102,8 @@ def plan_flags(settings: Mapping[str, Any], source: str, step: str, *, cache_fla
         notes.append(f"{', '.join(gpu)} on {placement[gpu[0]]}: the script runs on the CPU; no flag")
         if s.pin_memory:
             flags.append("--pin-memory")
-    if s.cache == source and cache_flag:
-        if loader.num_workers:
-            flags.append("--persistent-workers")
+    if loader.num_workers and (loader.persistent_workers or (s.cache == source and cache_flag)):
+        flags.append("--persistent-workers")
     if s.torch_threads is not None:
         flags += ["--threads", str(s.torch_threads)]
     if s.cache == source and cache_flag:

@@ -47,8 +47,10 @@ def test_a_saved_plan_of_every_worker_kind_reloads(kind):
 def test_the_schema_lists_the_settings_flat_and_knows_every_worker_kind():
     props = json_schema("stream-plan")["properties"]
     # a plan for a described machine (``--target``) also has its target's fields, a plan with a cluster
-    # its batches per task and offload, and a step in a lower precision its precision fields, left out when unset
-    with_group = SAVED[:SAVED.index("torch_threads") + 1] + ["stage_group"] + SAVED[SAVED.index("torch_threads") + 1:]
+    # its batches per task and offload, a source whose workers are kept between epochs its persistent_workers, and
+    # a step in a lower precision its precision fields, left out when unset
+    at = SAVED.index("torch_threads") + 1
+    with_group = SAVED[:at] + ["stage_group", "persistent_workers"] + SAVED[at:]
     assert "settings" not in props and list(props) == with_group + ["target", "target_sentence",
                                                                       "predicted_wait_fraction", "offload",
                                                                       "precision", "precision_s", "precision_checks"]

@@ -388,6 +388,9 @@ class StreamFacts(BaseModel):
     predicted_samples_per_s: float | None = None
     plan_reasons: list[str] = Field(default_factory=list)
     options: list[StreamOption] = Field(default_factory=list)
+    #: what the options' samples/s are: ``whole run`` (the mean over the run, worker start-up and epoch
+    #: ends included: a plan for the run's total time) or ``steady state``
+    options_measure: str = "steady state"
     what_if: list[StreamOption] = Field(default_factory=list)
     #: the stream planned for a described machine (``--target``): predictions for it, never measured
     target: StreamTargetFacts | None = None

@@ -75,6 +75,12 @@ class StreamSettings(BaseModel):
         ``g`` consecutive batches travel as one task and their outputs come back split,
         in order, so the cluster's per-task overhead is paid once per ``g`` batches.
         The stage's workers are then its tasks in flight.
+    persistent_workers : bool
+        Keep a Dataset or DataLoader source's worker processes between epochs (DataLoader's
+        ``persistent_workers``, with the same random draws as without): they start once per
+        run instead of once per epoch. Only while the source returns the same dataset,
+        unchanged (a new DataLoader or sampler over it each epoch is fine); otherwise that
+        epoch starts its own.
     cache_bytes : int
         The most bytes the cache may hold; beyond it caching stops, with a note.
     max_batches : int or None
@@ -100,6 +106,7 @@ class StreamSettings(BaseModel):
     cache: str | None = None
     torch_threads: int | None = Field(None, ge=1)
     stage_group: dict[str, int] = Field(default_factory=dict)
+    persistent_workers: bool = False
     cache_bytes: int = Field(2 << 30, ge=0)
     max_batches: int | None = Field(None, ge=1)
 
@@ -142,8 +149,9 @@ class StreamSettings(BaseModel):
 
         Stage workers and worker kinds are united (each stage belongs to one stream);
         the deepest prefetch, pinned copies only where every stream pins, the first
-        cache point and the first torch thread count set; one batch at a time only
-        when every stream runs so.
+        cache point and the first torch thread count set; a source's workers kept
+        between epochs where its stream keeps them; one batch at a time only when
+        every stream runs so.
         """
         return cls(
             workers=0 if all(s.sequential for s in many) else 1,
@@ -153,7 +161,8 @@ class StreamSettings(BaseModel):
             pin_memory=all(s.pin_memory for s in many),
             cache=next((s.cache for s in many if s.cache), None),
             torch_threads=next((s.torch_threads for s in many if s.torch_threads), None),
-            stage_group={m: g for s in many for m, g in s.stage_group.items()})
+            stage_group={m: g for s in many for m, g in s.stage_group.items()},
+            persistent_workers=any(s.persistent_workers for s in many))
 
     def key(self) -> tuple:
         """A hashable value equal for equal settings (mappings compared whatever their order)."""
@@ -378,16 +387,17 @@ class LoaderSettings(BaseModel):
         """The stream settings of a stream whose source ``source`` is this DataLoader: its workers the
         source's, ``prefetch_factor`` the queue depth, the same pinning and torch threads."""
         return StreamSettings(stage_workers={source: self.num_workers}, prefetch=self.prefetch_factor or 2,
-                              pin_memory=self.pin_memory, torch_threads=self.torch_threads)
+                              pin_memory=self.pin_memory, torch_threads=self.torch_threads,
+                              persistent_workers=bool(self.num_workers and self.persistent_workers))
 
     @classmethod
     def from_stream(cls, settings: StreamSettings, source: str) -> LoaderSettings:
         """The DataLoader settings the source ``source`` runs with under ``settings``: its stage
         workers as worker processes (none one batch at a time), the queue depth as
-        ``prefetch_factor``, workers not kept between epochs (the stream makes a loader per epoch)."""
+        ``prefetch_factor``, the workers kept between epochs where ``persistent_workers`` says so."""
         w = 0 if settings.sequential else settings.stage_workers.get(source, 0)
         return cls(num_workers=w, prefetch_factor=settings.prefetch if w else None, pin_memory=settings.pin_memory,
-                   torch_threads=settings.torch_threads)
+                   torch_threads=settings.torch_threads, persistent_workers=bool(w and settings.persistent_workers))
 
 
 class ClusterLink(BaseModel):
@@ -482,6 +492,10 @@ class StreamProfile(BaseModel):
     batches_per_epoch: int | None = None
     source_kind: Literal["iterable", "dataset", "loader"] = "iterable"
     loader: LoaderSettings | None = None
+    #: the source's objects for two epochs can be served by the same worker processes (the same dataset,
+    #: unchanged: :func:`placer.executor.stream.source.workers_key`): its loader's workers can be kept
+    #: between epochs (``StreamSettings.persistent_workers``)
+    same_source: bool = False
     cores: int = 1
     devices: list[str] = Field(default_factory=lambda: ["cpu"])
     device_titles: dict[str, str] = Field(default_factory=dict)
@@ -665,9 +679,10 @@ class StreamPlan(Views, BaseModel):
         for k, v in handler(self).items():
             if (k in self.TARGET_FIELDS and v is None) or (k in self.PRECISION_FIELDS and not v):
                 continue  # a plan for this machine (in fp32) is saved as it always was
-            if k == "settings":  # batches per task only where a stage runs on a cluster: other plans as before
+            if k == "settings":  # batches per task only where a stage runs on a cluster, kept workers only
+                # where kept: other plans as before
                 out |= {n: x for n, x in v.items() if n not in StreamSettings.RUN_LIMITS
-                        and not (n == "stage_group" and not x)}
+                        and not (n in ("stage_group", "persistent_workers") and not x)}
             else:
                 out[k] = v
         return out

@@ -140,7 +140,7 @@ def collect(
     )
     if inputs.run is not None and inputs.run.streams:
         facts.streams = [stream_facts(s, (step_only or {}).get(s.step)) for s in inputs.run.streams]
-        measured = {name: r.streams[0].samples_per_s for name, r in inputs.baselines.items() if r.streams}
+        measured = {name: r.streams[0] for name, r in inputs.baselines.items() if r.streams}
         for sp in stream_plans:
             for sf in facts.streams:
                 if sf.source == sp.source:

@@ -215,14 +215,28 @@ def workers_text(s: StreamStageFacts) -> str:
     return f"{s.workers} {s.worker_kind} worker{'s' if s.workers != 1 else ''} on {s.device}"
 
 
-def add_plan(facts: StreamFacts, plan: StreamPlan, measured: Mapping[str, float]) -> None:
+def add_plan(facts: StreamFacts, plan: StreamPlan, measured: Mapping[str, StreamStats | float]) -> None:
     """Put a stream plan's prediction, reasons, baselines and what-ifs into the stream's facts.
 
-    ``measured`` maps a baseline's name to the samples/s its run measured.
+    ``measured`` maps a baseline's name to what its run measured (its stream's statistics, or
+    samples/s). The measured samples/s set against the prediction are the objective's: the
+    steady state, or for ``total_time`` the whole run's mean (samples over the stream's
+    seconds, worker start-up and epoch ends included), as the prediction is, and as a
+    user's script timing its own loop sees it.
     """
     facts.predicted_samples_per_s = plan.predicted_samples_per_s
     facts.plan_reasons = list(plan.reasons)
-    ours = facts.samples_per_s
+    whole = plan.objective == "total_time"
+    facts.options_measure = "whole run" if whole else "steady state"
+
+    def rate(s: StreamStats | StreamFacts | float | None) -> float | None:
+        if s is None or isinstance(s, (int, float)):
+            return s
+        if whole and s.seconds > 0 and s.samples > 0:
+            return s.samples / s.seconds
+        return s.samples_per_s
+
+    ours = rate(facts)
 
     def option(name: str, change: str, predicted: float | None, got: float | None, bottleneck: str) -> StreamOption:
         return StreamOption(
@@ -231,7 +245,7 @@ def add_plan(facts: StreamFacts, plan: StreamPlan, measured: Mapping[str, float]
             plan_speedup_measured=ours / got if got and ours else None, bottleneck=bottleneck)
 
     facts.options = [option("plan", "placer's plan", plan.predicted_samples_per_s, ours, plan.bottleneck)]
-    facts.options += [option(a.name, a.change, a.predicted_samples_per_s, measured.get(a.name), a.bottleneck)
+    facts.options += [option(a.name, a.change, a.predicted_samples_per_s, rate(measured.get(a.name)), a.bottleneck)
                       for a in plan.baselines]
     facts.what_if = [StreamOption(name=a.name, change=a.change, predicted_samples_per_s=a.predicted_samples_per_s,
                                   measured_samples_per_s=a.measured_samples_per_s, speedup=a.speedup,

@@ -1,6 +1,7 @@
 """Advice for an existing training script: its own DataLoader and train step, measured.
 
-May import: numpy, placer.data.stream, placer.devices, placer.executor.stream.nodes, placer.stream.dataset_cache,
+May import: numpy, placer.data.stream, placer.devices, placer.executor.stream.{nodes,source},
+placer.stream.dataset_cache,
 placer.timing; torch, placer.stream.threadloader and placer.stream.wholerun inside functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
@@ -40,7 +41,6 @@ per-index work that dominates it; :attr:`LoaderAdvice.cache` says what it found,
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -55,6 +55,7 @@ import numpy as np
 from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu, torch_device_name
 from placer.executor.stream.nodes import leading_len
+from placer.executor.stream.source import same_draws_loader
 from placer.stream import dataset_cache
 from placer.timing import Clock, Deadline, Measurement, Timings, torch_threads
 
@@ -351,31 +352,8 @@ def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
     else:
         kw |= dict(batch_size=None, sampler=loader.sampler)
     if settings.persistent_workers and settings.num_workers:
-        return _same_draws_loader()(**kw, **settings.kwargs())
+        return same_draws_loader()(**kw, **settings.kwargs())
     return DataLoader(**kw, **settings.kwargs())
-
-
-@functools.cache
-def _same_draws_loader() -> type:
-    """A ``DataLoader`` whose persistent workers leave the random numbers as a loader without them does.
-
-    Each iterator a DataLoader starts draws its workers' base seed from the loader's
-    generator (torch's global one without it); persistent workers start one iterator and
-    reuse it, so from the second epoch on one number fewer is drawn per epoch, and a
-    shuffling sampler on the same generator (or the script's own draws from the global
-    one: dropout, augmentation) gets other numbers: other batches than the user's. This
-    loader draws that number at every epoch after the first, as a new iterator would.
-    """
-    import torch
-    from torch.utils.data import DataLoader
-
-    class SameDrawsDataLoader(DataLoader):
-        def __iter__(self):
-            if self.persistent_workers and self.num_workers > 0 and getattr(self, "_iterator", None) is not None:
-                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-            return super().__iter__()
-
-    return SameDrawsDataLoader
 
 
 def candidates(user: LoaderSettings, *, cores: int, gpu: bool, iterable: bool) -> list[LoaderSettings]:

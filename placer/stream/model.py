@@ -62,8 +62,9 @@ batch in the main process and 7 ms through a worker), wall and CPU.
 A cache point after a deterministic stage removes it and every node before it from
 epochs after the first: the total over ``E`` epochs of ``B`` batches is
 ``B / r_first + (E - 1) * B / r_later``, plus, for each epoch that starts the loader's
-worker processes (every one, unless a later epoch replays a cache), their start-up and
-their stop at its end (:func:`worker_bounds`).
+worker processes (every one, unless a later epoch replays a cache or the workers are kept
+between epochs: :func:`kept_workers`), their start-up and their stop at its end
+(:func:`worker_bounds`).
 """
 
 from __future__ import annotations
@@ -231,6 +232,12 @@ def in_workers(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple
     if st is None or st.worker_seconds is None:
         return costs
     return [(st.worker_seconds, st.worker_seconds), *costs[1:]]
+
+
+def kept_workers(profile: StreamProfile, config: StreamSettings) -> bool:
+    """Whether the source's loader keeps its worker processes between epochs under ``config``: asked for
+    (``persistent_workers``) and possible (the source returns the same object each epoch)."""
+    return bool(config.persistent_workers and profile.same_source and _loader_workers(profile, config) > 0)
 
 
 def worker_bounds(profile: StreamProfile, nodes: list[ChainNode], config: StreamSettings) -> float:
@@ -510,6 +517,7 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
     if profile.batches_per_epoch:
         b = profile.batches_per_epoch
         later = (e - 1) * b / later_bps if later_bps != float("inf") else 0.0
-        pred.total_s = b / bps + later + (e if loader_later else min(e, 1)) * worker_bounds(profile, nodes, config)
+        starts = e if loader_later and not kept_workers(profile, config) else min(e, 1)
+        pred.total_s = b / bps + later + starts * worker_bounds(profile, nodes, config)
         pred._samples = e * b * spb
     return pred

@@ -71,7 +71,7 @@ from placer.pipeline import BATCH_INFO, Pipeline
 from placer.executor.stream.config import StreamConfig
 from placer.executor.stream.nodes import Bundle, Node, batch_len, takes
 from placer.executor.stream.runner import StreamRun
-from placer.executor.stream.source import call_source, describe_source, loader_for
+from placer.executor.stream.source import call_source, describe_source, loader_for, workers_key
 
 log = get_logger(__name__)
 
@@ -762,6 +762,8 @@ def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, Stag
     first = next(iter(sweeps.values()))
     spb = sum(first.samples) / len(first.samples) if first.samples else 1.0
     kind, loader, per_epoch, obj = _source_facts(prof, spb)
+    key = workers_key(obj) if src.epochs > 1 else None
+    same = key is not None and workers_key(_called_again(prof)) == key
     stages[prof.source].cached_read_s = _cached_read(prof, obj, kind, loader)
     devs = {"cpu": HOST_DEVICE, **{d.name: d for d in prof.accel}}
     copies = [CopyProfile(value=v, src=a, dst=b, bytes=prof.copy_bytes[(v, a, b)],
@@ -770,7 +772,7 @@ def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, Stag
     return StreamProfile(
         pipeline=p.name, source=prof.source, step=prof.members[-1], members=list(prof.members), epochs=src.epochs,
         batch_size=src.batch_size, samples_per_batch=spb, batches_per_epoch=per_epoch, source_kind=kind,
-        loader=loader, cores=prof.cores, devices=list(sweeps),
+        loader=loader, same_source=same, cores=prof.cores, devices=list(sweeps),
         device_titles={d: devs[d].driver.title for d in sweeps if d in devs},
         simulated=[d for d in sweeps if d in devs and devs[d].simulated],
         real_gpus=[d for d in sweeps if d in devs and devs[d].is_gpu],
@@ -802,6 +804,16 @@ def _source_facts(prof: _Profiler, spb: float) -> tuple[str, LoaderSettings | No
         per_epoch = math.ceil(p.size / src.batch_size)
         prof.notes.append(f"batches per epoch taken from the size: {p.size} / {src.batch_size}")
     return kind, loader, per_epoch, obj
+
+
+def _called_again(prof: _Profiler) -> Any:
+    """What the source function returns for the second epoch (None when calling it fails)."""
+    src = prof.pipeline.stages[prof.source]
+    consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
+    try:
+        return call_source(src, consts, 1)
+    except Exception:  # noqa: BLE001 - the run calls it again and names what fails
+        return None
 
 
 #: reads of one batch's samples from a by-sample cache timed (the least kept)

@@ -248,6 +248,12 @@ def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Pr
         out.append(f"prefetch {cfg.prefetch}: each of {busiest[0]}'s {busiest[1]} workers has a batch waiting")
     else:
         out.append(f"prefetch {cfg.prefetch}: the next batch is ready while one is worked on")
+    if cfg.persistent_workers and pred.total_s is not None:
+        per_epoch = scorer.predict(c.with_(persistent_workers=False))
+        out.append(f"persistent_workers: {profile.source}'s worker processes start once and serve all "
+                   f"{pred.epochs} epochs (every epoch reads the same dataset); "
+                   f"{fmt_s(pred.total_s)} over the run instead of {fmt_s(per_epoch.total_s or 0)} starting them "
+                   "each epoch")
     out.append(_pin_reason(profile, c))
     threads = _threads_reason(profile, c)
     if threads:

@@ -249,13 +249,27 @@ def search(profile: StreamProfile, scorer: Scorer, rule: Candidate) -> tuple[lis
     else:
         pool = _climb(profile, scorer, rule)
         how = f"hill climbing from the rule of thumb ({size:,} candidates is too many to try each)"
+    pool = [keep_workers(profile, c, scorer.epochs) for c in pool]
     scored = sorted(pool, key=scorer.score, reverse=True)
     top = scorer.score(scored[0])
     place = rule.place
     ties = sorted([c for c in scored if scorer.score(c) >= top * (1 - TIE)], key=lambda c: tie_cost(c, place, profile))
     rest = [c for c in scored if c not in set(ties)]
-    ranked = [useful(profile, scorer, c) for c in ties + rest]
+    ranked = [keep_workers(profile, useful(profile, scorer, c), scorer.epochs) for c in ties + rest]
     return list(dict.fromkeys(ranked)), how, len(pool)
+
+
+def keep_workers(profile: StreamProfile, c: Candidate, epochs: int) -> Candidate:
+    """``c`` with its source's worker processes kept between epochs (``persistent_workers``) where that
+    applies: several epochs, a source whose epochs read the same dataset, unchanged
+    (``StreamProfile.same_source``), worker processes for it, and no cache at it (whose later epochs
+    read the kept samples, not the loader). Keeping them is never slower: starting them once instead
+    of once per epoch (the model prices start and stop per start, :func:`placer.stream.model.worker_bounds`),
+    with the same batches."""
+    s = c.settings
+    want = bool(profile.same_source and epochs > 1 and not s.sequential and s.cache != profile.source
+                and s.stage_workers.get(profile.source, 0) > 0)
+    return c if s.persistent_workers == want else c.with_(persistent_workers=want)
 
 
 def useful(profile: StreamProfile, scorer: Scorer, c: Candidate) -> Candidate:

@@ -44,7 +44,8 @@ from placer.errors import PlacerError
 from placer.executor.stream.chain import build_nodes
 from placer.executor.stream.config import BatchInfo, StreamConfig
 from placer.executor.stream.nodes import Bundle, Node, StepState, batch_len, bundle_bytes, now, takes
-from placer.executor.stream.source import batches, call_source
+from placer.executor.stream.source import (batch_sampler_of, batches, call_source, close_loader, keeps_workers,
+                                          kept_loader, workers_key)
 from placer.executor.stream.store import SampleStore, cached_items, plain_key
 from placer.executor.stream.workers import ProcessPool, StageCall, WorkerStopped
 from placer.executor.transfer import to_location
@@ -131,6 +132,9 @@ class StreamRun:
         self.peak_bytes = 0
         self.trace: list[tuple[float, list[int]]] = []
         self.lock = threading.Lock()
+        #: (workers key, the source's object, its loader, its batch sampler) while the loader's workers
+        #: are kept between epochs
+        self.kept: tuple[Any, Any, Any, Any] | None = None
 
     # -- the source ---------------------------------------------------------------------------
     def bundles(self) -> Iterator[Bundle]:
@@ -147,8 +151,7 @@ class StreamRun:
                     if self._enough(seq):
                         return
                 continue
-            it = batches(src, self.watch.call(self.source, call_source, src, consts, epoch), self.config,
-                         self.cache.wrap(epoch))
+            it = self._epoch(src, self.watch.call(self.source, call_source, src, consts, epoch), epoch)
             nxt = self.watch.call(self.source, next, it, _END)
             index = 0
             while nxt is not _END and not self.stop.is_set():
@@ -171,6 +174,28 @@ class StreamRun:
                 index += 1
                 if self._enough(seq):
                     return
+
+    def _epoch(self, src: Any, obj: Any, epoch: int) -> Iterator[Any]:
+        """One epoch's batches of what the source returned: through the loader whose workers were kept
+        from the epoch before (``persistent_workers``) when they can serve it (:func:`workers_key`)."""
+        wrap = self.cache.wrap(epoch)
+        if wrap is not None or not keeps_workers(src, obj, self.config):
+            self._close_kept()
+            return batches(src, obj, self.config, wrap)
+        key = workers_key(obj)
+        if self.kept is None or self.kept[0] != key:
+            self._close_kept()
+            loader, sampler = kept_loader(src, obj, self.config)
+            self.kept = (key, obj, loader, sampler)
+        else:
+            self.kept = (key, obj, *self.kept[2:])  # hold this epoch's object: its sampler's owner
+            self.kept[3].inner = batch_sampler_of(src, obj)
+        return iter(self.kept[2])
+
+    def _close_kept(self) -> None:
+        if self.kept is not None:
+            close_loader(self.kept[2])
+            self.kept = None
 
     def _enough(self, seq: int) -> bool:
         return self.config.max_batches is not None and seq >= self.config.max_batches
@@ -235,6 +260,7 @@ class StreamRun:
             if not (self.interrupted and isinstance(exc, Exception)):
                 raise
         finally:
+            self._close_kept()
             self._close_pools()
             self.cache.close()
             threads.__exit__(None, None, None)

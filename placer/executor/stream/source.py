@@ -1,6 +1,7 @@
 """A stream's source: what its function returns, turned into batches for each epoch.
 
-May import: placer.pipeline, placer.errors, placer.data.stream, placer.executor.stream.{config,nodes}; torch inside functions (only when
+May import: placer.pipeline, placer.errors, placer.data.stream, placer.executor.stream.{config,nodes}; placer.attrs
+and torch inside functions (only when
 the source returns a ``Dataset`` or a ``DataLoader``).
 
 A source function returns an iterable of batches (a generator, a list), a
@@ -13,6 +14,7 @@ settings are replaced, else used as given: the user's own settings are the basel
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -85,7 +87,113 @@ def loader_for(stage: Stage, obj: Any, config: StreamConfig, wrap: Callable[[Any
         kw = dict(dataset=obj if wrap is None else wrap(obj), batch_size=stage.batch_size or 1, shuffle=False)
     # in a stream the copy node pins batches for a GPU, not the loader
     settings = LoaderSettings.from_stream(config, stage.name).model_copy(update={"pin_memory": False})
+    if settings.persistent_workers and settings.num_workers:
+        return same_draws_loader()(**kw, **settings.kwargs())
     return DataLoader(**kw, **settings.kwargs())
+
+
+def keeps_workers(stage: Stage, obj: Any, config: StreamConfig) -> bool:
+    """Whether the loader for ``obj`` keeps its worker processes between epochs: the settings say so
+    (``persistent_workers``), the source has workers, and ``obj`` is a Dataset or a DataLoader whose
+    batches come from a batch sampler (:func:`workers_key`)."""
+    return (config.persistent_workers and not config.sequential and config.stage_workers.get(stage.name, 0) > 0
+            and workers_key(obj) is not None)
+
+
+def workers_key(obj: Any) -> tuple | None:
+    """What worker processes started for ``obj`` hold: equal for two epochs' objects when workers
+    started for the first can serve the second. None when ``obj`` cannot keep workers (an iterable,
+    an ``IterableDataset``, a DataLoader without a batch sampler).
+
+    Workers hold a copy of the dataset (and the collate and ``worker_init_fn`` functions) made when
+    they start: the same dataset object with the same attribute values (a number, a string, or the
+    same object, e.g. an epoch the source set) can be served by them; the sampler runs in this
+    process, so a new DataLoader with a new sampler each epoch (``set_epoch``) still can.
+    """
+    from placer.attrs import attribute_values
+
+    kind = describe_source(obj)
+    if kind == "iterable":
+        return None
+    ds = obj.dataset if kind == "loader" else obj
+    if any(c.__name__ == "IterableDataset" for c in type(ds).__mro__):
+        return None
+    if kind == "loader" and obj.batch_sampler is None:
+        return None
+    state = tuple(v if isinstance(v, (int, float, str, bytes, bool, type(None))) else ("id", id(v))
+                  for v in attribute_values(ds))
+    if kind == "loader":
+        return (id(ds), state, id(obj.collate_fn), id(obj.worker_init_fn), id(obj.generator))
+    return (id(ds), state)
+
+
+class EpochBatches:
+    """The batch sampler of a loader whose workers are kept between epochs: each epoch reads the
+    batches of that epoch's object (its own sampler, e.g. one set to the epoch)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
+def batch_sampler_of(stage: Stage, obj: Any) -> Any:
+    """The batch sampler one epoch of ``obj`` reads (a DataLoader's own; a Dataset's: in order, batches
+    of the stage's ``batch_size``)."""
+    if describe_source(obj) == "loader":
+        return obj.batch_sampler
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    return BatchSampler(SequentialSampler(obj), stage.batch_size or 1, drop_last=False)
+
+
+def kept_loader(stage: Stage, obj: Any, config: StreamConfig) -> tuple[Any, EpochBatches]:
+    """A DataLoader for ``obj`` whose workers are kept between epochs, and its batch sampler (set
+    :attr:`EpochBatches.inner` to a later epoch's :func:`batch_sampler_of`)."""
+    batches_of = EpochBatches(batch_sampler_of(stage, obj))
+    kw: dict[str, Any] = dict(dataset=obj.dataset if describe_source(obj) == "loader" else obj,
+                              batch_sampler=batches_of)
+    if describe_source(obj) == "loader":
+        kw |= dict(collate_fn=obj.collate_fn, generator=obj.generator, worker_init_fn=obj.worker_init_fn)
+    settings = LoaderSettings.from_stream(config, stage.name).model_copy(
+        update={"pin_memory": False, "persistent_workers": True})
+    return same_draws_loader()(**kw, **settings.kwargs()), batches_of
+
+
+@functools.cache
+def same_draws_loader() -> type:
+    """A ``DataLoader`` whose persistent workers leave the random numbers as a loader without them does.
+
+    Each iterator a DataLoader starts draws its workers' base seed from the loader's
+    generator (torch's global one without it); persistent workers start one iterator and
+    reuse it, so from the second epoch on one number fewer is drawn per epoch, and a
+    shuffling sampler on the same generator (or the script's own draws from the global
+    one: dropout, augmentation) gets other numbers: other batches than the user's. This
+    loader draws that number at every epoch after the first, as a new iterator would.
+    """
+    import torch
+    from torch.utils.data import DataLoader
+
+    class SameDrawsDataLoader(DataLoader):
+        def __iter__(self):
+            if self.persistent_workers and self.num_workers > 0 and getattr(self, "_iterator", None) is not None:
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            return super().__iter__()
+
+    return SameDrawsDataLoader
+
+
+def close_loader(loader: Any) -> None:
+    """Stop the worker processes a loader with ``persistent_workers`` keeps (no-op without them)."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    if it is not None:
+        loader._iterator = None
 
 
 def _is_loader(obj: Any) -> bool:

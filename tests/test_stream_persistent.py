@@ -1,0 +1,205 @@
+"""A Dataset or DataLoader source's worker processes kept between epochs (``persistent_workers``).
+
+The step records, batch by batch, the sample indices it saw, a number each item drew from
+torch's generator in its worker, and the worker's process id: kept workers must give the
+batches (order and random draws) of workers started each epoch and of one batch at a time,
+and serve every epoch from the same processes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from placer import Pipeline, execute
+from placer.data.stream import LoaderSettings, StreamProfile, StreamSettings
+from placer.stream import StreamConfig
+from placer.stream.model import predict
+from placer.stream.search import Candidate, keep_workers, make
+
+N, B, EPOCHS = 24, 4, 3
+
+
+class Items(Dataset):
+    """Item i: its index, a draw seeded by the index and the dataset's ``epoch`` (as augmentation seeded per
+    sample is), and the id of the process that read it."""
+
+    def __init__(self):
+        self.epoch = 0
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        draw = torch.randint(0, 1 << 20, (), generator=torch.Generator().manual_seed(i + 1000 * self.epoch))
+        return torch.tensor([float(i), float(draw.item()), float(os.getpid())])
+
+
+def stream(how: str = "same") -> Pipeline:
+    """``same``: the source returns one DataLoader every epoch; ``sampler``: a new DataLoader each epoch,
+    its sampler set to the epoch, over the same dataset; ``dataset``: a new dataset each epoch;
+    ``epoch``: the same dataset, its ``epoch`` set each epoch (its items change)."""
+    p = Pipeline("kept-workers")
+
+    @p.stage(kind="other", pin="cpu")
+    def loader():
+        return DataLoader(Items(), batch_size=B, shuffle=True, generator=torch.Generator().manual_seed(3))
+
+    @p.source(epochs=EPOCHS, batch_size=B)
+    def rows(loader, batch_info):
+        if how == "same":
+            return loader
+        if how == "sampler":
+            order = torch.randperm(N, generator=torch.Generator().manual_seed(batch_info.epoch)).tolist()
+            return DataLoader(loader.dataset, batch_size=B, sampler=order)
+        if how == "dataset":
+            return DataLoader(Items(), batch_size=B, shuffle=True, generator=loader.generator)
+        loader.dataset.epoch = batch_info.epoch
+        return loader
+
+    @p.step()
+    def seen(rows):
+        return rows.clone()
+
+    return p
+
+
+def batches(run):
+    """Per batch: (indices, draws) and the set of worker process ids."""
+    out = [(x[:, 0].tolist(), x[:, 1].tolist()) for x in run.outputs["seen"]]
+    pids = {int(p) for x in run.outputs["seen"] for p in x[:, 2].tolist()}
+    return out, pids
+
+
+def per_epoch_pids(run):
+    per = N // B
+    xs = run.outputs["seen"]
+    return [{int(p) for x in xs[e * per:(e + 1) * per] for p in x[:, 2].tolist()} for e in range(EPOCHS)]
+
+
+@pytest.mark.parametrize("how", ["same", "sampler"])
+def test_kept_workers_give_the_batches_of_workers_started_each_epoch_from_the_same_processes(how):
+    workers = StreamConfig(workers=1, stage_workers={"rows": 2})
+    each = execute(stream(how), "all=cpu", stream=workers)
+    kept = execute(stream(how), "all=cpu", stream=workers.override(persistent_workers=True))
+    one = execute(stream(how), "all=cpu", stream=StreamConfig(workers=0))
+    assert batches(kept)[0] == batches(each)[0] == batches(one)[0]  # the same order and draws, every epoch
+    assert batches(kept)[0][: N // B] != batches(kept)[0][N // B: 2 * N // B]  # reshuffled each epoch
+    kept_pids, each_pids = per_epoch_pids(kept), per_epoch_pids(each)
+    assert all(p == kept_pids[0] for p in kept_pids) and len(kept_pids[0]) == 2
+    assert len(set().union(*each_pids)) == 2 * EPOCHS  # without: two new processes each epoch
+    assert os.getpid() not in kept_pids[0]
+
+
+def test_kept_workers_leave_torchs_global_draws_as_workers_started_each_epoch_do():
+    """A loader without a generator draws its workers' seed and its order from torch's global generator,
+    which a user's script draws from too (dropout, its next run): kept workers must draw as many numbers
+    from it, in the same order, as workers started each epoch do."""
+    def build():
+        p = Pipeline("global-draws")
+
+        @p.stage(kind="other", pin="cpu")
+        def loader():
+            return DataLoader(Items(), batch_size=B, shuffle=True)
+
+        @p.source(epochs=EPOCHS, batch_size=B)
+        def rows(loader):
+            return loader
+
+        @p.step()
+        def seen(rows):
+            return rows[:, 0]
+
+        return p
+
+    workers = StreamConfig(workers=1, stage_workers={"rows": 2})
+    out = []
+    for cfg in (workers, workers.override(persistent_workers=True)):
+        torch.manual_seed(11)
+        out.append(([x.tolist() for x in execute(build(), "all=cpu", stream=cfg).outputs["seen"]],
+                    torch.rand(3).tolist()))  # the global generator's next numbers after the run
+    assert out[0] == out[1]
+    assert out[0][0][: N // B] != out[0][0][N // B: 2 * N // B]
+
+
+@pytest.mark.parametrize("how", ["dataset", "epoch"])
+def test_workers_start_again_for_a_new_dataset_or_one_the_source_changed(how):
+    cfg = StreamConfig(workers=1, stage_workers={"rows": 2})
+    kept = execute(stream(how), "all=cpu", stream=cfg.override(persistent_workers=True))
+    assert len(set().union(*per_epoch_pids(kept))) == 2 * EPOCHS
+    assert batches(kept)[0] == batches(execute(stream(how), "all=cpu", stream=cfg))[0]
+    if how == "epoch":  # the items changed with the epoch, and the workers saw it
+        draws = [d for _, d in batches(kept)[0]]
+        assert draws[: N // B] != draws[N // B: 2 * N // B]
+
+
+def test_the_loader_settings_carry_kept_workers_both_ways():
+    s = StreamSettings(stage_workers={"rows": 2}, persistent_workers=True)
+    lo = LoaderSettings.from_stream(s, "rows")
+    assert lo.persistent_workers and lo.kwargs()["persistent_workers"] is True
+    assert lo.to_stream("rows").persistent_workers
+    assert not LoaderSettings.from_stream(s.override(workers=0), "rows").persistent_workers  # no workers to keep
+
+
+@pytest.fixture(scope="module")
+def profile() -> StreamProfile:
+    from placer.stream.profile import profile_stream
+
+    return profile_stream(stream(), "rows", budget_s=6.0)
+
+
+def test_the_profile_finds_whether_the_epochs_read_the_same_dataset(profile):
+    from placer.stream.profile import profile_stream
+
+    assert profile.same_source
+    assert profile_stream(stream("sampler"), "rows", budget_s=3.0).same_source
+    assert not profile_stream(stream("dataset"), "rows", budget_s=3.0).same_source
+    assert not profile_stream(stream("epoch"), "rows", budget_s=3.0).same_source
+
+
+def test_the_model_starts_kept_workers_once_and_the_search_keeps_them(profile):
+    place = tuple((m, "cpu") for m in profile.members)
+    with_workers = make(place, {"rows": 2}, pin=False)
+    assert profile.stage("rows").worker_start_s is not None
+    each = predict(profile, dict(place), with_workers.settings)
+    kept = predict(profile, dict(place), with_workers.settings.override(persistent_workers=True))
+    bounds = profile.stage("rows").worker_start_s + (profile.stage("rows").worker_end_s or 0.0)
+    assert each.total_s - kept.total_s == pytest.approx((EPOCHS - 1) * bounds, rel=1e-6)
+    assert keep_workers(profile, with_workers, EPOCHS).settings.persistent_workers
+    assert not keep_workers(profile, with_workers, 1).settings.persistent_workers  # one epoch: nothing to keep
+    none = make(place, {"rows": 0}, pin=False)
+    assert not keep_workers(profile, Candidate(none.placement, none.settings), EPOCHS).settings.persistent_workers
+    cached = make(place, {"rows": 2}, pin=False, cache="rows")
+    assert not keep_workers(profile, cached, EPOCHS).settings.persistent_workers
+
+
+@pytest.mark.parametrize("objective", ["total_time", "throughput"])
+def test_the_options_measured_speed_up_is_the_whole_runs_for_a_total_time_plan(objective):
+    """A plan for the run's total time is set against the baselines' whole runs (samples over seconds, worker
+    start-up and epoch ends included), as its prediction is; a throughput plan against their steady state."""
+    from placer.data.report import StreamFacts
+    from placer.data.run import StreamStats
+    from placer.data.stream import Alternative, StreamPlan
+    from placer.report.streams import add_plan
+
+    plan = StreamPlan(pipeline="p", source="rows", step="seen", objective=objective, predicted_samples_per_s=900.0,
+                      baselines=[Alternative(name="num_workers=0", change="in turn", placement={},
+                                             predicted_samples_per_s=600.0)])
+    # the plan: steady 1,000 samples/s but 1,000 samples in 1.25 s (its workers took 0.2 s to start)
+    facts = StreamFacts(source="rows", step="seen", epochs=2, batches=10, samples=1000, seconds=1.25,
+                        samples_per_s=1000.0, time_to_first_batch_s=0.2, consumer_idle_fraction=0.1, prefetch=2)
+    base = StreamStats(source="rows", step="seen", epochs=2, batches=10, samples=1000, seconds=2.0,
+                       samples_per_s=520.0, time_to_first_batch_s=0.0, consumer_idle_fraction=0.0, prefetch=2)
+    add_plan(facts, plan, {"num_workers=0": base})
+    opt = {o.name: o for o in facts.options}
+    if objective == "total_time":
+        assert facts.options_measure == "whole run"
+        assert opt["plan"].measured_samples_per_s == pytest.approx(800.0)
+        assert opt["num_workers=0"].measured_samples_per_s == pytest.approx(500.0)
+        assert opt["num_workers=0"].plan_speedup_measured == pytest.approx(1.6)
+    else:
+        assert facts.options_measure == "steady state"
+        assert opt["num_workers=0"].plan_speedup_measured == pytest.approx(1000.0 / 520.0)

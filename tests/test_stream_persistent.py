@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -38,7 +39,7 @@ class Items(Dataset):
         return torch.tensor([float(i), float(draw.item()), float(os.getpid())])
 
 
-def stream(how: str = "same") -> Pipeline:
+def stream(how: str = "same", fail_at: int | None = None) -> Pipeline:
     """``same``: the source returns one DataLoader every epoch; ``sampler``: a new DataLoader each epoch,
     its sampler set to the epoch, over the same dataset; ``dataset``: a new dataset each epoch;
     ``epoch``: the same dataset, its ``epoch`` set each epoch (its items change)."""
@@ -60,8 +61,13 @@ def stream(how: str = "same") -> Pipeline:
         loader.dataset.epoch = batch_info.epoch
         return loader
 
+    done = []
+
     @p.step()
     def seen(rows):
+        if fail_at is not None and len(done) == fail_at:
+            raise ValueError("bad batch in epoch 1")
+        done.append(1)
         return rows.clone()
 
     return p
@@ -92,6 +98,21 @@ def test_kept_workers_give_the_batches_of_workers_started_each_epoch_from_the_sa
     assert all(p == kept_pids[0] for p in kept_pids) and len(kept_pids[0]) == 2
     assert len(set().union(*each_pids)) == 2 * EPOCHS  # without: two new processes each epoch
     assert os.getpid() not in kept_pids[0]
+    assert not [q for q in psutil.Process().children() if q.pid in kept_pids[0] and q.is_running()
+                and q.status() != psutil.STATUS_ZOMBIE]  # the kept workers stopped with the run
+
+
+def test_a_step_that_fails_in_a_later_epoch_stops_the_kept_workers():
+    from placer.errors import StageFailedError
+
+    before = {q.pid for q in psutil.Process().children()}
+    with pytest.raises(StageFailedError, match="bad batch in epoch 1") as err:
+        execute(stream(fail_at=N // B + 1), "all=cpu",
+                stream=StreamConfig(workers=1, stage_workers={"rows": 2}, persistent_workers=True))
+    assert err.value.stage == "seen"
+    alive = [q for q in psutil.Process().children() if q.pid not in before and q.is_running()
+             and q.status() != psutil.STATUS_ZOMBIE]
+    assert not alive
 
 
 def test_kept_workers_leave_torchs_global_draws_as_workers_started_each_epoch_do():

@@ -231,12 +231,14 @@ class Scorer:
 
 
 def tie_cost(c: Candidate, rule: dict[str, str], profile: StreamProfile | None = None) -> tuple:
-    """Among ties: this machine's workers rather than a cluster's, fewer workers, threads rather than processes, no cache (else the latest cache point:
+    """Among ties: this machine's workers rather than a cluster's, fewer workers, one batch at a time (a stream
+    predicted no faster than its members taking turns, :func:`placer.stream.model.alternating`, gains nothing
+    from its threads), threads rather than processes, no cache (else the latest cache point:
     it removes the most work from later epochs), torch's own threads, fewer departures from the rule of
     thumb."""
     s = c.settings
     later = -profile.members.index(s.cache) if profile is not None and s.cache in profile.members else 0
-    return (len(c.remote), sum(c.workers.values()), len(c.processes), s.cache is not None, later,
+    return (len(c.remote), sum(c.workers.values()), not s.sequential, len(c.processes), s.cache is not None, later,
             s.torch_threads is not None, sum(rule.get(m) != d for m, d in c.placement))
 
 

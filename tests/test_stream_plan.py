@@ -225,6 +225,34 @@ def slow_stream(sleep_s: float = 0.02, batches: int = 24) -> Pipeline:
     return p
 
 
+def test_a_sweep_whose_batches_scatter_reads_on_until_their_mean_is_known():
+    """A stage slow in one batch of three (40 ms, else 2 ms) leaves the mean of 8 batches uncertain by half:
+    the sweep reads on (up to three times its batches); a steady one stops at its batches."""
+    from placer.stream.profile import profile_stream
+
+    def build(spiky: bool) -> Pipeline:
+        p = Pipeline("spiky" if spiky else "steady")
+
+        @p.source(epochs=1, batch_size=4)
+        def rows():
+            for i in range(40):
+                yield np.full((4, 8), i, dtype=np.float32)
+
+        @p.stage(kind="preprocessing", device="cpu")
+        def slow(rows):
+            time.sleep(0.04 if spiky and int(rows[0, 0]) % 3 == 2 else 0.005 if not spiky else 0.002)
+            return rows * 2.0
+
+        @p.step(init=lambda: 0.0)
+        def total(slow, state):
+            return state + float(slow.sum())
+
+        return p
+
+    assert profile_stream(build(False), batches=8, budget_s=6.0).measured_batches["cpu"] == 8
+    assert profile_stream(build(True), batches=8, budget_s=6.0).measured_batches["cpu"] > 12
+
+
 def test_a_slow_thread_friendly_stage_gets_workers_and_runs_faster_than_sequential():
     p = slow_stream()
     plan = plan_stream(p, budget_s=6.0, verify_runs=False)

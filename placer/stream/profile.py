@@ -77,6 +77,10 @@ log = get_logger(__name__)
 
 #: batches measured per device sweep (the first pays for warm-up and is not used)
 DEFAULT_BATCHES = 16
+#: a sweep whose members' in-turn seconds scatter reads on, up to this many times its batches (within its
+#: budget), until the standard error of their summed mean is within IN_TURN_ERROR of it
+MORE_BATCHES = 3
+IN_TURN_ERROR = 0.04
 #: thread counts tried for CPU stages (up to the cores' double, at least four)
 THREADS = (1, 2, 4, 8)
 #: the step's last batches kept for re-running it (GIL probe, torch threads)
@@ -146,7 +150,7 @@ class _Sweep:
         self.prof, self.device, self.placement = prof, device, placement
         inv = prof.inventory
         self.devices = {m: inv.resolve(d, stage=m) for m, d in placement.items()}
-        cfg = StreamConfig(workers=0, max_batches=prof.batches)
+        cfg = StreamConfig(workers=0, max_batches=MORE_BATCHES * prof.batches)
         self.run = StreamRun(prof.pipeline, prof.source, self.devices, prof.consts, cfg)
         #: every member's wall and CPU seconds, batch by batch
         self.timings = Timings()
@@ -174,7 +178,27 @@ class _Sweep:
             done += 1
             if done >= 2 and deadline.passed():
                 break
+            if done >= self.prof.batches and self.settled():
+                break
         return done
+
+    def settled(self) -> bool:
+        """Whether the batches so far tell the members' in-turn mean closely enough: the standard error of
+        their summed mean (:func:`in_turn_mean`'s batches) within :data:`IN_TURN_ERROR` of it. A step whose
+        threads meet spinning ones runs some batches several times slower than the rest (on 2 cores an
+        audio step took 12-30 ms, and about 100 ms in 2 to 5 of 15), and how many fell in a short sweep
+        moved the prediction of one batch at a time by 30 %; such a sweep reads on, up to
+        :data:`MORE_BATCHES` times its batches, within its budget."""
+        means, var = 0.0, 0.0
+        for m in self.timings.keys():
+            if not isinstance(m, str) or m not in self.prof.members:
+                continue
+            xs = in_turn_batches(self.timings.wall(m).raw_times)
+            if len(xs) < 3:
+                return False
+            means += statistics.fmean(xs)
+            var += statistics.variance(xs) / len(xs)
+        return means <= 0 or var ** 0.5 <= IN_TURN_ERROR * means
 
     def _source_read(self, name: str, b: Bundle, c: Clock) -> None:
         """Time one batch's read from the source, as one batch's.
@@ -199,8 +223,8 @@ class _Sweep:
         if (node.kind == "batch" and node.device.kind == "cpu") or node.kind == "step":
             kept = self.inputs.setdefault(node.name, [])
             kept.append(Bundle(b.seq, b.info, {k: dict(v) for k, v in b.values.items()}))
-            if node.kind == "step" and len(kept) > STEP_KEPT:
-                kept.pop(0)
+            if len(kept) > (STEP_KEPT if node.kind == "step" else self.prof.batches):  # a longer sweep keeps
+                kept.pop(0)  # as many as a sweep of its batches
         with Clock() as c:
             self.run.work(node, b)
         if node.kind == "copy":
@@ -512,6 +536,15 @@ def _stages(prof: _Profiler, sweeps: dict[str, _Sweep]) -> dict[str, StageProfil
     return out
 
 
+def in_turn_batches(seconds: list[float]) -> list[float]:
+    """A member's seconds per batch in turn without its leading warm-up (:func:`in_turn_mean`)."""
+    med = statistics.median(seconds)
+    k = 0
+    while k < len(seconds) - 1 and seconds[k] > WARM_UP * med:
+        k += 1
+    return seconds[k:]
+
+
 def in_turn_mean(seconds: list[float]) -> float:
     """The mean of a member's seconds per batch in turn, its leading warm-up left out: the batches at
     the start slower than :data:`WARM_UP` times the median (the whole run pays them once, while a
@@ -523,11 +556,8 @@ def in_turn_mean(seconds: list[float]) -> float:
     >>> in_turn_mean([1.0, 3.0, 1.0, 3.0])
     2.0
     """
-    med = statistics.median(seconds)
-    k = 0
-    while k < len(seconds) - 1 and seconds[k] > WARM_UP * med:
-        k += 1
-    return sum(seconds[k:]) / len(seconds[k:])
+    kept = in_turn_batches(seconds)
+    return sum(kept) / len(kept)
 
 
 def _scale(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile], budget_s: float | None) -> None:

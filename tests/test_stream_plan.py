@@ -13,6 +13,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -204,8 +205,9 @@ def test_a_simulated_device_is_never_called_a_gpu():
 
 
 # -- a real stream -------------------------------------------------------------------------------
-def slow_stream(sleep_s: float = 0.02, batches: int = 24) -> Pipeline:
-    """source → slow (sleeps: releases the GIL, so threads overlap it) → a summing step, CPU only."""
+def slow_stream(sleep_s: float | Callable[[int], float] = 0.02, batches: int = 24) -> Pipeline:
+    """source → slow (sleeps: releases the GIL, so threads overlap it; ``sleep_s`` of the batch's index when
+    a function) → a summing step, CPU only."""
     p = Pipeline("slow_stream", size=batches * 4, size_unit="samples")
 
     @p.source(epochs=1, batch_size=4)
@@ -215,7 +217,7 @@ def slow_stream(sleep_s: float = 0.02, batches: int = 24) -> Pipeline:
 
     @p.stage(kind="preprocessing", device="cpu")
     def slow(rows):
-        time.sleep(sleep_s)
+        time.sleep(sleep_s(int(rows[0, 0])) if callable(sleep_s) else sleep_s)
         return rows * 2.0
 
     @p.step(init=lambda: 0.0)
@@ -230,27 +232,10 @@ def test_a_sweep_whose_batches_scatter_reads_on_until_their_mean_is_known():
     the sweep reads on (up to three times its batches); a steady one stops at its batches."""
     from placer.stream.profile import profile_stream
 
-    def build(spiky: bool) -> Pipeline:
-        p = Pipeline("spiky" if spiky else "steady")
-
-        @p.source(epochs=1, batch_size=4)
-        def rows():
-            for i in range(40):
-                yield np.full((4, 8), i, dtype=np.float32)
-
-        @p.stage(kind="preprocessing", device="cpu")
-        def slow(rows):
-            time.sleep(0.04 if spiky and int(rows[0, 0]) % 3 == 2 else 0.005 if not spiky else 0.002)
-            return rows * 2.0
-
-        @p.step(init=lambda: 0.0)
-        def total(slow, state):
-            return state + float(slow.sum())
-
-        return p
-
-    assert profile_stream(build(False), batches=8, budget_s=6.0).measured_batches["cpu"] == 8
-    assert profile_stream(build(True), batches=8, budget_s=6.0).measured_batches["cpu"] > 12
+    steady = slow_stream(sleep_s=0.005, batches=40)
+    spiky = slow_stream(sleep_s=lambda i: 0.04 if i % 3 == 2 else 0.002, batches=40)
+    assert profile_stream(steady, batches=8, budget_s=6.0).measured_batches["cpu"] == 8
+    assert profile_stream(spiky, batches=8, budget_s=6.0).measured_batches["cpu"] > 12
 
 
 def test_a_slow_thread_friendly_stage_gets_workers_and_runs_faster_than_sequential():

@@ -459,6 +459,7 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     report facts (``target``) and ``Advised.stream_target_plans``.
     """
     from placer.report import collect
+    from placer.report.streams import objective_rate
     from placer.stream.planner import plan_streams, stream_config
 
     here = site if isinstance(site, LocalSite) else LocalSite(executor=getattr(site, "executor", "auto"))
@@ -479,9 +480,8 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     for alt in (plans[0].baselines if baselines else []):
         cfg, where = StreamSettings.model_validate(alt.config), {**placement, **alt.placement}
         runs[alt.name] = timed(f"run {alt.name}", lambda c=cfg, w=where: here.execute(p, w, warmup=warmup, stream=c))
-        got = runs[alt.name].streams[0]  # the objective's measure, as the prediction beside it
-        alt.measured_samples_per_s = (got.samples / got.seconds if plans[0].objective == "total_time"
-                                      and got.seconds > 0 and got.samples else got.samples_per_s)
+        # the objective's measure, as the prediction beside it
+        alt.measured_samples_per_s = objective_rate(runs[alt.name].streams[0], plans[0].objective)
     if isinstance(site, ClusterSite):
         plan_run = _offload_streams(site, p, plans, profiles, placement, plan_run, runs, warmup, timed)
     step_only = {sp.step: sp.consumer_samples_per_s for sp in plans if sp.consumer_samples_per_s}

@@ -215,6 +215,14 @@ def workers_text(s: StreamStageFacts) -> str:
     return f"{s.workers} {s.worker_kind} worker{'s' if s.workers != 1 else ''} on {s.device}"
 
 
+def objective_rate(s: StreamStats | StreamFacts, objective: str) -> float:
+    """The samples/s of a stream's run that a plan for ``objective`` is set against: for ``total_time`` the
+    whole run's mean (samples over the stream's seconds), else the steady state."""
+    if objective == "total_time" and s.seconds > 0 and s.samples > 0:
+        return s.samples / s.seconds
+    return s.samples_per_s
+
+
 def add_plan(facts: StreamFacts, plan: StreamPlan, measured: Mapping[str, StreamStats | float]) -> None:
     """Put a stream plan's prediction, reasons, baselines and what-ifs into the stream's facts.
 
@@ -226,15 +234,10 @@ def add_plan(facts: StreamFacts, plan: StreamPlan, measured: Mapping[str, Stream
     """
     facts.predicted_samples_per_s = plan.predicted_samples_per_s
     facts.plan_reasons = list(plan.reasons)
-    whole = plan.objective == "total_time"
-    facts.options_measure = "whole run" if whole else "steady state"
+    facts.options_measure = "whole run" if plan.objective == "total_time" else "steady state"
 
     def rate(s: StreamStats | StreamFacts | float | None) -> float | None:
-        if s is None or isinstance(s, (int, float)):
-            return s
-        if whole and s.seconds > 0 and s.samples > 0:
-            return s.samples / s.seconds
-        return s.samples_per_s
+        return s if s is None or isinstance(s, (int, float)) else objective_rate(s, plan.objective)
 
     ours = rate(facts)
 

@@ -85,10 +85,10 @@ def loader_for(stage: Stage, obj: Any, config: StreamConfig, wrap: Callable[[Any
             return DataLoader(**kw, **LoaderSettings.of(obj).kwargs())
     else:
         kw = dict(dataset=obj if wrap is None else wrap(obj), batch_size=stage.batch_size or 1, shuffle=False)
-    # in a stream the copy node pins batches for a GPU, not the loader
-    settings = LoaderSettings.from_stream(config, stage.name).model_copy(update={"pin_memory": False})
-    if settings.persistent_workers and settings.num_workers:
-        return same_draws_loader()(**kw, **settings.kwargs())
+    # in a stream the copy node pins batches for a GPU, not the loader; a loader made for one epoch keeps
+    # no workers (only :func:`kept_loader`'s do, and the runner stops them)
+    settings = LoaderSettings.from_stream(config, stage.name).model_copy(
+        update={"pin_memory": False, "persistent_workers": False})
     return DataLoader(**kw, **settings.kwargs())
 
 

@@ -109,20 +109,40 @@ def test_sequential_runs_one_batch_through_every_node():
     assert pred.batches_per_s == pytest.approx(1 / (20.5 * MS))  # 1 + 10 + 5 + copy 0.5 + 4 ms
 
 
+#: an epoch's fill under RULE: the first batch passes every node (the source read twice: one batch ahead,
+#: 1 + 1 + decode 10 + augment 5 + copy 0.5 + train 4 ms) where the steady state gives one every 10 ms
+FILL = (1 + 1 + 10 + 5 + 0.5 + 4 - 10) * MS
+#: with the cache after decode: augment 5 + copy 0.5 + train 4 ms, one every 5 ms
+LATER_FILL = (5 + 0.5 + 4 - 5) * MS
+
+
 def test_a_cache_removes_its_stage_and_everything_before_from_later_epochs():
     prof = synthetic(epochs=3, batches=10)
     none = predict(prof, RULE, StreamConfig(workers=1))
     cached = predict(prof, RULE, StreamConfig(workers=1, cache="decode"))
-    assert none.total_s == pytest.approx(3 * 10 / 100.0)
+    assert none.total_s == pytest.approx(3 * (10 / 100.0 + FILL))
     assert cached.later_bottleneck == "augment"
-    assert cached.total_s == pytest.approx(10 / 100.0 + 2 * 10 / 200.0)
-    assert cached.mean_samples_per_s == pytest.approx(30 * SPB / 0.2)
+    assert cached.total_s == pytest.approx(10 / 100.0 + FILL + 2 * (10 / 200.0 + LATER_FILL))
+    assert cached.mean_samples_per_s == pytest.approx(30 * SPB / cached.total_s)
+    assert cached.total_s < none.total_s
+
+
+def test_every_epoch_fills_the_chain_before_its_steady_state():
+    """A stream's epoch is its first batch's way through every node, then a batch each steady interval;
+    one batch at a time has nothing to fill."""
+    prof = synthetic(epochs=2, batches=10)
+    pred = predict(prof, RULE, StreamConfig(workers=1))
+    assert pred.total_s == pytest.approx(2 * (10 / 100.0 + FILL))
+    seq = predict(prof, RULE, StreamConfig(workers=0))
+    assert seq.total_s == pytest.approx(2 * 10 / seq.batches_per_s)
+    prof.stages[0].seconds["cpu"] = 3 * MS  # a slower source lengthens the fill twice over (read one ahead)
+    assert predict(prof, RULE, StreamConfig(workers=1)).total_s == pytest.approx(2 * (0.1 + FILL + 4 * MS))
 
 
 def test_a_cache_bigger_than_its_bound_is_not_counted():
     prof = synthetic(epochs=3, batches=10)
     pred = predict(prof, RULE, StreamConfig(workers=1, cache="decode", cache_bytes=5000))
-    assert pred.total_s == pytest.approx(0.3)
+    assert pred.total_s == pytest.approx(3 * (0.1 + FILL))
     assert any("exceed" in n for n in pred.notes)
 
 
@@ -133,18 +153,18 @@ def brute_force(prof: StreamProfile, objective: str, epochs: int) -> float:
 
 
 def test_the_plan_is_the_optimum_with_the_fewest_workers():
-    plan, _, _ = plan_from_profile(synthetic())
+    plan, _, _ = plan_from_profile(synthetic(batches=None))  # the steady state (an epoch's length not known)
     assert plan.placement == RULE
     # the GPU (250 batches/s) is the bottleneck once decode has 3 workers (275) and augment 2 (400)
     assert plan.settings.stage_workers == {"decode": 3, "augment": 2}
     assert plan.bottleneck == "gpu:0"
     assert plan.predicted_samples_per_s == pytest.approx(250.0 * SPB)
-    assert plan.predicted_samples_per_s == pytest.approx(brute_force(synthetic(), "throughput", 1))
+    assert plan.predicted_samples_per_s == pytest.approx(brute_force(synthetic(batches=None), "throughput", 1))
     assert plan.search.startswith("exhaustive")
 
 
 def test_the_plan_explains_itself_with_baselines_and_what_ifs():
-    plan, _, _ = plan_from_profile(synthetic())
+    plan, _, _ = plan_from_profile(synthetic(batches=None))
     base = {b.name: b for b in plan.baselines}
     assert base["num_workers=0"].speedup == pytest.approx(250.0 / (1 / (20.5 * MS)))
     assert base["rule of thumb"].speedup == pytest.approx(2.5)
@@ -162,9 +182,11 @@ def test_a_cache_is_chosen_over_several_epochs():
     assert plan.predicted_total_s == pytest.approx(brute_force_total(prof))
     assert any(w.name == "cache after decode (from epoch 2)" for w in plan.what_if)
     # augment moves to the GPU, so the one core does source and decode only (11 ms: 90.9 batches/s) in the
-    # first epoch; later epochs start after decode: the GPU's 5 ms a batch (200 batches/s)
+    # first epoch; later epochs start after decode: the GPU's 5 ms a batch (200 batches/s). Each epoch first
+    # fills the chain: source twice (read one ahead) 2 + decode 10 + copy 0.5 + GPU 1 + 4 = 17.5 ms where the
+    # steady state gives a batch every 11 ms; later, copy 0.5 + GPU 5 ms against one every 5 ms
     assert plan.placement["augment"] == "gpu:0"
-    assert plan.predicted_total_s == pytest.approx(10 * 11 * MS + 4 * 10 / 200.0)
+    assert plan.predicted_total_s == pytest.approx(10 * 11 * MS + 6.5 * MS + 4 * (10 / 200.0 + 0.5 * MS))
     random_decode = synthetic(cores=1, epochs=5, batches=10, decode_random=True)
     assert plan_from_profile(random_decode)[0].settings.cache is None
 
@@ -361,6 +383,49 @@ def test_the_profile_times_stages_measures_scaling_and_marks_gil_bound_stages():
     assert prof.consumer_samples_per_s["cpu"] > 0
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a busy core beside the source needs a second core")
+def test_a_source_on_blas_threads_is_read_beside_a_busy_core_and_a_one_thread_source_is_not():
+    from placer.stream.profile import OWN_THREADS, profile_stream
+
+    def stream(work):
+        p = Pipeline("decode")
+
+        @p.source(epochs=1, batch_size=4)
+        def rows():
+            for i in range(14):
+                yield work(i)
+
+        @p.step()
+        def total(rows):
+            return float(np.asarray(rows).sum())
+
+        return p
+
+    a = np.random.default_rng(0).random((384, 384))
+
+    def blas(i):  # a matrix product: numpy's BLAS runs it on every core
+        m = a
+        for _ in range(6):
+            m = m @ a
+            m /= np.abs(m).max()
+        return np.full((4, 8), float(m[0, 0]) + i, dtype=np.float32)
+
+    def python(i):
+        total = 0
+        for k in range(80_000):
+            total += k % 7
+        return np.full((4, 8), float(total + i), dtype=np.float32)
+
+    src = profile_stream(stream(blas), budget_s=8.0).stage("rows")
+    if src.cpu_seconds["cpu"] < OWN_THREADS * src.seconds["cpu"]:
+        pytest.skip(f"numpy's BLAS ran one thread on this machine ({src.cpu_seconds} CPU s for {src.seconds} s)")
+    if (src.own_threads or 0) < OWN_THREADS:
+        pytest.skip(f"numpy's BLAS ran one thread when read alone ({src.own_threads} CPU s a wall s)")
+    assert src.beside_busy_s is not None and src.beside_busy_s >= src.seconds["cpu"], src
+    one = profile_stream(stream(python), budget_s=8.0).stage("rows")
+    assert one.cpu_seconds["cpu"] < OWN_THREADS * one.seconds["cpu"] and one.beside_busy_s is None, one
+
+
 def test_process_workers_are_chosen_for_a_gil_bound_stage_once_measured():
     prof = synthetic()
     decode = prof.stage("decode")
@@ -368,7 +433,7 @@ def test_process_workers_are_chosen_for_a_gil_bound_stage_once_measured():
                       *[ScalingRow(kind="process", workers=w, batches_per_s=100 * s, speedup=s) for w, s in
                         ((1, 1), (2, 1.9), (4, 3.6))]]  # one process: 10 ms per batch, as one thread
     decode.gil_bound = True
-    plan, _, _ = plan_from_profile(prof)
+    plan, _, _ = plan_from_profile(prof, objective="throughput")
     assert plan.settings.worker_kind == {"decode": "process"} and plan.settings.stage_workers["decode"] == 3
     assert plan.predicted_samples_per_s == pytest.approx(250.0 * SPB)  # the GPU again, decode at 275
     reason = next(s.reason for s in plan.stages if s.name == "decode")
@@ -532,6 +597,43 @@ def test_a_stream_is_never_predicted_slower_than_its_members_taking_turns():
         pytest.approx(1 / (56 * MS)))
     train.busy_seconds = {8: 44 * MS}  # a little slower beside a busy core: overlapping still wins
     assert predict(prof, place, StreamConfig(workers=1)).batches_per_s > 1.2 / (56 * MS)
+
+
+def test_a_source_with_threads_of_its_own_slows_beside_the_cores_the_others_keep_busy():
+    """A decode on BLAS threads waits for its slowest thread as the step's threads do: a source read in this
+    process slows by the share of a core the other nodes keep busy; a cache read back instead does not."""
+    prof = cpu_only(synthetic(cores=2, epochs=3, batches=10))
+    src = prof.stage("batches")
+    src.seconds["cpu"], src.cpu_seconds["cpu"] = 20 * MS, 40 * MS  # two threads of its own
+    for m in ("decode", "augment"):
+        prof.stage(m).seconds["cpu"] = prof.stage(m).cpu_seconds["cpu"] = 0.5 * MS
+    train = prof.stage("train")
+    train.seconds["cpu"] = train.cpu_seconds["cpu"] = 10 * MS
+    alone = predict(prof, CPU, StreamConfig(workers=1))
+    assert alone.bottleneck == "cores" and alone.batches_per_s == pytest.approx(1 / (25.5 * MS))  # 51 ms on 2
+    src.beside_busy_s = 40 * MS  # twice as slow beside one busy core
+    beside = predict(prof, CPU, StreamConfig(workers=1))
+    # the others keep 11 ms of CPU a batch busy: at r batches/s the source takes 20 + 20 * 0.011 r ms;
+    # solved together with the cores (51 ms on 2, which do not change): the source sets the rate
+    r = beside.batches_per_s
+    assert beside.bottleneck == "batches" and 1 / r == pytest.approx((20 + 20 * min(1.0, 0.011 * r)) * MS, rel=1e-3)
+    assert r < alone.batches_per_s
+    seq = StreamConfig(workers=0)  # one batch at a time: nothing runs beside it
+    assert predict(prof, CPU, seq).batches_per_s == pytest.approx(1 / (31 * MS))
+    src.cached_read_s = 1 * MS  # later epochs read its samples back (reshuffled, by sample): no decode
+    data = prof.model_copy(update={"source_kind": "dataset"})
+    cached = predict(data, CPU, StreamConfig(workers=1, cache="batches"))
+    assert cached.later_batches_per_s == pytest.approx(1 / (10 * MS))
+    # in worker processes each runs those threads too: a worker's 25 ms a batch is 50 ms of CPU, so two on
+    # 2 cores are the cores' (50 + 11 ms of CPU a batch) and the source's too, slowed beside the other worker
+    src.worker_seconds, src.own_threads = 25 * MS, 2.0
+    two = predict(data, CPU, StreamConfig(workers=1, stage_workers={"batches": 2}))
+    cores = next(r for r in two.rates if r.name == "cores")
+    assert cores.seconds_per_batch == pytest.approx((50 + 11) * MS / 2)
+    assert two.rate_of("batches").seconds_per_batch > 25 * MS / 2
+    src.beside_busy_s = None  # not measured: no slowing, and the CPU still counts its threads
+    assert predict(data, CPU, StreamConfig(workers=1, stage_workers={"batches": 2})).rate_of(
+        "batches").seconds_per_batch == pytest.approx(25 * MS / 2)
 
 
 def test_a_step_on_two_threads_leaves_worker_processes_one_core_of_two():
@@ -783,17 +885,23 @@ def test_a_loaders_worker_processes_are_priced_at_what_a_batch_took_through_one_
     two = StreamConfig(workers=1, stage_workers={"batches": 2})
     before = predict(prof, CPU, two)
     assert before.rate_of("batches").seconds_per_batch == pytest.approx(2 * MS)  # 4 ms over 2 processes
-    assert before.total_s == pytest.approx(30 / before.batches_per_s)
+    # each epoch's first batch: 4 ms in one worker (the second comes from the other) and 0.3 ms on, where the
+    # steady state (the cores: 4.3 ms of CPU on 2) gives one every 2.15 ms
+    assert before.batches_per_s == pytest.approx(1 / (2.15 * MS))
+    assert before.total_s == pytest.approx(30 / before.batches_per_s + 3 * (4.3 - 2.15) * MS)
     src.worker_seconds, src.worker_start_s, src.worker_end_s = 6 * MS, 20 * MS, 5 * MS
     after = predict(prof, CPU, two)
     assert after.rate_of("batches").seconds_per_batch == pytest.approx(3 * MS)
     cores = next(r for r in after.rates if r.name == "cores")
     assert cores.seconds_per_batch == pytest.approx((6 + 0.3) * MS / 2)  # the workers' CPU is theirs too
-    assert after.total_s == pytest.approx(30 / after.batches_per_s + 3 * 25 * MS)  # each epoch starts them
+    fill = 6.3 * MS - 1 / after.batches_per_s
+    assert after.total_s == pytest.approx(30 / after.batches_per_s + 3 * (25 * MS + fill))  # each epoch starts them
     four = predict(prof, CPU, two.model_copy(update={"stage_workers": {"batches": 4}}))
-    assert four.total_s == pytest.approx(30 / four.batches_per_s + 3 * 2 * 25 * MS)  # 4 on 2 cores: twice
+    assert four.total_s == pytest.approx(30 / four.batches_per_s + 3 * (2 * 25 * MS + fill))  # 4 on 2 cores: twice
     cached = predict(prof, CPU, two.model_copy(update={"cache": "decode"}))  # later epochs replay the cache
-    assert cached.total_s == pytest.approx(10 / cached.batches_per_s + 20 / cached.later_batches_per_s + 25 * MS)
+    later_fill = max(0.0, 0.2 * MS - 1 / cached.later_batches_per_s)  # augment and train only
+    assert cached.total_s == pytest.approx(10 / cached.batches_per_s + fill + 20 / cached.later_batches_per_s
+                                           + 2 * later_fill + 25 * MS)
     seq = predict(prof, CPU, StreamConfig(workers=0))  # in this process: no worker, its own seconds
     assert seq.total_s == pytest.approx(30 * (4 + 0.3) * MS)
 

@@ -48,7 +48,8 @@ def no_calibration(monkeypatch):
     monkeypatch.setattr(cal, "this_cpu", lambda **_: HERE)
 
 
-def stream_profile(*, augment_s=0.08, gil_bound=True, step_s=0.05, out_bytes=64 * 3 * 32 * 32 * 4) -> StreamProfile:
+def stream_profile(*, augment_s=0.08, gil_bound=True, step_s=0.05, out_bytes=64 * 3 * 32 * 32 * 4,
+                   batches: int = 16) -> StreamProfile:
     """source → augment (pure Python: GIL-bound, one process worker measured) → train, measured on 2 cores."""
     two = 1.05 if gil_bound else 1.9  # two threads' speed-up
     aug_scaling = [ScalingRow(kind="thread", workers=1, batches_per_s=1 / augment_s, speedup=1.0),
@@ -64,7 +65,7 @@ def stream_profile(*, augment_s=0.08, gil_bound=True, step_s=0.05, out_bytes=64 
                      seconds={"cpu": step_s}, cpu_seconds={"cpu": step_s}, gil=0.2),
     ]
     return StreamProfile(pipeline="images", source="batches", step="train", members=["batches", "augment", "train"],
-                         samples_per_batch=64, batches_per_epoch=16, cores=2, stages=stages, torch_threads=1)
+                         samples_per_batch=64, batches_per_epoch=batches, cores=2, stages=stages, torch_threads=1)
 
 
 def work(*, augment_bytes=5e6, step_flops=1.5e9) -> dict[str, Work]:
@@ -309,7 +310,8 @@ def _step_precision(rel_error: float):
 def test_a_faster_bf16_step_moves_the_bottleneck_to_the_loader_and_its_workers_follow(no_calibration):
     sp, w32 = _step_precision(3e-3)
     w = {**work(), "train": w32}
-    prof = stream_profile(augment_s=0.08, gil_bound=False, step_s=2.0)
+    # a long run: an epoch's fill (the first batch's way through 80 ms of augment) weighs nothing in it
+    prof = stream_profile(augment_s=0.08, gil_bound=False, step_s=2.0, batches=1024)
     fp32 = tg.plan_for_target(prof, TARGET, w, here_cpu=HERE)
     low = tg.plan_for_target(prof, TARGET, w, here_cpu=HERE, step_precision=sp)
     assert fp32.placement["train"] == low.placement["train"] == "gpu:0"

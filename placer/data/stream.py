@@ -222,6 +222,15 @@ class StageProfile(BaseModel):
         seconds per batch while another thread keeps one core busy, as the stream's
         workers do. Parallel regions wait for their slowest thread, so a step on every
         core can run slower beside one busy core than on one thread.
+    beside_busy_s : float or None
+        A source read in this process that runs threads of its own (its CPU seconds a batch
+        over :data:`~placer.stream.profile.OWN_THREADS` times its wall: a BLAS or FFT
+        decode): wall seconds per batch read while another thread keeps one core busy, as the
+        step does beside it. A 42 ms decode on 2 cores took 80 ms so. None when not measured.
+    own_threads : float or None
+        The same reads alone: CPU seconds over wall seconds (the sweep's CPU seconds for the
+        source can hold the step's OpenMP threads spinning after it; these do not). What a
+        worker process reading the source spends in CPU per wall second. None when not measured.
     cacheable : bool
         Its output, and everything before it, is the same in every epoch.
     cached_read_s : float or None
@@ -268,6 +277,8 @@ class StageProfile(BaseModel):
     torch_seconds: dict[int, float] = Field(default_factory=dict)
     torch_cpu_seconds: dict[int, float] = Field(default_factory=dict)
     busy_seconds: dict[int, float] = Field(default_factory=dict)
+    beside_busy_s: float | None = Field(None, ge=0)
+    own_threads: float | None = Field(None, ge=0)
     cacheable: bool = False
     cached_read_s: float | None = Field(None, ge=0)
     pin: str | None = None

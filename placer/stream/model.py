@@ -247,7 +247,13 @@ def in_workers(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple
     st = _source_in_workers(profile, nodes, config)
     if st is None or st.worker_seconds is None:
         return costs
-    return [(st.worker_seconds, st.worker_seconds), *costs[1:]]
+    return [(st.worker_seconds, st.worker_seconds * own_threads(st)), *costs[1:]]
+
+
+def own_threads(st) -> float:
+    """CPU seconds over wall seconds of a source read alone (``StageProfile.own_threads``; 1 where not
+    measured): the threads of its own (BLAS, FFT) that run it in a worker process too."""
+    return max(1.0, st.own_threads or 1.0)
 
 
 def kept_workers(profile: StreamProfile, config: StreamSettings) -> bool:
@@ -450,28 +456,65 @@ def _busy_wall(profile: StreamProfile, st, threads: int | None) -> float | None:
 
 
 def _contended(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
-               config: StreamSettings) -> tuple[float, str, list[Rate], list[tuple[float, float]]]:
-    """The steady state with a CPU step slowed by the cores the other host nodes keep busy."""
+               config: StreamSettings, decode: bool = True
+               ) -> tuple[float, str, list[Rate], list[tuple[float, float]]]:
+    """The steady state with a CPU step, and a source that runs threads of its own (``StageProfile.beside_busy_s``,
+    read here or in worker processes, each of which runs those threads too; ``decode`` False where it reads a
+    cache back instead), slowed by the cores the other host nodes keep busy (for the source, its other worker
+    processes too)."""
     bps, neck, rs = _steady(profile, nodes, costs, config)
-    i = _cpu_step(nodes)
-    if config.sequential or i is None or bps in (0.0, float("inf")):
+    if config.sequential or bps in (0.0, float("inf")):
         return bps, neck, rs, costs
-    beside = _busy_wall(profile, profile.stage(nodes[i].name), config.torch_threads)
-    alone, cpu = costs[i]
-    other = sum(c for k, (n, (_, c)) in enumerate(zip(nodes, costs))
-                if k != i and (n.device == "cpu" or n.device in profile.simulated))
-    if beside is None or beside <= alone or other <= 0:
+    slowed: list[tuple[int, float]] = []  # node index, its wall beside one busy core
+    i = _cpu_step(nodes)
+    if i is not None:
+        beside = _busy_wall(profile, profile.stage(nodes[i].name), config.torch_threads)
+        if beside is not None and beside > costs[i][0]:
+            slowed.append((i, beside))
+    own = 0.0  # CPU seconds a batch of the source's other worker processes, beside the one reading a batch
+    if decode and nodes[0].kind == "source":
+        st = profile.stage(nodes[0].name)
+        alone = st.seconds.get("cpu")
+        if st.beside_busy_s is not None and alone and st.beside_busy_s > alone:  # in a worker as here: scaled
+            slowed.append((0, costs[0][0] * st.beside_busy_s / alone))
+            if _in_processes(profile, nodes[0], config):
+                w = max(1, _loader_workers(profile, config))
+                own = costs[0][1] * (w - 1) / w
+    on_host = [k for k, n in enumerate(nodes) if n.device == "cpu" or n.device in profile.simulated]
+    others = {k: sum(costs[j][1] for j in on_host if j != k) + (own if k == 0 else 0.0) for k, _ in slowed}
+    slowed = [(k, b) for k, b in slowed if others[k] > 0]
+    if not slowed:
         return bps, neck, rs, costs
     r = bps
     out = costs
     for _ in range(30):  # each candidate's prediction: converge to 0.01 %, far inside the measured noise
-        u = min(1.0, r * other)
-        out = [*costs[:i], (alone + u * (beside - alone), cpu), *costs[i + 1:]]
+        out = list(costs)
+        for k, beside in slowed:
+            u = min(1.0, r * others[k])
+            out[k] = (costs[k][0] + u * (beside - costs[k][0]), costs[k][1])
         bps, neck, rs = _steady(profile, nodes, out, config)
         if abs(bps - r) <= 1e-4 * r:
             break
         r = 0.5 * (r + bps)
     return bps, neck, rs, out
+
+
+def epoch_fill(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]], bps: float,
+               config: StreamSettings) -> float:
+    """Seconds an epoch of a stream with queues takes beyond its batches at the steady rate: its first batch
+    passes every node before the step has one (the latency of the chain, each node's seconds once), where
+    the steady state finishes a batch every ``1 / bps``. The source is read one batch ahead (the runner
+    learns an epoch's last batch so), so in this process, or through one worker process, its first two
+    batches come before the first is passed on. One batch at a time has no fill (every batch is the
+    chain's latency). On 2 cores, a script's stream of 8 batches an epoch (a 42 ms decode in a thread, the
+    step 18 ms) took its first batch to the step after 100 ms and ran the epoch in 0.59 s, where its
+    steady rate alone gave 0.44 s."""
+    if config.sequential or not nodes or bps in (0.0, float("inf")):
+        return 0.0
+    latency = sum(w for w, _ in costs)
+    if nodes[0].kind == "source" and _loader_workers(profile, config) <= 1:
+        latency += costs[0][0]
+    return max(0.0, latency - 1.0 / bps)
 
 
 def cache_index(nodes: list[ChainNode], cache: str | None) -> int | None:
@@ -511,10 +554,11 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
         costs = remote_costs(profile, nodes, costs, config)
     costs = in_workers(profile, nodes, costs, config)
     first = in_turn(profile, nodes, costs, config) if config.sequential else costs
-    bps, neck, rs, _ = _contended(profile, nodes, first, config)
+    bps, neck, rs, used = _contended(profile, nodes, first, config)
     if not config.sequential:
         bps = max(bps, alternating(profile, nodes, costs, config))
     later_bps, later_neck = bps, neck
+    fill = later_fill = epoch_fill(profile, nodes, used, bps, config)
     at = cache_index(nodes, config.cache)
     loader_later = True  # later epochs start the source's loader again (not when they replay a cache)
     if at is not None:
@@ -524,9 +568,12 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
                          "later epochs recompute it")
         elif at == 0 and nodes[0].kind == "source":  # by sample: each later epoch reads them back
             read = profile.stage(nodes[0].name).cached_read_s or 0.0
-            later_bps, later_neck, _, _ = _contended(profile, nodes, [(read, read), *costs[1:]], config)
+            later_bps, later_neck, _, out = _contended(profile, nodes, [(read, read), *costs[1:]], config,
+                                                       decode=False)
+            later_fill = epoch_fill(profile, nodes, out, later_bps, config)
         else:
-            later_bps, later_neck, _, _ = _contended(profile, nodes[at + 1:], costs[at + 1:], config)
+            later_bps, later_neck, _, out = _contended(profile, nodes[at + 1:], costs[at + 1:], config)
+            later_fill = epoch_fill(profile, nodes[at + 1:], out, later_bps, config)
             loader_later = False
     e = profile.epochs if epochs is None else epochs
     spb = profile.samples_per_batch
@@ -534,8 +581,8 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
                       later_batches_per_s=later_bps, later_bottleneck=later_neck, epochs=e, notes=notes)
     if profile.batches_per_epoch:
         b = profile.batches_per_epoch
-        later = (e - 1) * b / later_bps if later_bps != float("inf") else 0.0
+        later = (e - 1) * (b / later_bps + later_fill) if later_bps != float("inf") else 0.0
         starts = e if loader_later and not kept_workers(profile, config) else min(e, 1)
-        pred.total_s = b / bps + later + starts * worker_bounds(profile, nodes, config)
+        pred.total_s = b / bps + fill + later + starts * worker_bounds(profile, nodes, config)
         pred._samples = e * b * spb
     return pred

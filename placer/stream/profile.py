@@ -97,6 +97,11 @@ WARM_UP = 1.5
 WORKER_BATCHES = 12
 #: seconds of budget that timing a source through a worker process needs besides its batches (start, stop)
 WORKER_MIN_S = 0.2
+#: a source whose CPU seconds a batch exceed its wall by this factor runs threads of its own (BLAS, FFT):
+#: it is also read beside one busy core (``StageProfile.beside_busy_s``)
+OWN_THREADS = 1.2
+#: reads of such a source timed alone and beside a busy core, in turn (the most)
+BESIDE_PAIRS = 3
 #: seconds a process-scaling measurement needs at least (children start in about half a second)
 PROCESS_MIN_S = 1.0
 HOST_DEVICE = Device(name="cpu", kind="cpu", label="host")
@@ -506,6 +511,7 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
     _scale_processes(prof, cpu, stages, None if budget_s is None else max(floor, left(0.7)))
     _step_extras(prof, cpu, stages[prof.members[-1]])
     _in_a_worker(prof, stages[prof.source], left())
+    _source_beside_busy(prof, stages[prof.source], left())
     if cluster is not None:
         _time_on_cluster(prof, cpu, stages, cluster)
     return _assemble(prof, sweeps, stages, budget_s, budget.spent())
@@ -692,6 +698,52 @@ def _in_a_worker(prof: _Profiler, st: StageProfile, budget_s: float | None) -> N
         return
     if timed is not None:
         st.worker_start_s, st.worker_seconds, st.worker_end_s = timed
+
+
+def _source_beside_busy(prof: _Profiler, st: StageProfile, budget_s: float | None) -> None:
+    """A source read in this process that runs threads of its own (``OWN_THREADS``): its batches read beside
+    one busy core (``StageProfile.beside_busy_s``), each after one read alone, up to :data:`BESIDE_PAIRS`
+    pairs within ``budget_s``. Its threads meet the step's on the cores as the step's meet a worker's."""
+    wall, cpu = st.seconds.get("cpu"), st.cpu_seconds.get("cpu")
+    if prof.cores < 2 or not wall or not cpu or cpu < OWN_THREADS * wall:
+        return
+    if budget_s is not None and budget_s < 8 * wall:
+        return
+    src = prof.pipeline.stages[prof.source]
+    consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
+    deadline = Deadline(budget_s)
+    alone: list[float] = []
+    alone_cpu: list[float] = []
+    beside: list[float] = []
+    try:
+        obj = call_source(src, consts, 0)
+        if describe_source(obj) != "iterable":
+            obj = loader_for(src, obj, StreamConfig(workers=0))
+        it = iter(obj)
+        if next(it, None) is None:  # the first read starts the iterator
+            return
+        with _Busy() as busy:
+            while len(beside) < BESIDE_PAIRS and not (beside and deadline.passed()):
+                with Clock() as a:
+                    got = next(it, None)
+                busy.work.set()
+                time.sleep(0.001)  # the busy thread is running before the read starts
+                with Clock(cpu_clock=None) as b:
+                    got2 = next(it, None)
+                busy.work.clear()
+                if got is None or got2 is None:
+                    break
+                alone.append(a.wall)
+                alone_cpu.append(a.cpu if a.cpu is not None else a.wall)
+                beside.append(b.wall)
+    except Exception as exc:  # noqa: BLE001 - a probe of the user's source must not fail the profile
+        prof.notes.append(f"source {prof.source!r}: not read beside a busy core ({type(exc).__name__}: {exc})")
+        return
+    if not beside or statistics.median(alone) <= 0:
+        return
+    st.own_threads = max(1.0, statistics.median(alone_cpu) / statistics.median(alone))
+    if st.own_threads >= OWN_THREADS:  # the sweep's CPU can hold the step's threads spinning: this cannot
+        st.beside_busy_s = wall * max(1.0, statistics.median(beside) / statistics.median(alone))
 
 
 def _time_one_worker(loader: Any, budget_s: float | None) -> tuple[float, float, float] | None:

@@ -459,7 +459,7 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     report facts (``target``) and ``Advised.stream_target_plans``.
     """
     from placer.report import collect
-    from placer.report.streams import objective_rate
+    from placer.data.run import objective_rate
     from placer.stream.planner import plan_streams, stream_config
 
     here = site if isinstance(site, LocalSite) else LocalSite(executor=getattr(site, "executor", "auto"))

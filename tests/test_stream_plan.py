@@ -741,7 +741,7 @@ def scripted(monkeypatch, rates: dict[str, list[float]]):
 
     calls = []
 
-    def fake(pipeline, source, placement, config, inventory, consts):
+    def fake(pipeline, source, placement, config, inventory, consts, objective="throughput"):
         calls.append(config.cache)
         return rates[str(config.cache)].pop(0), config.max_batches
 
@@ -784,6 +784,47 @@ def test_verification_replaces_the_plan_when_another_is_faster_beyond_the_noise(
                            "decode": [150.0, 30.0, 160.0]})
     chosen, _ = verify(None, prof, ranked, scorer, None, {}, budget_s=0.0)
     assert chosen == ranked[2]
+
+
+def test_verification_keeps_one_batch_at_a_time_unless_the_plan_beats_it_beyond_the_noise(monkeypatch):
+    """The plain loop (one batch at a time, torch's threads) runs in every round beside the candidates: a plan
+    that does not beat it by more than the spread in most rounds is no advice."""
+    import placer.stream.verify as verifying
+    from placer.stream.planner import plain_candidate
+    from placer.stream.verify import verify
+
+    prof, ranked, scorer = three_candidates()
+    plain = plain_candidate(prof)
+    assert plain.settings.sequential and plain.settings.torch_threads is None and plain not in ranked
+
+    def scripted_rates(rates):
+        calls = []
+
+        def fake(pipeline, source, placement, config, inventory, consts, objective="throughput"):
+            key = "plain" if config.sequential else str(config.cache)
+            calls.append(key)
+            return rates[key].pop(0), config.max_batches
+
+        monkeypatch.setattr(verifying, "measure", fake)
+        return calls
+
+    # the plan runs 3 % faster than the plain loop: within the noise, the plain loop is kept
+    calls = scripted_rates({"None": [103.0, 104.0, 102.0], "batches": [90.0] * 3, "decode": [80.0] * 3,
+                            "plain": [100.0, 101.0, 99.0]})
+    chosen, rows = verify(None, prof, ranked, scorer, None, {}, budget_s=0.0, baseline=plain)
+    assert calls == ["None", "batches", "decode", "plain"] * 3
+    assert chosen == plain and rows[-1].name == "one batch at a time" and rows[-1].measured_samples_per_s == 100.0
+    # 20 % faster in every round: the plan stands
+    scripted_rates({"None": [120.0, 121.0, 119.0], "batches": [90.0] * 3, "decode": [80.0] * 3,
+                    "plain": [100.0, 101.0, 99.0]})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=0.0, baseline=plain)[0] == ranked[0]
+    # another candidate beats the plan and the plain loop: it is chosen
+    scripted_rates({"None": [103.0, 104.0, 102.0], "batches": [130.0, 128.0, 131.0], "decode": [80.0] * 3,
+                    "plain": [100.0, 101.0, 99.0]})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=0.0, baseline=plain)[0] == ranked[1]
+    # the plain loop beats everything by far: kept
+    scripted_rates({"None": [60.0] * 3, "batches": [70.0] * 3, "decode": [80.0] * 3, "plain": [100.0] * 3})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=0.0, baseline=plain)[0] == plain
 
 
 def test_the_gil_probe_tells_python_code_from_code_that_waits():

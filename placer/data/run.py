@@ -231,3 +231,13 @@ class Run(Views, BaseModel):
             doc["samples_per_s"] = self.streams[0].samples_per_s
             doc["batches"] = self.streams[0].batches
         return doc
+
+
+def objective_rate(s: Any, objective: str) -> float:
+    """The samples/s of a stream's run (its :class:`StreamStats`, or a report's stream facts) that a plan for
+    ``objective`` is set against: for ``total_time`` the whole run's mean (samples over the stream's seconds:
+    worker start-up and epoch ends included, as a script timing its own loop sees them), else the steady
+    state."""
+    if objective == "total_time" and s.seconds > 0 and s.samples > 0:
+        return s.samples / s.seconds
+    return s.samples_per_s

@@ -13,7 +13,7 @@ the time (preprocessing keeps up), and *balanced* otherwise. A run without worke
 
 Examples
 --------
->>> from placer.data.run import StreamStageStats, StreamStats
+>>> from placer.data.run import StreamStageStats, StreamStats, objective_rate
 >>> def node(name, kind, busy, starved, blocked, workers=1):
 ...     return StreamStageStats(name=name, kind=kind, device="cpu", workers=workers, worker_kind="thread",
 ...                             batches=10, busy_s=busy, starved_s=starved, blocked_s=blocked,
@@ -213,14 +213,6 @@ def has_headroom(node: StreamStageFacts, rate: float) -> bool:
 def workers_text(s: StreamStageFacts) -> str:
     """``2 thread workers on cpu``."""
     return f"{s.workers} {s.worker_kind} worker{'s' if s.workers != 1 else ''} on {s.device}"
-
-
-def objective_rate(s: StreamStats | StreamFacts, objective: str) -> float:
-    """The samples/s of a stream's run that a plan for ``objective`` is set against: for ``total_time`` the
-    whole run's mean (samples over the stream's seconds), else the steady state."""
-    if objective == "total_time" and s.seconds > 0 and s.samples > 0:
-        return s.samples / s.seconds
-    return s.samples_per_s
 
 
 def add_plan(facts: StreamFacts, plan: StreamPlan, measured: Mapping[str, StreamStats | float]) -> None:

@@ -135,15 +135,26 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     plan, ranked, scorer = plan_from_profile(planned, objective=objective, epochs=epochs)
     left = budget_s - (time.perf_counter() - t0)
     if verify_runs and left >= 1.0:
-        chosen, rows = verify(p, planned, ranked, scorer, inv, consts, left)
+        plain = plain_candidate(planned)
+        chosen, rows = verify(p, planned, ranked, scorer, inv, consts, left, baseline=plain)
         if chosen != ranked[0]:
             plan = explain(planned, scorer, chosen, plan.search, plan.candidates)
-            plan.notes.append("the predicted best ran slower than another candidate by more than the runs' "
-                              "spread; the faster one was kept")
+            plan.notes.append(
+                "the predicted best did not run faster than one batch at a time by more than the runs' spread "
+                "in most rounds; no change is recommended" if chosen == plain and chosen != ranked[0] else
+                "the predicted best ran slower than another candidate by more than the runs' spread; the faster "
+                "one was kept")
         plan.verified = rows
     annotate(plan, sp, times, chosen_precision)
     plan.planning_s = time.perf_counter() - t0 - prof.seconds
     return plan
+
+
+def plain_candidate(profile: StreamProfile) -> Candidate:
+    """The stream as a plain loop runs it: the rule of thumb's placement, one batch at a time, torch's own
+    threads (the ``num_workers=0`` baseline)."""
+    accel = any(d != "cpu" for d in profile.devices)
+    return make(tuple(rule_of_thumb(profile).items()), {}, pin=accel, sequential=True)
 
 
 def plan_streams(pipeline: Pipeline, **kwargs: Any) -> list[StreamPlan]:

@@ -13,7 +13,7 @@ the time (preprocessing keeps up), and *balanced* otherwise. A run without worke
 
 Examples
 --------
->>> from placer.data.run import StreamStageStats, StreamStats, objective_rate
+>>> from placer.data.run import StreamStageStats, StreamStats
 >>> def node(name, kind, busy, starved, blocked, workers=1):
 ...     return StreamStageStats(name=name, kind=kind, device="cpu", workers=workers, worker_kind="thread",
 ...                             batches=10, busy_s=busy, starved_s=starved, blocked_s=blocked,
@@ -37,7 +37,7 @@ from collections.abc import Mapping
 
 from placer.data.report import (QueueFacts, StreamClusterFacts, StreamFacts, StreamOption, StreamStageFacts,
                                 StreamTargetFacts)
-from placer.data.run import StreamStageStats, StreamStats
+from placer.data.run import StreamStageStats, StreamStats, objective_rate
 from placer.data.stream import StreamPlan
 
 #: the step waiting for data at least this share of its time makes a stream input-bound

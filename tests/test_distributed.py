@@ -85,10 +85,8 @@ def test_worker_to_worker_link_is_measured(client):
     assert link.src != link.dst and {link.src, link.dst} <= set(addresses(client).values())
     assert [len(r) for r in link.raw_seconds] == [3, 3, 3]
     assert all(t > 0 for r in link.raw_seconds for t in r)
-    big = sorted(link.raw_seconds[-1])[1]
-    # the line through three medians agrees with the biggest copy's, or says how far it is off: on a busy
-    # 2-core machine two of three 4 MiB copies took 35 ms where the fit gave 4.6 ms (its error 0.51)
-    assert 0.2 < link.seconds(sizes[-1]) / big < 5.0 or link.rel_error > 0.3, link
+    big = min(link.raw_seconds[-1])  # the line goes through each size's fastest copy (noise only adds time)
+    assert 0.2 < link.seconds(sizes[-1]) / big < 5.0, link
 
 
 def test_a_client_passed_in_stays_open_after_a_failed_run(client):

@@ -95,20 +95,17 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     if 0 not in done:
         return top[0], []
     med = {i: statistics.median(x for x, _, _ in runs[i]) for i in done}
-    rows = [Verification(name="plan" if i == 0 else f"candidate {i + 1}", placement=top[i].place,
-                         config=top[i].settings.decisions(),
+    base = top.index(baseline) if baseline is not None and baseline in top else None
+    rows = [Verification(name="plan" if i == 0 else "one batch at a time" if i == base else f"candidate {i + 1}",
+                         placement=top[i].place, config=top[i].settings.decisions(),
                          predicted_samples_per_s=scorer.score(top[i]),
                          measured_samples_per_s=med[i], batches=runs[i][-1][1],
                          runs=[x for x, _, _ in runs[i]]) for i in done]
-    base = top.index(baseline) if baseline is not None and baseline in top else None
-    contenders = [i for i in done[1:] if i != base or base == 0]
-    better = [i for i in contenders if med[i] > med[0] * (1 + MIN_GAIN) and _wins(runs[i], runs[0])]
+    better = [i for i in done[1:] if i != base and med[i] > med[0] * (1 + MIN_GAIN) and _wins(runs[i], runs[0])]
     pick = max(better, key=lambda i: med[i]) if better else 0
-    if base is not None and base in done and pick != base and not (
-            med[pick] > med[base] * (1 + MIN_GAIN) and _wins(runs[pick], runs[base])):
+    if base in done and pick != base and not (med[pick] > med[base] * (1 + MIN_GAIN)
+                                              and _wins(runs[pick], runs[base])):
         pick = base
-    if base is not None and base != 0 and base in done:
-        rows[done.index(base)] = rows[done.index(base)].model_copy(update={"name": "one batch at a time"})
     return top[pick], rows
 
 

@@ -426,6 +426,45 @@ def test_a_source_on_blas_threads_is_read_beside_a_busy_core_and_a_one_thread_so
     assert one.cpu_seconds["cpu"] < OWN_THREADS * one.seconds["cpu"] and one.beside_busy_s is None, one
 
 
+def test_a_source_read_in_this_process_has_its_gil_share_measured():
+    from placer.data.stream import StreamSettings
+    from placer.stream.profile import profile_stream
+
+    def stream(work):
+        p = Pipeline("read")
+
+        @p.source(epochs=1, batch_size=4)
+        def rows():
+            for i in range(30):
+                yield work(i)
+
+        @p.step()
+        def total(rows):
+            return float(np.asarray(rows).sum())
+
+        return p
+
+    def wait(i):  # a file or a socket: the GIL is free while it waits
+        time.sleep(0.01)
+        return np.full((4, 8), float(i), dtype=np.float32)
+
+    def python(i):
+        total = 0
+        for k in range(60_000):
+            total += k % 7
+        return np.full((4, 8), float(total + i), dtype=np.float32)
+
+    waits = profile_stream(stream(wait), budget_s=8.0).stage("rows")
+    spins = profile_stream(stream(python), budget_s=8.0).stage("rows")
+    assert waits.gil is not None and spins.gil is not None, (waits, spins)
+    assert waits.gil < 0.5 < spins.gil, (waits.gil, spins.gil)
+    # and the model prices the waiting source on a thread beside the step by it, not as holding the GIL
+    prof = profile_stream(stream(wait), budget_s=8.0)
+    threaded = StreamSettings(workers=1, stage_workers={"rows": 0})
+    assert not any(r.kind == "gil" and r.batches_per_s < 0.9 / prof.stage("rows").seconds["cpu"]
+                   for r in predict(prof, {"rows": "cpu", "total": "cpu"}, threaded).rates)
+
+
 def test_process_workers_are_chosen_for_a_gil_bound_stage_once_measured():
     prof = synthetic()
     decode = prof.stage("decode")

@@ -262,18 +262,26 @@ def interleaved(script: str, configs: dict[str, Config | None], rounds: int, *, 
     """``rounds`` rounds, each running every configuration once in a shuffled order.
 
     ``extras``: more flags for some entries (e.g. ``--placer-advice``); their output is kept.
+    Entries that run the script with the same flags (a choice that is one of the grid's best, or
+    that keeps the script as written) are one configuration: run once a round, the run counted
+    for each (run twice, the same flags measured up to 15 % apart within one comparison).
     """
     extras = extras or {}
     runs: dict[str, list[Run]] = {k: [] for k in configs}
+    same: dict[tuple, list[str]] = {}
+    for k, c in configs.items():
+        same.setdefault((tuple(c.args()) if c is not None else None, tuple(extras.get(k, []))), []).append(k)
     rng = random.Random(seed)
     for r in range(rounds):
-        order = list(configs)
+        order = list(same.values())
         rng.shuffle(order)
-        for k in order:
+        for keys in order:
+            k = keys[0]
             run = run_script(script, configs[k], base=base, phase=phase, timeout_s=timeout_s, label=k,
                              extra=extras.get(k, []), keep_output=k in extras)
-            runs[k].append(run)
-            log(f"  {phase} round {r + 1}/{rounds} {k}: "
+            for each in keys:
+                runs[each].append(run)
+            log(f"  {phase} round {r + 1}/{rounds} {' = '.join(keys)}: "
                 + (f"{run.samples_per_s:,.1f} samples/s" if run.ok else f"FAILED {run.error[-200:]!r}"))
     return runs
 
@@ -490,7 +498,8 @@ def markdown(doc: dict) -> str:
             g = s["grid"][k]
             lines.append(f"| {k} | {_rate(g['median'])} | {_rate(g['min'])}–{_rate(g['max'])} | {g['spread']} "
                          f"| {g['ok']}/{g['runs']} |")
-        lines += ["", "Final comparison (interleaved):", "",
+        lines += ["", "Final comparison (interleaved; rows with the same flags are one configuration, run once a "
+                  "round):", "",
                   "| configuration | median | min–max | ÷ grid's best | runs |", "|---|---|---|---|---|"]
         for k, g in sorted(s["final"].items(), key=lambda kv: -(kv[1]["median"] or 0)):
             lines.append(f"| {k} | {_rate(g['median'])} | {_rate(g['min'])}–{_rate(g['max'])} | "

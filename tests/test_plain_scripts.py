@@ -182,3 +182,28 @@ def test_a_screened_grid_runs_every_cell_once_and_repeats_the_best_of_that_round
     finals = [k for k in doc["final"] if k.startswith("grid #")]
     assert finals == [f"grid #1: {fastest[-1]}", f"grid #2: {fastest[-2]}"]
     assert doc["grid"][lucky]["runs"] == 3 and doc["grid"][cells[5].label()]["runs"] == 1
+
+
+def test_entries_with_the_same_flags_are_one_configuration_in_the_final_comparison(monkeypatch):
+    """A choice that is one of the grid's best (or keeps the script as written) runs once a round, its run
+    counted for each name: run twice, the same flags differ by the machine's noise, not by the advice."""
+    pg = _plain_grid()
+    calls = []
+
+    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False):
+        calls.append((label, tuple(config.args()) if config else None, tuple(extra)))
+        return pg.Run(script, label, list(extra), phase, 1.0, True, seconds=1.0, samples_per_s=100.0 + len(calls),
+                      digest="d", load=1.0)
+
+    monkeypatch.setattr(pg, "run_script", fake)
+    two = pg.Config(num_workers=2, prefetch_factor=2, persistent_workers=True, threads=1)
+    configs = {"as written": pg.Config(), "grid #1: 2 proc": two, "pipeline form: 2 proc": pg.Config(**vars(two)),
+               "pipeline form: 0 workers": pg.Config(), pg.DROPIN: pg.Config()}
+    runs = pg.interleaved("text_infer", configs, 3, base=[], phase="final", timeout_s=9, seed=2,
+                          log=lambda m: None, extras={pg.DROPIN: ["--placer-advice"]})
+    # three configurations (no flags; two workers; no flags with --placer-advice), three rounds each
+    assert sorted(set((a, e) for _, a, e in calls)) == sorted({((), ()), (tuple(two.args()), ()),
+                                                               ((), ("--placer-advice",))})
+    assert len(calls) == 9
+    assert runs["grid #1: 2 proc"] == runs["pipeline form: 2 proc"] and len(runs["grid #1: 2 proc"]) == 3
+    assert runs["as written"] == runs["pipeline form: 0 workers"] != runs[pg.DROPIN]

@@ -383,23 +383,36 @@ def test_the_profile_times_stages_measures_scaling_and_marks_gil_bound_stages():
     assert prof.consumer_samples_per_s["cpu"] > 0
 
 
+def _python_rows(i: int) -> np.ndarray:
+    """A batch made by pure Python (holds the GIL, one thread): 80,000 steps of a loop."""
+    total = 0
+    for k in range(80_000):
+        total += k % 7
+    return np.full((4, 8), float(total + i), dtype=np.float32)
+
+
+def _rows_stream(work: Callable[[int], np.ndarray], batches: int) -> Pipeline:
+    """A source yielding ``work(i)`` for ``batches`` batches of 4 rows, and a step summing them."""
+    p = Pipeline("rows")
+
+    @p.source(epochs=1, batch_size=4)
+    def rows():
+        for i in range(batches):
+            yield work(i)
+
+    @p.step()
+    def total(rows):
+        return float(np.asarray(rows).sum())
+
+    return p
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a busy core beside the source needs a second core")
 def test_a_source_on_blas_threads_is_read_beside_a_busy_core_and_a_one_thread_source_is_not():
     from placer.stream.profile import OWN_THREADS, profile_stream
 
     def stream(work):
-        p = Pipeline("decode")
-
-        @p.source(epochs=1, batch_size=4)
-        def rows():
-            for i in range(14):
-                yield work(i)
-
-        @p.step()
-        def total(rows):
-            return float(np.asarray(rows).sum())
-
-        return p
+        return _rows_stream(work, 14)
 
     a = np.random.default_rng(0).random((384, 384))
 
@@ -410,19 +423,13 @@ def test_a_source_on_blas_threads_is_read_beside_a_busy_core_and_a_one_thread_so
             m /= np.abs(m).max()
         return np.full((4, 8), float(m[0, 0]) + i, dtype=np.float32)
 
-    def python(i):
-        total = 0
-        for k in range(80_000):
-            total += k % 7
-        return np.full((4, 8), float(total + i), dtype=np.float32)
-
     src = profile_stream(stream(blas), budget_s=8.0).stage("rows")
     if src.cpu_seconds["cpu"] < OWN_THREADS * src.seconds["cpu"]:
         pytest.skip(f"numpy's BLAS ran one thread on this machine ({src.cpu_seconds} CPU s for {src.seconds} s)")
     if (src.own_threads or 0) < OWN_THREADS:
         pytest.skip(f"numpy's BLAS ran one thread when read alone ({src.own_threads} CPU s a wall s)")
     assert src.beside_busy_s is not None and src.beside_busy_s >= src.seconds["cpu"], src
-    one = profile_stream(stream(python), budget_s=8.0).stage("rows")
+    one = profile_stream(stream(_python_rows), budget_s=8.0).stage("rows")
     assert one.cpu_seconds["cpu"] < OWN_THREADS * one.seconds["cpu"] and one.beside_busy_s is None, one
 
 
@@ -431,31 +438,14 @@ def test_a_source_read_in_this_process_has_its_gil_share_measured():
     from placer.stream.profile import profile_stream
 
     def stream(work):
-        p = Pipeline("read")
-
-        @p.source(epochs=1, batch_size=4)
-        def rows():
-            for i in range(30):
-                yield work(i)
-
-        @p.step()
-        def total(rows):
-            return float(np.asarray(rows).sum())
-
-        return p
+        return _rows_stream(work, 30)
 
     def wait(i):  # a file or a socket: the GIL is free while it waits
         time.sleep(0.01)
         return np.full((4, 8), float(i), dtype=np.float32)
 
-    def python(i):
-        total = 0
-        for k in range(60_000):
-            total += k % 7
-        return np.full((4, 8), float(total + i), dtype=np.float32)
-
     waits = profile_stream(stream(wait), budget_s=8.0).stage("rows")
-    spins = profile_stream(stream(python), budget_s=8.0).stage("rows")
+    spins = profile_stream(stream(_python_rows), budget_s=8.0).stage("rows")
     assert waits.gil is not None and spins.gil is not None, (waits, spins)
     assert waits.gil < 0.5 < spins.gil, (waits.gil, spins.gil)
     # and the model prices the waiting source on a thread beside the step by it, not as holding the GIL

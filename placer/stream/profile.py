@@ -703,6 +703,18 @@ def _in_a_worker(prof: _Profiler, st: StageProfile, budget_s: float | None) -> N
         st.worker_start_s, st.worker_seconds, st.worker_end_s = timed
 
 
+def _source_batches(prof: _Profiler) -> Any:
+    """The source's first epoch read in this process (no workers), its first batch read (that starts the
+    iterator: a file, a generator); None when the epoch is empty."""
+    src = prof.pipeline.stages[prof.source]
+    consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
+    obj = call_source(src, consts, 0)
+    if describe_source(obj) != "iterable":
+        obj = loader_for(src, obj, StreamConfig(workers=0))
+    it = iter(obj)
+    return None if next(it, None) is None else it
+
+
 def _source_beside_busy(prof: _Profiler, st: StageProfile, budget_s: float | None) -> None:
     """A source read in this process that runs threads of its own (``OWN_THREADS``): its batches read beside
     one busy core (``StageProfile.beside_busy_s``), each after one read alone, up to :data:`BESIDE_PAIRS`
@@ -712,18 +724,13 @@ def _source_beside_busy(prof: _Profiler, st: StageProfile, budget_s: float | Non
         return
     if budget_s is not None and budget_s < 8 * wall:
         return
-    src = prof.pipeline.stages[prof.source]
-    consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
     deadline = Deadline(budget_s)
     alone: list[float] = []
     alone_cpu: list[float] = []
     beside: list[float] = []
     try:
-        obj = call_source(src, consts, 0)
-        if describe_source(obj) != "iterable":
-            obj = loader_for(src, obj, StreamConfig(workers=0))
-        it = iter(obj)
-        if next(it, None) is None:  # the first read starts the iterator
+        it = _source_batches(prof)
+        if it is None:
             return
         with _Busy() as busy:
             while len(beside) < BESIDE_PAIRS and not (beside and deadline.passed()):
@@ -753,22 +760,16 @@ def _source_gil(prof: _Profiler, st: StageProfile, budget_s: float | None) -> No
     """The share of its time a source read in this process holds the GIL (``StageProfile.gil``): up to
     :data:`GIL_READS` batches read beside the probe thread (:func:`gil_held`), within ``budget_s``.
 
-    Unmeasured, a source on a thread of this process is priced as holding the GIL throughout: an image
-    decode (PIL) holds it for about a third of its time, so that a source on a thread beside a step of
-    one torch thread was predicted at 853 samples/s where it ran at 1,224-1,302 (images_train, 2 cores).
-    A source that runs threads of its own meets the probe on the cores too: that reads as GIL held, so the
-    share is at most the true one's excess (an upper bound, as the unmeasured 1.0 is)."""
+    Unmeasured, a source on a thread of this process is priced as holding the GIL throughout, which a
+    source waiting on files or sockets does not; per-sample Python reads near 1 (images_train's PIL decode
+    of small images and numpy augment: 1.0). A source that runs threads of its own meets the probe on the
+    cores too, which reads as GIL held: its share then errs high, as the unmeasured 1.0 does."""
     wall = st.seconds.get("cpu")
     if not wall or (budget_s is not None and budget_s < 2 * GIL_READS * wall + 0.05):
         return
-    src = prof.pipeline.stages[prof.source]
-    consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
     try:
-        obj = call_source(src, consts, 0)
-        if describe_source(obj) != "iterable":
-            obj = loader_for(src, obj, StreamConfig(workers=0))
-        it = iter(obj)
-        if next(it, None) is None:  # the first read starts the iterator (a worker, a file)
+        it = _source_batches(prof)
+        if it is None:
             return
         ends = []
 

@@ -230,7 +230,7 @@ def test_on_a_gpu_pinned_memory_is_tried_and_the_step_is_waited_for(no_new_child
 
     loader = DataLoader(SlowDataset(200, delay=0.002), batch_size=16)
     advice = advise_loader(loader, step, batches=8, budget_s=30, device="gpu")
-    assert advice.step_device == "gpu:0" and "the GPU waits" in str(advice).lower()
+    assert advice.step_device == "gpu:0" and "the gpu waits" in str(advice).lower(), str(advice)
     assert any(t.settings.pin_memory for t in advice.trials)
     assert advice.recommended.settings.num_workers > 0
 

@@ -159,3 +159,36 @@ def test_a_measured_model_without_a_staged_link_falls_back_to_pinned():
     assert tm.link_for("h2d", 1 << 24) is tm.links["h2d"]["pinned"]
     assert tm.link_for("h2d", 1 << 10) is tm.links["h2d"]["fresh"]
     assert tm.link_for("h2d", 1 << 24, pin=False) is tm.links["h2d"]["fresh"]
+
+
+def test_a_size_measured_twice_in_one_way_prices_finite_and_validates(monkeypatch):
+    """On a CUDA GPU the executor's small host→device copies and a plain ``.to(device)`` are
+    both ``fresh``: measured at the same sizes, they once made the curve divide by zero
+    beyond its largest point (an infinite price, and every cost table failed to build).
+    Each way of copying is measured once per size, and a curve given a size twice prices
+    it by the median."""
+    import math
+
+    import numpy as np
+
+    from placer.devices import Device
+    from placer.devices import kinds as registered
+    from placer.profile.transfers import measure_transfers
+
+    kind = registered()["sim"]
+    monkeypatch.setattr(kind, "extra_copies", lambda device, host, on_dev: [
+        ("h2d", "fresh", lambda: host.copy()), ("h2d", "pinned", lambda: host.copy())], raising=False)
+    dev = Device(name="gpu-sim", kind="sim", label="simulated")
+    tm = measure_transfers(dev, budget_s=2.0, sizes=(4 << 10, 64 << 10, 256 << 10))
+    for direction, modes in tm.links.items():
+        for mode, link in modes.items():
+            sizes = [nb for nb, _ in link.points]
+            assert len(sizes) == len(set(sizes)), (direction, mode, link.points)
+    assert "pinned" in tm.links["h2d"]
+    twice = [(4e3, 1e-5), (6.4e4, 2e-5), (6.4e4, 4e-5)]
+    assert math.isfinite(curve_seconds(twice, 1e6, 1e-5, 1e10))
+    assert curve_seconds(twice, 6.4e4, 1e-5, 1e10) == pytest.approx(3e-5)
+    table = CostTable.model_validate({
+        "devices": {"cpu": {"kind": "cpu"}, "gpu": {"kind": "gpu"}}, "link": tm.table_link(),
+        "stages": [{"name": "a", "seconds": {"cpu": 1.0}}]})
+    assert np.isfinite(table.link.h2d.seconds(1 << 30))

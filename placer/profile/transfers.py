@@ -57,7 +57,8 @@ def measure_transfers(device: Device, *, budget_s: float = 10.0, sizes: Iterable
         on_dev = to_location(host, device)[0]
         add("d2h", copy_mode("d2h", nb), nb, measure(lambda: to_location(on_dev, cpu), **kw))
         for direction, mode, call in device.driver.extra_copies(device, host, on_dev):
-            add(direction, mode, nb, measure(call, **kw))
+            if mode != copy_mode(direction, nb):  # the executor's own way was measured above
+                add(direction, mode, nb, measure(call, **kw))
     links = {d: {m: fit_link(*zip(*sorted(p))) for m, p in modes.items() if len(p) >= 2} for d, modes in pts.items()}
     h2d = links["h2d"]
     fallback = h2d.get("pinned", h2d.get("fresh"))

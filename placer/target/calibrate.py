@@ -143,7 +143,7 @@ def describe_machine(*, budget_s: float = 30.0, name: str | None = None) -> Targ
     gpus = [d for d in inv.devices if d.is_accelerator and not d.simulated]
     cpu = calibrate_cpu(budget_s=min(CPU_BUDGET_S, budget_s / (1 + len(gpus))))
     share = (budget_s - CPU_BUDGET_S) / max(len(gpus), 1)
-    described = [describe_gpu(d, budget_s=max(share, 5.0), fingerprint=inv.fingerprint) for d in gpus]
+    described = [describe_gpu(d, budget_s=max(share, 5.0), fingerprint=inv.fingerprint()) for d in gpus]
     label = name or f"{platform.node() or 'this machine'}: {cpu.model} ({cpu.cores} cores)" + (
         f" + {len(gpus)}x {gpus[0].label}" if gpus else "")
     return TargetDescription(name=label, cpu=cpu, gpus=described,

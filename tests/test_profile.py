@@ -261,3 +261,27 @@ def test_at_several_threads_each_cpu_point_also_measures_one_cores_work():
     pts = [p for sp in two.stages.values() for p in sp.devices["cpu"].points]
     assert pts and all(p.one_core_s is not None and p.one_core_s > 0 for p in pts)
     assert all(p.one_core_s is None for sp in one.stages.values() for p in sp.devices["cpu"].points)
+
+
+def test_a_devices_one_off_start_is_not_spent_from_the_budget(monkeypatch):
+    """A fresh process spends seconds on a GPU's context and cuBLAS; on a 6 s budget that once
+    left one size measured on a real H200. The start runs before the budget's clock, is said
+    in a note, and the sizes still grow."""
+    import time
+
+    from placer.devices import kinds as registered
+
+    started = []
+
+    def slow_start(device):
+        started.append(device.name)
+        time.sleep(1.5)
+
+    monkeypatch.setattr(registered()["sim"], "start", slow_start)
+    t0 = time.perf_counter()
+    prof = _run(devices=["cpu", "gpu-sim"], sizes=None, size=800, budget_s=4.0)
+    wall = time.perf_counter() - t0
+    assert started == ["gpu-sim"]
+    assert wall - prof.elapsed_s >= 1.5, (wall, prof.elapsed_s)  # the start is outside the budget's time
+    assert any(n.startswith("starting gpu-sim took") and "before the budget" in n for n in prof.notes), prof.notes
+    assert len(prof.measured_sizes) >= 2, prof.measured_sizes

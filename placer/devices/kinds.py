@@ -116,6 +116,14 @@ class DeviceKind:
         return (f"device {spec!r} is not on this machine (its {self.name} devices: "
                 f"{', '.join(have) or 'none'}); place the stage on cpu")
 
+    def start(self, device: Device) -> None:
+        """Make the device ready for timed work (a driver context, library handles).
+
+        Profiling calls it before its budget's clock starts, so that a device's one-off
+        start (a CUDA context and cuBLAS take seconds on a fresh process) is not spent
+        from the budget and does not stop the sizes from growing. Nothing by default.
+        """
+
     # -- where data lives and how work is waited for ----------------------------------------
     def location(self, device: Device) -> str:
         """Where the device's data lives: ``host`` for host memory, else the device's name."""

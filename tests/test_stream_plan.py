@@ -894,6 +894,24 @@ def test_verification_always_measures_one_candidate_with_other_torch_threads():
     assert _distinct(own, 3) == own[:3]  # nothing with other threads to measure
 
 
+def test_verification_measures_the_best_of_another_placement_too():
+    """On a real H200 the model's three best for stream_inference all preprocessed on the GPU and
+    measured a third of their prediction; the placement that won (preprocessing on the CPU with a
+    worker) was never run. When the distinct best share one placement, the best elsewhere is run too."""
+    from placer.stream.search import make
+    from placer.stream.verify import _distinct
+
+    on_gpu = (("batches", "cpu"), ("preprocess", "gpu-sim"), ("predict", "cpu"))
+    on_cpu = (("batches", "cpu"), ("preprocess", "cpu"), ("predict", "gpu-sim"))
+    same = [make(on_gpu, {}), make(on_gpu, {}, pin=False), make(on_gpu, {}, threads=1)]
+    elsewhere = [make(on_cpu, {"preprocess": 1}), make(on_cpu, {"preprocess": 3})]
+    picked = _distinct([*same, *elsewhere], 3)
+    assert picked[:3] == same and picked[3:] == [elsewhere[0]]
+    mixed = _distinct([same[0], elsewhere[0], *same[1:], elsewhere[1]], 3)
+    assert len(mixed) == 3 and elsewhere[0] in mixed  # another placement already there: nothing added
+    assert _distinct(same, 3) == same  # no other placement to measure
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("climb", [False, True])
 def test_the_plan_asks_for_no_worker_the_model_finds_useless(seed, climb, monkeypatch):

@@ -354,6 +354,24 @@ class Clock:
         return self.clock() - self._w
 
 
+def settle(max_s: float = 0.5, window_s: float = 0.01, busy: float = 0.2) -> float:
+    """Wait while this process burns CPU with the caller asleep; the seconds waited.
+
+    After a parallel region its threads spin-wait for a while (OpenBLAS, OpenMP): the process's
+    CPU clock then counts their spinning into whatever is timed next, and a one-thread Python
+    stage timed just after a matrix product read 2.3 CPU seconds per wall second. Windows of
+    ``window_s`` are slept until the process used less than ``busy`` of a core in one, at most
+    ``max_s`` in all.
+    """
+    t0 = time.perf_counter()
+    while True:
+        c, w = time.process_time(), time.perf_counter()
+        time.sleep(window_s)
+        used = (time.process_time() - c) / max(time.perf_counter() - w, 1e-9)
+        if used < busy or time.perf_counter() - t0 >= max_s:
+            return time.perf_counter() - t0
+
+
 class Deadline:
     """Where a time budget started and ends: ``passed()``, ``left()``, ``spent()``. No budget (None)
     never passes.

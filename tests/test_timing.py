@@ -234,3 +234,26 @@ def test_a_clock_without_a_cpu_clock_reads_wall_time_only():
     with Clock(clock=iter([1.0, 3.0]).__next__, cpu_clock=None) as c:
         pass
     assert (c.wall, c.cpu) == (2.0, 0.0)
+
+
+def test_settle_waits_out_threads_that_spin_after_their_work_and_returns_at_once_when_quiet():
+    """Threads spinning after a parallel region count in the process's CPU clock: a one-thread stage
+    timed just after a matrix product read 2.3 CPU seconds per wall second."""
+    import threading
+    import time
+
+    from placer.timing import settle
+
+    quiet = settle()
+    assert quiet < 0.1
+    stop = time.perf_counter() + 0.25
+
+    def spin():
+        while time.perf_counter() < stop:
+            pass
+
+    t = threading.Thread(target=spin)
+    t.start()
+    waited = settle(max_s=1.0)
+    t.join()
+    assert 0.15 <= waited < 0.6, waited

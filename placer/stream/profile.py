@@ -65,7 +65,7 @@ from placer.devices import Device, Inventory, discover, same_device
 from placer.errors import PlacerError
 from placer.log import get_logger
 from placer.profile.transfers import value_copies
-from placer.timing import Clock, Deadline, Measurement, Timings, torch_threads
+from placer.timing import Clock, Deadline, Measurement, Timings, settle, torch_threads
 from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import BATCH_INFO, Pipeline
 from placer.executor.stream.config import StreamConfig
@@ -500,6 +500,7 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
     sweep_budget = None if budget_s is None else 0.6 * budget_s / len(places)
     sweeps = {}
     for d, place in places.items():
+        settle()  # threads still spinning from earlier work would count as the stages' CPU seconds
         sweeps[d] = _Sweep(prof, d, place)
         sweeps[d].go(sweep_budget)
     stages = _stages(prof, sweeps)

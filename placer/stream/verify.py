@@ -135,7 +135,7 @@ def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
     if out and all(c.placement == out[0].placement for c in out):
         # one more: the best elsewhere. Where a stage may run on another device the placement is the
         # largest decision; on a real H200 the model's three best (preprocessing on the GPU) measured
-        # a third of their prediction, and the placement that won was never run
+        # a third of their prediction, and the placement that won ran only as the plain loop
         other = next((c for c in ranked if c.placement != out[0].placement), None)
         if other is not None:
             out.append(other)

@@ -897,7 +897,8 @@ def test_verification_always_measures_one_candidate_with_other_torch_threads():
 def test_verification_measures_the_best_of_another_placement_too():
     """On a real H200 the model's three best for stream_inference all preprocessed on the GPU and
     measured a third of their prediction; the placement that won (preprocessing on the CPU, with a
-    worker) ran only one batch at a time, as the plain loop. When the distinct best share one placement, the best elsewhere is run too."""
+    worker) ran only one batch at a time, as the plain loop. When the distinct best share one
+    placement, the best elsewhere is run too."""
     from placer.stream.search import make
     from placer.stream.verify import _distinct
 

@@ -18,7 +18,8 @@ subprocess:
    that round for the other rounds (the final comparison then takes its best from those K);
 3. **the final comparison**: the grid's best few (by median), the script as written
    and the configurations to score, run again interleaved for ``--final-rounds``
-   rounds; each scored configuration's median over the best median of the final
+   rounds (more, up to three times as many, where the script's loop is short: until each
+   configuration has run ``--final-min-s`` seconds of loop in all); each scored configuration's median over the best median of the final
    round (the grid's best is a maximum over many noisy cells, which flatters it,
    so it is re-measured beside the scored ones).
 
@@ -61,6 +62,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import random
 import shlex
@@ -286,6 +288,17 @@ def interleaved(script: str, configs: dict[str, Config | None], rounds: int, *, 
     return runs
 
 
+def final_rounds(rounds: int, loop_s: float | None, min_s: float) -> int:
+    """Rounds of the final comparison: at least ``rounds``, and more (up to three times as many) until
+    each configuration's runs add up to ``min_s`` seconds of the script's loop. ``loop_s``: the shortest
+    loop among the configurations compared. A loop of half a second swings by a third from run to run on
+    a shared 2-core machine (text_infer as written: 7,141-10,251 samples/s in 12 runs in a row); a median
+    of four such runs does not settle a 20 % claim."""
+    if not loop_s or min_s <= 0:
+        return rounds
+    return max(rounds, min(3 * rounds, math.ceil(min_s / loop_s)))
+
+
 def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dict:
     cores = os.cpu_count() or 1
     base = ["--data-dir", str(data_dir), *(SCRIPTS[script]["quick"] if a.quick else [])]
@@ -351,8 +364,11 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
     by_label = {c.label(): c for c in cells}
     final = {"as written": Config(), **{f"grid #{i + 1}: {k}": by_label[k] for i, k in enumerate(ranked[:a.top])},
              **scored}
-    log(f"{script}: final comparison of {len(final)} configurations x {a.final_rounds} rounds")
-    final_runs = interleaved(script, final, a.final_rounds, base=base, phase="final", timeout_s=a.timeout_s,
+    loop_s = [r.seconds for k in ranked[:a.top] for r in grid_runs[k] if r.ok and r.seconds] + \
+        ([ref.seconds] if ref.seconds else [])
+    rounds = final_rounds(a.final_rounds, min(loop_s) if loop_s else None, getattr(a, "final_min_s", 0.0))
+    log(f"{script}: final comparison of {len(final)} configurations x {rounds} rounds")
+    final_runs = interleaved(script, final, rounds, base=base, phase="final", timeout_s=a.timeout_s,
                              seed=2, log=log, extras=extras)
     final_table = {k: stats(v) for k, v in final_runs.items()}
     best = max((s["median"] for k, s in final_table.items() if k.startswith("grid #") and s["median"]), default=None)
@@ -372,7 +388,7 @@ def bench_script(script: str, a: argparse.Namespace, data_dir: Path, log) -> dic
     advice_runs = [r for r in dropin if r.output]
     mismatched = sorted({r.label for r in every if r.ok and r.digest != ref.digest})
     failed = sorted({r.label for r in every if not r.ok})
-    return {"script": script, "reference": asdict(ref), "grid": table, "final": final_table,
+    return {"script": script, "reference": asdict(ref), "grid": table, "final": final_table, "final_rounds": rounds,
             "score_vs_grid_best": scores,
             "scored": {k: (asdict(v) if v is not None else {"flags": extras.get(k)}) for k, v in scored.items()},
             "advice": [{"round": i + 1, **(r.advice or {}),
@@ -498,8 +514,8 @@ def markdown(doc: dict) -> str:
             g = s["grid"][k]
             lines.append(f"| {k} | {_rate(g['median'])} | {_rate(g['min'])}–{_rate(g['max'])} | {g['spread']} "
                          f"| {g['ok']}/{g['runs']} |")
-        lines += ["", "Final comparison (interleaved; rows with the same flags are one configuration, run once a "
-                  "round):", "",
+        lines += ["", f"Final comparison ({s.get('final_rounds', '?')} rounds, "
+                  "interleaved; rows with the same flags are one configuration, run once a round):", "",
                   "| configuration | median | min–max | ÷ grid's best | runs |", "|---|---|---|---|---|"]
         for k, g in sorted(s["final"].items(), key=lambda kv: -(kv[1]["median"] or 0)):
             lines.append(f"| {k} | {_rate(g['median'])} | {_rate(g['min'])}–{_rate(g['max'])} | "
@@ -542,6 +558,9 @@ def main() -> None:
                          "sizes (runs long enough that start-up does not decide; not the exhaustive grid)")
     ap.add_argument("--repeats", type=int, default=None, help="grid rounds (default 3; 2 with --quick)")
     ap.add_argument("--final-rounds", type=int, default=None, help="final rounds (default 5; 2 with --quick)")
+    ap.add_argument("--final-min-s", type=float, default=None,
+                    help="more final rounds (up to 3x --final-rounds) until each configuration has run its loop "
+                         "this many seconds in all (default 8; 0 with --quick)")
     ap.add_argument("--screen", type=int, default=None, metavar="K",
                     help="run every grid configuration once, then only the best K of that round for the other "
                          "--repeats rounds (the full grid in a third of the time)")
@@ -560,6 +579,7 @@ def main() -> None:
     a = ap.parse_args()
     a.repeats = a.repeats or (2 if a.quick else 3)
     a.final_rounds = a.final_rounds or (2 if a.quick else 5)
+    a.final_min_s = (0.0 if a.quick else 8.0) if a.final_min_s is None else a.final_min_s
     a.pipeline_budget_s = a.pipeline_budget_s or (8.0 if a.quick else 30.0)
     if not a.quick and (a.repeats < 3 or a.final_rounds < 3):
         ap.error("a recorded grid needs --repeats and --final-rounds of at least 3 (or --quick)")
@@ -596,7 +616,8 @@ def main() -> None:
                    "load_end": [round(x, 2) for x in os.getloadavg()],
                    "seconds": round(time.perf_counter() - t0, 1),
                    "command": shlex.join(["python", "benchmarks/plain_grid.py", *sys.argv[1:]]),
-                   "settings": {"repeats": a.repeats, "final_rounds": a.final_rounds, "top": a.top,
+                   "settings": {"repeats": a.repeats, "final_rounds": a.final_rounds,
+                                "final_min_s": a.final_min_s, "top": a.top,
                                 "screen": a.screen,
                                 "cores": os.cpu_count()},
                    "scripts": results}

@@ -184,6 +184,29 @@ def test_a_screened_grid_runs_every_cell_once_and_repeats_the_best_of_that_round
     assert doc["grid"][lucky]["runs"] == 3 and doc["grid"][cells[5].label()]["runs"] == 1
 
 
+def test_a_short_loop_gets_more_final_rounds_up_to_three_times_as_many(monkeypatch):
+    """A loop of half a second swings by a third run to run: the final comparison runs more rounds until each
+    configuration has --final-min-s seconds of loop (at most 3x --final-rounds); a long loop keeps its rounds."""
+    pg = _plain_grid()
+    assert pg.final_rounds(4, 0.5, 8.0) == 12 and pg.final_rounds(4, 1.0, 8.0) == 8
+    assert pg.final_rounds(4, 4.0, 8.0) == 4 and pg.final_rounds(4, 0.5, 0.0) == 4 and pg.final_rounds(4, None, 8) == 4
+
+    for loop_s, expected in ((0.4, 9), (1.6, 5), (5.0, 3)):
+        calls = []
+
+        def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False):
+            calls.append((phase, label))
+            return pg.Run(script, label, list(extra), phase, 1.0, True, seconds=loop_s, samples_per_s=100.0,
+                          digest="d", load=1.0)
+
+        monkeypatch.setattr(pg, "run_script", fake)
+        a = type("A", (), dict(quick=True, few_cells=False, advise=False, pipeline=False, score=[], repeats=1,
+                               final_rounds=3, final_min_s=8.0, top=1, timeout_s=9, gpu=False))()
+        doc = pg.bench_script("table_train", a, PLAIN, lambda m: None)
+        assert [label for phase, label in calls if phase == "final"].count("as written") == expected, loop_s
+        assert doc["final_rounds"] == expected and doc["final"]["as written"]["runs"] == expected
+
+
 def test_entries_with_the_same_flags_are_one_configuration_in_the_final_comparison(monkeypatch):
     """A choice that is one of the grid's best (or keeps the script as written) runs once a round, its run
     counted for each name: run twice, the same flags differ by the machine's noise, not by the advice."""

@@ -105,20 +105,24 @@ class Clock:
         return self.limit_s - (time.perf_counter() - self.t0)
 
 
-def run_once(p, placement: dict, inv) -> tuple[float, str]:
-    """Wall seconds of one ``execute`` call, and its outputs' digest."""
+def run_once(p, placement: dict, inv, keep: dict | None = None) -> tuple[float, str]:
+    """Wall seconds of one ``execute`` call, and its outputs' digest. ``keep``: outputs by digest, the
+    first run's of each digest added (values to compare where digests differ)."""
     from placer.executor import execute
 
     t0 = time.perf_counter()
     run = execute(p, placement, inventory=inv)
-    return time.perf_counter() - t0, run.outputs_digest
+    seconds = time.perf_counter() - t0
+    if keep is not None and run.outputs_digest not in keep:
+        keep[run.outputs_digest] = run.final_outputs
+    return seconds, run.outputs_digest
 
 
-def measure(p, placement: dict, inv, clock: Clock, reps: int) -> dict:
+def measure(p, placement: dict, inv, clock: Clock, reps: int, keep: dict | None = None) -> dict:
     """Warm up once, then time up to ``reps`` runs (fewer for slow placements or little time)."""
     rec = {"placement": placement, "runs": [], "digest": None, "error": None}
     try:
-        warm, rec["digest"] = run_once(p, placement, inv)
+        warm, rec["digest"] = run_once(p, placement, inv, keep)
         n = reps if warm < 1.0 else (2 if warm < 3.0 else 1)
         for _ in range(n):
             if rec["runs"] and clock.left() < 3 * warm:
@@ -168,11 +172,14 @@ class Case:
     def __init__(self, name: str, size: int, p, inv, clock: Clock, reps: int):
         self.name, self.size, self.p, self.inv, self.clock, self.reps = name, size, p, inv, clock, reps
         self.records: dict[tuple, dict] = {}
+        #: the outputs of the first run with each digest
+        self.outputs: dict[str, dict] = {}
 
     def get(self, placement: dict) -> dict:
         key = tuple(sorted(placement.items()))
         if key not in self.records:
-            self.records[key] = measure(self.p, placement, self.inv, self.clock, self.reps)
+            self.records[key] = measure(self.p, placement, self.inv, self.clock, self.reps,
+                                                 self.outputs)
         return self.records[key]
 
     def remeasure(self, placements: list[dict], rounds: int) -> None:
@@ -281,6 +288,7 @@ def finish_row(row: dict, case: Case, rec_plan: dict, baselines: dict, enumerate
     plan_t = median(rec_plan)
     base = [t for t in times.values() if t is not None]
     digests = {r["digest"] for r in ok}
+    differ = outputs_differ(case.outputs, [r["digest"] for r in ok])
     row.update({
         "plan_measured_s": plan_t, "plan_error": rec_plan["error"], "baselines_s": times,
         "oracle_s": median(best) if best else None, "oracle_placement": best["placement"] if best else None,
@@ -288,9 +296,31 @@ def finish_row(row: dict, case: Case, rec_plan: dict, baselines: dict, enumerate
         "plan_over_oracle": plan_t / median(best) if plan_t and best else None,
         "plan_over_best_baseline": plan_t / min(base) if plan_t and base else None,
         "digests_agree": len(digests) <= 1,
+        # digests on two sides of a rounding step are not a difference: the values decide (as placer's own check)
+        "outputs_agree": differ is None, "outputs_differ": differ,
         "measurements": [{**r, "median_s": median(r)} for r in case.records.values()],
     })
     return row
+
+
+def outputs_differ(outputs: dict[str, dict], digests: list[str]) -> str | None:
+    """None when every digest's outputs agree with the first's elementwise (placer.digest's tolerance);
+    else where the first that does not differs. A digest with no outputs kept is not compared."""
+    from placer.digest import compare_outputs
+
+    seen = [d for d in dict.fromkeys(digests) if d in outputs]
+    for d in seen[1:]:
+        why = compare_outputs(outputs[seen[0]], outputs[d])
+        if why is not None:
+            return why
+    return None
+
+
+def agreement(row: dict) -> str:
+    """The table's word for a case's outputs across placements."""
+    if row.get("digests_agree"):
+        return "same"
+    return "close" if row.get("outputs_agree") else "DIFFER"
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -321,7 +351,7 @@ def render(rows: list[dict], meta: dict) -> str:
             fmt(b.get("all_gpu")), fmt(b.get("rule_of_thumb")),
             fmt(r["oracle_s"]) + ("" if r["oracle_complete"] else "*"),
             fmt(r["plan_over_oracle"], "x"), fmt(r["plan_over_best_baseline"], "x"),
-            on_accelerator(r["plan_placement"]), "same" if r["digests_agree"] else "DIFFER",
+            on_accelerator(r["plan_placement"]), agreement(r),
         ])
     widths = [max(len(h), *(len(ln[i]) for ln in lines)) if lines else len(h) for i, h in enumerate(head)]
     out = [header(meta), ""]
@@ -358,7 +388,9 @@ def footnotes(rows: list[dict], meta: dict) -> list[str]:
         f"placements when k <= {ORACLE_LIMIT}. profile: placer's profiling time for the pipeline (once, "
         "shared by both sizes); plan: planning time at this size. Neither is included in 'placer plan'.",
         "*: oracle incomplete (time limit, or k too large): the best placement measured.",
-        "digests: whether every placement measured gave the same outputs digest (placer.digest).",
+        "digests: same (every placement measured gave the same outputs digest, placer.digest), close (digests "
+        "differ, but the outputs agree elementwise within placer.digest's rtol 1e-4, atol 1e-5: values on two "
+        "sides of a rounding step) or DIFFER (they do not; the JSON's outputs_differ says where).",
     ]
     for r in rows:
         if r.get("plan_note"):

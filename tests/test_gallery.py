@@ -334,7 +334,7 @@ def test_advisor_benchmark_records_the_machine_and_never_calls_the_simulator_a_g
     assert "SIMULATED" in text and "It is not a GPU" in text
     (row,) = doc["rows"]
     assert row["oracle_complete"] and row["placements_measured"] == 2 ** row["placeable"]
-    assert row["digests_agree"]
+    assert row["digests_agree"] and row["outputs_agree"] and row["outputs_differ"] is None
     assert row["plan_over_oracle"] >= 1.0 or row["plan_placement"] == row["oracle_placement"]
 
 
@@ -349,3 +349,25 @@ def test_cnn_turns_off_tf32_on_cuda_only_inside_its_stages():
     assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic) == before
     with exact_fp32(torch.device("cpu")):
         assert torch.backends.cudnn.allow_tf32 == before[0]
+
+
+def test_advisor_benchmark_calls_digests_on_two_sides_of_a_rounding_step_close_not_different():
+    """Two placements' digests may differ only because an aggregate rounded the other way; the advisor
+    benchmark then compares the values (as placer's own report does) and says "close", keeping "DIFFER"
+    for outputs that differ beyond the tolerance."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import advisor as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    base = {"w": np.linspace(1.0, 2.0, 1000)}
+    nudged = {"w": base["w"] * (1 + 3e-6)}
+    far = {"w": base["w"] * (1 + 1e-2)}
+    assert bench.outputs_differ({"a": base, "b": nudged}, ["a", "b", "a"]) is None
+    why = bench.outputs_differ({"a": base, "b": nudged, "c": far}, ["a", "b", "c"])
+    assert why is not None and "'w'" in why
+    assert bench.outputs_differ({"a": base}, ["a", "z"]) is None  # a digest with no outputs kept: not compared
+    assert bench.agreement({"digests_agree": True}) == "same"
+    assert bench.agreement({"digests_agree": False, "outputs_agree": True}) == "close"
+    assert bench.agreement({"digests_agree": False, "outputs_agree": False}) == "DIFFER"
+    assert bench.agreement({"digests_agree": False}) == "DIFFER"  # a record from before values were compared

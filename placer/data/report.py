@@ -245,6 +245,9 @@ class StreamOption(BaseModel):
     #: the plan's samples/s over this option's (above 1: the plan is faster)
     plan_speedup_predicted: float | None = None
     plan_speedup_measured: float | None = None
+    #: every run's measured samples/s where the option ran more than once (``measured_samples_per_s``: the
+    #: median run's)
+    measured_runs: list[float] = Field(default_factory=list)
     #: a what-if row: the change's predicted speed-up over its starting point (``change`` names it)
     speedup: float | None = None
     bottleneck: str = ""
@@ -391,6 +394,8 @@ class StreamFacts(BaseModel):
     #: what the options' samples/s are: ``whole run`` (the mean over the run, worker start-up and epoch
     #: ends included: a plan for the run's total time) or ``steady state``
     options_measure: str = "steady state"
+    #: runs of each option (the plan and each baseline), interleaved; the median run's numbers are shown
+    options_runs: int = 1
     what_if: list[StreamOption] = Field(default_factory=list)
     #: the stream planned for a described machine (``--target``): predictions for it, never measured
     target: StreamTargetFacts | None = None

@@ -143,3 +143,36 @@ def test_the_report_lists_each_precision_on_the_target_with_the_measured_differe
     plain = make([("a", "preprocessing", "cpu", None, False)], devices=cpu_only,
                  target=TargetPlan(device="gpu:0", label="NVIDIA H200", placement={"a": "cpu"}, predicted_s=0.5))
     assert "Per precision" not in render_markdown(plain) and "Per precision" not in render_html(plain)
+
+
+def _stream(plan_rate, others, runs=1):
+    from placer.data.report import StreamFacts, StreamOption
+
+    s = StreamFacts(source="batches", step="predict", epochs=1, batches=64, samples=4096, seconds=0.9,
+                    samples_per_s=plan_rate, time_to_first_batch_s=0.01, consumer_idle_fraction=0.0, prefetch=2,
+                    options_measure="whole run",
+                    options_runs=runs)
+    s.options = [StreamOption(name="plan", change="placer's plan", measured_samples_per_s=plan_rate)] + [
+        StreamOption(name=n, change=c, measured_samples_per_s=r) for n, c, r in others]
+    return s
+
+
+def test_a_stream_option_that_measured_faster_than_the_plan_is_named_not_called_slower():
+    """The report said "Nothing to change: the plan was the fastest of the options measured here" beside a
+    table where the plan measured 0.75x num_workers=0 (text_infer's pipeline form on a 2-core EPYC)."""
+    f = make([("batches", "cleaning", "cpu", None, False), ("predict", "inference", "cpu", None, False)],
+             measured=0.9, devices=DEVICES[:1])
+    f.streams = [_stream(5293.0, [("num_workers=0", "every batch through every stage in turn", 7042.0),
+                                  ("rule of thumb", "1 worker per stage", 6534.0)], runs=3)]
+    keep = [a for a in advise(f) if a.topic == "keep"]
+    assert len(keep) == 1 and "fastest" not in keep[0].text
+    assert "'num_workers=0'" in keep[0].text and "7,042" in keep[0].text and "5,293" in keep[0].text
+    assert "1.33x" in keep[0].text and "median of 3 runs each" in keep[0].text and "whole run" in keep[0].text
+    # within the margin (5 %) the plan stands, and other options were measured: it was the fastest of them
+    f.streams = [_stream(7000.0, [("num_workers=0", "in turn", 7300.0)])]
+    assert [a.text for a in advise(f) if a.topic == "keep"] == [
+        "Nothing to change: the plan was the fastest of the options measured here."]
+    # nothing else measured at all: no claim of having been the fastest
+    f.streams = None
+    assert [a.text for a in advise(f) if a.topic == "keep"] == [
+        "Nothing to change was found; no other option was measured here to compare with."]

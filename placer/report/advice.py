@@ -383,19 +383,56 @@ RULES: tuple[Callable[[ReportFacts], list[Advice]], ...] = (
 )
 
 
+#: a stream option whose measured samples/s exceed the plan's by more than this is named, not passed over
+STREAM_OPTION_MARGIN = 0.05
+
+
+def _faster_stream_options(facts: ReportFacts) -> list[Advice]:
+    """Each stream whose plan another measured option beat by more than :data:`STREAM_OPTION_MARGIN`: that
+    option, its samples/s against the plan's, and what to do (the plan came from the model and shorter
+    verification runs; this run of the whole stream does not confirm it)."""
+    out = []
+    for s in facts.streams or []:
+        plan = next((o for o in s.options if o.name == "plan"), None)
+        if plan is None or not plan.measured_samples_per_s:
+            continue
+        faster = [o for o in s.options if o is not plan and o.measured_samples_per_s
+                  and o.measured_samples_per_s > plan.measured_samples_per_s * (1 + STREAM_OPTION_MARGIN)]
+        if not faster:
+            continue
+        best = max(faster, key=lambda o: o.measured_samples_per_s)
+        runs = (f"the median of {s.options_runs} runs each, interleaved" if s.options_runs > 1
+                else "one run each")
+        out.append(Advice(topic="keep", subject=s.step, text=(
+            f"In {s.source} → {s.step}, {best.name!r} ({best.change}) measured "
+            f"{best.measured_samples_per_s:,.0f} samples/s against the plan's {plan.measured_samples_per_s:,.0f} "
+            f"({s.options_measure}, {runs}): {best.measured_samples_per_s / plan.measured_samples_per_s:.2f}x. "
+            "The plan was chosen by the model and shorter verification runs, which these runs do not confirm: "
+            "time both in your own run before you change, or profile longer (--budget-s).")))
+    return out
+
+
 def advise(facts: ReportFacts, rules=RULES) -> list[Advice]:
-    """Run every rule; when none applies, say that the plan needs no change."""
+    """Run every rule; when none applies, say that the plan needs no change — only where it measured the
+    fastest of the options run (of the placements and of each stream's settings); an option that measured
+    faster is named instead."""
     out = [a for rule in rules for a in rule(facts)]
-    if not any(a.topic not in ("bottleneck",) for a in out):
+    streams = _faster_stream_options(facts)
+    if not streams and not any(a.topic not in ("bottleneck",) for a in out):
         plan = facts.summary.options[0] if facts.summary.options else None
         best = min((o for o in facts.summary.options if o.measured_s is not None),
                    key=lambda o: o.measured_s, default=None)
-        if plan is not None and best is not None and best.key == "plan":
+        others = sum(o.measured_s is not None for o in facts.summary.options) > 1 or any(
+            o.name != "plan" and o.measured_samples_per_s for s in facts.streams or [] for o in s.options)
+        if plan is not None and best is not None and best.key == "plan" and others:
             out.append(Advice(topic="keep", subject="plan", text=(
                 "Nothing to change: the plan was the fastest of the options measured here.")))
+        elif plan is not None and best is not None and best.key == "plan":
+            out.append(Advice(topic="keep", subject="plan", text=(
+                "Nothing to change was found; no other option was measured here to compare with.")))
         elif best is not None and best.key != "plan":
             out.append(Advice(topic="keep", subject=best.key, text=(
                 f"The {best.title} option measured faster than the plan ({best.measured_s:.3g} s against "
                 f"{plan.measured_s:.3g} s); the cost model may be off: profile longer, or use "
                 f"--placement to run that option.")))
-    return out
+    return out + streams

@@ -37,6 +37,7 @@ True
 
 from __future__ import annotations
 
+import math
 import contextlib
 import os
 import sys
@@ -58,6 +59,12 @@ BLOCK_TARGET_S = 1e-3
 STALL_GAP = 0.25
 #: the lower quartile counts as settled when more repeats move it by less than this
 SETTLED = 0.05
+
+
+def sign_tail(wins: int, rounds: int) -> float:
+    """The chance that a setting no faster than another wins at least ``wins`` of ``rounds`` interleaved
+    rounds against it (a one-sided sign test): 3 of 3 is 1/8, 6 of 7 1/16, 3 of 5 1/2."""
+    return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2 ** rounds
 
 
 def load_average() -> float | None:

@@ -16,6 +16,7 @@ from placer.stream import ThreadLoader, advise_loader, dropin
 from placer.stream.dropin import (Trial, decided_by, depth_bases, more_workers, prefetch_depths, rebuild, run_loader,
                                   settings_of)
 from placer.stream.wholerun import RunCosts, costs, run_seconds
+from placer.timing import sign_tail
 
 
 class Records(Dataset):
@@ -547,7 +548,7 @@ def test_the_rounds_a_gain_must_win_follow_a_sign_test():
     assert dropin.beats(runs(2, (115.0, 110.0, 115.0, 115.0, 115.0, 115.0, 115.0)), user)  # 6 of 7
     assert not dropin.beats(runs(2, (115.0, 110.0, 115.0, 99.0, 115.0, 115.0, 115.0)), user)  # 5 of 7
     assert not dropin.beats(runs(2, (115.0, 110.0, 115.0)), runs(0, (100.0, 120.0, 100.0)))  # 2 of 3
-    assert dropin._sign_tail(3, 3) == dropin._sign_tail(6, 7) * 2 == 0.125
+    assert sign_tail(3, 3) == sign_tail(6, 7) * 2 == 0.125 and sign_tail(3, 5) == 0.5
 
 
 @pytest.mark.parametrize("per_batch_s, expected", [(0.005, 100), (0.05, 10)])

@@ -57,7 +57,7 @@ from placer.devices import Device, canonical_name, discover, is_real_gpu, torch_
 from placer.executor.stream.nodes import leading_len
 from placer.executor.stream.source import same_draws_loader
 from placer.stream import dataset_cache
-from placer.timing import Clock, Deadline, Measurement, Timings, torch_threads
+from placer.timing import Clock, Deadline, Measurement, Timings, sign_tail, torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -1199,11 +1199,6 @@ def _settle(loader: Any, trials: list[Trial], near: Trial, step: Any, batches: i
     return [merged(t, more.get(id(t), [])) for t in trials]
 
 
-def _sign_tail(wins: int, rounds: int) -> float:
-    """The chance that a setting no faster than yours wins at least ``wins`` of ``rounds`` rounds."""
-    return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2 ** rounds
-
-
 def beats(t: Trial, user: Trial) -> bool:
     """Whether ``t`` beats the user's settings by more than the noise of their runs.
 
@@ -1222,7 +1217,7 @@ def beats(t: Trial, user: Trial) -> bool:
         return True
     pairs = list(zip(mine, yours))
     wins = sum(a > b for a, b in pairs)
-    return len(pairs) >= REPEATS and _sign_tail(wins, len(pairs)) <= 0.5 ** REPEATS
+    return len(pairs) >= REPEATS and sign_tail(wins, len(pairs)) <= 0.5 ** REPEATS
 
 
 def _span(t: Trial) -> str:

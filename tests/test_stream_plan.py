@@ -1043,3 +1043,19 @@ def test_the_profile_times_a_dataset_source_through_one_worker_process():
     assert src.worker_start_s is not None and src.worker_end_s is not None
     # forking and starting a worker costs more than reading one small batch here
     assert src.worker_start_s > src.seconds["cpu"]
+
+
+def test_one_batch_at_a_time_kept_against_the_models_word_says_the_runs_decided():
+    """Where verification keeps the plain loop although the model predicted workers faster, the reason says
+    so; it does not say that nothing to overlap pays for the workers' cores."""
+    from placer.stream.planner import plain_candidate
+    from placer.stream.reasons import explain
+
+    prof, ranked, scorer = three_candidates()
+    plain = plain_candidate(prof)
+    scorer.score(ranked[0])  # the search has seen a candidate with workers
+    assert scorer.score(ranked[0]) > 1.5 * scorer.score(plain)
+    plan = explain(prof, scorer, plain, "exhaustive", 3)
+    why = next(r for r in plan.reasons if r.startswith("one batch at a time"))
+    assert "measured runs did not beat one batch at a time" in why and "nothing to overlap" not in why
+    assert "samples/s with workers" in why

@@ -140,8 +140,9 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
         if chosen != ranked[0]:
             plan = explain(planned, scorer, chosen, plan.search, plan.candidates)
             plan.notes.append(
-                "the predicted best did not run faster than one batch at a time by more than the runs' spread "
-                "in most rounds; no change is recommended" if chosen == plain else
+                "the predicted best did not run faster than one batch at a time beyond the runs' noise (by "
+                "more than 5 % on the median and in enough interleaved rounds); no change is recommended"
+                if chosen == plain else
                 "the predicted best ran slower than another candidate by more than the runs' spread; the faster "
                 "one was kept")
         plan.verified = rows

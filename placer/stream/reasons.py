@@ -242,8 +242,13 @@ def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Pr
     if cfg.sequential:
         par = max((x for x in scorer.seen if not x.settings.sequential and x.place == c.place), key=scorer.score,
                   default=None)
-        out.append("one batch at a time, no workers: nothing to overlap pays for the cores workers would take"
-                   + (f" (the best setting with workers: {scorer.score(par):,.1f} samples/s)" if par else ""))
+        if par is not None and scorer.score(par) > scorer.score(c) * (1 + TIE):
+            # chosen by the measured runs against the model's word: say so, not that the model found it best
+            out.append(f"one batch at a time, no workers: the model predicted {scorer.score(par):,.1f} samples/s "
+                       "with workers, but measured runs did not beat one batch at a time beyond their noise")
+        else:
+            out.append("one batch at a time, no workers: nothing to overlap pays for the cores workers would take"
+                       + (f" (the best setting with workers: {scorer.score(par):,.1f} samples/s)" if par else ""))
     elif busiest and busiest[1] > 2:
         out.append(f"prefetch {cfg.prefetch}: each of {busiest[0]}'s {busiest[1]} workers has a batch waiting")
     else:

@@ -498,11 +498,14 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
     facts = timed("facts", lambda: collect(run=plan_run, baselines=runs, pipeline=p, inventory=inv,
                                            step_only=step_only, stream_plans=plans))
     if rounds > 1:
+        from placer.report.advice import advise as advice_for
+
         for sf in facts.streams or []:
             if sf.source == plans[0].source and sf.options:
                 sf.options_runs = rounds
                 for o in sf.options:
                     o.measured_runs = [round(x, 1) for x in rates.get(o.name, [])]
+        facts.advice = advice_for(facts)  # its words name the runs behind each number
     check_outputs(facts, plan_run, runs)
     explain_threads(facts, plans)
     _add_target_facts(facts, target_plans)

@@ -178,8 +178,7 @@ class Case:
     def get(self, placement: dict) -> dict:
         key = tuple(sorted(placement.items()))
         if key not in self.records:
-            self.records[key] = measure(self.p, placement, self.inv, self.clock, self.reps,
-                                                 self.outputs)
+            self.records[key] = measure(self.p, placement, self.inv, self.clock, self.reps, self.outputs)
         return self.records[key]
 
     def remeasure(self, placements: list[dict], rounds: int) -> None:

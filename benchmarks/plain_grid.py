@@ -19,7 +19,8 @@ subprocess:
 3. **the final comparison**: the grid's best few (by median), the script as written
    and the configurations to score, run again interleaved for ``--final-rounds``
    rounds (more, up to three times as many, where the script's loop is short: until each
-   configuration has run ``--final-min-s`` seconds of loop in all); each scored configuration's median over the best median of the final
+   configuration has run ``--final-min-s`` seconds of loop in all); each scored
+   configuration's median over the best median of the final
    round (the grid's best is a maximum over many noisy cells, which flatters it,
    so it is re-measured beside the scored ones).
 

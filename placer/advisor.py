@@ -496,16 +496,8 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
         plan_run = _offload_streams(site, p, plans, profiles, placement, plan_run, runs, warmup, timed)
     step_only = {sp.step: sp.consumer_samples_per_s for sp in plans if sp.consumer_samples_per_s}
     facts = timed("facts", lambda: collect(run=plan_run, baselines=runs, pipeline=p, inventory=inv,
-                                           step_only=step_only, stream_plans=plans))
-    if rounds > 1:
-        from placer.report.advice import advise as advice_for
-
-        for sf in facts.streams or []:
-            if sf.source == plans[0].source and sf.options:
-                sf.options_runs = rounds
-                for o in sf.options:
-                    o.measured_runs = [round(x, 1) for x in rates.get(o.name, [])]
-        facts.advice = advice_for(facts)  # its words name the runs behind each number
+                                           step_only=step_only, stream_plans=plans,
+                                           option_runs=rates if rounds > 1 else None))
     check_outputs(facts, plan_run, runs)
     explain_threads(facts, plans)
     _add_target_facts(facts, target_plans)

@@ -29,8 +29,8 @@ def progress_steps(show: bool):
     bar = Progress(SpinnerColumn(finished_text="[green]✓"), TextColumn("{task.description}"),
                    TimeElapsedColumn(), *columns(), console=Console(stderr=True))
     labels = {"profile": "profiling stages on each device", "plan": "planning", "target": "planning for the target GPU",
-              "run plan": "running the plan",
-              "repeat options": "running the plan and the baselines again, interleaved", "facts": "gathering the report's facts"}
+              "run plan": "running the plan", "repeat options": "running the plan and the baselines again, interleaved",
+              "facts": "gathering the report's facts"}
 
     @contextlib.contextmanager
     def step(name: str):

@@ -68,6 +68,7 @@ def collect(
     made_at: str | None = None,
     step_only: Mapping[str, float] | None = None,
     stream_plans: Sequence[StreamPlan] = (),
+    option_runs: Mapping[str, Sequence[float]] | None = None,
 ) -> ReportFacts:
     """Build the facts of a report.
 
@@ -97,6 +98,9 @@ def collect(
         ``{step: samples per second}`` of a stream's step measured alone (fed from
         memory), when a profile measured it: the stream's bottleneck sentence and
         advice then compare the stream with it.
+    option_runs : mapping, optional
+        ``{option: [samples/s of each run]}`` of the first stream's plan and baselines where they ran
+        more than once (``run`` and ``baselines`` then hold each one's median run).
     stream_plans : sequence of StreamPlan, optional
         The plans the stream runs followed: each stream's facts then carry the
         predicted samples/s, the reasons, the plan against the usual settings
@@ -145,6 +149,10 @@ def collect(
             for sf in facts.streams:
                 if sf.source == sp.source:
                     add_plan(sf, sp, measured)
+                    if option_runs and sp is stream_plans[0] and sf.options:
+                        sf.options_runs = max(len(v) for v in option_runs.values())
+                        for o in sf.options:
+                            o.measured_runs = [round(x, 1) for x in option_runs.get(o.name, [])]
     facts.bottleneck = bottleneck(facts)
     facts.advice = advise(facts)
     facts.summary.headline = headline(facts)

@@ -904,6 +904,23 @@ def test_verification_always_measures_one_candidate_with_other_torch_threads():
     assert _distinct(own, 3) == own[:3]  # nothing with other threads to measure
 
 
+def test_verification_runs_the_best_two_structures_with_each_thread_setting():
+    """images_train's pipeline form: two worker processes (torch's own threads and one) and a loader thread
+    beside the step (torch's own threads) were verified; the loader thread with one torch thread, the
+    script's fastest by 9-16 %, was never run, and processes were chosen."""
+    from placer.stream.search import make
+    from placer.stream.verify import _distinct
+
+    place = (("batches", "cpu"), ("train", "cpu"))
+    procs, procs_1 = make(place, {"batches": 2}), make(place, {"batches": 2}, threads=1)
+    thread, thread_1 = make(place, {"batches": 0}), make(place, {"batches": 0}, threads=1)
+    assert _distinct([procs_1, procs, thread, thread_1], 3) == [procs_1, procs, thread, thread_1]
+    assert _distinct([thread, procs, procs_1, thread_1], 3) == [thread, procs, procs_1, thread_1]
+    # one thread setting among the best three: the other's best comes in the third place, then its twins
+    assert _distinct([procs, thread, make(place, {"batches": 4}), thread_1, procs_1], 3) == [
+        procs, thread, thread_1, procs_1]
+
+
 def test_verification_measures_the_best_of_another_placement_too():
     """On a real H200 the model's three best for stream_inference all preprocessed on the GPU and
     measured a third of their prediction; the placement that won (preprocessing on the CPU, with a

@@ -142,7 +142,8 @@ def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
     """The first ``n`` candidates that differ in more than the workers of one stage by one; the last
     place goes to the best with other torch intra-op threads for the step when none of them has other
     threads (how a step shares the cores with workers is the model's least certain term, so it is
-    measured); and when they all share one placement, the best with another placement comes too."""
+    measured), and the best two structures run with each thread setting where the ranking has them; and
+    when they all share one placement, the best with another placement comes too."""
     out: list[Candidate] = []
     for c in ranked:
         if all(_far(c, o) for o in out):
@@ -154,6 +155,16 @@ def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
         other = next((c for c in ranked if c.settings.torch_threads != threads), None)
         if other is not None:
             out[-1] = other
+    # the best two structures with each of those thread settings: how a step shares the cores decides
+    # between structures too (images_train: a loader thread beside the step beat two worker processes by
+    # 9-16 % in the script with one torch thread, and had been measured only with torch's own two)
+    settings = list(dict.fromkeys(c.settings.torch_threads for c in out))
+    if len(settings) > 1:
+        for c in _structures(out)[:2]:
+            for t in settings:
+                twin = _twin(c, t, ranked)
+                if twin is not None and twin not in out:
+                    out.append(twin)
     if out and all(c.placement == out[0].placement for c in out):
         # one more: the best elsewhere. Where a stage may run on another device the placement is the
         # largest decision; on a real H200 the model's three best (preprocessing on the GPU) measured
@@ -162,6 +173,25 @@ def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
         if other is not None:
             out.append(other)
     return out
+
+
+def _structure(c: Candidate) -> tuple:
+    """``c`` but for its torch intra-op threads."""
+    return c.placement, str(c.settings.model_dump(exclude={"torch_threads"}))
+
+
+def _structures(out: list[Candidate]) -> list[Candidate]:
+    """The first candidate of each structure (:func:`_structure`) in ``out``, in order."""
+    seen: dict[tuple, Candidate] = {}
+    for c in out:
+        seen.setdefault(_structure(c), c)
+    return list(seen.values())
+
+
+def _twin(c: Candidate, threads: int | None, ranked: list[Candidate]) -> Candidate | None:
+    """The candidate of ``ranked`` that is ``c`` with ``threads`` torch intra-op threads, if any."""
+    return next((x for x in ranked if x.settings.torch_threads == threads and _structure(x) == _structure(c)),
+                None)
 
 
 def _far(a: Candidate, b: Candidate) -> bool:

@@ -190,8 +190,9 @@ def _structures(out: list[Candidate]) -> list[Candidate]:
 
 def _twin(c: Candidate, threads: int | None, ranked: list[Candidate]) -> Candidate | None:
     """The candidate of ``ranked`` that is ``c`` with ``threads`` torch intra-op threads, if any."""
-    return next((x for x in ranked if x.settings.torch_threads == threads and _structure(x) == _structure(c)),
-                None)
+    mine = _structure(c)
+    return next((x for x in ranked if x.settings.torch_threads == threads and x.placement == c.placement
+                 and _structure(x) == mine), None)
 
 
 def _far(a: Candidate, b: Candidate) -> bool:

@@ -681,8 +681,10 @@ class _Budget:
 
 #: the share of the budget kept for the longer runs that confirm a recommendation
 CONFIRM_SHARE = 0.3
-#: rounds of the confirming runs (each runs the user's settings and the recommended, in turn)
-CONFIRM_ROUNDS = 2
+#: rounds of the confirming runs (each runs the user's settings and the recommended, in turn): three, so
+#: that one slow run does not move the median (of two runs, their mean: table_train's one advice before a
+#: grid claimed 1.09x from two such rounds where its settings ran 1.56x in the script)
+CONFIRM_ROUNDS = 3
 #: a confirming run reads up to this many times ``batches`` (at most one epoch), within its budget
 CONFIRM_LENGTH = 4
 #: rounds of raising the worker count while the rate rises
@@ -836,8 +838,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     if longer is not None:
         steady = longer[1].samples_per_s / max(longer[0].samples_per_s, 1e-12)
         gain = run["speedup"] if run is not None else steady
-        confirmed = {"batches": longer[2], "runs": CONFIRM_ROUNDS, "user": longer[0].as_dict(),
-                     "recommended": longer[1].as_dict(), "steady_speedup": round(steady, 3),
+        confirmed = {"batches": longer[2], "runs": min(len(longer[0].rates), len(longer[1].rates)),
+                     "user": longer[0].as_dict(), "recommended": longer[1].as_dict(), "steady_speedup": round(steady, 3),
                      "held": gain >= 1 + MIN_GAIN}
         if not confirmed["held"]:
             what = (f"over your whole run ({run['epochs']} x {run['batches']} batches) it would take "

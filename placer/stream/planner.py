@@ -86,7 +86,9 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     budget_s : float
         Seconds for profiling (about half) and verifying the best few candidates by
         short measured runs, interleaved (the rest; skipped when under a second is left;
-        the three rounds it always runs may take longer).
+        the three rounds it always runs may take longer, and where the plan's gain over one batch
+        at a time is left undecided, more rounds of the two may take half the verification's share
+        again).
     inventory : Inventory, optional
         The devices (default: discovered; ``gpu-sim`` under ``PLACER_TEST_DEVICES=1``).
     objective : {"auto", "throughput", "total_time"}

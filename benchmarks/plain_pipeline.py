@@ -123,7 +123,8 @@ def advise(script: str, base: list[str], *, budget_s: float, timeout_s: float) -
     Returns the stream's plan (``settings``), its predicted and measured samples/s, the
     ``options`` placer measured (its speed-up over each), ``claimed_speedup``: the plan's
     predicted speed-up over :data:`AS_WRITTEN` (the script as written), ``measured_speedup``
-    placer's measured one, the command and its printed output; or ``error``.
+    placer's measured one, the candidates its verification ran (``verified``), the command and its
+    printed output; or ``error``.
     """
     args = dict(zip(base[::2], base[1::2]))
     cmd = [sys.executable, "-m", "placer", "advise", str(FORMS / f"{script}_pipeline.py"), "--budget-s",
@@ -151,6 +152,7 @@ def advise(script: str, base: list[str], *, budget_s: float, timeout_s: float) -
             "settings": stream["settings"],
             "predicted_samples_per_s": stream["predicted_samples_per_s"],
             "measured_samples_per_s": stream["measured_samples_per_s"], "bottleneck": stream["bottleneck"],
-            "options": stream["options"], "claimed_speedup": written.get("plan_speedup_predicted"),
+            "options": stream["options"], "verified": stream.get("verified", []),
+            "claimed_speedup": written.get("plan_speedup_predicted"),
             "measured_speedup": written.get("plan_speedup_measured"), "seconds": doc.get("timings_s"),
             "report": text}

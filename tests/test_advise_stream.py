@@ -30,6 +30,10 @@ def test_advise_plans_runs_and_reports_a_stream(tmp_path):
     assert stream["settings"]["stage_workers"]["slow"] > 1
     assert stream["predicted_samples_per_s"] > 0 and stream["measured_samples_per_s"] > 0
     assert {"options", "what_if", "bottleneck", "bottleneck_sentence"} <= set(stream)
+    # the verification's candidates, the plan first, each with its runs
+    verified = stream["verified"]
+    assert verified and verified[0]["name"] == "plan" and all(v["runs"] for v in verified)
+    assert verified == json.loads(json.dumps([v.model_dump(mode="json") for v in advised.stream_plans[0].verified]))
     placement = json.loads(json.dumps(doc))["placement"]
     assert set(placement) == {"rows", "slow", "total"} and placement["slow"] == "cpu"
     md = render_markdown(advised.facts)

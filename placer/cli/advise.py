@@ -75,7 +75,8 @@ def summary_document(advised, path: Path | None) -> dict:
 
 def stream_summary(s, plan) -> dict:
     """One stream of ``placer advise --json``: the plan's settings, predicted and measured samples/s,
-    the bottleneck, the usual settings measured, the what-if table, and on a cluster (``cluster``) the
+    the bottleneck, the usual settings measured, the what-if table, the candidates the verification ran
+    (``verified``), and on a cluster (``cluster``) the
     offload option: remote workers and batches per task per stage, predicted and measured samples/s,
     the network share."""
     return {
@@ -88,6 +89,8 @@ def stream_summary(s, plan) -> dict:
         "options": [o.model_dump(exclude={"speedup"}) for o in s.options],
         "what_if": [o.model_dump(include={"name", "change", "predicted_samples_per_s", "speedup", "bottleneck"})
                     for o in s.what_if],
+        # the verification's runs: which candidates ran, predicted and measured, every run (the plan chosen from them)
+        "verified": [v.model_dump(mode="json") for v in getattr(plan, "verified", [])],
         **({"target": target_summary(s.target)} if s.target is not None else {}),
         **({"cluster": plan.offload.model_dump()} if getattr(plan, "offload", None) is not None else {}),
     }

@@ -839,7 +839,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         steady = longer[1].samples_per_s / max(longer[0].samples_per_s, 1e-12)
         gain = run["speedup"] if run is not None else steady
         confirmed = {"batches": longer[2], "runs": min(len(longer[0].rates), len(longer[1].rates)),
-                     "user": longer[0].as_dict(), "recommended": longer[1].as_dict(), "steady_speedup": round(steady, 3),
+                     "user": longer[0].as_dict(), "recommended": longer[1].as_dict(),
+                     "steady_speedup": round(steady, 3),
                      "held": gain >= 1 + MIN_GAIN}
         if not confirmed["held"]:
             what = (f"over your whole run ({run['epochs']} x {run['batches']} batches) it would take "

@@ -815,6 +815,38 @@ def test_verification_replaces_the_plan_when_another_is_faster_beyond_the_noise(
     assert chosen == ranked[2]
 
 
+def test_verification_settles_a_close_rival_with_more_rounds_and_takes_the_faster(monkeypatch):
+    """Where the fastest other candidate is within the noise of the plan (audio's: an augment thread with one
+    torch thread or with two), more rounds of the two run and the faster over all rounds is taken; the
+    model's ranking alone does not decide between them."""
+    import placer.stream.verify as verifying
+    from placer.stream.verify import verify
+
+    prof, ranked, scorer = three_candidates()
+    more = verifying.SETTLE_ROUNDS
+    first = {"None": [100.0, 104.0, 99.0, 101.0, 103.0], "batches": [103.0, 101.0, 104.0, 100.0, 106.0],
+             "decode": [80.0] * 5}  # 2 % on the median, 3 of 5 rounds: undecided
+    # the rival runs faster in every settling round: 104 against 100 by median, 7 of 9 rounds: it is taken
+    calls = scripted(monkeypatch, {"None": first["None"] + [100.0, 101.0, 99.0, 100.0],
+                                   "batches": first["batches"] + [105.0, 104.0, 106.0, 103.0],
+                                   "decode": list(first["decode"])})
+    chosen, rows = verify(None, prof, ranked, scorer, None, {}, budget_s=60.0)
+    assert chosen == ranked[1]
+    assert calls[-2 * more:] == [None, "batches"] * more and calls.count("decode") == 5
+    assert len(rows[1].runs) == 5 + more and rows[1].measured_samples_per_s == 104.0
+    # the plan runs faster in the settling rounds: kept
+    scripted(monkeypatch, {"None": first["None"] + [106.0, 105.0, 107.0, 104.0],
+                           "batches": first["batches"] + [100.0, 101.0, 100.0, 102.0],
+                           "decode": list(first["decode"])})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=60.0)[0] == ranked[0]
+    # no budget: three rounds, no settling, the plan stands
+    calls = scripted(monkeypatch, {k: v[:3] for k, v in first.items()})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=0.0)[0] == ranked[0] and len(calls) == 9
+    # a rival far below the plan is decided: no settling rounds
+    calls = scripted(monkeypatch, {"None": first["None"], "batches": [80.0] * 5, "decode": [70.0] * 5})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=60.0)[0] == ranked[0] and len(calls) == 15
+
+
 def test_verification_keeps_one_batch_at_a_time_unless_the_plan_beats_it_beyond_the_noise(monkeypatch):
     """The plain loop (one batch at a time, torch's threads) runs in every round beside the candidates: a plan
     that does not beat it by more than the spread in most rounds is no advice."""

@@ -87,8 +87,8 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
         Seconds for profiling (about half) and verifying the best few candidates by
         short measured runs, interleaved (the rest; skipped when under a second is left;
         the three rounds it always runs may take longer, and where the plan's gain over one batch
-        at a time is left undecided, more rounds of the two may take half the verification's share
-        again).
+        at a time, or its order with the fastest other candidate, is left undecided, more rounds of
+        those may take half the verification's share again).
     inventory : Inventory, optional
         The devices (default: discovered; ``gpu-sim`` under ``PLACER_TEST_DEVICES=1``).
     objective : {"auto", "throughput", "total_time"}

@@ -33,7 +33,8 @@ thread-pool loader, its step threads), timed by the script's own clock as every 
 speed-up is compared with the one the same rounds measured against the script as written.
 ``--advise`` also runs the script with ``--placer-advice`` once before the grid and scores
 the settings it recommended written as the script's flags (cache and thread-pool loader
-included), each in a new process, as a user who edits the script would run them.
+included), each in a new process, as a user who edits the script would run them; where it
+kept the user's settings ("keep your settings"), that is the script as written, no flags.
 ``--pipeline`` does the same for the scripts with a pipeline form
 (``benchmarks/plain/pipelines/<script>_pipeline.py``, the script ported to placer): ``placer
 advise`` on it once before the grid, at the script's size and epochs within
@@ -156,7 +157,12 @@ def config_from_flags(flags: str) -> Config:
 
 
 def config_from_advice(advice: dict) -> Config:
-    """The drop-in's recommended settings (``LoaderSettings.as_dict()``) as the scripts' flags."""
+    """The drop-in's recommended settings (``LoaderSettings.as_dict()``) as the scripts' flags; where the
+    advice keeps the user's settings (``change`` false), none: the script as written, which is what a user who
+    keeps their settings runs (flags that restate them, e.g. ``--threads 2`` for torch's own two, call what the
+    script as written does not)."""
+    if advice.get("change") is False and not advice.get("cache"):
+        return Config()
     w = int(advice["num_workers"])
     threads = bool(w and (advice.get("worker_threads") or advice.get("worker_kind") == "threads"))
     return Config(num_workers=w, worker_kind="thread" if threads else "process",

@@ -98,6 +98,10 @@ def test_grid_cells_are_the_scripts_flags():
     threads = {**advice, "worker_kind": "threads", "worker_threads": True, "persistent_workers": False}
     assert plain_grid.config_from_advice(threads).args() == [
         "--num-workers", "2", "--worker-kind", "thread", "--prefetch-factor", "4", "--threads", "1"]
+    # "keep your settings": the script as written, not flags restating its settings
+    kept = {**advice, "num_workers": 0, "torch_threads": 2, "change": False}
+    assert plain_grid.config_from_advice(kept) == plain_grid.Config() and not plain_grid.config_from_advice(kept).args()
+    assert plain_grid.config_from_advice({**kept, "change": True}).args() == ["--threads", "2"]
 
 
 def _plain_grid():

@@ -141,6 +141,7 @@ def main() -> None:
         torch.set_num_threads(advised.recommended.settings.torch_threads)
         advice = {**advised.recommended.settings.as_dict(), "seconds": round(advised.seconds, 2),
                   "claimed_speedup": round(advised.speedup, 3),
+                  "change": advised.change,
                   "cache": bool(advised.cache is not None and advised.cache.recommended)}
 
     digest = hashlib.blake2b(digest_size=16)

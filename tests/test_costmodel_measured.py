@@ -57,6 +57,22 @@ def test_fit_uses_the_lower_quartile_so_a_busy_machine_does_not_inflate_predicti
     assert pred == pytest.approx(lin(32_000), rel=0.1)
 
 
+def test_a_busy_machines_reading_at_a_measured_size_is_predicted_from_its_lower_quartile():
+    """The profiler's note for a noisy point says it was fitted to the lower quartile; a prediction at
+    exactly that size does the same, and a quiet point's stays its median."""
+    lin = lambda n: 1e-4 + 1e-7 * n  # noqa: E731
+    pts = _points(lin, spike={400})
+    pts[2] = pts[2].model_copy(update={"noisy": True})
+    cm = CostModel(_profile({"s": {"cpu": pts}}))
+    busy = cm.predict("s", "cpu", 400)
+    assert busy.label == "measured"
+    assert busy.value == pytest.approx(fit_value(pts[2]))
+    assert busy.value < 1.05 * lin(400) < pts[2].median_s / 20
+    quiet = cm.predict("s", "cpu", 800)
+    assert quiet.value == pytest.approx(pts[3].median_s)
+    assert quiet.value != pytest.approx(fit_value(pts[3]), rel=1e-6)  # the two differ: the median was taken
+
+
 def test_loop_carried_is_inferred_when_the_accelerator_never_catches_up():
     cpu = _points(lambda n: 1e-6 * n)
     seq = _points(lambda n: 7e-6 * n)  # 7x slower at every size: sequential

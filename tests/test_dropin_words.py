@@ -269,6 +269,21 @@ def test_finalists_run_repeatedly_and_interleaved_and_a_clear_gain_is_recommende
             "trials", "notes", "seconds", "budget_s"} <= set(doc)
 
 
+def test_confirming_runs_that_disagree_get_more_rounds_and_agreeing_ones_do_not(monkeypatch):
+    # your settings' runs spread by 60 % (70 to 130): three confirming rounds cannot pin your whole run down
+    calls = sequenced(monkeypatch, {0: [100.0, 70.0, 130.0], 1: [150.0, 155.0, 148.0], 2: [200.0, 190.0, 205.0]})
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    rounds = dropin.CONFIRM_MAX_ROUNDS
+    assert rounds > dropin.CONFIRM_ROUNDS
+    assert calls[-2 * rounds:] == [0, 2] * rounds
+    assert advice.confirmed["runs"] == rounds
+    assert "Confirmed by longer runs (%d each" % rounds in str(advice)
+    # runs that agree (within CONFIRM_SPREAD) stop at CONFIRM_ROUNDS
+    calls = sequenced(monkeypatch, {0: [100.0, 104.0, 98.0], 1: [150.0, 155.0, 148.0], 2: [200.0, 190.0, 205.0]})
+    advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
+    assert advice.confirmed["runs"] == dropin.CONFIRM_ROUNDS
+
+
 def test_a_gain_within_the_spread_keeps_your_settings_and_says_so(monkeypatch):
     # 2 workers' median is 20 % faster, but its runs overlap yours: noise
     sequenced(monkeypatch, {0: [100.0, 150.0, 90.0], 1: [100.0, 101.0, 99.0], 2: [120.0, 140.0, 110.0]})

@@ -74,6 +74,15 @@ def _predicted_and_measured(advised, stage: str, runs: int = 7) -> tuple[float, 
     return predicted, float(min(times))
 
 
+def _reading(advised, stage: str = "crunch") -> str:
+    """What the profile read at the run's size, for an assertion's message: were its repeats noisy,
+    how loaded was the machine, their quartiles."""
+    pt = next(p for p in advised.profile.stages[stage].devices["cpu"].points if p.size == advised.pipeline.size)
+    q = np.percentile(pt.raw_times, [0, 25, 50, 75, 100]) if pt.raw_times else []
+    return (f"{pt.reps} repeats, noisy={pt.noisy}, stalled={pt.stalled}, load={pt.load}, "
+            f"quartiles {[round(float(v), 5) for v in q]}")
+
+
 @pytest.fixture
 def cache(tmp_path):
     return ProfileCache(tmp_path / "cache")
@@ -84,14 +93,14 @@ def test_changing_a_helper_the_stage_calls_is_never_served_from_the_cache(cache,
     p1, m1 = _predicted_and_measured(first, "crunch")
     assert ROWS in first.profile.measured_sizes  # measured at N, not extrapolated from N/10
     assert first.profile.stages["crunch"].coverage["cpu"]["extrapolated"] is False
-    assert 0.5 * m1 <= p1 <= 1.5 * m1, (p1, m1)
+    assert 0.5 * m1 <= p1 <= 1.5 * m1, (p1, m1, _reading(first))
 
     monkeypatch.setattr(THIS, "_work", _work_twice)  # same stage code; the helper does 2x the work
     second = advise(build, size=ROWS, budget_s=30, target="none", baselines=False, cache=cache)
     p2, m2 = _predicted_and_measured(second, "crunch")
     assert second.profile.stages["crunch"].key != first.profile.stages["crunch"].key
     assert second.profile.stages["make"].key == first.profile.stages["make"].key  # unchanged: reused
-    assert 0.5 * m2 <= p2 <= 1.5 * m2, (p2, m2)
+    assert 0.5 * m2 <= p2 <= 1.5 * m2, (p2, m2, _reading(second))
     assert p2 > 1.3 * p1  # the new helper's time, not the cached one
 
 
@@ -102,7 +111,7 @@ def test_a_pipeline_built_in_the_script_is_recorded_at_the_size_it_ran(cache):
     pts = advised.profile.stages["crunch"].devices["cpu"].points
     assert {pt.size for pt in pts} == {ROWS}
     predicted, measured = _predicted_and_measured(advised, "crunch")
-    assert 0.5 * measured <= predicted <= 1.5 * measured, (predicted, measured)
+    assert 0.5 * measured <= predicted <= 1.5 * measured, (predicted, measured, _reading(advised))
     assert advised.predictions["crunch"]["cpu"]["label"] == "measured"
 
 

@@ -309,8 +309,10 @@ class CostModel:
         if (stage, device) in self._work:
             return self._one_core_scaled(stage, device, size, at)
         if at:
-            # for a target, this machine's noise is no part of the stage's cost: the lower quartile
-            med = sum(fit_value(p) if self.scaled(device) else p.median_s for p in at) / len(at)
+            # for a target, this machine's noise is no part of the stage's cost: the lower quartile;
+            # here too where the repeats were noisy or stalled (the machine was busy), as the fits do
+            med = sum(fit_value(p) if self.scaled(device) or p.noisy or p.stalled else p.median_s
+                      for p in at) / len(at)
             iqr = max(p.iqr_s for p in at)
             here = Prediction(value=med, rel_error=iqr / med if med else 0.0, label="measured")
         else:

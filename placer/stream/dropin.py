@@ -685,6 +685,12 @@ CONFIRM_SHARE = 0.3
 #: that one slow run does not move the median (of two runs, their mean: table_train's one advice before a
 #: grid claimed 1.09x from two such rounds where its settings ran 1.56x in the script)
 CONFIRM_ROUNDS = 3
+#: more rounds, up to this many in all, while either setting's confirming runs spread by more than
+#: ``CONFIRM_SPREAD`` (their whole-run predictions' range over their median) and the budget has room for
+#: a round as long as the last: audio_cache_train's one advice before v19's grid claimed 2.92x from three
+#: rounds in which the user's settings spread by 31 %; the script measured 2.33x
+CONFIRM_MAX_ROUNDS = 8
+CONFIRM_SPREAD = 0.15
 #: a confirming run reads up to this many times ``batches`` (at most one epoch), within its budget
 CONFIRM_LENGTH = 4
 #: rounds of raising the worker count while the rate rises
@@ -977,7 +983,9 @@ def _length(loader: Any) -> int | None:
 
 def confirm(loader: Any, user: Trial, best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
             count: SampleCount) -> tuple[Trial, Trial, int] | None:
-    """Longer runs of the user's settings and the recommended, in turn, ``CONFIRM_ROUNDS`` rounds.
+    """Longer runs of the user's settings and the recommended, in turn, ``CONFIRM_ROUNDS`` rounds, and
+    more (up to ``CONFIRM_MAX_ROUNDS``) while either setting's runs spread by more than
+    ``CONFIRM_SPREAD`` (:func:`run_spread`) and what is left of ``budget`` holds a round as long as the last.
 
     Each run reads up to ``batches`` batches (each stops early at its share of ``budget``)
     from the start of an iterator, so that it measures the start-up, the steady state and
@@ -987,9 +995,16 @@ def confirm(loader: Any, user: Trial, best: Trial, step: Any, batches: int, dev:
     round fitted (or a run could not count a batch).
     """
     runs: dict[str, list[Trial]] = {"user": [], "best": []}
-    for _ in range(CONFIRM_ROUNDS):
+    for k in range(CONFIRM_MAX_ROUNDS):
         if budget.total.left() <= 2 * budget.fixed_s:  # both runs of the round, or none
             break
+        if k >= CONFIRM_ROUNDS:
+            if max(run_spread(runs["user"]), run_spread(runs["best"])) <= CONFIRM_SPREAD:
+                break
+            # a round as long as the last one, or none: a run cut short by its deadline reads less
+            if budget.total.left() <= sum(budget.walls[-2:]) + 2 * budget.fixed_s:
+                break
+            budget.runs = max(budget.runs, 0) + 2
         for key, t in (("user", user), ("best", best)):
             again = _trial(loader, t.settings, step, batches, dev, budget, count=count)
             if again is not None:
@@ -997,6 +1012,15 @@ def confirm(loader: Any, user: Trial, best: Trial, step: Any, batches: int, dev:
     if not runs["user"] or not runs["best"]:
         return None
     return merged(runs["user"][0], runs["user"][1:]), merged(runs["best"][0], runs["best"][1:]), batches
+
+
+def run_spread(runs: list[Trial]) -> float:
+    """How far one setting's runs disagree: the range of their whole-run samples/s (each run's own
+    steady samples/s where the run's shape is unknown) over their median; 0 for fewer than two runs."""
+    rates = [r for t in runs for r in (t.run_rates or (t.samples_per_s,))]
+    if len(rates) < 2:
+        return 0.0
+    return (max(rates) - min(rates)) / max(float(np.median(rates)), 1e-12)
 
 
 def _refill(trials: list[Trial]) -> float | None:

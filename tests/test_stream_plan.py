@@ -847,6 +847,30 @@ def test_verification_settles_a_close_rival_with_more_rounds_and_takes_the_faste
     assert verify(None, prof, ranked, scorer, None, {}, budget_s=60.0)[0] == ranked[0] and len(calls) == 15
 
 
+def test_verification_settles_a_weak_replacement_of_the_plan_with_more_rounds(monkeypatch):
+    """A candidate that replaced the model's plan on a majority of rounds but not beyond the noise (table_train's:
+    torch's own threads over one, 11 % on the median, 3 of 4 rounds) runs more rounds against the plan; the
+    faster over all rounds is taken. Without budget for them the first rule stands."""
+    import placer.stream.verify as verifying
+    from placer.stream.verify import verify
+
+    prof, ranked, scorer = three_candidates()
+    more = verifying.SETTLE_ROUNDS
+    plan, other = [3236.0, 3777.0, 4390.0, 3204.0, 3300.0], [3790.0, 4113.0, 4014.0, 3700.0, 3200.0]
+    calls = scripted(monkeypatch, {"None": plan + [4400.0, 4600.0, 4300.0, 4500.0],
+                                   "batches": other + [3500.0, 3400.0, 3600.0, 3300.0], "decode": [2000.0] * 5})
+    chosen, rows = verify(None, prof, ranked, scorer, None, {}, budget_s=60.0)
+    assert calls[-2 * more:] == [None, "batches"] * more and calls.count("decode") == 5
+    assert chosen == ranked[0] and len(rows[0].runs) == 5 + more
+    # the settling rounds agree with the first ones: the candidate is taken
+    scripted(monkeypatch, {"None": plan + [3300.0, 3200.0, 3400.0, 3250.0],
+                           "batches": other + [3900.0, 4000.0, 3800.0, 3950.0], "decode": [2000.0] * 5})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=60.0)[0] == ranked[1]
+    # no budget: three rounds, the first rule (5 % on the median, most rounds) replaces the plan
+    calls = scripted(monkeypatch, {"None": plan[:3], "batches": other[:3], "decode": [2000.0] * 3})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=0.0)[0] == ranked[1] and len(calls) == 9
+
+
 def test_verification_keeps_one_batch_at_a_time_unless_the_plan_beats_it_beyond_the_noise(monkeypatch):
     """The plain loop (one batch at a time, torch's threads) runs in every round beside the candidates: a plan
     that does not beat it by more than the spread in most rounds is no advice."""

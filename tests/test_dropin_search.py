@@ -249,7 +249,7 @@ def test_start_up_that_a_short_run_would_not_repay_is_not_recommended(monkeypatc
     advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=1)
     # the search ranks each setting by the whole run it predicts: 2 workers never reach the confirming runs
     assert not advice.change and advice.confirmed is None
-    two = next(t for t in advice.trials if t.settings.num_workers == 2)
+    two = next(t for t in advice.trials if t.settings.num_workers == 2 and not t.settings.worker_threads)
     assert two.samples_per_s == pytest.approx(2 * advice.user.samples_per_s)  # twice as fast, steady
     assert two.score < 1.1 * advice.user.score  # not over the run: 4 s of start-up in 8
     with pytest.raises(ValueError, match="epochs=0"):
@@ -465,6 +465,35 @@ def test_the_users_loader_at_one_step_thread_is_tried_first_and_not_run_twice(mo
     assert (chosen.num_workers, chosen.torch_threads) == (0, 1)
     rows = [t for t in advice.trials if (t.settings.num_workers, t.settings.torch_threads) == (0, 1)]
     assert len(rows) == 1 and len(rows[0].rates) == dropin.REPEATS  # one setting, its runs merged
+
+
+def test_one_thread_worker_is_in_the_first_round_and_is_recommended_where_it_wins(monkeypatch):
+    """On 2 cores a numpy-augmenting inference script of 12 batches ran fastest with one thread worker
+    at one torch thread (1.44x as written); its search had tried thread workers only at two."""
+    user = LoaderSettings(num_workers=0, torch_threads=2)
+    first = dropin.candidates(user, cores=2, gpu=False, iterable=False)
+    assert {(1, 1), (1, 2)} <= {(s.num_workers, s.torch_threads) for s in first if s.worker_threads}
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        key = (loader.num_workers, bool(getattr(loader, "worker_threads", False)), torch.get_num_threads())
+        rate = {(1, True, 1): 700.0}.get(key, 500.0) if step is not None else 520.0
+        return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.1,
+                     batches=10, samples=80, seconds=80 / rate)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 1000.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        advice = advise_loader(DataLoader(Records(), batch_size=4), lambda b: None, budget_s=30, cache_bytes=0)
+    finally:
+        torch.set_num_threads(torch_threads)
+    chosen = advice.recommended.settings
+    assert advice.change and (chosen.num_workers, chosen.worker_threads, chosen.torch_threads) == (1, True, 1)
+    assert "ThreadLoader" in str(advice)
 
 
 def test_settings_slow_to_start_leave_the_budget_room_to_repeat_yours_and_a_finalist(monkeypatch):

@@ -428,6 +428,27 @@ def test_advice_that_keeps_workers_between_epochs_says_what_that_does_to_the_ran
     assert type(advice.loader()).__name__ == "SameDrawsDataLoader"
 
 
+def advised_at_two_step_threads(monkeypatch, rate):
+    """Advice on 2 cores for a step at 2 torch threads; each run with the step measures ``rate(loader)``
+    (the step's threads are torch's at the time), the loader alone 520 samples/s, the step alone 1,000."""
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        r = rate(loader) if step is not None else 520.0
+        return Trial(settings=settings_of(loader), samples_per_s=r, first_batch_s=0.01, fetch_fraction=0.1,
+                     batches=10, samples=80, seconds=80 / r)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 1000.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        return advise_loader(DataLoader(Records(), batch_size=4), lambda b: None, budget_s=30, cache_bytes=0)
+    finally:
+        torch.set_num_threads(torch_threads)
+
+
 def test_the_users_loader_at_one_step_thread_is_tried_first_and_not_run_twice(monkeypatch):
     """On 2 cores a numpy-decoding inference script ran 1.24x faster at one torch thread, and its
     search once spent its budget on two worker processes (6 s to their first batch) before it tried
@@ -441,25 +462,12 @@ def test_the_users_loader_at_one_step_thread_is_tried_first_and_not_run_twice(mo
                              iterable=False)[0].torch_threads == 1  # nothing to cut: no extra run
     order = []
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
-        if keep is not None:
-            keep.append(next(iter(loader)))
+    def rate(loader):
         key = (loader.num_workers, torch.get_num_threads())
-        if step is not None:
-            order.append(key)
-        rate = {(0, 1): 650.0}.get(key, 500.0) if step is not None else 520.0
-        return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.1,
-                     batches=10, samples=80, seconds=80 / rate)
+        order.append(key)
+        return {(0, 1): 650.0}.get(key, 500.0)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 1000.0)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        advice = advise_loader(DataLoader(Records(), batch_size=4), lambda b: None, budget_s=30, cache_bytes=0)
-    finally:
-        torch.set_num_threads(torch_threads)
+    advice = advised_at_two_step_threads(monkeypatch, rate)
     assert order[:2] == [(0, 2), (0, 1)]  # the user's run, then theirs at one step thread
     chosen = advice.recommended.settings
     assert (chosen.num_workers, chosen.torch_threads) == (0, 1)
@@ -474,23 +482,11 @@ def test_one_thread_worker_is_in_the_first_round_and_is_recommended_where_it_win
     first = dropin.candidates(user, cores=2, gpu=False, iterable=False)
     assert {(1, 1), (1, 2)} <= {(s.num_workers, s.torch_threads) for s in first if s.worker_threads}
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
-        if keep is not None:
-            keep.append(next(iter(loader)))
+    def rate(loader):
         key = (loader.num_workers, bool(getattr(loader, "worker_threads", False)), torch.get_num_threads())
-        rate = {(1, True, 1): 700.0}.get(key, 500.0) if step is not None else 520.0
-        return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.1,
-                     batches=10, samples=80, seconds=80 / rate)
+        return {(1, True, 1): 700.0}.get(key, 500.0)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 1000.0)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        advice = advise_loader(DataLoader(Records(), batch_size=4), lambda b: None, budget_s=30, cache_bytes=0)
-    finally:
-        torch.set_num_threads(torch_threads)
+    advice = advised_at_two_step_threads(monkeypatch, rate)
     chosen = advice.recommended.settings
     assert advice.change and (chosen.num_workers, chosen.worker_threads, chosen.torch_threads) == (1, True, 1)
     assert "ThreadLoader" in str(advice)

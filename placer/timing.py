@@ -28,6 +28,12 @@ readings one :class:`Measurement` (the first batch apart, as a cold call).
 :class:`Deadline` is a time budget: when it ends and what is left.
 :func:`torch_threads` sets torch's intra-op threads for a block and restores them.
 
+Before the first reading, :func:`settle_allocator` puts glibc's malloc in the state
+a long-running process reaches: without it, a stage whose temporaries are a few MB
+can page-fault them afresh on every call in one thread and not in another (its
+time moved 1.5-1.7x with the process's history alone), so a profile could read one
+state and the run meet the other.
+
 Examples
 --------
 >>> m = measure(lambda: sum(range(1000)), min_reps=5, max_time_s=0.05, warn=False)
@@ -37,8 +43,9 @@ True
 
 from __future__ import annotations
 
-import math
 import contextlib
+import ctypes
+import math
 import os
 import sys
 import time
@@ -168,6 +175,45 @@ class Measurement(BaseModel):
         )
 
 
+#: glibc's largest dynamic mmap threshold (32 MiB on 64-bit), less room for the block's header
+SETTLE_BYTES = 31 << 20
+_settled_allocator = False
+
+
+def settle_allocator() -> bool:
+    """Raise glibc malloc's dynamic mmap threshold once per process; True when it was done now.
+
+    glibc maps every block at or above its mmap threshold fresh and unmaps it when freed; the
+    threshold starts at 128 KiB and rises to the size of a mapped block freed later, up to
+    32 MiB, which a long-running process reaches sooner or later. Until then a stage that
+    allocates temporaries of a few MB pays page faults for all of them on every call in some
+    threads and not in others: on a 2-core VM a numpy stage with 10 MB temporaries took 13 ms
+    a call in one state and 19-22 ms in the other (1,847 page faults a call), and which state a
+    profile met depended on what the process had freed before. Freeing one mapped block of
+    :data:`SETTLE_BYTES` puts the process in the settled state up front (blocks up to that size
+    are then reused, not mapped afresh), so the profile and the run meet the same allocator.
+    No-op off glibc, after the first call, or where the threshold was set by hand
+    (``MALLOC_MMAP_THRESHOLD_``, ``mallopt``: glibc then keeps it fixed).
+    """
+    global _settled_allocator
+    if _settled_allocator or not sys.platform.startswith("linux"):
+        return False
+    _settled_allocator = True
+    try:
+        libc = ctypes.CDLL(None)
+        if not hasattr(libc, "gnu_get_libc_version"):  # musl and others map differently
+            return False
+        libc.malloc.restype = ctypes.c_void_p
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        block = libc.malloc(SETTLE_BYTES)  # mapped, never touched: costs no memory
+        if block:
+            libc.free(block)
+        return bool(block)
+    except (OSError, AttributeError):
+        return False
+
+
 def _noop() -> None:
     return None
 
@@ -276,6 +322,7 @@ def measure(
     """
     if min_reps < 1 or max_reps < min_reps:
         raise ValueError(f"need 1 <= min_reps <= max_reps, got min_reps={min_reps}, max_reps={max_reps}")
+    settle_allocator()
     sync = sync or _noop
     call = fn if setup is None else (lambda: fn(setup()))
     first = None
@@ -344,6 +391,7 @@ class Clock:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
                  cpu_clock: Callable[[], float] | None = time.process_time):
+        settle_allocator()
         self.clock, self.cpu_clock = clock, cpu_clock
 
     def __enter__(self) -> Clock:

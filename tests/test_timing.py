@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -257,3 +260,53 @@ def test_settle_waits_out_threads_that_spin_after_their_work_and_returns_at_once
     waited = settle(max_s=1.0)
     t.join()
     assert 0.15 <= waited < 0.6, waited
+
+
+# The probe runs in a fresh interpreter: glibc's thresholds only ever rise, so this process's
+# history (earlier tests) would decide the outcome. A thread repeats a numpy call with 10 MB
+# temporaries and prints the page faults of its later calls.
+_FAULT_PROBE = """
+import resource, sys, threading
+import numpy as np
+if sys.argv[1] == "measured":
+    from placer.timing import measure
+    measure(lambda: None, min_reps=1, max_time_s=0.001, warn=False)
+faults = []
+def crunch(x):
+    for _ in range(6):
+        x = np.sqrt(x * x + 1.0)
+    return x
+def work():
+    x = np.random.default_rng(0).standard_normal((20_000, 64))
+    for _ in range(6):
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        y = crunch(x)
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+        del y
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(max(faults[2:]))
+"""
+
+
+def _later_faults(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", _FAULT_PROBE, mode], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[-1])
+
+
+def _glibc() -> bool:
+    try:
+        return "glibc" in (os.confstr("CS_GNU_LIBC_VERSION") or "")
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+@pytest.mark.skipif(not _glibc(), reason="the mmap threshold settled here is glibc malloc's")
+def test_a_measurement_settles_the_allocator_so_repeated_temporaries_stop_page_faulting():
+    cold = _later_faults("plain")
+    if cold < 1000:
+        pytest.skip(f"this allocator already reuses 10 MB blocks in a fresh process ({cold} faults a call)")
+    settled = _later_faults("measured")
+    assert settled < 0.05 * cold, (settled, cold)

@@ -40,6 +40,7 @@ from placer.executor.transfer import to_location
 from placer.pipeline import Pipeline, as_pipeline
 from placer.placement import resolve
 from placer.precision import parse_precision_option
+from placer.timing import settle_allocator
 
 __all__ = [
     "Prepared",
@@ -290,6 +291,7 @@ def execute(
         On Ctrl-C: the stages running on every lane are stopped; the exception
         carries ``.running`` (their names), ``.outputs`` (what finished) and ``.run``.
     """
+    settle_allocator()  # the allocator state the profile measured in (placer.timing)
     if scheduler is not None:
         from placer.executor.distributed import run_on_cluster
 

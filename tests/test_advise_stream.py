@@ -115,3 +115,21 @@ def test_the_chosen_placement_is_named_data_that_unpacks_as_the_pair():
     assert (placement, why) == ({"a": "cpu"}, "because") and not isinstance(chosen, tuple)
     assert chosen.stream.workers == 2 and chosen.plans == []
     assert Chosen("all=cpu", "no GPU").stream is None
+
+
+def test_with_two_runs_each_an_options_rate_is_their_median_not_the_slower_run(monkeypatch):
+    """An even count's median is the mean of the middle two: the run shown is the slower of two, but the
+    rate and the plan's speed-up over each option come from both runs."""
+    import placer.advisor as advisor_mod
+
+    monkeypatch.setattr(advisor_mod, "option_rounds", lambda first_s, budget_s: 2)
+    advised = advise(slow_stream(sleep_s=0.01, batches=12), budget_s=6.0, target="none", warmup=False)
+    s = advised.facts.streams[0]
+    assert s.options_runs == 2
+    for o in s.options:
+        assert len(o.measured_runs) == 2, o.name
+        assert o.measured_samples_per_s == pytest.approx(sum(o.measured_runs) / 2, abs=0.06), o.name
+    plan = s.options[0]
+    for base in s.options[1:]:
+        assert base.plan_speedup_measured == pytest.approx(
+            sum(plan.measured_runs) / sum(base.measured_runs), rel=2e-3), base.name

@@ -1,8 +1,8 @@
 """Running a pipeline under a placement.
 
 May import: placer.pipeline, placer.devices, placer.placement, placer.digest, placer.errors,
-placer.precision, placer.data.run and the modules of this package. Device libraries (torch, numba.cuda, dask) are touched only
-inside the functions that need them.
+placer.precision, placer.data.run, placer.timing (settle_allocator) and the modules of this package.
+Device libraries (torch, numba.cuda, dask) are touched only inside the functions that need them.
 
 Examples
 --------

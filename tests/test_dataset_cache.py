@@ -204,6 +204,17 @@ def test_a_dominant_deterministic_decode_is_offered_with_its_gain():
     assert "`Decoded.decode` is" in found.sentence() and "depends only on the index" in found.sentence()
 
 
+def test_a_caches_gain_is_read_from_up_to_four_interleaved_pairs_of_passes_while_the_budget_lasts():
+    """The cached epochs' share of an uncached one is read from the medians of several passes of each."""
+    from placer.stream.dataset_cache import CACHE_PAIRS
+
+    loader = DataLoader(Decoded(n=32, delay=0.004), batch_size=8, shuffle=True)
+    found = find_cache(loader, lambda b: None, loader_kwargs={"num_workers": 0}, batches=4, budget_s=20,
+                       budget_bytes=1 << 20)
+    assert found.recommended, found.reason
+    assert len(found.uncached_s) == len(found.cached_s) == CACHE_PAIRS == 4
+
+
 def test_the_cache_is_measured_again_with_the_settings_recommended_beside_it():
     """The passes the whole run's claim is read from are those of the settings the cache runs with: a
     step that costs more under the recommended settings makes a cached epoch a larger share of an

@@ -193,7 +193,8 @@ def settle_allocator() -> bool:
     :data:`SETTLE_BYTES` puts the process in the settled state up front (blocks up to that size
     are then reused, not mapped afresh), so the profile and the run meet the same allocator.
     No-op off glibc, after the first call, or where the threshold was set by hand
-    (``MALLOC_MMAP_THRESHOLD_``, ``mallopt``: glibc then keeps it fixed).
+    (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` as dask's nanny sets, ``mallopt``: glibc then
+    keeps it fixed).
     """
     global _settled_allocator
     if _settled_allocator or not sys.platform.startswith("linux"):

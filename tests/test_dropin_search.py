@@ -601,3 +601,93 @@ def test_runs_too_short_to_measure_read_more_batches_up_to_an_epoch(monkeypatch,
     assert later and all(b == expected for b in later)  # yours again (and every run after) at the length
     if expected > 10:
         assert asked[1][:2] == (0, False) and asked[1][2] == expected  # the probe, repeated at once
+
+
+def _fake_runs(monkeypatch, rate_of):
+    """run_loader replaced: ``rate_of(key, n, confirming)`` gives a run's samples/s from its settings'
+    key ``(workers, thread workers, prefetch)``, how many runs of that key came before, and whether
+    it is one of the longer confirming runs."""
+    calls: dict = {}
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        threads = bool(getattr(loader, "worker_threads", False))
+        w = loader.num_workers
+        key = (w, threads, loader.prefetch_factor if w else None)
+        if step is None:
+            rate = 5000.0
+        else:
+            n = calls[key] = calls.get(key, 0) + 1
+            rate = rate_of(key, n - 1, batches > 20)
+        return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.5,
+                     batches=10, samples=80, seconds=80 / rate)
+
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: None)
+    return calls
+
+
+def test_a_setting_run_once_faster_than_every_repeated_one_is_raced_before_yours_are_kept(monkeypatch):
+    """The first round's two fastest (2 processes at prefetch 2 and 4) were lucky once and fall back
+    below yours when repeated; one thread worker, run once at 1.5x yours, must be repeated too (and
+    wins) before the advice keeps your settings."""
+    def rate(key, n, confirming):
+        if key == (0, False, None):
+            return 100.0
+        if key in ((2, False, 2), (2, False, 4)):
+            return (200.0 if key[2] == 2 else 190.0) if n == 0 else 90.0
+        return {(1, True, 2): 150.0, (2, True, 2): 140.0}.get(key, 90.0 if key[0] != 1 else 100.0)
+
+    calls = _fake_runs(monkeypatch, rate)
+    with dropin.torch_threads(1):
+        advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    chosen = advice.recommended.settings
+    assert advice.change and (chosen.num_workers, chosen.worker_threads) == (1, True)
+    assert len(advice.recommended.rates) == dropin.REPEATS and advice.confirmed["held"]
+    assert calls[(2, True, 2)] >= dropin.REPEATS  # the second rival raced too
+    # without the race, the same runs keep your settings
+    monkeypatch.setattr(dropin, "RACES", 0)
+    calls.clear()
+    with dropin.torch_threads(1):
+        kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    assert not kept.change and calls[(1, True, 2)] == 1
+
+
+def test_a_recommendation_overturned_by_longer_runs_hands_them_to_the_next_setting_that_beat_yours(monkeypatch):
+    """2 processes beat yours in the search (1.6x) but read slower than yours in the longer runs; one
+    thread worker, which also beat yours in repeated runs (1.5x), holds in its own longer runs."""
+    def rate(key, n, confirming):
+        if key == (2, False, 2):
+            return 95.0 if confirming else 160.0
+        return {(0, False, None): 100.0, (1, True, 2): 150.0}.get(key, 90.0)
+
+    _fake_runs(monkeypatch, rate)
+    with dropin.torch_threads(1):
+        advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    chosen = advice.recommended.settings
+    assert advice.change and (chosen.num_workers, chosen.worker_threads) == (1, True)
+    assert advice.confirmed["held"] and advice.confirmed["steady_speedup"] == pytest.approx(1.5, rel=0.01)
+    assert any("num_workers=2 (processes)" in n and "did not confirm" in n for n in advice.notes)
+    # with no next setting to confirm, the overturned one leaves your settings kept
+    monkeypatch.setattr(dropin, "runner_up", lambda *a, **k: None)
+    kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    assert not kept.change and "not confirmed by longer runs" in kept.within_noise
+
+
+def test_a_setting_s_runs_pair_with_your_runs_of_the_same_round():
+    """Raced later than the first rounds, a setting's runs are compared with your runs of their own
+    rounds (your last run before each), not with your first runs in order."""
+    from dataclasses import replace
+
+    def runs(w, rates, at):
+        return replace(trial(w, float(sorted(rates)[len(rates) // 2])), repeats=tuple(rates), started=tuple(at))
+
+    user = runs(0, (100.0, 200.0, 200.0, 100.0, 100.0), (0.0, 10.0, 20.0, 30.0, 40.0))
+    raced = runs(1, (150.0, 150.0, 150.0), (5.0, 35.0, 45.0))
+    assert dropin.paired(raced, user) == [(150.0, 100.0)] * 3 and dropin.beats(raced, user)
+    # the same runs without start times pair in order: 1 of 3 won, within noise
+    assert not dropin.beats(replace(raced, started=()), user)

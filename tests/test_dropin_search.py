@@ -545,11 +545,7 @@ def test_a_gain_left_within_noise_gets_more_interleaved_rounds_while_the_budget_
         return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.5,
                      batches=10, samples=80, seconds=80 / rate)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
-    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
-    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: None)
+    _patched(monkeypatch, run)
     with dropin.torch_threads(2):  # the user's step threads, whatever this machine's cores
         advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     assert advice.change and advice.recommended.settings.num_workers == 2 and advice.within_noise is None
@@ -603,6 +599,16 @@ def test_runs_too_short_to_measure_read_more_batches_up_to_an_epoch(monkeypatch,
         assert asked[1][:2] == (0, False) and asked[1][2] == expected  # the probe, repeated at once
 
 
+def _patched(monkeypatch, run):
+    """The drop-in with ``run`` for run_loader on 2 cores: the step alone at 10,000 samples/s, no step-thread
+    trials, no cache search."""
+    monkeypatch.setattr(dropin, "run_loader", run)
+    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
+    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: None)
+
+
 def _fake_runs(monkeypatch, rate_of):
     """run_loader replaced: ``rate_of(key, n, confirming)`` gives a run's samples/s from its settings'
     key ``(workers, thread workers, prefetch)``, how many runs of that key came before, and whether
@@ -623,11 +629,7 @@ def _fake_runs(monkeypatch, rate_of):
         return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.5,
                      batches=10, samples=80, seconds=80 / rate)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
-    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
-    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: None)
+    _patched(monkeypatch, run)
     return calls
 
 

@@ -850,20 +850,23 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
                       default=None)
             threads |= {"helped": best.settings.torch_threads != mine.settings.torch_threads,
                         **({"samples_per_s": round(top.samples_per_s, 2)} if top is not None else {})}
-        if best is not mine and best.settings.num_workers and not best.settings.worker_threads:
-            best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
+        if best is not mine:
+            best = _persistent(best)
         longer = overturned = None
+
+        def rest() -> _Budget:  # what is left of the budget, for a recommendation's longer runs
+            left = _Budget(max(budget_s + cache_s - took.spent(), 0.0), 2 * CONFIRM_ROUNDS)
+            left.fixed_s, left.shape = budget.fixed_s, budget.shape
+            return left
+
         if best is not mine:
             n = max(batches, min(CONFIRM_LENGTH * batches, per_epoch or CONFIRM_LENGTH * batches))
-            rest = _Budget(max(budget_s + cache_s - took.spent(), 0.0), 2 * CONFIRM_ROUNDS)
-            rest.fixed_s, rest.shape = budget.fixed_s, budget.shape
-            longer = confirm(loader, mine, best, step, n, dev, rest, count)
-            nxt = runner_up(mine, best, trials, waits=waits)
-            if longer is not None and nxt is not None and not _holds(mine, best, trials, longer, per_epoch, epochs):
-                # overturned: the next setting that also beat yours in repeated runs gets its own longer runs
-                rest = _Budget(max(budget_s + cache_s - took.spent(), 0.0), 2 * CONFIRM_ROUNDS)
-                rest.fixed_s, rest.shape = budget.fixed_s, budget.shape
-                if (again := confirm(loader, mine, nxt, step, n, dev, rest, count)) is not None:
+            longer = confirm(loader, mine, best, step, n, dev, rest(), count)
+            not_held = longer is not None and _gain(
+                whole_run(mine, best, trials, longer, epochs=epochs, batches=per_epoch), longer) < 1 + MIN_GAIN
+            if not_held and (nxt := runner_up(mine, best, trials, waits=waits)) is not None:
+                # the next setting that also beat yours in repeated runs gets its own longer runs
+                if (again := confirm(loader, mine, nxt, step, n, dev, rest(), count)) is not None:
                     overturned, best, longer = best, nxt, again
                     if threads is not None:
                         threads["helped"] = best.settings.torch_threads != mine.settings.torch_threads
@@ -874,7 +877,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         confirmed = {"batches": longer[2], "runs": min(len(longer[0].rates), len(longer[1].rates)),
                      "user": longer[0].as_dict(), "recommended": longer[1].as_dict(),
                      "steady_speedup": round(steady, 3),
-                     "held": _holds(mine, best, trials, longer, per_epoch, epochs)}
+                     "held": _gain(run, longer) >= 1 + MIN_GAIN}
         if not confirmed["held"]:
             what = (f"over your whole run ({run['epochs']} x {run['batches']} batches) it would take "
                     f"{run['recommended_s']:.2f} s, yours {run['user_s']:.2f} s" if run is not None
@@ -1096,19 +1099,20 @@ def runner_up(user: Trial, best: Trial, trials: list[Trial], *, waits: bool = Tr
     won = [t for t in _eligible(user, trials, waits=waits) if _measured_as(t.settings) != key and beats(t, user)]
     if not won:
         return None
-    nxt = max(won, key=lambda t: t.score)
-    if nxt.settings.num_workers and not nxt.settings.worker_threads:
-        nxt = replace(nxt, settings=nxt.settings.model_copy(update={"persistent_workers": True}))
-    return nxt
+    return _persistent(max(won, key=lambda t: t.score))
 
 
-def _holds(user: Trial, best: Trial, trials: list[Trial], longer: tuple[Trial, Trial, int], per_epoch: int | None,
-           epochs: int) -> bool:
-    """Whether the longer runs confirm ``best``: the whole run they predict (or, its shape unknown, the
-    steady state) ``MIN_GAIN`` faster than the user's."""
-    run = whole_run(user, best, trials, longer, epochs=epochs, batches=per_epoch)
-    gain = run["speedup"] if run is not None else longer[1].samples_per_s / max(longer[0].samples_per_s, 1e-12)
-    return gain >= 1 + MIN_GAIN
+def _persistent(t: Trial) -> Trial:
+    """A recommended setting with worker processes keeps them between epochs (``persistent_workers``)."""
+    if t.settings.num_workers and not t.settings.worker_threads:
+        return replace(t, settings=t.settings.model_copy(update={"persistent_workers": True}))
+    return t
+
+
+def _gain(run: dict[str, Any] | None, longer: tuple[Trial, Trial, int]) -> float:
+    """The recommendation's gain as its longer runs measured it: over the whole run they predict
+    (:func:`whole_run`), or, the run's shape unknown, in the steady state."""
+    return run["speedup"] if run is not None else longer[1].samples_per_s / max(longer[0].samples_per_s, 1e-12)
 
 
 def run_spread(runs: list[Trial]) -> float:

@@ -1012,6 +1012,70 @@ def test_verification_measures_the_best_of_another_placement_too():
     assert _distinct(same, 3) == same  # no other placement to measure
 
 
+def test_verification_measures_worker_processes_and_this_process_both():
+    """text_infer's pipeline form on a 2-core Xeon: the model's first four read the source in this process
+    (one batch at a time, or a thread), verification ran those and kept one batch at a time, and the script
+    ran 2 worker processes 1.4x as fast. Where the distinct best all run their stages one way, the best
+    that runs them the other way is measured too."""
+    from functools import partial
+
+    from placer.stream.model import in_worker_processes
+    from placer.stream.search import make
+    from placer.stream.verify import _distinct
+
+    prof = cpu_only(synthetic(cores=2)).model_copy(update={"source_kind": "dataset"})
+    distinct = partial(_distinct, processes=lambda c: in_worker_processes(prof, c.settings))
+    place = tuple(CPU.items())
+    # the source in this process (one batch at a time, or read by the loop's thread), decode in threads
+    here = [make(place, {}, sequential=True), make(place, {"batches": 0, "decode": 2}),
+            make(place, {"batches": 0, "decode": 4}), make(place, {"batches": 0, "decode": 6})]
+    # a Dataset source's workers are DataLoader worker processes; or decode in process workers
+    procs = [make(place, {"batches": 2, "decode": 1}), make(place, {"batches": 0, "decode": 2}, processes=("decode",))]
+    assert distinct([*here, *procs], 3) == [*here[:3], procs[0]]
+    assert distinct([*procs, *here], 2) == [*procs, here[0]]  # the other way round too
+    mixed = [here[0], procs[0], *here[1:], procs[1]]
+    assert distinct(mixed, 3) == mixed[:3]  # both ways among the best: nothing added
+    assert distinct(here, 3) == here[:3]  # no worker processes to measure
+    iterable = prof.model_copy(update={"source_kind": "iterable"})  # an iterable source's workers: threads
+    assert not in_worker_processes(iterable, procs[0].settings) and in_worker_processes(iterable, procs[1].settings)
+
+
+def test_a_close_measurement_keeps_fewer_step_threads_beside_worker_processes(monkeypatch):
+    """Worker processes beside a step at torch's 2 threads lose a core to the threads' spinning in the
+    script's loop, not in placer's runner (text_infer's pipeline form: 2 worker processes at 2 torch threads
+    and at 1 measured 5,974 and 5,936 samples/s in placer's runs, 5,542 and 8,840 in the script). Settling
+    rounds that leave the two within the noise keep the twin the model does not slow; a twin without worker
+    processes is taken on the same rounds (the audio case)."""
+    import placer.stream.verify as verifying
+    from placer.stream.search import make
+    from placer.stream.verify import _spins, verify
+
+    prof = cpu_only(synthetic(cores=2, epochs=3)).model_copy(update={"torch_threads": 2})
+    train = prof.stage("train")
+    train.seconds["cpu"] = train.cpu_seconds["cpu"] = 1 * MS
+    train.torch_seconds, train.torch_cpu_seconds = {1: 1.2 * MS}, {1: 1.2 * MS}
+    place = tuple(CPU.items())
+
+    def rounds(kind: str) -> tuple[bool, object]:
+        kw = {"processes": ("decode", "augment")} if kind == "process" else {}
+        one = make(place, {"decode": 2, "augment": 2}, threads=1, **kw)
+        two = make(place, {"decode": 2, "augment": 2}, **kw)  # torch's own 2 threads
+        scorer = Scorer(prof, "throughput", 3)
+        rates = {"1": [100.0, 104.0, 99.0, 101.0, 103.0, 100.0, 101.0, 99.0, 100.0],
+                 "None": [103.0, 101.0, 104.0, 100.0, 106.0, 105.0, 104.0, 106.0, 103.0]}
+
+        def fake(pipeline, source, placement, config, inventory, consts, objective="throughput"):
+            return rates[str(config.torch_threads)].pop(0), config.max_batches
+
+        monkeypatch.setattr(verifying, "measure", fake)
+        chosen, rows = verify(None, prof, [one, two], scorer, None, {}, budget_s=60.0)
+        assert len(rows) == 2 and len(rows[1].runs) == 9  # settled over four more rounds
+        return _spins(scorer, two) and not _spins(scorer, one), chosen.settings.torch_threads
+
+    assert rounds("process") == (True, 1)  # the model's twin stands
+    assert rounds("thread") == (False, None)  # no spinning in the model: the faster over all rounds
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("climb", [False, True])
 def test_the_plan_asks_for_no_worker_the_model_finds_useless(seed, climb, monkeypatch):

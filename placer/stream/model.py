@@ -352,6 +352,10 @@ def rates(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[floa
     return sorted(out, key=lambda r: r.batches_per_s)
 
 
+#: the name of the rate of worker processes beside a CPU step's extra intra-op threads (:func:`_spinning`)
+SPINNING = "cores beside the step's"
+
+
 def _spinning(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
               config: StreamSettings) -> Rate | None:
     """The rate of the host nodes in worker processes on the cores a CPU step's extra intra-op threads
@@ -371,7 +375,7 @@ def _spinning(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[
     if other <= 0:
         return None
     left = max(1, profile.cores - (threads - 1))
-    return Rate(f"cores beside the step's {threads} threads", "cores", left / other, other / left, members)
+    return Rate(f"{SPINNING} {threads} threads", "cores", left / other, other / left, members)
 
 
 def _cpu_step(nodes: list[ChainNode]) -> int | None:
@@ -420,6 +424,15 @@ def _cpu_rate(profile: StreamProfile, n: ChainNode, wall: float, config: StreamS
     else:
         s = 1.0
     return Rate(n.name, "stage", s * _inv(wall), wall / s if s else float("inf"), [n.name])
+
+
+def in_worker_processes(profile: StreamProfile, config: StreamSettings) -> bool:
+    """Whether ``config`` runs any of the stream's stages in worker processes on this machine: a Dataset or
+    DataLoader source's workers (DataLoader worker processes), or a stage's process workers."""
+    if config.sequential:
+        return False
+    loader = profile.source_kind != "iterable" and _loader_workers(profile, config) > 0
+    return loader or any(config.kind_of(m) == "process" for m in config.stage_workers if m != profile.source)
 
 
 def _loader_workers(profile: StreamProfile, config: StreamSettings) -> int:

@@ -1,7 +1,8 @@
 """Verifying a stream plan by running the best few candidates, interleaved, several rounds.
 
 May import: placer.pipeline, placer.devices, placer.errors, placer.data.stream, placer.data.run,
-placer.stream.search, placer.timing; placer.executor.stream (the runner) inside :func:`measure`.
+placer.stream.search, placer.stream.model, placer.timing; placer.executor.stream (the runner) inside
+:func:`measure`.
 
 The model's prediction decides the ranking; short measured runs of the best few
 distinct candidates (:func:`verify`) replace the predicted best only when another ran
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from placer.data.run import objective_rate
@@ -19,6 +21,7 @@ from placer.data.stream import StreamProfile, StreamSettings, Verification
 from placer.devices import Inventory
 from placer.errors import PlacerError
 from placer.pipeline import Pipeline
+from placer.stream.model import SPINNING, in_worker_processes
 from placer.stream.search import Candidate, Scorer
 from placer.timing import sign_tail
 
@@ -77,7 +80,7 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     ``budget_s`` lasts; then of the choice and its rival the one faster by median over all rounds, and in most
     of them, is taken (:func:`_settled`).
     """
-    top = _distinct(ranked, VERIFY)
+    top = _distinct(ranked, VERIFY, processes=lambda c: in_worker_processes(profile, c.settings))
     if baseline is not None and baseline not in top:
         top.append(baseline)
     total = (profile.batches_per_epoch or 0) * scorer.epochs or None
@@ -127,7 +130,7 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
                 run(i)
             more += 1
         if more:  # without more rounds, the first rule stands
-            pick = _settled(runs, done, base, settle)
+            pick = _settled(runs, done, base, settle, spins=lambda i: _spins(scorer, top[i]))
     med = {i: statistics.median(x for x, _, _ in runs[i]) for i in done}
     rows = [Verification(name="plan" if i == 0 else "one batch at a time" if i == base else f"candidate {i + 1}",
                          placement=top[i].place, config=top[i].settings.decisions(),
@@ -178,19 +181,33 @@ def _to_settle(runs: dict[int, list[tuple[float, int, float]]], done: list[int],
 
 
 def _settled(runs: dict[int, list[tuple[float, int, float]]], done: list[int], base: int | None,
-             settle: list[int]) -> int:
+             settle: list[int], spins: Callable[[int], bool] = lambda i: False) -> int:
     """The choice after the settling rounds: :func:`_pick` over all rounds, or the rival settled beside it
     where its median over all rounds is the faster and it ran faster in most of them. Of two settings that
     more rounds still leave within :data:`MIN_GAIN` of each other, the one measured faster is taken: the
     model's ranking, which chose the plan, is the less certain (audio's: 1,003 samples/s predicted, 623
-    measured)."""
+    measured).
+
+    But a rival whose worker processes the model slows beside the step's spinning OpenMP threads
+    (``spins(i)``, :func:`_spins`) does not replace its twin at fewer torch threads on a close measurement:
+    the script's own loop loses those cores, placer's runner does not show it (text_infer's pipeline form:
+    2 worker processes at torch's 2 threads and at 1 measured 5,974 and 5,936 samples/s in placer's runs;
+    the script ran them at 5,542 and 8,840)."""
     pick = _pick(runs, done, base)
     rival = _rival(runs, done, pick, base)
+    if rival is not None and spins(rival) and not spins(pick):
+        return pick
     if pick in settle and rival in settle:
         med = {i: statistics.median(x for x, _, _ in runs[i]) for i in (pick, rival)}
         if med[rival] > med[pick] and _wins(runs[rival], runs[pick]):
             return rival
     return pick
+
+
+def _spins(scorer: Scorer, c: Candidate) -> bool:
+    """Whether the model slows ``c``'s worker processes beside its step's extra intra-op threads (the rate
+    of :func:`placer.stream.model._spinning` sets its pace)."""
+    return scorer.predict(c).bottleneck.startswith(SPINNING)
 
 
 def _undecided(mine: list[tuple[float, int, float]], base: list[tuple[float, int, float]]) -> bool:
@@ -228,12 +245,15 @@ def _beats(mine: list[tuple[float, int, float]], base: list[tuple[float, int, fl
     return len(pairs) >= MIN_VERIFY_ROUNDS and sign_tail(sum(x > y for x, y in pairs), len(pairs)) <= SIGN_LEVEL
 
 
-def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
-    """The first ``n`` candidates that differ in more than the workers of one stage by one; the last
-    place goes to the best with other torch intra-op threads for the step when none of them has other
-    threads (how a step shares the cores with workers is the model's least certain term, so it is
-    measured), and the best two structures run with each thread setting where the ranking has them; and
-    when they all share one placement, the best with another placement comes too."""
+def _distinct(ranked: list[Candidate], n: int,
+              processes: Callable[[Candidate], bool] = lambda c: bool(c.processes)) -> list[Candidate]:
+    """The first ``n`` candidates that differ in more than the workers of one stage by one, and the best
+    that runs its stages the other way (in worker processes, or all in this process: ``processes``; a
+    Dataset source's workers are processes too, which the verifier's caller says) when they all run
+    them one way; the last place of the first ``n`` goes to the best with other torch intra-op threads for
+    the step when none of them has other threads (how a step shares the cores with workers is the model's
+    least certain term, so it is measured), and the best two structures run with each thread setting where
+    the ranking has them; and when they all share one placement, the best with another placement comes too."""
     out: list[Candidate] = []
     for c in ranked:
         if all(_far(c, o) for o in out):
@@ -245,6 +265,15 @@ def _distinct(ranked: list[Candidate], n: int) -> list[Candidate]:
         other = next((c for c in ranked if c.settings.torch_threads != threads), None)
         if other is not None:
             out[-1] = other
+    if out and len({processes(c) for c in out}) == 1:
+        # the best that runs its stages the other way, in worker processes or in this process: the model's
+        # price of worker processes (their start, each batch's trip through shared memory, the cores a
+        # step's threads leave them) is, after the step's threads, its least certain term. text_infer's
+        # pipeline form on a 2-core Xeon ranked no worker processes among its first four, verified those
+        # and kept one batch at a time; the script ran 2 worker processes 1.4x as fast
+        other = next((c for c in ranked if processes(c) != processes(out[0])), None)
+        if other is not None:
+            out.append(other)
     # the best two structures with each of those thread settings: how a step shares the cores decides
     # between structures too (images_train: a loader thread beside the step beat two worker processes by
     # 9-16 % in the script with one torch thread, and had been measured only with torch's own two)

@@ -242,7 +242,8 @@ class StreamOption(BaseModel):
     change: str = ""
     predicted_samples_per_s: float | None = None
     measured_samples_per_s: float | None = None
-    #: the plan's samples/s over this option's (above 1: the plan is faster)
+    #: the plan's samples/s over this option's (above 1: the plan is faster); measured over several
+    #: interleaved rounds, the median of each round's ratio
     plan_speedup_predicted: float | None = None
     plan_speedup_measured: float | None = None
     #: every run's measured samples/s where the option ran more than once (``measured_samples_per_s``: the

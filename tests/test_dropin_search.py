@@ -693,3 +693,28 @@ def test_a_setting_s_runs_pair_with_your_runs_of_the_same_round():
     assert dropin.paired(raced, user) == [(150.0, 100.0)] * 3 and dropin.beats(raced, user)
     # the same runs without start times pair in order: 1 of 3 won, within noise
     assert not dropin.beats(replace(raced, started=()), user)
+
+
+def test_your_runs_at_two_speeds_are_told_with_the_gain_over_each(monkeypatch):
+    """A 2-core Xeon ran text_infer as written at 4,900 or 8,000 samples/s, nothing between: a speed-up over
+    the median of such runs depends on the mix. The advice says the user's runs split in two and gives the
+    recommendation's gain over each; runs at one speed get no such note."""
+    def rate(key, n, confirming):
+        if key == (0, False, None):
+            return (50.0, 100.0, 52.0, 98.0, 51.0)[n % 5]
+        return 105.0 if key == (2, False, 2) else 60.0
+
+    _fake_runs(monkeypatch, rate)
+    with dropin.torch_threads(1):
+        advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    speeds = advice.user_speeds
+    assert speeds is not None and max(speeds["slow"]) < 60 and min(speeds["fast"]) > 90
+    assert speeds["over_slow"] > 1.8 and speeds["over_fast"] == pytest.approx(105 / 99, rel=0.03)
+    note = next(n for n in advice.notes if n.startswith("your settings ran at two speeds"))
+    assert f"{speeds['over_fast']:.2f}x your faster ones" in note and note in str(advice), note
+    assert json.loads(advice.to_json())["user_speeds"]["fast"] == speeds["fast"]
+
+    _fake_runs(monkeypatch, lambda key, n, confirming: 100.0 + n if key == (0, False, None) else 60.0)
+    with dropin.torch_threads(1):
+        steady = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    assert steady.user_speeds is None and not any("two speeds" in n for n in steady.notes)

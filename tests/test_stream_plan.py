@@ -1040,12 +1040,13 @@ def test_verification_measures_worker_processes_and_this_process_both():
     assert not in_worker_processes(iterable, procs[0].settings) and in_worker_processes(iterable, procs[1].settings)
 
 
-def test_a_close_measurement_keeps_fewer_step_threads_beside_worker_processes(monkeypatch):
+def test_a_lead_within_the_noise_keeps_fewer_step_threads_beside_worker_processes(monkeypatch):
     """Worker processes beside a step at torch's 2 threads lose a core to the threads' spinning in the
     script's loop, not in placer's runner (text_infer's pipeline form: 2 worker processes at 2 torch threads
-    and at 1 measured 5,974 and 5,936 samples/s in placer's runs, 5,542 and 8,840 in the script). Settling
-    rounds that leave the two within the noise keep the twin the model does not slow; a twin without worker
-    processes is taken on the same rounds (the audio case)."""
+    and at 1 measured 5,974 and 5,936 samples/s in placer's runs, 5,542 and 8,840 in the script). Rounds that
+    leave the two within the noise keep the twin the model does not slow, a close median or a lead in most
+    rounds alike (table_train's: 14 % and 5 of 8 rounds, then 0.54x the grid's best in the script); a lead
+    beyond the noise stands, and a twin without worker processes is taken on close rounds (the audio case)."""
     import placer.stream.verify as verifying
     from placer.stream.search import make
     from placer.stream.verify import _spins, verify
@@ -1056,24 +1057,32 @@ def test_a_close_measurement_keeps_fewer_step_threads_beside_worker_processes(mo
     train.torch_seconds, train.torch_cpu_seconds = {1: 1.2 * MS}, {1: 1.2 * MS}
     place = tuple(CPU.items())
 
-    def rounds(kind: str) -> tuple[bool, object]:
+    close = {"1": [100.0, 104.0, 99.0, 101.0, 103.0, 100.0, 101.0, 99.0, 100.0],
+             "None": [103.0, 101.0, 104.0, 100.0, 106.0, 105.0, 104.0, 106.0, 103.0]}
+
+    def rounds(kind: str, runs: dict[str, list[float]] = close) -> tuple[bool, object]:
         kw = {"processes": ("decode", "augment")} if kind == "process" else {}
         one = make(place, {"decode": 2, "augment": 2}, threads=1, **kw)
         two = make(place, {"decode": 2, "augment": 2}, **kw)  # torch's own 2 threads
         scorer = Scorer(prof, "throughput", 3)
-        rates = {"1": [100.0, 104.0, 99.0, 101.0, 103.0, 100.0, 101.0, 99.0, 100.0],
-                 "None": [103.0, 101.0, 104.0, 100.0, 106.0, 105.0, 104.0, 106.0, 103.0]}
+        rates = {k: list(v) for k, v in runs.items()}
 
         def fake(pipeline, source, placement, config, inventory, consts, objective="throughput"):
             return rates[str(config.torch_threads)].pop(0), config.max_batches
 
         monkeypatch.setattr(verifying, "measure", fake)
         chosen, rows = verify(None, prof, [one, two], scorer, None, {}, budget_s=60.0)
-        assert len(rows) == 2 and len(rows[1].runs) == 9  # settled over four more rounds
+        assert len(rows) == 2 and len(rows[1].runs) == len(runs["None"])
         return _spins(scorer, two) and not _spins(scorer, one), chosen.settings.torch_threads
 
     assert rounds("process") == (True, 1)  # the model's twin stands
     assert rounds("thread") == (False, None)  # no spinning in the model: the faster over all rounds
+    # a lead on the median in most rounds, not beyond the noise: 4 of the first 5 rounds, 5 of 9 after the
+    # settling rounds (table_train's, as placer's runs measured it: 14 %, 5 of 8)
+    lead = {"1": [100.0] * 9, "None": [130.0, 130.0, 130.0, 90.0, 130.0, 90.0, 130.0, 90.0, 90.0]}
+    assert rounds("process", lead) == (True, 1)
+    beyond = {"1": [100.0] * 5, "None": [120.0, 121.0, 119.0, 122.0, 120.0]}  # faster in every round
+    assert rounds("process", beyond) == (True, None)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -130,7 +130,8 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
                 run(i)
             more += 1
         if more:  # without more rounds, the first rule stands
-            pick = _settled(runs, done, base, settle, spins=lambda i: _spins(scorer, top[i]))
+            pick = _settled(runs, done, base, settle)
+    pick = _unspun(runs, done, top, pick, lambda i: _spins(scorer, top[i]))
     med = {i: statistics.median(x for x, _, _ in runs[i]) for i in done}
     rows = [Verification(name="plan" if i == 0 else "one batch at a time" if i == base else f"candidate {i + 1}",
                          placement=top[i].place, config=top[i].settings.decisions(),
@@ -181,27 +182,37 @@ def _to_settle(runs: dict[int, list[tuple[float, int, float]]], done: list[int],
 
 
 def _settled(runs: dict[int, list[tuple[float, int, float]]], done: list[int], base: int | None,
-             settle: list[int], spins: Callable[[int], bool] = lambda i: False) -> int:
+             settle: list[int]) -> int:
     """The choice after the settling rounds: :func:`_pick` over all rounds, or the rival settled beside it
     where its median over all rounds is the faster and it ran faster in most of them. Of two settings that
     more rounds still leave within :data:`MIN_GAIN` of each other, the one measured faster is taken: the
     model's ranking, which chose the plan, is the less certain (audio's: 1,003 samples/s predicted, 623
-    measured).
-
-    But a rival whose worker processes the model slows beside the step's spinning OpenMP threads
-    (``spins(i)``, :func:`_spins`) does not replace its twin at fewer torch threads on a close measurement:
-    the script's own loop loses those cores, placer's runner does not show it (text_infer's pipeline form:
-    2 worker processes at torch's 2 threads and at 1 measured 5,974 and 5,936 samples/s in placer's runs;
-    the script ran them at 5,542 and 8,840)."""
+    measured)."""
     pick = _pick(runs, done, base)
     rival = _rival(runs, done, pick, base)
-    if rival is not None and spins(rival) and not spins(pick):
-        return pick
     if pick in settle and rival in settle:
         med = {i: statistics.median(x for x, _, _ in runs[i]) for i in (pick, rival)}
         if med[rival] > med[pick] and _wins(runs[rival], runs[pick]):
             return rival
     return pick
+
+
+def _unspun(runs: dict[int, list[tuple[float, int, float]]], done: list[int], top: list[Candidate], pick: int,
+            spins: Callable[[int], bool]) -> int:
+    """``pick``, or its twin at other torch threads (:func:`_structure`) where the model slows ``pick``'s worker
+    processes beside the step's spinning OpenMP threads (``spins``, :func:`_spins`), not the twin's, and
+    ``pick`` did not beat the twin beyond the noise (:func:`_beats`).
+
+    The script's own loop loses those cores; placer's runner does not show it, so a measured lead there
+    within the noise is no reason to take the spinning one. text_infer's pipeline form: 2 worker processes
+    at torch's 2 threads and at 1 measured 5,974 and 5,936 samples/s in placer's runs, 5,542 and 8,840 in
+    the script; table_train's: torch's 2 threads led by 14 % on the median and 5 of 8 rounds in placer's runs,
+    and the script ran them at 0.54x the grid's best, its best at one thread."""
+    if not spins(pick):
+        return pick
+    mine = _structure(top[pick])
+    twin = next((i for i in done if i != pick and _structure(top[i]) == mine and not spins(i)), None)
+    return twin if twin is not None and not _beats(runs[pick], runs[twin]) else pick
 
 
 def _spins(scorer: Scorer, c: Candidate) -> bool:

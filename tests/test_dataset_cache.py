@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from placer.executor.stream.store import SampleStore, plain_key
 from placer.stream import advise_loader
-from placer.stream.dataset_cache import CachedItems, cached, check, digest, find_cache, recurs
+from placer.stream.dataset_cache import CacheAdvice, CachedItems, cached, check, digest, find_cache, judge, recurs
 
 PLAIN = Path(__file__).resolve().parents[1] / "benchmarks" / "plain"
 
@@ -392,3 +392,22 @@ def test_a_call_with_arguments_unlike_the_checked_ones_is_computed_not_kept():
         assert len(store) == 1
     finally:
         store.close()
+
+
+def test_one_slow_cached_pass_of_four_does_not_make_a_large_gain_noise():
+    # one advising run on a 2-core VM: three cached passes at a fifth of the uncached ones, one as slow
+    run = CacheAdvice("Clips.features", uncached_s=[0.48, 0.14, 0.14, 0.13], cached_s=[0.03, 0.03, 0.03, 0.13])
+    judge(run)
+    assert run.recommended, run.reason
+    # two slow cached passes of four, or the only one of two, are not apart from the uncached passes
+    for uncached, cached_ in (([0.48, 0.14, 0.14, 0.13], [0.03, 0.13, 0.03, 0.14]), ([0.14, 0.13], [0.03, 0.13])):
+        run = CacheAdvice("Clips.features", uncached_s=uncached, cached_s=cached_)
+        judge(run)
+        assert not run.recommended and "within noise" in run.reason, run.reason
+    # a gain of a few percent is not worth a cache however apart the passes are
+    run = CacheAdvice("Clips.features", uncached_s=[0.140, 0.141, 0.142], cached_s=[0.133, 0.134, 0.135])
+    judge(run)
+    assert not run.recommended and "too little" in run.reason
+    run = CacheAdvice("Clips.features", uncached_s=[0.14, 0.14], cached_s=[0.15, 0.16])
+    judge(run)
+    assert not run.recommended and "slower than computing it" in run.reason

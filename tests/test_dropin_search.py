@@ -697,8 +697,8 @@ def test_a_setting_s_runs_pair_with_your_runs_of_the_same_round():
 
 def test_your_runs_at_two_speeds_are_told_with_the_gain_over_each(monkeypatch):
     """A 2-core Xeon ran text_infer as written at 4,900 or 8,000 samples/s, nothing between: a speed-up over
-    the median of such runs depends on the mix. The advice says the user's runs split in two and gives the
-    recommendation's gain over each; runs at one speed get no such note."""
+    the median of such runs depends on the mix. The advice says the user's runs split in two, gives the
+    recommendation's gain over each and claims the one over the faster; runs at one speed get no such note."""
     def rate(key, n, confirming):
         if key == (0, False, None):
             return (50.0, 100.0, 52.0, 98.0, 51.0)[n % 5]
@@ -713,8 +713,14 @@ def test_your_runs_at_two_speeds_are_told_with_the_gain_over_each(monkeypatch):
     note = next(n for n in advice.notes if n.startswith("your settings ran at two speeds"))
     assert f"{speeds['over_fast']:.2f}x your faster ones" in note and note in str(advice), note
     assert json.loads(advice.to_json())["user_speeds"]["fast"] == speeds["fast"]
+    # the speed-up claimed is the one over the faster runs: the one a run of the script meets at worst
+    assert advice.speedup == speeds["speedup"] == pytest.approx(105 / 100, rel=0.05)
+    assert speeds["over_the_mix"] == advice.whole_run["speedup"] > 1.8
+    assert json.loads(advice.to_json())["speedup"] == speeds["speedup"]
+    assert f"{speeds['speedup']:.2f}x yours over your whole run at your faster runs' speed" in str(advice)
 
     _fake_runs(monkeypatch, lambda key, n, confirming: 100.0 + n if key == (0, False, None) else 60.0)
     with dropin.torch_threads(1):
         steady = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     assert steady.user_speeds is None and not any("two speeds" in n for n in steady.notes)
+    assert steady.speedup == steady.mixed_speedup

@@ -9,6 +9,7 @@ and serve every epoch from the same processes.
 from __future__ import annotations
 
 import os
+import threading
 
 import psutil
 import pytest
@@ -224,3 +225,52 @@ def test_the_options_measured_speed_up_is_the_whole_runs_for_a_total_time_plan(o
     else:
         assert facts.options_measure == "steady state"
         assert opt["num_workers=0"].plan_speedup_measured == pytest.approx(1000.0 / 520.0)
+
+
+class _Order(torch.utils.data.Sampler):
+    """The indices in order, noting the thread that draws them (the one iterating the DataLoader)."""
+
+    def __init__(self, names: set):
+        self.names = names
+
+    def __len__(self):
+        return N
+
+    def __iter__(self):
+        for i in range(N):
+            self.names.add(threading.current_thread().name)
+            yield i
+
+
+def _loop(names: set, steps: set) -> Pipeline:
+    p = Pipeline("script-loop")
+
+    @p.stage(kind="other", pin="cpu")
+    def loader():
+        return DataLoader(Items(), batch_size=B, sampler=_Order(names))
+
+    @p.source(epochs=2, batch_size=B)
+    def rows(loader):
+        return loader
+
+    @p.step()
+    def seen(rows):
+        steps.add(threading.current_thread().name)
+        return rows[:, :2].clone()
+
+    return p
+
+
+def test_a_loader_with_worker_processes_feeds_the_step_in_one_thread_as_a_scripts_loop():
+    """With DataLoader worker processes feeding a step on the host, the stream runs as a script's loop: one
+    thread reads each batch from the loader and runs the step on it (on 2 cores a queue between two threads
+    ranked torch's threads the other way round from the script's own loop); with the source read in this
+    process by a thread of its own, the step keeps its thread. Outputs equal one batch at a time's."""
+    reads, steps = set(), set()
+    run = execute(_loop(reads, steps), "all=cpu", stream=StreamConfig(workers=1, stage_workers={"rows": 2}))
+    assert len(reads) == 1 and reads == steps, (reads, steps)
+    one = execute(_loop(set(), set()), "all=cpu", stream=StreamConfig(workers=0))
+    assert [x.tolist() for x in run.outputs["seen"]] == [x.tolist() for x in one.outputs["seen"]]
+    reads, steps = set(), set()
+    execute(_loop(reads, steps), "all=cpu", stream=StreamConfig(workers=1, stage_workers={"rows": 0}))
+    assert len(reads) == len(steps) == 1 and reads != steps, (reads, steps)

@@ -206,7 +206,9 @@ def _unspun(done: list[int], top: list[Candidate], pick: int, spins: Callable[[i
     and at 1 measured 5,974 and 5,936 samples/s in placer's runs, 5,542 and 8,840 in the script;
     table_train's: torch's 2 threads led by 14 % on the median and in 5 of 8 rounds in placer's runs, and the
     script ran them at 0.54x the grid's best, its best at one thread; in a later planning run they led by 11 %
-    and in 7 of 8 rounds. The plain loop is weighed after, against the one kept."""
+    and in 7 of 8 rounds. The plain loop is weighed after, against the one kept. (Those runs read the DataLoader
+    in one thread and stepped in another; a DataLoader's workers feeding the step now run as the script's loop,
+    :meth:`~placer.executor.stream.runner.StreamRun.loader_feeds_step`, whose runs show the cost.)"""
     if not spins(pick):
         return pick
     mine = _structure(top[pick])

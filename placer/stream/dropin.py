@@ -250,9 +250,7 @@ class LoaderAdvice:
         speeds, the speed-up over the faster ones (:func:`user_speeds`)."""
         if self.user_speeds is not None and "speedup" in self.user_speeds:
             return self.user_speeds["speedup"]
-        if self.whole_run is not None:
-            return self.whole_run["speedup"]
-        return self.steady_speedup
+        return self.mixed_speedup
 
     @property
     def mixed_speedup(self) -> float:

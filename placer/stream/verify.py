@@ -201,13 +201,14 @@ def _unspun(done: list[int], top: list[Candidate], pick: int, spins: Callable[[i
     """``pick``, or its twin at other torch threads (:func:`_structure`) where the model slows ``pick``'s worker
     processes beside the step's spinning OpenMP threads (``spins``, :func:`_spins`) and not the twin's.
 
-    The script's own loop loses those cores; placer's runner does not show it, so its runs are no witness
-    between the two, whatever the lead. text_infer's pipeline form: 2 worker processes at torch's 2 threads
-    and at 1 measured 5,974 and 5,936 samples/s in placer's runs, 5,542 and 8,840 in the script;
-    table_train's: torch's 2 threads led by 14 % on the median and in 5 of 8 rounds in placer's runs, and the
-    script ran them at 0.54x the grid's best, its best at one thread; in a later planning run they led by 11 %
-    and in 7 of 8 rounds. The plain loop is weighed after, against the one kept. (Those runs read the DataLoader
-    in one thread and stepped in another; a DataLoader's workers feeding the step now run as the script's loop,
+    The script's own loop loses those cores; placer's runner, with a queue between the source and the step,
+    does not show it, so its runs are no witness between the two, whatever the lead. text_infer's pipeline
+    form: 2 worker processes at torch's 2 threads and at 1 measured 5,974 and 5,936 samples/s in placer's
+    runs, 5,542 and 8,840 in the script; table_train's: torch's 2 threads led by 14 % on the median and in
+    5 of 8 rounds in placer's runs, and the script ran them at 0.54x the grid's best, its best at one thread;
+    in a later planning run they led by 11 % and in 7 of 8 rounds. The plain loop is weighed after, against
+    the one kept. (Those runs read the DataLoader in one thread and stepped in another; a DataLoader's workers
+    feeding the step now run as the script's loop,
     :meth:`~placer.executor.stream.runner.StreamRun.loader_feeds_step`, whose runs show the cost.)"""
     if not spins(pick):
         return pick

@@ -29,7 +29,8 @@ from placer.errors import PlacerError
 from placer.pipeline import Pipeline
 from placer.stream.precision import annotate, apply, check_step
 from placer.stream.reasons import explain
-from placer.stream.search import Candidate, Scorer, candidates, make, rule_candidate, rule_of_thumb, search
+from placer.stream.search import (Candidate, Scorer, candidates, make, prefetch_for, rule_candidate, rule_of_thumb,
+                                  search)
 from placer.stream.verify import verify
 
 __all__ = ["Candidate", "Scorer", "candidates", "make", "plan_from_profile", "plan_stream", "plan_streams",
@@ -88,7 +89,8 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
         short measured runs, interleaved (the rest; skipped when under a second is left;
         the three rounds it always runs may take longer, and where the plan's gain over one batch
         at a time, or its order with the fastest other candidate, is left undecided, more rounds of
-        those may take half the verification's share again).
+        those may take half the verification's share again; a choice whose DataLoader's worker
+        processes feed the step then runs at other read-ahead depths, up to half that share again).
     inventory : Inventory, optional
         The devices (default: discovered; ``gpu-sim`` under ``PLACER_TEST_DEVICES=1``).
     objective : {"auto", "throughput", "total_time"}
@@ -139,14 +141,9 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
     if verify_runs and left >= 1.0:
         plain = plain_candidate(planned)
         chosen, rows = verify(p, planned, ranked, scorer, inv, consts, left, baseline=plain)
-        if chosen != ranked[0]:
+        if chosen != ranked[0] or chosen.settings.prefetch != ranked[0].settings.prefetch:
             plan = explain(planned, scorer, chosen, plan.search, plan.candidates)
-            plan.notes.append(
-                "the predicted best did not run faster than one batch at a time beyond the runs' noise (by "
-                "more than 5 % on the median and in enough interleaved rounds); no change is recommended"
-                if chosen == plain else
-                "the predicted best ran slower than another candidate by more than the runs' spread; the faster "
-                "one was kept")
+            plan.notes += _verified_notes(chosen, ranked[0], plain, rows)
         plan.verified = rows
     annotate(plan, sp, times, chosen_precision)
     plan.planning_s = time.perf_counter() - t0 - prof.seconds
@@ -165,3 +162,27 @@ def plan_streams(pipeline: Pipeline, **kwargs: Any) -> list[StreamPlan]:
     streams = list(pipeline.validate().streams())
     budget = kwargs.pop("budget_s", 10.0) / max(1, len(streams))
     return [plan_stream(pipeline, source=s, budget_s=budget, **kwargs) for s in streams]
+
+
+def _verified_notes(chosen: Candidate, best: Candidate, plain: Candidate, rows: list) -> list[str]:
+    """What the verification runs changed in the predicted best ``best``: the candidate, and the read-ahead."""
+    if chosen == plain:
+        return ["the predicted best did not run faster than one batch at a time beyond the runs' noise (by "
+                "more than 5 % on the median and in enough interleaved rounds); no change is recommended"]
+    out = []
+    if chosen != best:
+        out.append("the predicted best ran slower than another candidate by more than the runs' spread; the faster "
+                   "one was kept")
+    depths = {r.name: r for r in rows if r.name.startswith("prefetch ")}
+    mine = depths.get(f"prefetch {chosen.settings.prefetch}")
+    if mine is not None and len(depths) > 1:
+        usual = prefetch_for(chosen.settings.stage_workers)
+        others = ", ".join(f"{r.measured_samples_per_s:,.0f} at {r.name.split()[1]}" for r in depths.values()
+                           if r is not mine)
+        out.append(f"the DataLoader's read-ahead ran at {len(depths)} depths in interleaved rounds: "
+                   f"prefetch_factor {chosen.settings.prefetch} at {mine.measured_samples_per_s:,.0f} samples/s "
+                   f"({others}); "
+                   + (f"{chosen.settings.prefetch} ran faster than {usual} by more than 5 % on the median and in "
+                      "most rounds" if chosen.settings.prefetch != usual else
+                      f"no other depth ran faster than {usual} by more than 5 % on the median and in most rounds"))
+    return out

@@ -17,8 +17,8 @@ from __future__ import annotations
 from placer.data.stream import Alternative, StageDecision, StreamPlan, StreamProfile, StreamSettings
 from placer.optimize.explain import fmt_s
 from placer.stream.model import Prediction, predict
-from placer.stream.search import (TIE, Candidate, Scorer, cpu_members, neighbours, options, rule_candidate,
-                                  rule_of_thumb, worker_options)
+from placer.stream.search import (TIE, Candidate, Scorer, cpu_members, neighbours, options, prefetch_for,
+                                  rule_candidate, rule_of_thumb, worker_options)
 
 
 def device_title(profile: StreamProfile, device: str) -> str:
@@ -249,6 +249,9 @@ def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Pr
         else:
             out.append("one batch at a time, no workers: nothing to overlap pays for the cores workers would take"
                        + (f" (the best setting with workers: {scorer.score(par):,.1f} samples/s)" if par else ""))
+    elif cfg.prefetch != prefetch_for(cfg.stage_workers):
+        out.append(f"prefetch {cfg.prefetch}: each worker process reads {cfg.prefetch} batches ahead; the depth "
+                   "that ran fastest in the verification's interleaved rounds (the notes say by how much)")
     elif busiest and busiest[1] > 2:
         out.append(f"prefetch {cfg.prefetch}: each of {busiest[0]}'s {busiest[1]} workers has a batch waiting")
     else:

@@ -39,6 +39,11 @@ MIN_GAIN = 0.05
 #: (:func:`_to_settle`), while this share more of the budget lasts
 SETTLE_ROUNDS = 4
 SETTLE_SHARE = 0.5
+#: the DataLoader read-ahead (``prefetch_factor``) depths a choice whose source's worker processes feed the
+#: step runs at beside its own (:func:`_depths`), rounds of them, and the share more of the budget they may take
+PREFETCH_DEPTHS = (2, 4, 8)
+PREFETCH_ROUNDS = 4
+PREFETCH_SHARE = 0.5
 
 
 def measure(pipeline: Pipeline, source: str, placement: dict[str, str], config: StreamSettings,
@@ -90,19 +95,24 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     t_end = time.perf_counter() + budget_s
     share = budget_s / (len(top) * MIN_VERIFY_ROUNDS)
 
-    def run(i: int) -> None:
-        c = top[i]
+    def sample(c: Candidate, into: list[tuple[float, int, float]]) -> bool:
+        """One run of ``c`` appended to ``into``; False where this executor cannot run it here."""
         rate = scorer.predict(c).batches_per_s  # then as measured: a model that is off sizes runs badly
-        if runs[i]:
-            rate = statistics.median(b / t for _, b, t in runs[i] if t > 0)
+        if into:
+            rate = statistics.median(b / t for _, b, t in into if t > 0)
         n = max(VERIFY_BATCHES, int(rate * share * 0.8))
         n = min(n, total) if total else n
         t = time.perf_counter()
         try:
             sps, b = measure(pipeline, profile.source, c.place, c.settings.override(max_batches=n), inventory,
                              consts, scorer.objective)
-            runs[i].append((sps, b, time.perf_counter() - t))
         except PlacerError:  # a setting this executor cannot run here: not verified
+            return False
+        into.append((sps, b, time.perf_counter() - t))
+        return True
+
+    def run(i: int) -> None:
+        if not sample(top[i], runs[i]):
             skipped.add(i)
 
     for r in range(rounds):
@@ -140,7 +150,59 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
                          runs=[x for x, _, _ in runs[i]]) for i in done]
     if base in done and pick != base and not _beats(runs[pick], runs[base]):
         pick = base
-    return top[pick], rows
+    chosen = top[pick]
+    if pick != base and loader_feeds_step(profile, chosen):
+        chosen, more = _depths(chosen, sample, runs[pick], PREFETCH_SHARE * budget_s)
+        rows += [Verification(name=f"prefetch {c.settings.prefetch}", placement=c.place, config=c.settings.decisions(),
+                              predicted_samples_per_s=scorer.score(c),
+                              measured_samples_per_s=statistics.median(x for x, _, _ in r), batches=r[-1][1],
+                              runs=[x for x, _, _ in r]) for c, r in more]
+    return chosen, rows
+
+
+def loader_feeds_step(profile: StreamProfile, c: Candidate) -> bool:
+    """Whether ``c``'s stream is a Dataset or DataLoader source read by worker processes straight into a step
+    on the CPU: the runner's loop of a script (:meth:`~placer.executor.stream.runner.StreamRun.loader_feeds_step`),
+    whose read-ahead is the DataLoader's ``prefetch_factor``."""
+    if c.settings.sequential or profile.source_kind == "iterable" or len(profile.members) != 2:
+        return False
+    w = c.settings.stage_workers.get(profile.source, 0)
+    return w > 0 and c.place.get(profile.step, "cpu") == "cpu" and c.settings.kind_of(profile.source) != "dask"
+
+
+def _depths(choice: Candidate, sample: Callable[[Candidate, list], bool], before: list[tuple[float, int, float]],
+            budget_s: float) -> tuple[Candidate, list[tuple[Candidate, list[tuple[float, int, float]]]]]:
+    """The choice at the DataLoader read-ahead depths of :data:`PREFETCH_DEPTHS` (its own among them), in
+    interleaved rounds, up to :data:`PREFETCH_ROUNDS` while ``budget_s`` lasts (none where three rounds would
+    not fit, from the choice's runs ``before``); another depth replaces the choice's where it ran
+    :data:`MIN_GAIN` faster on the median and in most rounds (:func:`_pick`), else the choice stands.
+
+    The model leaves prefetch out of the steady state (every worker has a batch waiting at the depth the
+    search gives), but a DataLoader hands batches out in order, each from its worker in turn, so one slow
+    batch stalls the step unless the others have read ahead: table_train's script, 2 worker processes at one
+    torch thread on a 2-core Xeon, ran 3,907 samples/s at ``prefetch_factor`` 2 and 4,544 at 4 (medians of
+    8 interleaved rounds; 4 the faster in 5 of them), and placer's plan at 2 ran 0.83x the grid's best (at 8)
+    in a benchmark whose drop-in, at 4, ran 1.01x.
+
+    Returns the candidate kept and, for each depth run, the candidate and its runs (empty where none ran).
+    """
+    mine = choice.settings.prefetch
+    twins = [choice] + [Candidate(choice.placement, choice.settings.override(prefetch=d))
+                        for d in PREFETCH_DEPTHS if d != mine]
+    took = [t for _, _, t in before]
+    est = len(twins) * (statistics.median(took) if took else 0.0)
+    if len(twins) < 2 or est * MIN_VERIFY_ROUNDS > budget_s:
+        return choice, []
+    runs: dict[int, list[tuple[float, int, float]]] = {k: [] for k in range(len(twins))}
+    t_end = time.perf_counter() + budget_s
+    for r in range(PREFETCH_ROUNDS):
+        if r >= MIN_VERIFY_ROUNDS and time.perf_counter() > t_end:
+            break
+        for k, c in enumerate(twins):
+            if not sample(c, runs[k]):
+                return choice, []
+    best = _pick(runs, list(runs), None)
+    return twins[best], [(c, runs[k]) for k, c in enumerate(twins)]
 
 
 def _pick(runs: dict[int, list[tuple[float, int, float]]], done: list[int], base: int | None) -> int:

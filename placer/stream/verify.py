@@ -95,12 +95,14 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     t_end = time.perf_counter() + budget_s
     share = budget_s / (len(top) * MIN_VERIFY_ROUNDS)
 
-    def sample(c: Candidate, into: list[tuple[float, int, float]]) -> bool:
-        """One run of ``c`` appended to ``into``; False where this executor cannot run it here."""
+    def sample(c: Candidate, into: list[tuple[float, int, float]], seconds: float = share,
+               pace: list[tuple[float, int, float]] | None = None) -> bool:
+        """One run of ``c`` (about ``seconds`` long) appended to ``into``; False where this executor cannot
+        run it here. Its batches: at the pace of the runs in ``into``, else of ``pace``, else as predicted."""
         rate = scorer.predict(c).batches_per_s  # then as measured: a model that is off sizes runs badly
-        if into:
-            rate = statistics.median(b / t for _, b, t in into if t > 0)
-        n = max(VERIFY_BATCHES, int(rate * share * 0.8))
+        if into or pace:
+            rate = statistics.median(b / t for _, b, t in (into or pace) if t > 0)
+        n = max(VERIFY_BATCHES, int(rate * seconds * 0.8))
         n = min(n, total) if total else n
         t = time.perf_counter()
         try:
@@ -170,12 +172,16 @@ def loader_feeds_step(profile: StreamProfile, c: Candidate) -> bool:
     return w > 0 and c.place.get(profile.step, "cpu") == "cpu" and c.settings.kind_of(profile.source) != "dask"
 
 
-def _depths(choice: Candidate, sample: Callable[[Candidate, list], bool], before: list[tuple[float, int, float]],
-            budget_s: float) -> tuple[Candidate, list[tuple[Candidate, list[tuple[float, int, float]]]]]:
+Runs = list[tuple[float, int, float]]
+
+
+def _depths(choice: Candidate, sample: Callable[..., bool], before: Runs,
+            budget_s: float) -> tuple[Candidate, list[tuple[Candidate, Runs]]]:
     """The choice at the DataLoader read-ahead depths of :data:`PREFETCH_DEPTHS` (its own among them), in
-    interleaved rounds, up to :data:`PREFETCH_ROUNDS` while ``budget_s`` lasts (none where three rounds would
-    not fit, from the choice's runs ``before``); another depth replaces the choice's where it ran
-    :data:`MIN_GAIN` faster on the median and in most rounds (:func:`_pick`), else the choice stands.
+    interleaved rounds of runs sized to fit three in ``budget_s``, up to :data:`PREFETCH_ROUNDS` while it lasts
+    (none where the shortest runs, at the pace of the choice's runs ``before``, would not fit); another depth
+    replaces the choice's where it ran :data:`MIN_GAIN` faster on the median and in most rounds (:func:`_pick`),
+    else the choice stands.
 
     The model leaves prefetch out of the steady state (every worker has a batch waiting at the depth the
     search gives), but a DataLoader hands batches out in order, each from its worker in turn, so one slow
@@ -189,17 +195,19 @@ def _depths(choice: Candidate, sample: Callable[[Candidate, list], bool], before
     mine = choice.settings.prefetch
     twins = [choice] + [Candidate(choice.placement, choice.settings.override(prefetch=d))
                         for d in PREFETCH_DEPTHS if d != mine]
-    took = [t for _, _, t in before]
-    est = len(twins) * (statistics.median(took) if took else 0.0)
-    if len(twins) < 2 or est * MIN_VERIFY_ROUNDS > budget_s:
+    # the shortest run (VERIFY_BATCHES at the choice's measured pace, its start-up as measured) of every depth,
+    # three rounds: the least that decides
+    shortest = min((t * min(1.0, VERIFY_BATCHES / b) for _, b, t in before if b > 0), default=0.0)
+    seconds = budget_s / (len(twins) * MIN_VERIFY_ROUNDS)
+    if len(twins) < 2 or not before or shortest > seconds:
         return choice, []
-    runs: dict[int, list[tuple[float, int, float]]] = {k: [] for k in range(len(twins))}
+    runs: dict[int, Runs] = {k: [] for k in range(len(twins))}
     t_end = time.perf_counter() + budget_s
     for r in range(PREFETCH_ROUNDS):
         if r >= MIN_VERIFY_ROUNDS and time.perf_counter() > t_end:
             break
         for k, c in enumerate(twins):
-            if not sample(c, runs[k]):
+            if not sample(c, runs[k], seconds, before):
                 return choice, []
     best = _pick(runs, list(runs), None)
     return twins[best], [(c, runs[k]) for k, c in enumerate(twins)]

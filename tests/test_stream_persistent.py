@@ -266,11 +266,29 @@ def test_a_loader_with_worker_processes_feeds_the_step_in_one_thread_as_a_script
     thread reads each batch from the loader and runs the step on it (on 2 cores a queue between two threads
     ranked torch's threads the other way round from the script's own loop); with the source read in this
     process by a thread of its own, the step keeps its thread. Outputs equal one batch at a time's."""
+    from placer.data.report import ReportFacts
+    from placer.report.advice import stream_rules
+    from placer.report.streams import stream_facts
+
     reads, steps = set(), set()
     run = execute(_loop(reads, steps), "all=cpu", stream=StreamConfig(workers=1, stage_workers={"rows": 2}))
     assert len(reads) == 1 and reads == steps, (reads, steps)
     one = execute(_loop(set(), set()), "all=cpu", stream=StreamConfig(workers=0))
     assert [x.tolist() for x in run.outputs["seen"]] == [x.tolist() for x in one.outputs["seen"]]
+    # the report tells it from one batch at a time: the workers read ahead while the step runs, and no queue
+    stats = run.streams[0]
+    assert stats.sequential is False and stats.stages[0].loader_workers == 2 and not stats.queue_trace
+    facts = stream_facts(stats)
+    assert not facts.sequential and not facts.sentence.startswith("Sequential") and facts.queues == []
+    assert facts.stages[0].loader_workers == 2
+
+    def words(f):
+        return " ".join(a.text for a in stream_rules(ReportFacts.model_construct(streams=[f])))
+
+    assert "was sequential (--workers 0" not in words(facts)
+    plain = stream_facts(one.streams[0])
+    assert plain.sequential and plain.sentence.startswith("Sequential") and plain.stages[0].loader_workers == 0
+    assert "was sequential (--workers 0" in words(plain)
     reads, steps = set(), set()
     execute(_loop(reads, steps), "all=cpu", stream=StreamConfig(workers=1, stage_workers={"rows": 0}))
     assert len(reads) == len(steps) == 1 and reads != steps, (reads, steps)

@@ -53,3 +53,29 @@ def test_a_one_shot_report_keeps_its_documented_objective_makespan():
     facts = collect(run=one_shot_run())
     md = render_markdown(facts, {})
     assert "objective makespan" in md and "Measured makespan" in md
+
+
+def test_a_loader_feeding_the_step_is_reported_with_its_worker_processes_not_as_one_batch_at_a_time():
+    """The runner's script loop (a DataLoader's worker processes feeding the step, read in one thread) has no
+    queue, and was reported as a sequential run of one thread that should "run with --workers 1 or more" (a
+    text_infer plan of 2 worker processes: "Sequential run (no overlap) ... with workers the stages overlap")."""
+    src = node("batches", "source", 0.9, 0.0, 0.0).model_copy(update={"loader_workers": 2})
+    stats = StreamStats(source="batches", step="predict", epochs=1, batches=10, samples=640, seconds=1.0,
+                        samples_per_s=640.0, time_to_first_batch_s=0.05, consumer_idle_fraction=0.9, prefetch=4,
+                        stages=[src, node("predict", "step", 0.1, 0.9, 0.0)], sequential=False)
+    run = {**stream_run(), "placement": {"batches": "cpu", "predict": "cpu", "load": "cpu"},
+           "streams": [stats.model_dump(mode="json")]}
+    run["stages"] = [{**st, "name": "predict" if st["name"] == "train" else st["name"]} for st in run["stages"]]
+    facts = collect(run=run)
+    s = facts.streams[0]
+    assert not s.sequential and s.queues == []
+    assert s.sentence.startswith("Input-bound") and "2 DataLoader worker processes on cpu" in s.sentence, s.sentence
+    md = render_markdown(facts, {})
+    assert "sequential run" not in md.lower() and "--workers 1 or more" not in md
+    assert "| 2 DataLoader processes |" in md
+    assert "its 2 DataLoader worker processes on cpu do not keep up" in md
+    assert '2 <span class="tag">DataLoader processes</span>' in render_html(facts)
+    # a file saved before runs recorded it: a run without queues is read as one batch at a time, as it was
+    old = stats.model_dump(mode="json")
+    old.pop("sequential")
+    assert collect(run={**run, "streams": [old]}).streams[0].sequential

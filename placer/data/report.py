@@ -267,6 +267,8 @@ class StreamStageFacts(BaseModel):
     device: str
     workers: int
     worker_kind: str = "thread"
+    #: a source read from a DataLoader's worker processes: how many
+    loader_workers: int = 0
     batches: int = 0
     busy_s: float = 0.0
     starved_s: float = 0.0

@@ -74,6 +74,9 @@ class StreamStageStats(BaseModel):
     starved_s: float = 0.0
     blocked_s: float = 0.0
     wall_s: float = 0.0
+    #: a source read from a DataLoader's worker processes: how many (its batches arrive ready; the node's
+    #: busy time is the wait for them in the thread that reads it)
+    loader_workers: int = 0
 
     @property
     def utilisation(self) -> float:
@@ -110,6 +113,9 @@ class StreamStats(BaseModel):
     #: occupancy of each queue (in node order) when the step took each batch: [t_s, [sizes]]
     queue_trace: list[tuple[float, list[int]]] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    #: whether every batch went through every node in turn, none overlapping (``workers=0``); None: not
+    #: recorded (read from the queue trace: a run without queues was one batch at a time)
+    sequential: bool | None = None
 
 
 def _check_seconds(where: str, value: float) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from placer.data.report import Advice, ReportFacts, StageRow, StreamFacts, StreamStageFacts
 from placer.report.kinds import is_accelerator, is_real_gpu, is_simulated
-from placer.report.streams import has_headroom, slowest_upstream
+from placer.report.streams import has_headroom, slowest_upstream, workers_text
 
 #: copies at least this large are worth pinning (the executor pins above 1 MiB)
 PIN_BYTES = 1 << 20
@@ -274,6 +274,11 @@ def _input_bound_advice(facts: ReportFacts, s: StreamFacts) -> list[Advice]:
     out = []
     if slow.kind == "batch" and not _is_gpu_like(facts, slow.device):
         out.append(_cpu_stage_workers(s, slow, waited))
+    elif slow.kind == "source" and slow.loader_workers:
+        out.append(Advice(topic="workers", subject=slow.name, text=(
+            f"The source {slow.name!r} limits the stream ({waited}): its {workers_text(slow)} do not keep up. "
+            "More of them help while cores are free; else make each sample cheaper, or keep a deterministic "
+            "stage's output after the first epoch with --cache.")))
     elif slow.kind == "source":
         out.append(Advice(topic="workers", subject=slow.name, text=(
             f"The source {slow.name!r} limits the stream ({waited}, the source busy {slow.busy_share:.0%}): "

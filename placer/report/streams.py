@@ -66,15 +66,24 @@ def stream_facts(stats: StreamStats, step_only_samples_per_s: float | None = Non
         time_to_first_batch_s=stats.time_to_first_batch_s, setup_s=stats.setup_s,
         consumer_idle_fraction=stats.consumer_idle_fraction, prefetch=stats.prefetch,
         peak_inflight_batches=stats.peak_inflight_batches, peak_inflight_bytes=stats.peak_inflight_bytes,
-        cache=stats.cache, sequential=stats.batches > 0 and not stats.queue_trace,
+        cache=stats.cache, sequential=is_sequential(stats),
         stages=[stage_facts(s, per_batch) for s in stats.stages],
-        queues=queue_facts(stats),
+        queues=queue_facts(stats) if stats.queue_trace else [],
         queue_trace=[(float(t), list(sizes)) for t, sizes in stats.queue_trace],
         step_only_samples_per_s=step_only_samples_per_s, notes=list(stats.notes),
     )
     f.bound, f.bottleneck = classify(f)
     f.sentence = stream_sentence(f)
     return f
+
+
+def is_sequential(stats: StreamStats) -> bool:
+    """Whether the run took every batch through every node in turn, none overlapping: as recorded, else (a run
+    saved before it was) a run without queues. A DataLoader's worker processes feeding the step in one thread
+    (the runner's script loop) overlap the step with the workers' reading, and have no queue."""
+    if stats.sequential is not None:
+        return stats.sequential and stats.batches > 0
+    return stats.batches > 0 and not stats.queue_trace
 
 
 def stage_facts(s: StreamStageStats, samples_per_batch: float) -> StreamStageFacts:
@@ -87,7 +96,8 @@ def stage_facts(s: StreamStageStats, samples_per_batch: float) -> StreamStageFac
                 if s.busy_s > 0 and s.batches else None)
     return StreamStageFacts(
         name=s.name, kind=s.kind, device=s.device, workers=s.workers, worker_kind=s.worker_kind,
-        batches=s.batches, busy_s=s.busy_s, starved_s=s.starved_s, blocked_s=s.blocked_s, wall_s=s.wall_s,
+        loader_workers=s.loader_workers, batches=s.batches, busy_s=s.busy_s, starved_s=s.starved_s,
+        blocked_s=s.blocked_s, wall_s=s.wall_s,
         busy_share=share(s.busy_s), starved_share=share(s.starved_s), blocked_share=share(s.blocked_s),
         capacity_samples_per_s=capacity,
     )
@@ -212,6 +222,8 @@ def has_headroom(node: StreamStageFacts, rate: float) -> bool:
 
 def workers_text(s: StreamStageFacts) -> str:
     """``2 thread workers on cpu``."""
+    if s.loader_workers:
+        return f"{s.loader_workers} DataLoader worker process{'es' if s.loader_workers != 1 else ''} on {s.device}"
     return f"{s.workers} {s.worker_kind} worker{'s' if s.workers != 1 else ''} on {s.device}"
 
 

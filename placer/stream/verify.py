@@ -6,7 +6,9 @@ placer.stream.search, placer.stream.model, placer.timing; placer.executor.stream
 
 The model's prediction decides the ranking; short measured runs of the best few
 distinct candidates (:func:`verify`) replace the predicted best only when another ran
-faster by more than the runs' spread, in most rounds.
+faster by more than the runs' spread, in most rounds. A choice whose DataLoader's worker
+processes feed the step then runs at other read-ahead depths (:func:`_depths`), which the
+model leaves out.
 """
 
 from __future__ import annotations

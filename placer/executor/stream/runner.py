@@ -45,7 +45,7 @@ from placer.executor.stream.chain import build_nodes
 from placer.executor.stream.config import BatchInfo, StreamConfig
 from placer.executor.stream.nodes import Bundle, Node, StepState, batch_len, bundle_bytes, now, takes
 from placer.executor.stream.source import (batch_sampler_of, batches, call_source, close_loader, keeps_workers,
-                                          kept_loader, workers_key)
+                                          kept_loader, loader_workers, workers_key)
 from placer.executor.stream.store import SampleStore, cached_items, plain_key
 from placer.executor.stream.workers import ProcessPool, StageCall, WorkerStopped
 from placer.executor.transfer import to_location
@@ -135,6 +135,8 @@ class StreamRun:
         #: (workers key, the source's object, its loader, its batch sampler) while the loader's workers
         #: are kept between epochs
         self.kept: tuple[Any, Any, Any, Any] | None = None
+        #: the worker processes of the DataLoader the source was last read with (0: none)
+        self.loader_workers = 0
 
     # -- the source ---------------------------------------------------------------------------
     def bundles(self) -> Iterator[Bundle]:
@@ -179,6 +181,7 @@ class StreamRun:
         """One epoch's batches of what the source returned: through the loader whose workers were kept
         from the epoch before (``persistent_workers``) when they can serve it (:func:`workers_key`)."""
         wrap = self.cache.wrap(epoch)
+        self.loader_workers = loader_workers(src, obj, self.config)
         if wrap is not None or not keeps_workers(src, obj, self.config):
             self._close_kept()
             return batches(src, obj, self.config, wrap)
@@ -529,7 +532,8 @@ class StreamRun:
         nodes = [StreamStageStats(name=n.name, kind=n.kind, device=n.device.name, workers=n.workers,
                                   worker_kind=n.worker_kind, batches=n.stats.batches, busy_s=n.stats.busy_s,
                                   starved_s=n.stats.starved_s, blocked_s=n.stats.blocked_s,
-                                  wall_s=n.stats.end_s) for n in self.nodes]
+                                  wall_s=n.stats.end_s, loader_workers=self.loader_workers if i == 0 else 0)
+                 for i, n in enumerate(self.nodes)]
         src = self.pipeline.stages[self.source]
         return StreamStats(
             source=self.source, step=self.step_name, epochs=src.epochs, batches=self.done, samples=self.samples,
@@ -537,7 +541,7 @@ class StreamRun:
             time_to_first_batch_s=(self.first_step_s or self.t0) - self.t0, consumer_idle_fraction=idle,
             prefetch=self.config.prefetch, peak_inflight_batches=self.peak_inflight,
             peak_inflight_bytes=self.peak_bytes, cache=self.config.cache, stages=nodes,
-            queue_trace=self.trace[:: max(1, len(self.trace) // 500)],
+            queue_trace=self.trace[:: max(1, len(self.trace) // 500)], sequential=self.config.sequential,
             notes=list(self.cache.notes) + [_pool_note(p, n) for p in self.pools for n in self.nodes
                                             if n.name == p.name],
         )

@@ -92,6 +92,16 @@ def loader_for(stage: Stage, obj: Any, config: StreamConfig, wrap: Callable[[Any
     return DataLoader(**kw, **settings.kwargs())
 
 
+def loader_workers(stage: Stage, obj: Any, config: StreamConfig) -> int:
+    """The worker processes of the DataLoader :func:`loader_for` reads ``obj`` with (0 for an iterable, or
+    one batch at a time): the stream's for the source where it sets them, else the user's DataLoader's own."""
+    if not (_is_loader(obj) or _is_dataset(obj)):
+        return 0
+    if stage.name in config.stage_workers or config.sequential:
+        return LoaderSettings.from_stream(config, stage.name).num_workers
+    return int(obj.num_workers) if _is_loader(obj) else 0
+
+
 def keeps_workers(stage: Stage, obj: Any, config: StreamConfig) -> bool:
     """Whether the loader for ``obj`` keeps its worker processes between epochs: the settings say so
     (``persistent_workers``), the source has workers, and ``obj`` is a Dataset or a DataLoader whose

@@ -1162,6 +1162,18 @@ def test_a_loaders_worker_processes_are_priced_at_what_a_batch_took_through_one_
     assert after.total_s == pytest.approx(30 / after.batches_per_s + 3 * (25 * MS + fill))  # each epoch starts them
     four = predict(prof, CPU, two.model_copy(update={"stage_workers": {"batches": 4}}))
     assert four.total_s == pytest.approx(30 / four.batches_per_s + 3 * (2 * 25 * MS + fill))  # 4 on 2 cores: twice
+    # two workers read 1.5x one's pace, not 2x (they share the cores' caches, or one core's units on a VM):
+    # the source delivers 1.5 batches per 6 ms, and each batch takes 2 / 1.5 of a worker's CPU
+    src.scaling = [ScalingRow(kind="process", workers=2, batches_per_s=1.5 / (6 * MS), speedup=1.5)]
+    shared = predict(prof, CPU, two)
+    assert shared.rate_of("batches").seconds_per_batch == pytest.approx(4 * MS)
+    cores = next(r for r in shared.rates if r.name == "cores")
+    assert cores.seconds_per_batch == pytest.approx((6 * 2 / 1.5 + 0.3) * MS / 2)
+    assert shared.batches_per_s == pytest.approx(1 / ((8 + 0.3) * MS / 2))
+    assert shared.batches_per_s < after.batches_per_s
+    assert predict(prof, CPU, two.model_copy(update={"stage_workers": {"batches": 1}})).rate_of(
+        "batches").seconds_per_batch == pytest.approx(6 * MS)  # one worker: its own pace
+    src.scaling = []
     cached = predict(prof, CPU, two.model_copy(update={"cache": "decode"}))  # later epochs replay the cache
     later_fill = max(0.0, 0.2 * MS - 1 / cached.later_batches_per_s)  # augment and train only
     assert cached.total_s == pytest.approx(10 / cached.batches_per_s + fill + 20 / cached.later_batches_per_s
@@ -1208,6 +1220,13 @@ def test_the_profile_times_a_dataset_source_through_one_worker_process():
     assert src.worker_start_s is not None and src.worker_end_s is not None
     # forking and starting a worker costs more than reading one small batch here
     assert src.worker_start_s > src.seconds["cpu"]
+    # and through the cores' count of workers at once: their speed-up over one, as measured
+    rows = [r for r in src.scaling if r.kind == "process"]
+    if prof.cores >= 2:
+        assert len(rows) == 1 and rows[0].workers == min(prof.cores, 8), rows
+        assert 0 < rows[0].speedup <= rows[0].workers and rows[0].batches_per_s > 0
+    else:  # one core: nothing to read at once
+        assert rows == []
 
 
 def test_one_batch_at_a_time_kept_against_the_models_word_says_the_runs_decided():

@@ -12,8 +12,9 @@ than its busiest resource allows:
   ``t`` its seconds per batch on one worker and ``speedup`` its measured scaling
   (interpolated between measured worker counts, held at the last one beyond them);
   the source and a step on the CPU run in one thread: ``1 / t``; a DataLoader
-  source with ``w`` worker processes: ``min(w, cores) / t`` (assumed linear; not
-  measured);
+  source with ``w`` worker processes: ``s(w) / t``, ``s`` their speed-up measured by
+  reading the source through the cores' count of workers at once (interpolated from one,
+  held beyond), else ``min(w, cores)``; each batch's CPU then ``t * min(w, cores) / s``;
 - **an accelerator**: the stages on it share its time: ``1 / sum(t)`` over them;
 - **a link**: the copies into and out of one accelerator share it: ``1 / sum(copy s)``
   (both directions on one link: a simple, cautious model);
@@ -243,11 +244,23 @@ def _source_in_workers(profile: StreamProfile, nodes: list[ChainNode], config: S
 def in_workers(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
                config: StreamSettings) -> list[tuple[float, float]]:
     """A Dataset or DataLoader source read by worker processes: a batch costs what it took through one
-    worker (``StageProfile.worker_seconds``), wall and CPU (a worker runs one thread), where measured."""
+    worker (``StageProfile.worker_seconds``), wall and CPU (a worker runs one thread), where measured; its
+    CPU with ``n`` workers busy at once is ``n`` over their measured speed-up times that
+    (:func:`loader_speedup`): workers that slow each other down spend more CPU on each batch."""
     st = _source_in_workers(profile, nodes, config)
     if st is None or st.worker_seconds is None:
         return costs
-    return [(st.worker_seconds, st.worker_seconds * own_threads(st)), *costs[1:]]
+    n = max(1, min(_loader_workers(profile, config), profile.cores))
+    more = n / max(loader_speedup(profile, st, n), 1e-9)
+    return [(st.worker_seconds, st.worker_seconds * own_threads(st) * max(1.0, more)), *costs[1:]]
+
+
+def loader_speedup(profile: StreamProfile, st, workers: int) -> float:
+    """A DataLoader's ``workers`` worker processes over one: as measured (the source read through the
+    cores' count at once, ``ScalingRow(kind="process")``; interpolated, held beyond), else linear up to
+    the cores."""
+    n = max(1, min(workers, profile.cores))
+    return st.speedup(n, "process") if any(r.kind == "process" for r in st.scaling) else float(n)
 
 
 def own_threads(st) -> float:
@@ -420,7 +433,7 @@ def _cpu_rate(profile: StreamProfile, n: ChainNode, wall: float, config: StreamS
         return Rate(n.name, "stage", r, 1.0 / r if r else float("inf"), [n.name])
     if n.kind == "source" and profile.source_kind != "iterable":
         w = _loader_workers(profile, config)
-        s = float(max(1, min(w, profile.cores))) if w > 0 else 1.0
+        s = loader_speedup(profile, st, w) if w > 0 else 1.0
     else:
         s = 1.0
     return Rate(n.name, "stage", s * _inv(wall), wall / s if s else float("inf"), [n.name])

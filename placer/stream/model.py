@@ -365,24 +365,28 @@ def rates(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[floa
     return sorted(out, key=lambda r: r.batches_per_s)
 
 
-#: the name of the rate of worker processes beside a CPU step's extra intra-op threads (:func:`_spinning`)
+#: the name of the rate of the host nodes beside a CPU step's extra intra-op threads (:func:`_spinning`)
 SPINNING = "cores beside the step's"
 
 
 def _spinning(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
               config: StreamSettings) -> Rate | None:
-    """The rate of the host nodes in worker processes on the cores a CPU step's extra intra-op threads
-    leave them (None: a step on one thread, or not on the CPU, or no worker processes).
+    """The rate of the host nodes beside a CPU step (in worker processes, or in threads of their own) on the
+    cores its extra intra-op threads leave them (None: a step on one thread, or not on the CPU, or one batch
+    at a time, or nothing beside it).
 
-    Only worker processes are charged: the spinning shows in a script whose loop runs in its
-    main thread; threads of placer's own executor beside the step's thread were not measured
-    to lose to it (2 DataLoader worker processes at 2 torch threads: 11,500-12,500 samples/s
-    there against 5,400-7,800 in the script)."""
+    The spinning shows in a script whose loop runs in its main thread, its loader's workers beside it,
+    processes and threads alike: text_infer's 2 DataLoader worker processes fed a step at torch's 2 threads
+    at 5,400-7,800 samples/s against 9,400-11,600 at one; audio's one loader thread (its decode cached) at
+    657 against 1,374, images' at 580 against 871 (a 2-core Xeon, the scripts' grid). placer's own runner,
+    the step in a thread of its own, was not measured to lose to it (11,500-12,500 samples/s for
+    text_infer's), so its runs are no witness (:func:`placer.stream.verify._unspun`)."""
     i = _cpu_step(nodes)
     threads = config.torch_threads if config.torch_threads is not None else profile.torch_threads
-    if i is None or not threads or threads < 2:
+    if i is None or not threads or threads < 2 or config.sequential:
         return None
-    host = [k for k, n in enumerate(nodes) if k != i and n.device == "cpu" and _in_processes(profile, n, config)]
+    host = [k for k, n in enumerate(nodes) if k != i and n.device == "cpu" and n.kind != "copy"
+            and not _remote(profile, n, config)]
     other = sum(costs[k][1] for k in host)
     members = [nodes[k].name for k in host]
     if other <= 0:

@@ -52,7 +52,8 @@ def plan_flags(settings: Mapping[str, Any], source: str, step: str, *, cache_fla
         Whether the script has a thread-pool loader (``--worker-kind thread``).
 
     The mapping: the source's workers are DataLoader worker processes, so ``--num-workers``
-    (processes); the queue depth is their ``--prefetch-factor`` (placer's own conversion,
+    (processes), or a thread-pool loader's threads where its kind is ``thread`` (``--num-workers k
+    --worker-kind thread``); the queue depth is their ``--prefetch-factor`` (placer's own conversion,
     :meth:`LoaderSettings.from_stream`); workers kept between epochs (``persistent_workers``) are
     ``--persistent-workers``; ``torch_threads`` is ``--threads``; a cache at the
     source is ``--cache``, with ``--persistent-workers`` when there are workers (the script's
@@ -72,6 +73,9 @@ def plan_flags(settings: Mapping[str, Any], source: str, step: str, *, cache_fla
     ['--num-workers', '2', '--prefetch-factor', '4', '--persistent-workers', '--threads', '1', '--cache']
     >>> notes
     ["3 thread workers of 'aug': no flag (the script runs it inside its loader)"]
+    >>> plan_flags({"placement": {"src": "cpu", "train": "cpu"}, "workers": 1, "stage_workers": {"src": 2},
+    ...     "worker_kind": {"src": "thread"}, "prefetch": 2, "torch_threads": 1}, "src", "train", cache_flag=False)[0]
+    ['--num-workers', '2', '--worker-kind', 'thread', '--prefetch-factor', '2', '--threads', '1']
     """
     from placer.data.stream import LoaderSettings, StreamSettings
 
@@ -80,7 +84,14 @@ def plan_flags(settings: Mapping[str, Any], source: str, step: str, *, cache_fla
     loader = LoaderSettings.from_stream(s, source)
     flags: list[str] = []
     notes: list[str] = []
-    if loader.num_workers:
+    if loader.num_workers and loader.worker_threads and thread_flag:
+        flags += ["--num-workers", str(loader.num_workers), "--worker-kind", "thread",
+                  "--prefetch-factor", str(loader.prefetch_factor)]
+    elif loader.num_workers and loader.worker_threads:
+        notes.append(f"{loader.num_workers} loader threads for '{source}': the script has no thread-pool loader; "
+                     "as flags, as many worker processes")
+        flags += ["--num-workers", str(loader.num_workers), "--prefetch-factor", str(loader.prefetch_factor)]
+    elif loader.num_workers:
         flags += ["--num-workers", str(loader.num_workers), "--prefetch-factor", str(loader.prefetch_factor)]
     elif not s.sequential and thread_flag:
         flags += ["--num-workers", "1", "--worker-kind", "thread", "--prefetch-factor", str(s.prefetch)]
@@ -102,7 +113,8 @@ def plan_flags(settings: Mapping[str, Any], source: str, step: str, *, cache_fla
         notes.append(f"{', '.join(gpu)} on {placement[gpu[0]]}: the script runs on the CPU; no flag")
         if s.pin_memory:
             flags.append("--pin-memory")
-    if loader.num_workers and (loader.persistent_workers or (s.cache == source and cache_flag)):
+    if loader.num_workers and not loader.worker_threads and (loader.persistent_workers
+                                                             or (s.cache == source and cache_flag)):
         flags.append("--persistent-workers")
     if s.torch_threads is not None:
         flags += ["--threads", str(s.torch_threads)]

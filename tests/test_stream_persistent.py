@@ -292,3 +292,54 @@ def test_a_loader_with_worker_processes_feeds_the_step_in_one_thread_as_a_script
     reads, steps = set(), set()
     execute(_loop(reads, steps), "all=cpu", stream=StreamConfig(workers=1, stage_workers={"rows": 0}))
     assert len(reads) == len(steps) == 1 and reads != steps, (reads, steps)
+
+
+def test_a_thread_pool_loader_reads_a_dataset_source_in_threads_with_the_batches_of_one_at_a_time():
+    """A source whose worker kind is ``thread`` is read by a thread-pool loader's threads (in this process, no
+    worker processes), feeding the step as the script's loop does; the batches, their order and their draws
+    are one batch at a time's, every epoch, with workers kept between epochs asked for or not; the run and its
+    report say "2 loader threads"."""
+    from placer.report.streams import stream_facts, workers_text
+
+    readers: set[str] = set()
+
+    class Named(Items):
+        def __getitem__(self, i):
+            readers.add(threading.current_thread().name)
+            return super().__getitem__(i)
+
+    def pipe(names: set, steps: set) -> Pipeline:
+        p = Pipeline("thread-loader")
+
+        @p.stage(kind="other", pin="cpu")
+        def loader():
+            return DataLoader(Named(), batch_size=B, sampler=_Order(names))
+
+        @p.source(epochs=2, batch_size=B)
+        def rows(loader):
+            return loader
+
+        @p.step()
+        def seen(rows):
+            steps.add(threading.current_thread().name)
+            return rows.clone()
+
+        return p
+
+    one = execute(pipe(set(), set()), "all=cpu", stream=StreamConfig(workers=0))
+    want = [x.tolist() for x in one.outputs["seen"]]
+    assert all(row[2] == os.getpid() for x in want for row in x)
+    for persistent in (False, True):
+        readers.clear()
+        reads, steps = set(), set()
+        cfg = StreamConfig(workers=1, stage_workers={"rows": 2}, worker_kind={"rows": "thread"},
+                           persistent_workers=persistent)
+        run = execute(pipe(reads, steps), "all=cpu", stream=cfg)
+        assert [x.tolist() for x in run.outputs["seen"]] == want  # this process's pid: no worker process read
+        assert readers and all(n.startswith("ThreadLoader") for n in readers), readers
+        assert len(reads) == 1 and reads == steps, (reads, steps)  # the step's thread draws the indices
+        stats = run.streams[0]
+        node = stats.stages[0]
+        assert (node.loader_threads, node.loader_workers) == (2, 0) and not stats.sequential
+        facts = stream_facts(stats)
+        assert workers_text(facts.stages[0]) == "2 loader threads on cpu"

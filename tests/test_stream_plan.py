@@ -1191,6 +1191,48 @@ def test_a_loaders_worker_processes_are_priced_at_what_a_batch_took_through_one_
     assert seq.total_s == pytest.approx(30 * (4 + 0.3) * MS)
 
 
+def test_a_thread_pool_loader_is_priced_at_its_measured_speed_up_and_searched_only_where_measured():
+    """A Dataset source read by a thread-pool loader's threads runs at the speed-up the profile measured them
+    at (images_train: 2 loader threads 1,392 samples/s, one 871, 2 worker processes 1,340), its GIL share
+    from it (Amdahl), with no worker processes to start or keep; the search offers it only where measured."""
+    from placer.stream.model import loader_thread_speedup
+    from placer.stream.search import Scorer, candidates, keep_workers, kind_options, make, search
+
+    prof = cpu_only(synthetic(cores=2, epochs=3, batches=10)).model_copy(update={"source_kind": "dataset"})
+    for m in ("decode", "augment"):
+        prof.stage(m).seconds["cpu"] = prof.stage(m).cpu_seconds["cpu"] = 0.1 * MS
+        prof.stage(m).scaling = []
+    prof.stage("train").seconds["cpu"] = prof.stage("train").cpu_seconds["cpu"] = 1 * MS
+    prof.stage("train").gil = 0.5
+    src = prof.stage("batches")
+    src.seconds["cpu"] = src.cpu_seconds["cpu"] = 8 * MS
+    src.worker_seconds, src.worker_start_s, src.worker_end_s = 12 * MS, 40 * MS, 5 * MS  # processes: slower
+    assert kind_options(prof, "batches") == ["process"]  # threads not measured: not offered
+    assert not any(c.settings.loader_threads("batches") for c in candidates(prof, 3))
+    threads = StreamConfig(workers=1, stage_workers={"batches": 2}, worker_kind={"batches": "thread"})
+    assert loader_thread_speedup(src, 2) == pytest.approx(1.0)  # unmeasured, it holds the GIL throughout
+    src.scaling = [ScalingRow(kind="thread", workers=2, batches_per_s=1.6 / (8 * MS), speedup=1.6)]
+    assert kind_options(prof, "batches") == ["process", "thread"]
+    pred = predict(prof, CPU, threads)
+    assert pred.rate_of("batches").seconds_per_batch == pytest.approx(8 * MS / 1.6)
+    gil = next(r for r in pred.rates if r.name == "GIL")
+    assert set(gil.members) == {"batches", "train"}  # the loader's threads share the GIL with the step
+    assert gil.seconds_per_batch == pytest.approx(((2 / 1.6 - 1) * 8 + 0.5 * 1) * MS, rel=1e-6)
+    procs = predict(prof, CPU, StreamConfig(workers=1, stage_workers={"batches": 2}))
+    assert pred.total_s < procs.total_s  # no start-up each epoch, no slower batches in a child
+    src.worker_start_s = 400 * MS  # the worker processes' start-up is not the threads'
+    assert predict(prof, CPU, threads).total_s == pytest.approx(pred.total_s)
+    assert predict(prof, CPU, StreamConfig(workers=1, stage_workers={"batches": 2})).total_s > procs.total_s + 1.0
+    src.worker_start_s = 40 * MS
+    plan, how, n = search(prof, Scorer(prof, "total_time", 3), make(tuple(CPU.items()), {"batches": 2}))
+    best = plan[0]
+    assert best.settings.loader_threads("batches") and best.settings.stage_workers["batches"] == 2, best.settings
+    assert not keep_workers(prof, best, 3).settings.persistent_workers  # nothing to keep between epochs
+    # one thread less than the measured two is the source in a thread of its own: not a second kind of one
+    assert all(c.settings.stage_workers.get("batches", 0) >= 2 for c in candidates(prof, 3)
+               if c.settings.loader_threads("batches"))
+
+
 def test_a_one_epoch_run_is_planned_on_its_whole_time_so_worker_start_up_can_lose():
     """A short run pays its workers' start-up once: where that outweighs what they save, the plan
     reads in this process (the objective is the run's total time whenever its batches are known)."""
@@ -1231,11 +1273,15 @@ def test_the_profile_times_a_dataset_source_through_one_worker_process():
     assert src.worker_start_s > src.seconds["cpu"]
     # and through the cores' count of workers at once: their speed-up over one, as measured
     rows = [r for r in src.scaling if r.kind == "process"]
+    # and by a thread-pool loader's threads at once: their speed-up over a batch read here
+    threads = [r for r in src.scaling if r.kind == "thread"]
     if prof.cores >= 2:
         assert len(rows) == 1 and rows[0].workers == min(prof.cores, 8), rows
         assert 0 < rows[0].speedup <= rows[0].workers and rows[0].batches_per_s > 0
+        assert len(threads) == 1 and threads[0].workers == min(prof.cores, 8), threads
+        assert 0 < threads[0].speedup <= threads[0].workers and threads[0].batches_per_s > 0
     else:  # one core: nothing to read at once
-        assert rows == []
+        assert rows == [] and threads == []
 
 
 def test_one_batch_at_a_time_kept_against_the_models_word_says_the_runs_decided():

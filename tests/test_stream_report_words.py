@@ -75,6 +75,16 @@ def test_a_loader_feeding_the_step_is_reported_with_its_worker_processes_not_as_
     assert "| 2 DataLoader processes |" in md
     assert "its 2 DataLoader worker processes on cpu do not keep up" in md
     assert '2 <span class="tag">DataLoader processes</span>' in render_html(facts)
+    # a thread-pool loader's threads feeding the step: its threads, not processes, nor one batch at a time
+    threads = stats.model_copy(update={"stages": [src.model_copy(update={"loader_workers": 0, "loader_threads": 2}),
+                                                   stats.stages[1]]})
+    tfacts = collect(run={**run, "streams": [threads.model_dump(mode="json")]})
+    t = tfacts.streams[0]
+    assert not t.sequential and "2 loader threads on cpu" in t.sentence, t.sentence
+    tmd = render_markdown(tfacts, {})
+    assert "| 2 loader threads |" in tmd and "DataLoader process" not in tmd and "--workers 1 or more" not in tmd
+    assert "its 2 loader threads on cpu do not keep up" in tmd
+    assert '2 <span class="tag">loader threads</span>' in render_html(tfacts)
     # a file saved before runs recorded it: a run without queues is read as one batch at a time, as it was
     old = stats.model_dump(mode="json")
     old.pop("sequential")

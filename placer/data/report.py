@@ -269,6 +269,8 @@ class StreamStageFacts(BaseModel):
     worker_kind: str = "thread"
     #: a source read from a DataLoader's worker processes: how many
     loader_workers: int = 0
+    #: a source read by a thread-pool loader's threads: how many
+    loader_threads: int = 0
     batches: int = 0
     busy_s: float = 0.0
     starved_s: float = 0.0

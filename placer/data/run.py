@@ -77,6 +77,8 @@ class StreamStageStats(BaseModel):
     #: a source read from a DataLoader's worker processes: how many (its batches arrive ready; the node's
     #: busy time is the wait for them in the thread that reads it)
     loader_workers: int = 0
+    #: a source read by a thread-pool loader's threads: how many (as ``loader_workers``, threads of this process)
+    loader_threads: int = 0
 
     @property
     def utilisation(self) -> float:

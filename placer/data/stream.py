@@ -57,7 +57,10 @@ class StreamSettings(BaseModel):
     worker_kind : dict
         ``thread`` (the default: code that releases the GIL, numpy and torch),
         ``process``, or ``dask`` (tasks on the cluster in use, see
-        :mod:`placer.stream.dask_workers`) per stage.
+        :mod:`placer.stream.dask_workers`) per stage. A Dataset or DataLoader source's
+        workers are DataLoader's worker processes unless ``thread`` is set for it: then a
+        thread-pool loader's threads (:class:`~placer.executor.stream.threadloader.ThreadLoader`,
+        :meth:`loader_threads`).
     prefetch : int
         Batches each queue between two stages holds: the bound on batches in flight
         (backpressure) and how far ahead the source reads.
@@ -120,6 +123,13 @@ class StreamSettings(BaseModel):
 
     def workers_of(self, stage: str) -> int:
         return max(1, self.stage_workers.get(stage, self.workers))
+
+    def loader_threads(self, source: str) -> bool:
+        """Whether the Dataset or DataLoader source ``source`` is read by a thread-pool loader's threads
+        (``worker_kind[source] == "thread"``, set explicitly, with workers) rather than by DataLoader's worker
+        processes (the default for a source)."""
+        return (not self.sequential and self.worker_kind.get(source) == "thread"
+                and self.stage_workers.get(source, 0) > 0)
 
     def kind_of(self, stage: str) -> WorkerKind:
         return self.worker_kind.get(stage, "thread")
@@ -351,6 +361,9 @@ class LoaderSettings(BaseModel):
     ({'images': 4}, 3, 2)
     >>> LoaderSettings.from_stream(s, "images") == lo
     True
+    >>> t = LoaderSettings(num_workers=2, prefetch_factor=2, worker_threads=True).to_stream("images")
+    >>> t.worker_kind, t.loader_threads("images"), LoaderSettings.from_stream(t, "images").worker_kind
+    ({'images': 'thread'}, True, 'threads')
     """
 
     model_config = ConfigDict(frozen=True)
@@ -363,7 +376,7 @@ class LoaderSettings(BaseModel):
     torch_threads: int | None = None
     #: the loader's own batch size, where recorded (the drop-in keeps the user's)
     batch_size: int | None = None
-    #: the workers are threads of the main process (:class:`placer.stream.threadloader.ThreadLoader`)
+    #: the workers are threads of the main process (:class:`placer.executor.stream.threadloader.ThreadLoader`)
     worker_threads: bool = False
 
     @classmethod
@@ -397,18 +410,23 @@ class LoaderSettings(BaseModel):
     def to_stream(self, source: str) -> StreamSettings:
         """The stream settings of a stream whose source ``source`` is this DataLoader: its workers the
         source's, ``prefetch_factor`` the queue depth, the same pinning and torch threads."""
+        threads = bool(self.num_workers and self.worker_threads)
         return StreamSettings(stage_workers={source: self.num_workers}, prefetch=self.prefetch_factor or 2,
+                              worker_kind={source: "thread"} if threads else {},
                               pin_memory=self.pin_memory, torch_threads=self.torch_threads,
-                              persistent_workers=bool(self.num_workers and self.persistent_workers))
+                              persistent_workers=bool(self.num_workers and self.persistent_workers and not threads))
 
     @classmethod
     def from_stream(cls, settings: StreamSettings, source: str) -> LoaderSettings:
         """The DataLoader settings the source ``source`` runs with under ``settings``: its stage
-        workers as worker processes (none one batch at a time), the queue depth as
-        ``prefetch_factor``, the workers kept between epochs where ``persistent_workers`` says so."""
+        workers as worker processes, or as a thread-pool loader's threads where its kind is ``thread``
+        (:meth:`StreamSettings.loader_threads`; none one batch at a time), the queue depth as
+        ``prefetch_factor``, worker processes kept between epochs where ``persistent_workers`` says so."""
         w = 0 if settings.sequential else settings.stage_workers.get(source, 0)
+        threads = settings.loader_threads(source)
         return cls(num_workers=w, prefetch_factor=settings.prefetch if w else None, pin_memory=settings.pin_memory,
-                   torch_threads=settings.torch_threads, persistent_workers=bool(w and settings.persistent_workers))
+                   torch_threads=settings.torch_threads, worker_threads=threads,
+                   persistent_workers=bool(w and settings.persistent_workers and not threads))
 
 
 class ClusterLink(BaseModel):

@@ -274,7 +274,7 @@ def _input_bound_advice(facts: ReportFacts, s: StreamFacts) -> list[Advice]:
     out = []
     if slow.kind == "batch" and not _is_gpu_like(facts, slow.device):
         out.append(_cpu_stage_workers(s, slow, waited))
-    elif slow.kind == "source" and slow.loader_workers:
+    elif slow.kind == "source" and (slow.loader_workers or slow.loader_threads):
         out.append(Advice(topic="workers", subject=slow.name, text=(
             f"The source {slow.name!r} limits the stream ({waited}): its {workers_text(slow)} do not keep up. "
             "More of them help while cores are free; else make each sample cheaper, or keep a deterministic "

@@ -1,7 +1,7 @@
 """Streams of minibatches: a source, per-batch stages, and a step that consumes them.
 
 May import: placer.stream.*, placer.data.stream, placer.executor.stream (whose runner names it
-re-exports). Import cost stays low: torch is reached only when a source returns a Dataset or
+re-exports), placer.executor.stream.threadloader. Import cost stays low: torch is reached only when a source returns a Dataset or
 DataLoader, or a stage runs on a GPU.
 
 A stream is declared in a pipeline with :meth:`placer.Pipeline.source`, per-batch
@@ -37,7 +37,7 @@ _LAZY = {
     "MeasuredLoader": "placer.stream.dropin",
     "advise_loader": "placer.stream.dropin",
     "measure": "placer.stream.dropin",
-    "ThreadLoader": "placer.stream.threadloader",
+    "ThreadLoader": "placer.executor.stream.threadloader",
 }
 
 

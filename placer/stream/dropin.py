@@ -2,7 +2,7 @@
 
 May import: numpy, placer.data.stream, placer.devices, placer.executor.stream.{nodes,source},
 placer.stream.dataset_cache,
-placer.timing; torch, placer.stream.threadloader and placer.stream.wholerun inside functions.
+placer.timing; torch, placer.executor.stream.threadloader and placer.stream.wholerun inside functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
 number of batches and answers two questions. *Who waits for whom*: the step alone on
@@ -344,7 +344,7 @@ def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
     from torch.utils.data import DataLoader, IterableDataset
 
     if settings.worker_threads and settings.num_workers:
-        from placer.stream.threadloader import ThreadLoader
+        from placer.executor.stream.threadloader import ThreadLoader
 
         if loader.batch_size is not None:
             order = dict(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
@@ -374,7 +374,7 @@ def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
 
 def candidates(user: LoaderSettings, *, cores: int, gpu: bool, iterable: bool) -> list[LoaderSettings]:
     """The settings tried first besides the user's: worker processes 0, 1, 2 and ``cores`` with prefetch
-    2 and 4; thread workers (:class:`~placer.stream.threadloader.ThreadLoader`) 1, 2 and ``cores`` with
+    2 and 4; thread workers (:class:`~placer.executor.stream.threadloader.ThreadLoader`) 1, 2 and ``cores`` with
     prefetch 2 (not for an iterable dataset, whose workers each read their own share). One thread
     worker overlaps loading with the step at no start-up cost: on 2 cores a numpy-augmenting
     inference script of 12 batches ran fastest so (1.44x as written), where worker processes paid
@@ -773,7 +773,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     A cache the advice offers is in the whole run it claims (:func:`with_cache`).
 
     The space: worker processes 0, 1, 2 and the cores, thread workers 1, 2 and the cores
-    (a :class:`~placer.stream.threadloader.ThreadLoader`), then more workers of each kind
+    (a :class:`~placer.executor.stream.threadloader.ThreadLoader`), then more workers of each kind
     while the rate rises (:func:`more_workers`), prefetch 1, 2, 4 and 8 for the fastest
     and for the next worker count when it is near (:func:`depth_bases`), and fewer intra-op
     threads for the step. A recommendation

@@ -318,6 +318,9 @@ def _node_gil(profile: StreamProfile, n: ChainNode, config: StreamSettings) -> f
     if n.kind == "source":
         if profile.source_kind != "iterable" and _loader_workers(profile, config) > 0:
             return 0.0
+        if profile.source_kind != "iterable" and _loader_threads(profile, config) > 0 and any(
+                r.kind == "thread" and r.workers >= 2 for r in st.scaling):
+            return gil_share(profile, n.name)  # a loader's threads: as their measured speed-up says
         return 1.0 if st.gil is None else st.gil
     return st.gil or 0.0
 
@@ -436,8 +439,8 @@ def _cpu_rate(profile: StreamProfile, n: ChainNode, wall: float, config: StreamS
         r = st.rate(w, config.kind_of(n.name), wall)
         return Rate(n.name, "stage", r, 1.0 / r if r else float("inf"), [n.name])
     if n.kind == "source" and profile.source_kind != "iterable":
-        w = _loader_workers(profile, config)
-        s = loader_speedup(profile, st, w) if w > 0 else 1.0
+        w, t = _loader_workers(profile, config), _loader_threads(profile, config)
+        s = loader_speedup(profile, st, w) if w > 0 else loader_thread_speedup(st, t) if t > 0 else 1.0
     else:
         s = 1.0
     return Rate(n.name, "stage", s * _inv(wall), wall / s if s else float("inf"), [n.name])
@@ -453,14 +456,35 @@ def in_worker_processes(profile: StreamProfile, config: StreamSettings) -> bool:
 
 
 def _loader_workers(profile: StreamProfile, config: StreamSettings) -> int:
-    """Worker processes of a Dataset or DataLoader source under ``config``."""
-    if config.sequential:
+    """Worker processes of a Dataset or DataLoader source under ``config`` (none where a thread-pool loader's
+    threads read it, :func:`_loader_threads`)."""
+    if config.sequential or config.loader_threads(profile.source):
         return 0
     if profile.source in config.stage_workers:
         return config.stage_workers[profile.source]
     if profile.source_kind == "loader" and profile.loader is not None:
         return profile.loader.num_workers
     return 0
+
+
+def loader_thread_speedup(st, threads: int) -> float:
+    """A thread-pool loader's ``threads`` over one thread reading the source: as measured
+    (``ScalingRow(kind="thread")``, interpolated, held beyond), else as far as its GIL share lets
+    them (``1 / gil``; unmeasured, it holds the GIL throughout)."""
+    if any(r.kind == "thread" for r in st.scaling):
+        return st.speedup(threads, "thread")
+    gil = 1.0 if st.gil is None else st.gil
+    return min(float(threads), 1.0 / max(gil, 1e-9))
+
+
+def _loader_threads(profile: StreamProfile, config: StreamSettings) -> int:
+    """Threads of a thread-pool loader reading a Dataset or DataLoader source under ``config``
+    (:meth:`~placer.data.stream.StreamSettings.loader_threads`): they run the source at its measured
+    thread speed-up (``ScalingRow(kind="thread")`` on the source, linear where not measured), holding
+    the GIL for the share that speed-up shows."""
+    if profile.source_kind == "iterable" or not config.loader_threads(profile.source):
+        return 0
+    return config.stage_workers[profile.source]
 
 
 def _inv(seconds: float) -> float:

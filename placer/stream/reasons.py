@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from placer.data.stream import Alternative, StageDecision, StreamPlan, StreamProfile, StreamSettings
 from placer.optimize.explain import fmt_s
-from placer.stream.model import Prediction, predict
+from placer.stream.model import Prediction, loader_thread_speedup, predict
 from placer.stream.search import (TIE, Candidate, Scorer, cpu_members, neighbours, options, prefetch_for,
                                   rule_candidate, rule_of_thumb, worker_options)
 
@@ -166,6 +166,9 @@ def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
     if member == profile.source:
         w = c.workers.get(member)
         extra = f" with {w} DataLoader worker processes" if w else ""
+        if w and c.settings.loader_threads(member):
+            extra = (f" with a thread-pool loader's {w} threads ({loader_thread_speedup(st, w):.2f}× one thread, "
+                     f"{'as measured' if any(r.kind == 'thread' for r in st.scaling) else 'as its GIL share lets'})")
         return f"reads batches on the CPU{extra}: {fmt_s(t)} per batch → {per}"
     if dev == "cpu" and c.settings.sequential:
         why = f"on the CPU: {fmt_s(t)} per batch, one batch at a time → {per}"
@@ -250,7 +253,8 @@ def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Pr
             out.append("one batch at a time, no workers: nothing to overlap pays for the cores workers would take"
                        + (f" (the best setting with workers: {scorer.score(par):,.1f} samples/s)" if par else ""))
     elif cfg.prefetch != prefetch_for(cfg.stage_workers):
-        out.append(f"prefetch {cfg.prefetch}: each worker process reads {cfg.prefetch} batches ahead; the depth "
+        who = "loader thread" if cfg.loader_threads(profile.source) else "worker process"
+        out.append(f"prefetch {cfg.prefetch}: each {who} reads {cfg.prefetch} batches ahead; the depth "
                    "that ran fastest in the verification's interleaved rounds (the notes say by how much)")
     elif busiest and busiest[1] > 2:
         out.append(f"prefetch {cfg.prefetch}: each of {busiest[0]}'s {busiest[1]} workers has a batch waiting")

@@ -6,7 +6,8 @@ A candidate is a placement and the :class:`~placer.data.stream.StreamSettings` t
 runner would take (:class:`Candidate`). The space is small: a device per stage (those
 it has implementations for), 1..N thread workers per CPU stage (N: the most measured;
 process workers too where the profile measured them, as ``ScalingRow(kind="process")``),
-DataLoader worker processes for a Dataset or DataLoader source, pinned or pageable
+DataLoader worker processes for a Dataset or DataLoader source (or a thread-pool
+loader's threads, 2 up to the count the profile measured them at), pinned or pageable
 copies (only where a real GPU measured both), torch's intra-op threads for a step on
 the CPU (where measured), one batch at a time, and a cache point (only over several
 epochs). :func:`search` tries each up to :data:`EXHAUSTIVE_LIMIT` candidates, else
@@ -88,21 +89,26 @@ def settled(settings: StreamSettings) -> StreamSettings:
     default prefetch); with workers, prefetch feeds every worker (:func:`prefetch_for`)."""
     if settings.sequential:
         return settings.override(stage_workers={}, worker_kind={}, prefetch=2)
-    return settings.override(workers=1, prefetch=prefetch_for(settings.stage_workers))
+    kinds = {m: k for m, k in settings.worker_kind.items() if settings.stage_workers.get(m, 1) > 0}
+    return settings.override(workers=1, worker_kind=kinds, prefetch=prefetch_for(settings.stage_workers))
 
 
 def make(placement: tuple[tuple[str, str], ...], workers: dict[str, int], *, cache: str | None = None,
          pin: bool = True, processes: tuple[str, ...] = (), threads: int | None = None,
-         sequential: bool = False, remote: dict[str, int] | None = None) -> Candidate:
+         sequential: bool = False, remote: dict[str, int] | None = None,
+         loader_threads: str | None = None) -> Candidate:
     """A candidate with ``workers`` per CPU member (or one batch at a time); ``remote``: stage → batches per
-    task of the stages run as tasks on a cluster."""
+    task of the stages run as tasks on a cluster; ``loader_threads``: a Dataset or DataLoader source read by
+    a thread-pool loader's threads (its workers), not DataLoader's worker processes."""
     remote = remote or {}
     if sequential:
         settings = StreamSettings(workers=0, cache=cache, pin_memory=pin, torch_threads=threads)
     else:
         settings = StreamSettings(workers=1, stage_workers=workers, prefetch=prefetch_for(workers), cache=cache,
                                   pin_memory=pin, worker_kind={**{m: "process" for m in processes},
-                                                               **dict.fromkeys(remote, "dask")},
+                                                               **dict.fromkeys(remote, "dask"),
+                                                               **({loader_threads: "thread"} if loader_threads
+                                                                  else {})},
                                   torch_threads=threads, stage_group=dict(remote))
     return Candidate(placement, settings)
 
@@ -124,6 +130,8 @@ def worker_options(profile: StreamProfile, member: str, kind: str = "thread") ->
     if member == profile.source:
         if profile.source_kind == "iterable":
             return [1]
+        if kind == "thread":  # a thread-pool loader: 2 up to the threads measured (1: the source's own thread)
+            return list(range(2, max([1, *[r.workers for r in st.scaling if r.kind == "thread"]]) + 1))
         # here, at most 8 (each is measured in verification); on a described target, up to its cores
         return list(range(0, (profile.cores if profile.target else min(profile.cores, 8)) + 1))
     if kind == "dask":  # tasks in flight: powers of two up to the cluster's threads, and its threads
@@ -135,8 +143,12 @@ def worker_options(profile: StreamProfile, member: str, kind: str = "thread") ->
 
 def kind_options(profile: StreamProfile, member: str) -> list[str]:
     """``thread``, ``process`` where the profile measured process workers for the stage, and ``dask``
-    where the profile has a cluster (:attr:`StreamProfile.cluster`)."""
+    where the profile has a cluster (:attr:`StreamProfile.cluster`). A Dataset or DataLoader source:
+    ``process`` (DataLoader's worker processes), and ``thread`` (a thread-pool loader) where the profile
+    measured the source read by several threads."""
     st = profile.stage(member)
+    if member == profile.source and profile.source_kind != "iterable":
+        return ["process", *(["thread"] if any(r.kind == "thread" and r.workers >= 2 for r in st.scaling) else [])]
     batch = st.role == "batch"
     return ["thread", *(["process"] if batch and any(r.kind == "process" for r in st.scaling) else []),
             *(["dask"] if batch and profile.cluster is not None else [])]
@@ -184,14 +196,15 @@ def candidates(profile: StreamProfile, epochs: int) -> Iterator[Candidate]:
         place = tuple(zip(names, devs))
         cpu = cpu_members(profile, dict(place))
         for kinds in itertools.product(*(kind_options(profile, m) for m in cpu)):
-            procs = tuple(m for m, k in zip(cpu, kinds) if k == "process")
+            procs = tuple(m for m, k in zip(cpu, kinds) if k == "process" and m != profile.source)
+            pool = next((m for m, k in zip(cpu, kinds) if k == "thread" and m == profile.source), None)
             groups = remote_groups(profile, cpu, kinds)
             for ws in itertools.product(*(worker_options(profile, m, k) for m, k in zip(cpu, kinds))):
                 for cache in cache_options(profile, epochs):
                     for pin in pin_options(profile):
                         for threads in torch_options(profile, dict(place)):
                             yield make(place, dict(zip(cpu, ws)), cache=cache, pin=pin, processes=procs,
-                                       threads=threads, remote=groups)
+                                       threads=threads, remote=groups, loader_threads=pool)
         for cache in cache_options(profile, epochs):
             for pin in pin_options(profile):
                 for threads in torch_options(profile, dict(place)):
@@ -270,7 +283,7 @@ def keep_workers(profile: StreamProfile, c: Candidate, epochs: int) -> Candidate
     with the same batches."""
     s = c.settings
     want = bool(profile.same_source and epochs > 1 and not s.sequential and s.cache != profile.source
-                and s.stage_workers.get(profile.source, 0) > 0)
+                and s.stage_workers.get(profile.source, 0) > 0 and not s.loader_threads(profile.source))
     return c if s.persistent_workers == want else c.with_(persistent_workers=want)
 
 
@@ -314,13 +327,14 @@ def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Ca
                 ws = {k: workers.get(k, 1) for k in cpu_members(profile, new)}
                 yield c.with_(placement=tuple(new.items()), stage_workers=ws)
     for m in cpu_members(profile, place) if not s.sequential else []:
-        kind = s.kind_of(m)
+        kind = kind_here(profile, s, m)
         for w in worker_options(profile, m, kind):
             if w != workers.get(m):
                 yield c.with_(stage_workers={**workers, m: w})
         for other in kind_options(profile, m):
             if other != kind:
-                kinds = {p: k for p, k in s.worker_kind.items() if p != m} | ({m: other} if other != "thread" else {})
+                default = "process" if m == profile.source else "thread"  # a source's kind unset: processes
+                kinds = {p: k for p, k in s.worker_kind.items() if p != m} | ({m: other} if other != default else {})
                 w = min(workers.get(m, 1), max(worker_options(profile, m, other)))
                 groups = {p: g for p, g in s.stage_group.items() if p != m}
                 if other == "dask":
@@ -335,6 +349,14 @@ def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Ca
     for pin in pin_options(profile):
         if pin != s.pin_memory:
             yield c.with_(pin_memory=pin)
+
+
+def kind_here(profile: StreamProfile, s: StreamSettings, member: str) -> str:
+    """The kind of ``member``'s workers under ``s``: a Dataset or DataLoader source's are DataLoader's
+    worker processes unless a thread-pool loader's threads are set (:meth:`StreamSettings.loader_threads`)."""
+    if member == profile.source and profile.source_kind != "iterable":
+        return "thread" if s.worker_kind.get(member) == "thread" else "process"
+    return s.kind_of(member)
 
 
 def _climb(profile: StreamProfile, scorer: Scorer, start: Candidate) -> list[Candidate]:

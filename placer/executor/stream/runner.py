@@ -45,7 +45,7 @@ from placer.executor.stream.chain import build_nodes
 from placer.executor.stream.config import BatchInfo, StreamConfig
 from placer.executor.stream.nodes import Bundle, Node, StepState, batch_len, bundle_bytes, now, takes
 from placer.executor.stream.source import (batch_sampler_of, batches, call_source, close_loader, keeps_workers,
-                                          kept_loader, loader_workers, workers_key)
+                                          kept_loader, loader_threads, loader_workers, workers_key)
 from placer.executor.stream.store import SampleStore, cached_items, plain_key
 from placer.executor.stream.workers import ProcessPool, StageCall, WorkerStopped
 from placer.executor.transfer import to_location
@@ -137,6 +137,7 @@ class StreamRun:
         self.kept: tuple[Any, Any, Any, Any] | None = None
         #: the worker processes of the DataLoader the source was last read with (0: none)
         self.loader_workers = 0
+        self.loader_threads = 0
 
     # -- the source ---------------------------------------------------------------------------
     def bundles(self) -> Iterator[Bundle]:
@@ -182,6 +183,7 @@ class StreamRun:
         from the epoch before (``persistent_workers``) when they can serve it (:func:`workers_key`)."""
         wrap = self.cache.wrap(epoch)
         self.loader_workers = loader_workers(src, obj, self.config)
+        self.loader_threads = loader_threads(src, obj, self.config)
         if wrap is not None or not keeps_workers(src, obj, self.config):
             self._close_kept()
             return batches(src, obj, self.config, wrap)
@@ -304,9 +306,10 @@ class StreamRun:
             node.pool = None
 
     def loader_feeds_step(self) -> bool:
-        """Whether the source's batches come from DataLoader worker processes straight to a step on the host:
-        the stream then runs as a script's loop does, reading a batch and running the step in one thread
-        (the workers read ahead, ``prefetch_factor`` batches each), not through a queue between two threads.
+        """Whether the source's batches come from DataLoader worker processes (or a thread-pool loader's
+        threads) straight to a step on the host: the stream then runs as a script's loop does, reading a batch
+        and running the step in one thread (the workers read ahead, ``prefetch_factor`` batches each), not
+        through a queue between two threads.
 
         A queue between the two measured other speeds than the script's own loop: table_train's pipeline
         form on a 2-core Xeon VM, 2 worker processes (5 interleaved rounds, samples/s over 2 epochs), read
@@ -532,7 +535,8 @@ class StreamRun:
         nodes = [StreamStageStats(name=n.name, kind=n.kind, device=n.device.name, workers=n.workers,
                                   worker_kind=n.worker_kind, batches=n.stats.batches, busy_s=n.stats.busy_s,
                                   starved_s=n.stats.starved_s, blocked_s=n.stats.blocked_s,
-                                  wall_s=n.stats.end_s, loader_workers=self.loader_workers if i == 0 else 0)
+                                  wall_s=n.stats.end_s, loader_workers=self.loader_workers if i == 0 else 0,
+                                  loader_threads=self.loader_threads if i == 0 else 0)
                  for i, n in enumerate(self.nodes)]
         src = self.pipeline.stages[self.source]
         return StreamStats(

@@ -1,13 +1,14 @@
 """A stream's source: what its function returns, turned into batches for each epoch.
 
-May import: placer.pipeline, placer.errors, placer.data.stream, placer.executor.stream.{config,nodes}; placer.attrs
-and torch inside functions (only when
+May import: placer.pipeline, placer.errors, placer.data.stream, placer.executor.stream.{config,nodes}; placer.attrs,
+placer.executor.stream.threadloader and torch inside functions (only when
 the source returns a ``Dataset`` or a ``DataLoader``).
 
 A source function returns an iterable of batches (a generator, a list), a
 ``torch.utils.data.Dataset`` (batched here by a ``DataLoader`` with the stage's
 ``batch_size`` and the configured workers: worker *processes*, as DataLoader runs
-them), or a ``DataLoader`` (its dataset, sampler, batch size, collate function,
+them, or threads where the source's worker kind is ``thread``: a
+:class:`~placer.executor.stream.threadloader.ThreadLoader`), or a ``DataLoader`` (its dataset, sampler, batch size, collate function,
 generator and ``worker_init_fn`` are kept; with configured workers its worker
 settings are replaced, else used as given: the user's own settings are the baseline).
 """
@@ -89,17 +90,32 @@ def loader_for(stage: Stage, obj: Any, config: StreamConfig, wrap: Callable[[Any
     # no workers (only :func:`kept_loader`'s do, and the runner stops them)
     settings = LoaderSettings.from_stream(config, stage.name).model_copy(
         update={"pin_memory": False, "persistent_workers": False})
+    if settings.worker_threads:  # the same batches, in the same order, read by a pool of threads
+        from placer.executor.stream.threadloader import ThreadLoader
+
+        kw.pop("worker_init_fn", None)  # run in each worker process; threads start none
+        return ThreadLoader(**kw, num_workers=settings.num_workers, prefetch_factor=settings.prefetch_factor)
     return DataLoader(**kw, **settings.kwargs())
 
 
 def loader_workers(stage: Stage, obj: Any, config: StreamConfig) -> int:
-    """The worker processes of the DataLoader :func:`loader_for` reads ``obj`` with (0 for an iterable, or
-    one batch at a time): the stream's for the source where it sets them, else the user's DataLoader's own."""
+    """The worker processes of the DataLoader :func:`loader_for` reads ``obj`` with (0 for an iterable, one
+    batch at a time, or thread workers): the stream's for the source where it sets them, else the user's
+    DataLoader's own."""
     if not (_is_loader(obj) or _is_dataset(obj)):
         return 0
     if stage.name in config.stage_workers or config.sequential:
-        return LoaderSettings.from_stream(config, stage.name).num_workers
+        settings = LoaderSettings.from_stream(config, stage.name)
+        return 0 if settings.worker_threads else settings.num_workers
     return int(obj.num_workers) if _is_loader(obj) else 0
+
+
+def loader_threads(stage: Stage, obj: Any, config: StreamConfig) -> int:
+    """The threads of the thread-pool loader :func:`loader_for` reads ``obj`` with (0 where it reads it with
+    a DataLoader, or ``obj`` is an iterable)."""
+    if not (_is_loader(obj) or _is_dataset(obj)) or not config.loader_threads(stage.name):
+        return 0
+    return config.stage_workers[stage.name]
 
 
 def keeps_workers(stage: Stage, obj: Any, config: StreamConfig) -> bool:
@@ -107,7 +123,7 @@ def keeps_workers(stage: Stage, obj: Any, config: StreamConfig) -> bool:
     (``persistent_workers``), the source has workers, and ``obj`` is a Dataset or a DataLoader whose
     batches come from a batch sampler (:func:`workers_key`)."""
     return (config.persistent_workers and not config.sequential and config.stage_workers.get(stage.name, 0) > 0
-            and workers_key(obj) is not None)
+            and not config.loader_threads(stage.name) and workers_key(obj) is not None)
 
 
 def workers_key(obj: Any) -> tuple | None:

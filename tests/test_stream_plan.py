@@ -1196,7 +1196,7 @@ def test_a_thread_pool_loader_is_priced_at_its_measured_speed_up_and_searched_on
     at (images_train: 2 loader threads 1,392 samples/s, one 871, 2 worker processes 1,340), its GIL share
     from it (Amdahl), with no worker processes to start or keep; the search offers it only where measured."""
     from placer.stream.model import loader_thread_speedup
-    from placer.stream.search import Scorer, candidates, keep_workers, kind_options, make, search
+    from placer.stream.search import Scorer, candidates, keep_workers, kind_options, make, neighbours, search
 
     prof = cpu_only(synthetic(cores=2, epochs=3, batches=10)).model_copy(update={"source_kind": "dataset"})
     for m in ("decode", "augment"):
@@ -1231,6 +1231,13 @@ def test_a_thread_pool_loader_is_priced_at_its_measured_speed_up_and_searched_on
     # one thread less than the measured two is the source in a thread of its own: not a second kind of one
     assert all(c.settings.stage_workers.get("batches", 0) >= 2 for c in candidates(prof, 3)
                if c.settings.loader_threads("batches"))
+    # the hill climb's single changes: one worker process becomes the thread-pool loader at 2 threads, and back
+    one = make(tuple(CPU.items()), {"batches": 1, "decode": 1, "augment": 1})
+    near = [c for c in neighbours(prof, one, 3) if c.settings.loader_threads("batches")]
+    assert [c.settings.stage_workers["batches"] for c in near] == [2], near
+    back = [c for c in neighbours(prof, near[0], 3) if c.settings.stage_workers.get("batches") == 2
+            and not c.settings.worker_kind.get("batches")]
+    assert back, "no change back to worker processes"
 
 
 def test_a_one_epoch_run_is_planned_on_its_whole_time_so_worker_start_up_can_lose():

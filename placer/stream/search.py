@@ -335,7 +335,8 @@ def neighbours(profile: StreamProfile, c: Candidate, epochs: int) -> Iterator[Ca
             if other != kind:
                 default = "process" if m == profile.source else "thread"  # a source's kind unset: processes
                 kinds = {p: k for p, k in s.worker_kind.items() if p != m} | ({m: other} if other != default else {})
-                w = min(workers.get(m, 1), max(worker_options(profile, m, other)))
+                counts = worker_options(profile, m, other)
+                w = min(max(workers.get(m, 1), min(counts)), max(counts))
                 groups = {p: g for p, g in s.stage_group.items() if p != m}
                 if other == "dask":
                     groups |= remote_groups(profile, [m], ("dask",))

@@ -1238,6 +1238,16 @@ def test_a_thread_pool_loader_is_priced_at_its_measured_speed_up_and_searched_on
     back = [c for c in neighbours(prof, near[0], 3) if c.settings.stage_workers.get("batches") == 2
             and not c.settings.worker_kind.get("batches")]
     assert back, "no change back to worker processes"
+    # in words: the change, and the reason the plan gives for its source
+    from placer.stream.reasons import _describe, explain
+
+    two_procs = make(tuple(CPU.items()), {"batches": 2, "decode": 1, "augment": 1})
+    two_threads = make(tuple(CPU.items()), {"batches": 2, "decode": 1, "augment": 1}, loader_threads="batches")
+    assert _describe(prof, two_procs, two_threads) == "2 loader threads on batches"
+    assert _describe(prof, two_threads, two_procs) == "2 DataLoader worker processes on batches"
+    sp = explain(prof, Scorer(prof, "total_time", 3), two_threads, "exhaustive", 1)
+    src_reason = next(s.reason for s in sp.stages if s.name == "batches")
+    assert "with a thread-pool loader's 2 threads (1.60× one thread, as measured)" in src_reason, src_reason
 
 
 def test_a_one_epoch_run_is_planned_on_its_whole_time_so_worker_start_up_can_lose():

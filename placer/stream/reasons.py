@@ -17,8 +17,8 @@ from __future__ import annotations
 from placer.data.stream import Alternative, StageDecision, StreamPlan, StreamProfile, StreamSettings
 from placer.optimize.explain import fmt_s
 from placer.stream.model import Prediction, loader_thread_speedup, predict
-from placer.stream.search import (TIE, Candidate, Scorer, cpu_members, neighbours, options, prefetch_for,
-                                  rule_candidate, rule_of_thumb, worker_options)
+from placer.stream.search import (TIE, Candidate, Scorer, cpu_members, kind_here, neighbours, options,
+                                  prefetch_for, rule_candidate, rule_of_thumb, worker_options)
 
 
 def device_title(profile: StreamProfile, device: str) -> str:
@@ -114,10 +114,11 @@ def _describe(profile: StreamProfile, a: Candidate, b: Candidate) -> str:
         m = moved[0]
         return f"{'the step' if m == profile.step else m} on {device_title(profile, pb[m])}"
     wa, wb = a.workers, b.workers
-    changed = [m for m in wb if wa.get(m) != wb[m] or sa.kind_of(m) != sb.kind_of(m)]
+    changed = [m for m in wb if wa.get(m) != wb[m] or kind_here(profile, sa, m) != kind_here(profile, sb, m)]
     if changed:
         m = changed[0]
-        kind = ("DataLoader worker processes" if m == profile.source else
+        kind = ("loader threads" if m == profile.source and sb.loader_threads(m) else
+                "DataLoader worker processes" if m == profile.source else
                 "process workers" if m in b.processes else "workers")
         return f"{wb[m]} {kind} on {m}"
     if sa.cache != sb.cache:

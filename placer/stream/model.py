@@ -46,10 +46,12 @@ than its busiest resource allows:
   ``u`` are solved together (a damped fixed point);
 - **the cores beside the step's threads**: a step on the CPU at ``n > 1`` intra-op threads
   keeps ``n - 1`` cores busy between its batches too (torch's OpenMP threads spin-wait after
-  each parallel region, for milliseconds), so the nodes in worker processes share what is
-  left: ``max(1, cores - (n - 1)) / sum(their cpu s)``. Measured in a plain script on 2 cores: a
+  each parallel region, for milliseconds), so the nodes beside it (in worker processes, or in
+  threads of their own; not one batch at a time) share what is left:
+  ``max(1, cores - (n - 1)) / sum(their cpu s)``. Measured in a plain script on 2 cores: a
   tokenizer on 2 DataLoader worker processes fed a step at 2 torch threads at 5,400-7,800
-  samples/s, the rate of 1 worker (6,200), and at 1 torch thread 9,400-11,600.
+  samples/s, the rate of 1 worker (6,200), and at 1 torch thread 9,400-11,600; one loader thread
+  (audio, its decode cached) at 657 against 1,374.
 
 Throughput is the smallest rate; the resource that sets it is the bottleneck. With
 ``workers=0`` nothing overlaps: one batch takes the sum of every node's seconds, each as

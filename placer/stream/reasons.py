@@ -117,7 +117,7 @@ def _describe(profile: StreamProfile, a: Candidate, b: Candidate) -> str:
     changed = [m for m in wb if wa.get(m) != wb[m] or kind_here(profile, sa, m) != kind_here(profile, sb, m)]
     if changed:
         m = changed[0]
-        kind = ("loader threads" if m == profile.source and sb.loader_threads(m) else
+        kind = (f"loader thread{'s' if wb[m] != 1 else ''}" if m == profile.source and sb.loader_threads(m) else
                 "DataLoader worker processes" if m == profile.source else
                 "process workers" if m in b.processes else "workers")
         return f"{wb[m]} {kind} on {m}"
@@ -168,7 +168,8 @@ def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
         w = c.workers.get(member)
         extra = f" with {w} DataLoader worker processes" if w else ""
         if w and c.settings.loader_threads(member):
-            extra = (f" with a thread-pool loader's {w} threads ({loader_thread_speedup(st, w):.2f}× one thread, "
+            extra = (f" with a thread-pool loader's {w} thread{'s' if w != 1 else ''} "
+                     f"({loader_thread_speedup(st, w):.2f}× one thread, "
                      f"{'as measured' if any(r.kind == 'thread' for r in st.scaling) else 'as its GIL share lets'})")
         return f"reads batches on the CPU{extra}: {fmt_s(t)} per batch → {per}"
     if dev == "cpu" and c.settings.sequential:

@@ -435,7 +435,8 @@ def _who(profile: StreamProfile, c: Any, rate: Any) -> str:
         m = rate.members[0]
         if m == profile.source:
             w = c.workers.get(m)
-            kind = "loader threads" if c.settings.loader_threads(m) else "DataLoader worker processes"
+            kind = (f"loader thread{'s' if w != 1 else ''}" if c.settings.loader_threads(m)
+                    else "DataLoader worker processes")
             return f"the source {m!r}" + (f" on {w} {kind}" if w else "")
         w = 1 if c.settings.sequential else c.workers.get(m, 1)
         return f"{m!r} on {_workers(w, c.settings.kind_of(m))}"

@@ -242,12 +242,14 @@ class _Order(torch.utils.data.Sampler):
             yield i
 
 
-def _loop(names: set, steps: set) -> Pipeline:
+def _loop(names: set, steps: set, data: type = Items, columns: int = 2) -> Pipeline:
+    """A DataLoader over ``data`` (its sampler records the threads drawing its indices in ``names``) and a step
+    that records its thread in ``steps`` and returns each batch's first ``columns`` columns."""
     p = Pipeline("script-loop")
 
     @p.stage(kind="other", pin="cpu")
     def loader():
-        return DataLoader(Items(), batch_size=B, sampler=_Order(names))
+        return DataLoader(data(), batch_size=B, sampler=_Order(names))
 
     @p.source(epochs=2, batch_size=B)
     def rows(loader):
@@ -256,7 +258,7 @@ def _loop(names: set, steps: set) -> Pipeline:
     @p.step()
     def seen(rows):
         steps.add(threading.current_thread().name)
-        return rows[:, :2].clone()
+        return rows[:, :columns].clone()
 
     return p
 
@@ -309,22 +311,7 @@ def test_a_thread_pool_loader_reads_a_dataset_source_in_threads_with_the_batches
             return super().__getitem__(i)
 
     def pipe(names: set, steps: set) -> Pipeline:
-        p = Pipeline("thread-loader")
-
-        @p.stage(kind="other", pin="cpu")
-        def loader():
-            return DataLoader(Named(), batch_size=B, sampler=_Order(names))
-
-        @p.source(epochs=2, batch_size=B)
-        def rows(loader):
-            return loader
-
-        @p.step()
-        def seen(rows):
-            steps.add(threading.current_thread().name)
-            return rows.clone()
-
-        return p
+        return _loop(names, steps, Named, 3)  # with the id of the process that read each item
 
     one = execute(pipe(set(), set()), "all=cpu", stream=StreamConfig(workers=0))
     want = [x.tolist() for x in one.outputs["seen"]]

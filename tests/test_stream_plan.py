@@ -1224,7 +1224,7 @@ def test_a_thread_pool_loader_is_priced_at_its_measured_speed_up_and_searched_on
     assert predict(prof, CPU, threads).total_s == pytest.approx(pred.total_s)
     assert predict(prof, CPU, StreamConfig(workers=1, stage_workers={"batches": 2})).total_s > procs.total_s + 1.0
     src.worker_start_s = 40 * MS
-    plan, how, n = search(prof, Scorer(prof, "total_time", 3), make(tuple(CPU.items()), {"batches": 2}))
+    plan, _, _ = search(prof, Scorer(prof, "total_time", 3), make(tuple(CPU.items()), {"batches": 2}))
     best = plan[0]
     assert best.settings.loader_threads("batches") and best.settings.stage_workers["batches"] == 2, best.settings
     assert not keep_workers(prof, best, 3).settings.persistent_workers  # nothing to keep between epochs

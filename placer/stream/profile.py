@@ -67,7 +67,7 @@ from placer.log import get_logger
 from placer.profile.transfers import value_copies
 from placer.timing import Clock, Deadline, Measurement, Timings, settle, torch_threads
 from placer.executor.transfer import nbytes, to_location
-from placer.pipeline import BATCH_INFO, Pipeline
+from placer.pipeline import BATCH_INFO, Pipeline, Stage
 from placer.executor.stream.config import StreamConfig
 from placer.executor.stream.nodes import Bundle, Node, batch_len, takes
 from placer.executor.stream.runner import StreamRun
@@ -691,12 +691,11 @@ def _in_a_worker(prof: _Profiler, st: StageProfile, budget_s: float | None) -> N
         prof.notes.append(f"source {prof.source!r}: not timed in a DataLoader worker process (the profile's "
                           "budget was spent); its worker processes are priced at its seconds here")
         return
-    src = prof.pipeline.stages[prof.source]
-    consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
     try:
-        obj = call_source(src, consts, 0)
-        if describe_source(obj) == "iterable":
+        read = _source_read(prof)
+        if read is None:
             return
+        src, obj = read
         timed = _time_one_worker(loader_for(src, obj, StreamConfig(stage_workers={prof.source: 1})), budget_s)
     except Exception as exc:  # noqa: BLE001 - a source a worker process cannot read is priced as read here
         prof.notes.append(f"source {prof.source!r}: not timed in a DataLoader worker process "
@@ -705,10 +704,10 @@ def _in_a_worker(prof: _Profiler, st: StageProfile, budget_s: float | None) -> N
         return
     if timed is not None:
         st.worker_start_s, st.worker_seconds, st.worker_end_s = timed
-        _in_workers(prof, st, src, consts, budget_s)
+        _in_workers(prof, st, budget_s)
 
 
-def _in_workers(prof: _Profiler, st: StageProfile, src: Any, consts: dict[str, Any], budget_s: float | None) -> None:
+def _in_workers(prof: _Profiler, st: StageProfile, budget_s: float | None) -> None:
     """The same source read through ``n`` worker processes at once (the cores, at most
     :data:`SCALED_WORKERS`), the consumer idle: their pace over one worker's is the source's process
     speed-up (``ScalingRow(kind="process", workers=n)`` in ``StageProfile.scaling``), which the stream
@@ -724,7 +723,10 @@ def _in_workers(prof: _Profiler, st: StageProfile, src: Any, consts: dict[str, A
                           "profile's budget was spent); their speed-up is taken as the cores'")
         return
     try:
-        obj = call_source(src, consts, 0)
+        read = _source_read(prof)
+        if read is None:
+            return
+        src, obj = read
         timed = _time_one_worker(loader_for(src, obj, StreamConfig(stage_workers={prof.source: n})), budget_s,
                                  skip=2 * n)
     except Exception as exc:  # noqa: BLE001 - priced as the cores' speed-up, as before
@@ -736,6 +738,14 @@ def _in_workers(prof: _Profiler, st: StageProfile, src: Any, consts: dict[str, A
     rows = [r for r in st.scaling if r.kind != "process"]
     st.scaling = [*rows, ScalingRow(kind="process", workers=n, batches_per_s=1.0 / timed[1],
                                     speedup=min(float(n), st.worker_seconds / timed[1]))]
+
+
+def _source_read(prof: _Profiler) -> tuple[Stage, Any] | None:
+    """The source stage and what it returns for epoch 0, where that is a Dataset or DataLoader (else None)."""
+    src = prof.pipeline.stages[prof.source]
+    consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
+    obj = call_source(src, consts, 0)
+    return None if describe_source(obj) == "iterable" else (src, obj)
 
 
 def _in_threads(prof: _Profiler, st: StageProfile, budget_s: float | None) -> None:
@@ -754,12 +764,11 @@ def _in_threads(prof: _Profiler, st: StageProfile, budget_s: float | None) -> No
         prof.notes.append(f"source {prof.source!r}: not read by {n} loader threads at once (the profile's budget "
                           "was spent); a thread-pool loader is not offered for it")
         return
-    src = prof.pipeline.stages[prof.source]
-    consts = {a: prof.consts[s] for a, s in src.inputs.items() if s in prof.consts}
     try:
-        obj = call_source(src, consts, 0)
-        if describe_source(obj) == "iterable":
+        read = _source_read(prof)
+        if read is None:
             return
+        src, obj = read
         config = StreamConfig(stage_workers={prof.source: n}, worker_kind={prof.source: "thread"})
         timed = _time_one_worker(loader_for(src, obj, config), budget_s, skip=2 * n)
     except Exception as exc:  # noqa: BLE001 - a source threads cannot read is read as before

@@ -691,17 +691,10 @@ def _in_a_worker(prof: _Profiler, st: StageProfile, budget_s: float | None) -> N
         prof.notes.append(f"source {prof.source!r}: not timed in a DataLoader worker process (the profile's "
                           "budget was spent); its worker processes are priced at its seconds here")
         return
-    try:
-        read = _source_read(prof)
-        if read is None:
-            return
-        src, obj = read
-        timed = _time_one_worker(loader_for(src, obj, StreamConfig(stage_workers={prof.source: 1})), budget_s)
-    except Exception as exc:  # noqa: BLE001 - a source a worker process cannot read is priced as read here
-        prof.notes.append(f"source {prof.source!r}: not timed in a DataLoader worker process "
-                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}); "
-                          "its worker processes are priced at its seconds here")
-        return
+    # a source a worker process cannot read is priced as read here
+    timed = _time_source(prof, StreamConfig(stage_workers={prof.source: 1}), budget_s, 2,
+                         "not timed in a DataLoader worker process", "; its worker processes are priced at its "
+                         "seconds here")
     if timed is not None:
         st.worker_start_s, st.worker_seconds, st.worker_end_s = timed
         _in_workers(prof, st, budget_s)
@@ -722,22 +715,31 @@ def _in_workers(prof: _Profiler, st: StageProfile, budget_s: float | None) -> No
         prof.notes.append(f"source {prof.source!r}: not timed in {n} DataLoader worker processes at once (the "
                           "profile's budget was spent); their speed-up is taken as the cores'")
         return
-    try:
-        read = _source_read(prof)
-        if read is None:
-            return
-        src, obj = read
-        timed = _time_one_worker(loader_for(src, obj, StreamConfig(stage_workers={prof.source: n})), budget_s,
-                                 skip=2 * n)
-    except Exception as exc:  # noqa: BLE001 - priced as the cores' speed-up, as before
-        prof.notes.append(f"source {prof.source!r}: not timed in {n} DataLoader worker processes "
-                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})")
-        return
+    # where it fails, priced as the cores' speed-up, as before
+    timed = _time_source(prof, StreamConfig(stage_workers={prof.source: n}), budget_s, 2 * n,
+                         f"not timed in {n} DataLoader worker processes")
     if timed is None or timed[1] <= 0:
         return
     rows = [r for r in st.scaling if r.kind != "process"]
     st.scaling = [*rows, ScalingRow(kind="process", workers=n, batches_per_s=1.0 / timed[1],
                                     speedup=min(float(n), st.worker_seconds / timed[1]))]
+
+
+def _time_source(prof: _Profiler, config: StreamConfig, budget_s: float | None, skip: int, failed: str,
+                 then: str = "") -> tuple[float, float, float] | None:
+    """:func:`_time_one_worker` of the source's epoch 0 read by the loader ``config`` gives it; None where the
+    source returns an iterable of batches, or its epoch is too short, or reading fails (then a note says
+    ``failed``, the error, and ``then``)."""
+    try:
+        read = _source_read(prof)
+        if read is None:
+            return None
+        src, obj = read
+        return _time_one_worker(loader_for(src, obj, config), budget_s, skip=skip)
+    except Exception as exc:  # noqa: BLE001 - a probe of the user's source must not fail the profile
+        prof.notes.append(f"source {prof.source!r}: {failed} "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}){then}")
+        return None
 
 
 def _source_read(prof: _Profiler) -> tuple[Stage, Any] | None:
@@ -764,18 +766,9 @@ def _in_threads(prof: _Profiler, st: StageProfile, budget_s: float | None) -> No
         prof.notes.append(f"source {prof.source!r}: not read by {n} loader threads at once (the profile's budget "
                           "was spent); a thread-pool loader is not offered for it")
         return
-    try:
-        read = _source_read(prof)
-        if read is None:
-            return
-        src, obj = read
-        config = StreamConfig(stage_workers={prof.source: n}, worker_kind={prof.source: "thread"})
-        timed = _time_one_worker(loader_for(src, obj, config), budget_s, skip=2 * n)
-    except Exception as exc:  # noqa: BLE001 - a source threads cannot read is read as before
-        prof.notes.append(f"source {prof.source!r}: not read by {n} loader threads "
-                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}); "
-                          "a thread-pool loader is not offered for it")
-        return
+    config = StreamConfig(stage_workers={prof.source: n}, worker_kind={prof.source: "thread"})
+    timed = _time_source(prof, config, budget_s, 2 * n, f"not read by {n} loader threads",
+                         "; a thread-pool loader is not offered for it")
     if timed is None or timed[1] <= 0:
         return
     rows = [r for r in st.scaling if r.kind != "thread"]

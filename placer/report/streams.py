@@ -96,7 +96,8 @@ def stage_facts(s: StreamStageStats, samples_per_batch: float) -> StreamStageFac
                 if s.busy_s > 0 and s.batches else None)
     return StreamStageFacts(
         name=s.name, kind=s.kind, device=s.device, workers=s.workers, worker_kind=s.worker_kind,
-        loader_workers=s.loader_workers, loader_threads=s.loader_threads, batches=s.batches, busy_s=s.busy_s, starved_s=s.starved_s,
+        loader_workers=s.loader_workers, loader_threads=s.loader_threads, batches=s.batches, busy_s=s.busy_s,
+        starved_s=s.starved_s,
         blocked_s=s.blocked_s, wall_s=s.wall_s,
         busy_share=share(s.busy_s), starved_share=share(s.starved_s), blocked_share=share(s.blocked_s),
         capacity_samples_per_s=capacity,

@@ -1,7 +1,8 @@
 """Streams of minibatches: a source, per-batch stages, and a step that consumes them.
 
 May import: placer.stream.*, placer.data.stream, placer.executor.stream (whose runner names it
-re-exports), placer.executor.stream.threadloader. Import cost stays low: torch is reached only when a source returns a Dataset or
+re-exports), placer.executor.stream.threadloader. Import cost stays low: torch is reached only when a
+source returns a Dataset or
 DataLoader, or a stage runs on a GPU.
 
 A stream is declared in a pipeline with :meth:`placer.Pipeline.source`, per-batch

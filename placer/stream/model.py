@@ -481,9 +481,8 @@ def loader_thread_speedup(st, threads: int) -> float:
 
 def _loader_threads(profile: StreamProfile, config: StreamSettings) -> int:
     """Threads of a thread-pool loader reading a Dataset or DataLoader source under ``config``
-    (:meth:`~placer.data.stream.StreamSettings.loader_threads`): they run the source at its measured
-    thread speed-up (``ScalingRow(kind="thread")`` on the source, linear where not measured), holding
-    the GIL for the share that speed-up shows."""
+    (:meth:`~placer.data.stream.StreamSettings.loader_threads`): they run the source at
+    :func:`loader_thread_speedup`, holding the GIL for the share that speed-up shows."""
     if profile.source_kind == "iterable" or not config.loader_threads(profile.source):
         return 0
     return config.stage_workers[profile.source]

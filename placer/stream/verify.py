@@ -166,8 +166,8 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
 
 def loader_feeds_step(profile: StreamProfile, c: Candidate) -> bool:
     """Whether ``c``'s stream is a Dataset or DataLoader source read by worker processes (or a thread-pool
-    loader's threads) straight into a step on the CPU: the runner's loop of a script (:meth:`~placer.executor.stream.runner.StreamRun.loader_feeds_step`),
-    whose read-ahead is the DataLoader's ``prefetch_factor``."""
+    loader's threads) straight into a step on the CPU: the runner's loop of a script
+    (:meth:`~placer.executor.stream.runner.StreamRun.loader_feeds_step`), whose read-ahead is the DataLoader's ``prefetch_factor``."""
     if c.settings.sequential or profile.source_kind == "iterable" or len(profile.members) != 2:
         return False
     w = c.settings.stage_workers.get(profile.source, 0)

@@ -8,7 +8,8 @@ A source function returns an iterable of batches (a generator, a list), a
 ``torch.utils.data.Dataset`` (batched here by a ``DataLoader`` with the stage's
 ``batch_size`` and the configured workers: worker *processes*, as DataLoader runs
 them, or threads where the source's worker kind is ``thread``: a
-:class:`~placer.executor.stream.threadloader.ThreadLoader`), or a ``DataLoader`` (its dataset, sampler, batch size, collate function,
+:class:`~placer.executor.stream.threadloader.ThreadLoader`), or a ``DataLoader``
+(its dataset, sampler, batch size, collate function,
 generator and ``worker_init_fn`` are kept; with configured workers its worker
 settings are replaced, else used as given: the user's own settings are the baseline).
 """

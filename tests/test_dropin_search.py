@@ -521,11 +521,10 @@ def test_settings_slow_to_start_leave_the_budget_room_to_repeat_yours_and_a_fina
     assert advice.change and advice.recommended.settings.num_workers == 1
 
 
-def test_a_gain_left_within_noise_gets_more_interleaved_rounds_while_the_budget_has_room(monkeypatch):
-    """2 workers measure 15 % faster in every round but one: after REPEATS rounds (2 of 3 won) the gain
-    is within noise; more rounds of the two (6 of 7 won) decide it, as a sign test would."""
-    # yours and 2 workers, each at the step's 2 threads; then their last value, run after run
-    seq = {(0, None, 2): [100.0, 120.0], (2, 2, 2): [115.0, 110.0, 115.0]}
+def _rounds_of(monkeypatch, seq: dict, then: dict):
+    """The drop-in on scripted runs at the step's 2 threads: a key ``(workers, prefetch, step threads)`` in
+    ``seq`` reads its values in its first runs of the search, then its value in ``then`` (in the confirming
+    runs too); other keys 50 samples/s."""
     calls: dict = {}
 
     def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
@@ -533,76 +532,54 @@ def test_a_gain_left_within_noise_gets_more_interleaved_rounds_while_the_budget_
             keep.append(next(iter(loader)))
         w = -1 if getattr(loader, "worker_threads", False) else loader.num_workers
         key = (w, loader.prefetch_factor if w > 0 else None, torch.get_num_threads())
-        if step is None:
-            rate = 5000.0
-        elif batches > 20:  # the confirming runs
-            rate = {(0, None, 2): 100.0, (2, 2, 2): 115.0}.get(key, 50.0)
-        elif key in seq:
+        rate = 5000.0 if step is None else then.get(key, 50.0)
+        if step is not None and batches <= 20 and key in seq:  # the search's runs (the confirming ones are longer)
             n = calls[key] = calls.get(key, 0) + 1
-            rate = seq[key][min(n, len(seq[key])) - 1] if n <= len(seq[key]) else (100.0 if w == 0 else 115.0)
-        else:
-            rate = 50.0
+            rate = seq[key][n - 1] if n <= len(seq[key]) else rate
         return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.5,
                      batches=10, samples=80, seconds=80 / rate)
 
     _patched(monkeypatch, run)
     with dropin.torch_threads(2):  # the user's step threads, whatever this machine's cores
-        advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+        return advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+
+
+#: yours and 2 workers at prefetch 2, each at the step's 2 threads
+YOURS, TWO = (0, None, 2), (2, 2, 2)
+
+
+def test_a_gain_left_within_noise_gets_more_interleaved_rounds_while_the_budget_has_room(monkeypatch):
+    """2 workers measure 15 % faster in every round but one: after REPEATS rounds (2 of 3 won) the gain
+    is within noise; more rounds of the two (6 of 7 won) decide it, as a sign test would."""
+    runs = ({YOURS: [100.0, 120.0], TWO: [115.0, 110.0, 115.0]}, {YOURS: 100.0, TWO: 115.0})
+    advice = _rounds_of(monkeypatch, *runs)
     assert advice.change and advice.recommended.settings.num_workers == 2 and advice.within_noise is None
     assert len(advice.user.rates) == dropin.REPEATS + dropin.SETTLE_ROUNDS
     # without the extra rounds the same runs keep your settings, within noise
-    calls.clear()
     monkeypatch.setattr(dropin, "SETTLE_ROUNDS", 0)
-    with dropin.torch_threads(2):
-        kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    kept = _rounds_of(monkeypatch, *runs)
     assert not kept.change and "within noise" in kept.within_noise
     assert len(kept.user.rates) == dropin.REPEATS
-
-
-def _runs_of_two_workers(monkeypatch, first: list[float], then: float):
-    """The drop-in on runs where yours read 100 samples/s, 2 workers ``first`` in their first runs and
-    ``then`` after (the confirming runs too), everything else 50; at the step's 2 threads."""
-    calls: dict = {}
-
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
-        if keep is not None:
-            keep.append(next(iter(loader)))
-        w = -1 if getattr(loader, "worker_threads", False) else loader.num_workers
-        key = (w, loader.prefetch_factor if w > 0 else None, torch.get_num_threads())
-        if step is None:
-            rate = 5000.0
-        elif key == (0, None, 2):
-            rate = 100.0
-        elif key == (2, 2, 2):
-            n = calls[key] = calls.get(key, 0) + 1
-            rate = first[n - 1] if n <= len(first) and batches <= 20 else then
-        else:
-            rate = 50.0
-        return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.5,
-                     batches=10, samples=80, seconds=80 / rate)
-
-    _patched(monkeypatch, run)
-    with dropin.torch_threads(2):
-        return advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
 
 
 def test_a_gain_the_spread_of_its_runs_may_hide_gets_more_rounds_before_yours_are_kept(monkeypatch):
     """2 workers read 112, 101 and 100 samples/s against your 100s (v29's text_infer: 2 worker processes
     0.99-1.03x yours over 3 runs spread by 14-37 %, the script 1.31x): their median is not 5 % faster,
     their fastest run is. More interleaved rounds (115 each) decide it, as a sign test would (6 of 7)."""
-    advice = _runs_of_two_workers(monkeypatch, [112.0, 101.0, 100.0], 115.0)
+    runs = ({TWO: [112.0, 101.0, 100.0]}, {YOURS: 100.0, TWO: 115.0})
+    advice = _rounds_of(monkeypatch, *runs)
     assert advice.change and advice.recommended.settings.num_workers == 2 and advice.within_noise is None
     assert len(advice.user.rates) == dropin.REPEATS + dropin.SETTLE_ROUNDS
     # without the more rounds the same runs keep your settings
     monkeypatch.setattr(dropin, "within_reach", lambda *a, **k: None)
-    kept = _runs_of_two_workers(monkeypatch, [112.0, 101.0, 100.0], 115.0)
+    kept = _rounds_of(monkeypatch, *runs)
     assert not kept.change and len(kept.user.rates) == dropin.REPEATS
 
 
 def test_settings_whose_every_run_is_within_noise_of_yours_get_no_more_rounds(monkeypatch):
     """No run of 2 workers was 5 % faster than yours (103, 102, 101): your settings are kept after
     REPEATS rounds, the budget not spent on more."""
-    kept = _runs_of_two_workers(monkeypatch, [103.0, 102.0, 101.0], 104.0)
+    kept = _rounds_of(monkeypatch, {TWO: [103.0, 102.0, 101.0]}, {YOURS: 100.0, TWO: 104.0})
     assert not kept.change and len(kept.user.rates) == dropin.REPEATS
     assert dropin.within_reach(kept.user, kept.trials) is None
 

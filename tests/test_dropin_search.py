@@ -178,7 +178,7 @@ def scripted(monkeypatch, search: dict, longer: dict, *, first: dict | None = No
     first = first or {}
     first_longer = {**first, **(first_longer or {})}
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
         if keep is not None:
             keep.append(next(iter(loader)))
         w = -1 if getattr(loader, "worker_threads", False) else loader.num_workers
@@ -431,7 +431,7 @@ def test_advice_that_keeps_workers_between_epochs_says_what_that_does_to_the_ran
 def advised_at_two_step_threads(monkeypatch, rate):
     """Advice on 2 cores for a step at 2 torch threads; each run with the step measures ``rate(loader)``
     (the step's threads are torch's at the time), the loader alone 520 samples/s, the step alone 1,000."""
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
         if keep is not None:
             keep.append(next(iter(loader)))
         r = rate(loader) if step is not None else 520.0
@@ -498,7 +498,7 @@ def test_settings_slow_to_start_leave_the_budget_room_to_repeat_yours_and_a_fina
     rates = {0: 100.0, 1: 150.0, 2: 20.0, -1: 20.0}
     walls = {0: 0.05, 1: 0.05, 2: 0.5, -1: 0.5}  # 2 processes and the thread pool: slow to their first batch
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
         if keep is not None:
             keep.append(next(iter(loader)))
         w = -1 if getattr(loader, "worker_threads", False) else loader.num_workers
@@ -527,7 +527,7 @@ def _rounds_of(monkeypatch, seq: dict, then: dict):
     runs too); other keys 50 samples/s."""
     calls: dict = {}
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
         if keep is not None:
             keep.append(next(iter(loader)))
         w = -1 if getattr(loader, "worker_threads", False) else loader.num_workers
@@ -604,7 +604,7 @@ def test_runs_too_short_to_measure_read_more_batches_up_to_an_epoch(monkeypatch,
     50 ms already make a 0.5 s run and keep the length asked for."""
     asked = []
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
         if keep is not None:
             keep.append(next(iter(loader)))
         asked.append((loader.num_workers, getattr(loader, "worker_threads", False), batches, step is None))
@@ -640,7 +640,7 @@ def _fake_runs(monkeypatch, rate_of):
     it is one of the longer confirming runs."""
     calls: dict = {}
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
         if keep is not None:
             keep.append(next(iter(loader)))
         threads = bool(getattr(loader, "worker_threads", False))
@@ -797,3 +797,45 @@ def test_a_recommendation_of_more_workers_than_cores_says_so(monkeypatch):
                if not key[1] else 50.0)
     two = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     assert two.change and two.recommended.settings.num_workers == 2 and "more worker processes" not in str(two)
+
+
+def _slow_start(worker_id: int) -> None:
+    time.sleep(1.0)
+
+
+def test_a_run_still_in_its_warm_up_after_your_whole_run_stops_there():
+    """2 worker processes that take a second to start (their worker_init_fn sleeps) against a whole run
+    of yours of 0.2 s: the run stops after its first batch, its rate that batch over the time taken,
+    and its row says so; with no limit the same loader reads its warm-up and counts batches."""
+    from placer.timing import Deadline
+
+    loader = DataLoader(Records(), batch_size=4, num_workers=2, worker_init_fn=_slow_start)
+    kw = dict(batches=6, warmup=2, device=dropin._step_device("cpu"), deadline=Deadline(None))
+    cut = run_loader(loader, None, give_up_s=0.2, **kw)
+    assert cut.cut and cut.read == 1 and cut.first_batch_s >= 1.0
+    assert cut.samples == 4 and cut.samples_per_s == pytest.approx(4 / cut.seconds)
+    assert "stopped in its warm-up" in dropin._row(cut, False) and cut.as_dict()["cut"]
+    whole = run_loader(loader, None, **kw)
+    assert not whole.cut and whole.read == 6 and whole.batches == 4
+    assert "stopped" not in dropin._row(whole, False) and "cut" not in whole.as_dict()
+
+
+def test_other_settings_stay_in_their_warm_up_no_longer_than_your_whole_run(monkeypatch):
+    """Every run but yours gets your whole run's seconds as its limit in the warm-up (100 batches of 8
+    at 100 samples/s, 0.01 s to the first: 7.93 s); yours (with the step or alone) none."""
+    seen: dict = {}
+
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
+        if keep is not None:
+            keep.append(next(iter(loader)))
+        key = (loader.num_workers, bool(getattr(loader, "worker_threads", False)), torch.get_num_threads())
+        seen.setdefault(key, set()).add(give_up_s)
+        return Trial(settings=settings_of(loader), samples_per_s=100.0, first_batch_s=0.01, fetch_fraction=0.5,
+                     batches=10, samples=80, seconds=0.8)
+
+    _patched(monkeypatch, run)
+    with dropin.torch_threads(2):
+        advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
+    assert seen.pop((0, False, 2)) == {None}
+    limits = set().union(*seen.values())
+    assert len(seen) >= 4 and limits and all(g == pytest.approx(7.93, rel=0.01) for g in limits)

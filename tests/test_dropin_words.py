@@ -81,7 +81,7 @@ def test_samples_come_from_the_batch_size_when_the_batch_does_not_say_and_a_note
 
 def scripted(monkeypatch, rates: dict[int, float], step_rate: float, loader_rate: float):
     """Measuring returns fixed rates: ``rates`` by num_workers with the step, ``loader_rate`` without."""
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
         if keep is not None:
             keep.append(next(iter(loader)))
         # more workers than listed: the rate has stopped rising
@@ -160,7 +160,7 @@ def test_the_note_on_random_draws_only_when_the_dataset_draws_unseeded(monkeypat
 def rated(monkeypatch, rate, *, step_rate: float, fetch: float = 0.5) -> None:
     """Each run with the step measures ``rate(settings)`` samples/s (its torch threads included); the
     loader alone 5000; the step alone ``step_rate``; 2 cores."""
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
         if keep is not None:
             keep.append(next(iter(loader)))
         s = dropin.settings_of(loader)
@@ -221,7 +221,7 @@ def sequenced(monkeypatch, rates: dict[int, list[float]], *, step_rate=10_000.0,
 
     calls, runs = [], {w: iter(r * 10) for w, r in rates.items()}
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
         time.sleep(sleep)
         if keep is not None:
             keep.append(next(iter(loader)))
@@ -306,7 +306,7 @@ def test_a_step_that_waits_within_noise_keeps_its_loader_and_may_get_fewer_threa
     # the step waits within noise, so only the step's threads change, on your loader
     seen = {"user": 0}
 
-    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0):
+    def run(loader, step, *, batches, warmup, device, deadline, keep=None, count=None, drain=0, give_up_s=None):
         if keep is not None:
             keep.append(next(iter(loader)))
         if step is None:

@@ -136,6 +136,9 @@ class Trial:
     #: when each run started (``time.perf_counter``), in the order run: pairs a run with the user's
     #: run of the same round (:func:`paired`)
     started: tuple[float, ...] = field(default=(), compare=False)
+    #: the run stopped in its warm-up: its first batches came after the user's whole run would have
+    #: ended (:func:`run_loader`'s ``give_up_s``); its rate is the batches read over the time taken
+    cut: bool = field(default=False, compare=False)
 
     @property
     def rates(self) -> tuple[float, ...]:
@@ -167,7 +170,8 @@ class Trial:
                 "first_batch_s": round(self.first_batch_s, 4), "fetch_fraction": round(self.fetch_fraction, 4),
                 "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4),
                 "repeats": [round(r, 2) for r in self.rates], "spread": round(self.spread, 4),
-                "close_s": round(self.close_s, 4), "run_rates": [round(r, 2) for r in self.run_rates]}
+                "close_s": round(self.close_s, 4), "run_rates": [round(r, 2) for r in self.run_rates],
+                **({"cut": True} if self.cut else {})}
 
 
 def merged(first: Trial, more: list[Trial]) -> Trial:
@@ -558,7 +562,7 @@ def counter_of(loader: Any) -> SampleCount:
 
 def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, warmup: int,
                device: Device, deadline: Deadline, keep: list | None = None,
-               count: SampleCount | None = None, drain: int = 0) -> Trial | None:
+               count: SampleCount | None = None, drain: int = 0, give_up_s: float | None = None) -> Trial | None:
     """Fetch up to ``batches`` batches (and step on each); the rate counts batches after ``warmup``.
 
     Stops early at ``deadline`` (after at least one counted batch). ``keep`` collects
@@ -567,11 +571,17 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     it while the first batches are taken, so the first ``drain`` counted batches may come
     from a full queue; the rate leaves them out (up to half of the counted batches), or
     a short run with many workers would measure the queue, not the workers.
+    ``give_up_s``: a run still in its warm-up this long after ``iter(loader)`` stops there (``cut``; its
+    rate the batches read over the time taken): a setting whose first batches come after the user's
+    whole run would have ended cannot make it faster (on 2 cores, numpy_augment's 2 worker processes took
+    1-6 s to their first batch and 5-65 samples/s after, against the user's whole run of 2.9 s: three
+    such runs spent most of a 60 s budget, and the user's settings ran once).
     """
     count = count or counter_of(loader)
     waits = Timings()
     first = end = None
-    samples = counted = read = 0
+    samples = counted = read = early = 0
+    cut = False
     close_s = 0.0
     starts: list[float] = []  # when each counted batch was asked for
     sizes: list[int] = []
@@ -593,11 +603,16 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                     fetches.append(fetch)
                     sizes.append(count(batch))
                     counted += 1
+                else:
+                    early += count(batch)
                 if keep is not None and len(keep) < 4:
                     keep.append(batch)
                 if step is not None:
                     step(batch)
                 if counted and deadline.passed():
+                    break
+                if not counted and give_up_s is not None and run.elapsed() > give_up_s:
+                    cut = True
                     break
             device.synchronize()
             end = run.elapsed()
@@ -605,6 +620,10 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
             with Clock() as closing:
                 _close(it)
             close_s = closing.wall
+    if cut:
+        return Trial(settings=settings_of(loader), samples_per_s=early / max(end, 1e-12), first_batch_s=first,
+                     fetch_fraction=1.0, batches=read, samples=early, seconds=end, close_s=close_s, read=read,
+                     read_s=end, cut=True)
     if not counted:  # the loader ran out during the warm-up
         return None
     skip = min(max(drain, 0), (counted - 1) // 2)
@@ -679,6 +698,10 @@ class _Budget:
         self.walls: list[float] = []
         #: the script's run (epochs, batches an epoch), when known: each run predicts its whole run
         self.shape: tuple[int, int] | None = None
+        #: the user's settings, and their whole run's seconds once measured: another setting's run still
+        #: in its warm-up after that long stops there (:func:`run_loader`'s ``give_up_s``)
+        self.user: LoaderSettings | None = None
+        self.user_run_s: float | None = None
 
     def deadline(self) -> Deadline:
         share = self.total.left() / max(self.runs, 1)
@@ -692,9 +715,16 @@ class _Budget:
         self.runs -= 1
         return False
 
-    def ran(self, wall_s: float, counted_s: float) -> None:
-        self.fixed_s = max(self.fixed_s, wall_s - counted_s)
+    def ran(self, wall_s: float, counted_s: float, *, cut: bool = False) -> None:
+        """A run's wall time and its counted batches' seconds; a ``cut`` run's start-up is not a fixed cost
+        of the runs to come (its setting is not run again)."""
+        if not cut:
+            self.fixed_s = max(self.fixed_s, wall_s - counted_s)
         self.walls.append(wall_s)
+
+    def give_up_s(self, settings: LoaderSettings) -> float | None:
+        """How long a run of ``settings`` may stay in its warm-up: the user's whole run (none for theirs)."""
+        return None if settings == self.user else self.user_run_s
 
     def leaves(self, runs: int) -> bool:
         """Whether one more optional run still leaves room for ``runs`` runs as long as the mean so far."""
@@ -831,6 +861,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
             batches = longer_runs
             budget.runs += 1
             mine = _must(_trial(loader, user, step, batches, dev, budget, count=count))
+        budget.user = user
+        if budget.shape:  # your whole run's seconds, as your first run predicts it
+            budget.user_run_s = budget.shape[0] * budget.shape[1] * (mine.samples / max(mine.batches, 1)) / mine.score
         step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline(), count=count)
         alone = _trial(loader, user, None, batches, dev, budget, count=count) if budget.allows() else None
         # the first round yields to the repeats of your settings and of one finalist: a recommendation
@@ -1473,8 +1506,8 @@ def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: 
         queue = settings.num_workers * (settings.prefetch_factor or 2)
         trial = run_loader(rebuild(loader, measured), step, batches=min(max(batches, 2 * queue + 2), 4 * batches),
                            warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep,
-                           count=count, drain=queue)
-    budget.ran(wall.wall, trial.seconds if trial is not None else 0.0)
+                           count=count, drain=queue, give_up_s=budget.give_up_s(settings))
+    budget.ran(wall.wall, trial.seconds if trial is not None else 0.0, cut=trial is not None and trial.cut)
     if trial is None:
         return None
     trial = replace(trial, settings=settings, started=(started,))
@@ -1697,7 +1730,8 @@ def _row(t: Trial, yours: bool) -> str:
     workers = f"{s.num_workers} threads" if s.worker_threads else str(s.num_workers)
     return (f"  {workers:>11} {s.prefetch_factor or '-':>15} {str(s.pin_memory):>10} {s.torch_threads:>13} "
             f"{t.samples_per_s:>10,.0f} {t.first_batch_s:>9.2f} s {len(t.rates):>4} {t.spread:>6.0%}"
-            + (f" {t.score:>9,.0f}" if t.run_rates else "") + f"{'  (yours)' if yours else ''}")
+            + (f" {t.score:>9,.0f}" if t.run_rates else "") + f"{'  (yours)' if yours else ''}"
+            + ("  (stopped in its warm-up: slower to its first batches than your whole run)" if t.cut else ""))
 
 
 def describe(a: LoaderAdvice) -> list[str]:

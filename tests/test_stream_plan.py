@@ -943,6 +943,46 @@ def test_verification_keeps_one_batch_at_a_time_unless_the_plan_beats_it_beyond_
     assert verify(None, prof, ranked, scorer, None, {}, budget_s=0.0, baseline=plain)[0] == ranked[0]
 
 
+def test_verification_gives_more_rounds_to_a_plan_whose_fastest_runs_beat_one_batch_at_a_time(monkeypatch):
+    """A plan whose median ties the plain loop but whose fastest run beats it by MIN_GAIN gets the settling
+    rounds before the plain loop is kept (v30's text_infer: its plan's runs spread by 30 %)."""
+    import placer.stream.verify as verifying
+    from placer.stream.planner import plain_candidate
+    from placer.stream.verify import verify
+
+    prof, ranked, scorer = three_candidates()
+    plain = plain_candidate(prof)
+    more = verifying.SETTLE_ROUNDS
+
+    def scripted_rates(rates):
+        calls = []
+
+        def fake(pipeline, source, placement, config, inventory, consts, objective="throughput"):
+            key = "plain" if config.sequential else str(config.cache)
+            calls.append(key)
+            return rates[key].pop(0), config.max_batches
+
+        monkeypatch.setattr(verifying, "measure", fake)
+        return calls
+
+    first = {"None": [9133.0, 10750.0, 12217.0, 10500.0, 11000.0], "batches": [4000.0] * 5,
+             "decode": [4000.0] * 5, "plain": [10649.0, 10800.0, 11008.0, 10420.0, 10700.0]}
+    # the settling rounds show the plan faster in every one of them: 7 of 9 rounds, 14 % on the median
+    calls = scripted_rates({k: v + ([13000.0] * more if k == "None" else [10700.0] * more if k == "plain" else [])
+                            for k, v in first.items()})
+    chosen, rows = verify(None, prof, ranked, scorer, None, {}, budget_s=60.0, baseline=plain)
+    assert calls[-2 * more:] == ["None", "plain"] * more
+    assert chosen == ranked[0] and len(rows[0].runs) == 5 + more
+    # the same first rounds, and the plan no faster in the settling rounds: the plain loop is kept
+    scripted_rates({k: v + ([10600.0] * more if k == "None" else [10700.0] * more if k == "plain" else [])
+                    for k, v in first.items()})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=60.0, baseline=plain)[0] == plain
+    # every run of the plan within MIN_GAIN of the plain loop's median: decided, no settling rounds
+    calls = scripted_rates({**first, "None": [10500.0, 10750.0, 11100.0, 10500.0, 11000.0]})
+    assert verify(None, prof, ranked, scorer, None, {}, budget_s=60.0, baseline=plain)[0] == plain
+    assert calls.count("plain") == 5
+
+
 def test_the_gil_probe_tells_python_code_from_code_that_waits():
     from placer.stream.profile import gil_held
 

@@ -217,6 +217,13 @@ def settle_allocator() -> bool:
         return False
 
 
+def leave_allocator() -> None:
+    """Keep :func:`settle_allocator` from acting in this process: its runs meet the allocator as a fresh
+    script does (the drop-in's runs in fresh processes, :mod:`placer.stream.fresh`)."""
+    global _settled_allocator
+    _settled_allocator = True
+
+
 def _noop() -> None:
     return None
 

@@ -4,7 +4,8 @@ These must be set before numba or placer.devices are imported, so they are set h
 at collection time. ``gpu-sim`` is a test stand-in: it runs GPU implementations on
 the CPU, so routing, transfers and concurrency are exercised without a GPU. Profiles
 are cached in a fresh folder per test session, so no test depends on what an earlier
-run (or a benchmark) left in ``~/.cache/placer``. Under ``CI`` hypothesis draws the
+run (or a benchmark) left in ``~/.cache/placer``. The drop-in's runs stay in the test's process
+(``PLACER_FRESH_RUNS=0``) unless a test asks for fresh ones. Under ``CI`` hypothesis draws the
 same examples every run, so a red run can be reproduced.
 """
 
@@ -18,6 +19,9 @@ if os.environ.get("PLACER_REAL_GPU") != "1":
     # on the GPU machine, PLACER_REAL_GPU=1 keeps numba.cuda on the real device
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
+# the drop-in's unit tests fake its runs or count their steps in their own process; tests/test_dropin_fresh.py
+# asks for fresh processes itself
+os.environ.setdefault("PLACER_FRESH_RUNS", "0")
 _CACHE = os.environ["PLACER_CACHE_DIR"] = tempfile.mkdtemp(prefix="placer-test-cache-")
 
 import pytest  # noqa: E402

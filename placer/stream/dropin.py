@@ -2,7 +2,8 @@
 
 May import: numpy, placer.data.stream, placer.devices, placer.executor.stream.{nodes,source},
 placer.stream.dataset_cache,
-placer.timing; torch, placer.executor.stream.threadloader and placer.stream.wholerun inside functions.
+placer.timing; torch, placer.executor.stream.threadloader, placer.stream.fresh and placer.stream.wholerun
+inside functions.
 
 :func:`advise_loader` runs the user's DataLoader with the user's step for a bounded
 number of batches and answers two questions. *Who waits for whom*: the step alone on
@@ -241,6 +242,8 @@ class LoaderAdvice:
     knobs: list[dict[str, Any]] = field(default_factory=list)
     #: the user's runs at two speeds, where they ran so (:func:`user_speeds`)
     user_speeds: dict[str, Any] | None = None
+    #: where the runs were made: ``fresh processes`` (as the script starts) or ``this process``
+    runs_in: str = "this process"
 
     @property
     def steady_speedup(self) -> float:
@@ -287,7 +290,7 @@ class LoaderAdvice:
             "confirmed": self.confirmed, "decided_by": list(self.knobs),
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
             "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
-            "user_speeds": self.user_speeds,
+            "user_speeds": self.user_speeds, "runs_in": self.runs_in,
             **_target_dict(self.target),
             "cache": None if self.cache is None else self.cache.as_dict(),
         }
@@ -702,6 +705,9 @@ class _Budget:
         #: in its warm-up after that long stops there (:func:`run_loader`'s ``give_up_s``)
         self.user: LoaderSettings | None = None
         self.user_run_s: float | None = None
+        #: where the runs are made, shared with the budgets made from this one: ``fresh``, the runs' fresh
+        #: processes (:mod:`placer.stream.fresh`), or None and ``here``, why they are in this process
+        self.where: dict[str, Any] = {"fresh": None, "here": None}
 
     def deadline(self) -> Deadline:
         share = self.total.left() / max(self.runs, 1)
@@ -757,7 +763,8 @@ WIDEN_RUNS = 2 * MORE_ROUNDS + 2 * (len(PREFETCH) - 1)
 
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
                   device: Any = None, target: Any = None, cache_bytes: int | None = None,
-                  epochs: int = 1, precision: Any = None, state: Any = None) -> LoaderAdvice:
+                  epochs: int = 1, precision: Any = None, state: Any = None,
+                  fresh: bool | None = None) -> LoaderAdvice:
     """Measure a DataLoader with a train step and recommend DataLoader settings.
 
     Parameters
@@ -766,7 +773,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         The script's own loader; it is not changed (its settings are rebuilt for each run).
     step : callable
         ``step(batch)``: the script's train step. It runs for real on the measured
-        batches (a training step trains the model on them).
+        batches (a training step trains the model on them: a copy of it, where the runs
+        are in fresh processes).
     batches : int
         Batches per measured run (the first one, or ``num_workers`` ones, are warm-up); where
         a run of them lasts under ``MIN_RUN_S`` (0.5 s), more, up to an epoch and to half of a
@@ -829,6 +837,13 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         What the step trains (the model, the optimizer: objects with ``state_dict``), put
         back between the precision checks' runs; without it the difference is not measured
         and no lower precision is chosen.
+    fresh : bool, optional
+        Make each run in a fresh process, as the script starts (:mod:`placer.stream.fresh`):
+        a helper interpreter loads a copy of the loader and step, and forks a child per run.
+        Default (None): so where it can be (Linux, a step on the CPU, a loader and step that
+        pickle), else in this process; the advice's notes say which, and why; the environment
+        variable ``PLACER_FRESH_RUNS=0`` makes the default ``False``: in this process, whose
+        state the runs then share (the step trains the user's model).
 
     Returns
     -------
@@ -853,6 +868,42 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     count = counter_of(loader)
     per_epoch = _length(loader)
     budget.shape = (epochs, per_epoch) if per_epoch else None
+    budget.where = _where(loader, step, dev, _fresh_default() if fresh is None else fresh)
+    cache_s = took.spent()  # the fresh processes' start is on top of budget_s too
+    try:
+        advice = _advise(loader, step, batches, budget_s, dev, target, epochs, precision, state, took, user, cores,
+                         cands, threads_tried, cache, cache_s, budget, count, per_epoch)
+        advice.runs_in = "fresh processes" if budget.where["fresh"] is not None else "this process"
+        if budget.where["here"] is not None:
+            advice.notes.append(f"measured in this process, not in fresh ones as your script starts: "
+                                f"{budget.where['here']}")
+        return advice
+    finally:
+        if budget.where["fresh"] is not None:
+            budget.where["fresh"].close()
+
+
+def _fresh_default() -> bool:
+    """:func:`advise_loader`'s ``fresh`` when not given: yes, unless ``PLACER_FRESH_RUNS=0`` (the unit tests
+    that fake the runs or count the step's calls in their own process set it)."""
+    return os.environ.get("PLACER_FRESH_RUNS", "1").strip() != "0"
+
+
+def _where(loader: Any, step: Any, dev: Device, fresh: bool) -> dict[str, Any]:
+    """Where the runs are made: fresh processes, where ``fresh`` and they can be, else this process and why."""
+    if not fresh:
+        return {"fresh": None, "here": None}
+    from placer.stream.fresh import start
+
+    runs, why = start(loader, step, dev.kind)
+    return {"fresh": runs, "here": why}
+
+
+def _advise(loader: Any, step: Any, batches: int, budget_s: float, dev: Device, target: Any, epochs: int,
+            precision: Any, state: Any, took: Deadline, user: LoaderSettings, cores: int,
+            cands: list[LoaderSettings], threads_tried: list[int], cache: Any, cache_s: float, budget: _Budget,
+            count: SampleCount, per_epoch: int | None) -> LoaderAdvice:
+    """:func:`advise_loader`'s runs and decision, its budget's runs wherever ``budget.where`` makes them."""
     with _random_state_kept(loader):
         kept: list = []
         mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept, count=count))
@@ -862,8 +913,10 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
             budget.runs += 1
             mine = _must(_trial(loader, user, step, batches, dev, budget, count=count))
         budget.user = user
-        if budget.shape:  # your whole run's seconds, as your first run predicts it
-            budget.user_run_s = budget.shape[0] * budget.shape[1] * (mine.samples / max(mine.batches, 1)) / mine.score
+        if budget.shape:  # your whole run's seconds, as your first run predicts it, and that run's own warm-up
+            # (a fresh process's first steps are slow, in every setting's warm-up alike)
+            budget.user_run_s = budget.shape[0] * budget.shape[1] * (mine.samples / max(mine.batches, 1)) / mine.score \
+                + max(0.0, (mine.read_s or 0.0) - mine.seconds)
         step_rate = step_alone(step, kept, batches=mine.batches, device=dev, deadline=budget.deadline(), count=count)
         alone = _trial(loader, user, None, batches, dev, budget, count=count) if budget.allows() else None
         # the first round yields to the repeats of your settings and of one finalist: a recommendation
@@ -903,7 +956,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
 
         def rest() -> _Budget:  # what is left of the budget, for a recommendation's longer runs
             left = _Budget(max(budget_s + cache_s - took.spent(), 0.0), 2 * CONFIRM_ROUNDS)
-            left.fixed_s, left.shape = budget.fixed_s, budget.shape
+            left.fixed_s, left.shape, left.where = budget.fixed_s, budget.shape, budget.where
             return left
 
         if best is not mine:
@@ -1502,16 +1555,42 @@ def _trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: 
            keep: list | None = None, count: SampleCount | None = None) -> Trial | None:
     measured = settings.model_copy(update={"persistent_workers": False})
     started = time.perf_counter()
-    with Clock() as wall, torch_threads(settings.torch_threads), _past_the_cores():
-        queue = settings.num_workers * (settings.prefetch_factor or 2)
-        trial = run_loader(rebuild(loader, measured), step, batches=min(max(batches, 2 * queue + 2), 4 * batches),
-                           warmup=max(1, settings.num_workers), device=dev, deadline=budget.deadline(), keep=keep,
-                           count=count, drain=queue, give_up_s=budget.give_up_s(settings))
+    queue = settings.num_workers * (settings.prefetch_factor or 2)
+    kw = dict(batches=min(max(batches, 2 * queue + 2), 4 * batches), warmup=max(1, settings.num_workers),
+              device=dev, deadline=budget.deadline(), keep=keep, count=count or counter_of(loader), drain=queue,
+              give_up_s=budget.give_up_s(settings))
+    with Clock() as wall:
+        trial = _fresh_run(budget, measured, step, settings.torch_threads, kw)
+        if trial is _HERE:
+            with torch_threads(settings.torch_threads), _past_the_cores():
+                trial = run_loader(rebuild(loader, measured), step, **kw)
     budget.ran(wall.wall, trial.seconds if trial is not None else 0.0, cut=trial is not None and trial.cut)
     if trial is None:
         return None
     trial = replace(trial, settings=settings, started=(started,))
     return replace(trial, run_rates=(run_rate(trial, *budget.shape),)) if budget.shape else trial
+
+
+#: what :func:`_fresh_run` gives where the run is to be made in this process
+_HERE = object()
+
+
+def _fresh_run(budget: _Budget, settings: LoaderSettings, step: Any, threads: int | None,
+               kw: dict[str, Any]) -> Any:
+    """The run in a fresh process (:mod:`placer.stream.fresh`), or ``_HERE``: where the budget has none, or
+    the fresh process failed (its runs then go on in this process, and the budget says why)."""
+    where = budget.where
+    if where["fresh"] is None:
+        return _HERE
+    from placer.stream.fresh import FreshUnavailable
+
+    try:
+        return where["fresh"].run(settings, step is not None, threads, kw)
+    except FreshUnavailable as e:
+        where["fresh"].close()
+        where["fresh"], where["here"] = None, str(e)
+        log.warning("placer: the loader's runs go on in this process: %s", e)
+        return _HERE
 
 
 @contextlib.contextmanager

@@ -1,0 +1,264 @@
+"""The drop-in's runs, each in a fresh process: the state the user's script starts in.
+
+May import: placer.timing; cloudpickle, torch, placer.stream.dropin inside functions.
+
+A script the user runs starts in a fresh process; the drop-in's runs otherwise all share the
+user's long-lived one, whose history moves them: placer settles glibc's allocator there
+(:func:`placer.timing.settle_allocator`), and each run's heap is what the runs before it left.
+On a 2-core Xeon, numpy_augment's settings measured within 9 % of each other in that process
+(its settings as written 145 samples/s, one torch thread 147) where the script run fresh read
+117.7-121.5 as written and 142.4-143.0 at one torch thread (1.19x); text_infer's 2 worker
+processes read 15,012 samples/s settled, 11,486 unsettled after other runs, and 13,868-14,904 in
+the script (``benchmarks/results/probes-allocator-settled-vm-xeon.md``).
+
+:class:`FreshRuns` starts one helper interpreter that loads a copy of the user's loader and step
+(pickled with cloudpickle: a ``__main__`` Dataset or step goes by value) and runs no torch work
+itself, then forks one child per run: each run starts from the same fresh state, with the
+allocator as Python left it, and the step trains a copy of the model (the user's is not
+changed). The runs' random state starts from the user's process's (torch, numpy, ``random``).
+torch's OpenMP threads do not survive a fork of a process that has used them (a child of the
+user's process hangs at its first parallel operation): the helper is a new interpreter, not a fork.
+
+Where that cannot be (not Linux, a step on a GPU, a loader or step that does not pickle, a helper
+that fails or a run that outlasts :data:`RUN_TIMEOUT_S` past its budget), the runs stay in this
+process and :func:`start` or :meth:`FreshRuns.run` says why.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from typing import Any
+
+#: seconds a run may last past its own deadline before its process is stopped and the runs go on here
+RUN_TIMEOUT_S = 120.0
+#: seconds the helper may take to start (an interpreter, torch, the loader and step unpickled)
+START_TIMEOUT_S = 120.0
+
+_BOOT = ("import os, pickle, sys; f = os.fdopen(int(sys.argv[1]), 'rb'); sys.path[:0] = pickle.load(f); "
+         "from placer.stream.fresh import _serve; _serve(f, int(sys.argv[2]))")
+
+
+class FreshUnavailable(RuntimeError):
+    """The runs cannot be made in fresh processes; the message says why."""
+
+
+def why_not(device_kind: str) -> str | None:
+    """Why runs cannot be fresh here before trying (None where they may be)."""
+    if not sys.platform.startswith("linux"):
+        return f"fresh processes are forked, which placer does only on Linux (this is {sys.platform})"
+    if device_kind != "cpu":
+        return "the step runs on a GPU: a fresh process for each run would start the GPU afresh each time"
+    return None
+
+
+class FreshRuns:
+    """A helper process holding a copy of ``loader`` and ``step``; :meth:`run` forks a child for each run.
+
+    Raises :class:`FreshUnavailable` where they do not pickle or the helper does not start.
+    """
+
+    def __init__(self, loader: Any, step: Any):
+        import cloudpickle
+
+        try:
+            payload = cloudpickle.dumps((loader, step))
+        except Exception as e:  # noqa: BLE001 - whatever the user's objects raise
+            raise FreshUnavailable(f"the loader or the step could not be pickled for a fresh process "
+                                   f"({type(e).__name__}: {e})") from e
+        self.dir = tempfile.mkdtemp(prefix="placer-fresh-")
+        # the helper maps the payload from a file: reading it into memory and freeing it would raise glibc's
+        # mmap threshold to the payload's size (up to 32 MiB), the settled state a fresh script is not in
+        loaded = os.path.join(self.dir, "payload.pkl")
+        with open(loaded, "wb") as f:
+            f.write(payload)
+        del payload
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(to_r), str(from_w)],
+                                     pass_fds=(to_r, from_w), start_new_session=True)
+        os.close(to_r)
+        os.close(from_w)
+        self._w = os.fdopen(to_w, "wb")
+        self._r = from_r
+        self._n = 0
+        try:
+            pickle.dump([p for p in sys.path if p], self._w)
+            pickle.dump(loaded, self._w)
+            self._w.flush()
+            answer = self._recv(START_TIMEOUT_S)
+        except (OSError, EOFError, pickle.UnpicklingError, TimeoutError) as e:
+            self.close()
+            raise FreshUnavailable(f"the fresh process did not start ({type(e).__name__}: {e})") from e
+        if answer[0] != "ready":
+            self.close()
+            raise FreshUnavailable(f"the fresh process could not load the loader and step ({answer[1]})")
+
+    def _recv(self, timeout_s: float) -> Any:
+        data = b""
+        while True:  # one pickled answer, read whole before it is unpickled
+            ready, _, _ = select.select([self._r], [], [], timeout_s)
+            if not ready:
+                raise TimeoutError(f"no answer in {timeout_s:.0f} s")
+            chunk = os.read(self._r, 1 << 16)
+            if not chunk:
+                raise EOFError("the fresh process ended")
+            data += chunk
+            try:
+                return pickle.loads(data)
+            except (EOFError, pickle.UnpicklingError):
+                continue
+
+    def run(self, settings: Any, step: bool, threads: int | None, kw: dict[str, Any]) -> Any:
+        """:func:`~placer.stream.dropin.run_loader` of the loader rebuilt with ``settings`` (with the step when
+        ``step``), at ``threads`` intra-op threads, in a child forked for it; ``kw`` as ``run_loader`` takes it.
+        Fills ``kw["keep"]`` and updates ``kw["count"]`` as the run did; raises what the run raised, and
+        :class:`FreshUnavailable` where the child died or outlasted its deadline by :data:`RUN_TIMEOUT_S`."""
+        import random
+
+        import numpy as np
+        import torch
+
+        self._n += 1
+        out = os.path.join(self.dir, f"run{self._n}.pkl")
+        req = {"out": out, "settings": settings, "step": step, "threads": threads, "kw": kw,
+               "rng": (torch.get_rng_state(), np.random.get_state(), random.getstate())}
+        try:
+            pickle.dump(req, self._w)
+            self._w.flush()
+            answer = self._recv(kw["deadline"].left() + RUN_TIMEOUT_S)
+        except (OSError, EOFError, TimeoutError) as e:
+            self.close(kill=True)
+            raise FreshUnavailable(f"a run in a fresh process did not end ({type(e).__name__}: {e})") from e
+        try:
+            with open(out, "rb") as f:
+                result = pickle.load(f)
+            os.unlink(out)
+        except (OSError, EOFError, pickle.UnpicklingError) as e:
+            self.close()
+            raise FreshUnavailable(f"a run in a fresh process ended without its result (exit status "
+                                   f"{answer[1]})") from e
+        if result[0] == "error":
+            error, text = result[1], result[2]
+            if isinstance(error, BaseException):
+                raise error
+            raise RuntimeError(f"a run of the loader and step in a fresh process failed:\n{text}")
+        trial, kept, count = result[1]
+        if kw.get("keep") is not None:
+            kw["keep"].extend(kept)
+        if kw.get("count") is not None and count is not None:
+            kw["count"].__dict__.update(count.__dict__)
+        return trial
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the helper (and any child left: at once where ``kill``) and remove its files."""
+        import shutil
+
+        try:
+            self._w.close()
+        except OSError:
+            pass
+        try:
+            os.close(self._r)
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            try:
+                if kill:
+                    raise subprocess.TimeoutExpired(self.proc.args, 0)
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start(loader: Any, step: Any, device_kind: str) -> tuple[FreshRuns | None, str | None]:
+    """The fresh runs for ``loader`` and ``step``, or None and why they cannot be."""
+    why = why_not(device_kind)
+    if why is not None:
+        return None, why
+    try:
+        return FreshRuns(loader, step), None
+    except FreshUnavailable as e:
+        return None, str(e)
+
+
+def _serve(read: Any, write_fd: int) -> None:
+    """The helper: load the loader and step, then fork a child for each run asked for, one at a time."""
+    from placer import timing
+
+    timing.leave_allocator()
+    write = os.fdopen(write_fd, "wb")
+
+    def answer(*what: Any) -> None:
+        pickle.dump(what, write)
+        write.flush()
+
+    try:
+        import mmap
+
+        import cloudpickle
+
+        with open(pickle.load(read), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            loader, step = cloudpickle.loads(m)
+    except Exception as e:  # noqa: BLE001 - the user's objects may fail to load anywhere
+        answer("failed", f"{type(e).__name__}: {e}")
+        return
+    answer("ready", None)
+    while True:
+        try:
+            req = pickle.load(read)
+        except EOFError:
+            return
+        pid = os.fork()
+        if pid == 0:
+            _child(loader, step, req)
+        _, status = os.waitpid(pid, 0)
+        answer("done", status)
+
+
+def _child(loader: Any, step: Any, req: dict[str, Any]) -> None:
+    """One run, its result written to ``req["out"]`` whole (a temporary file renamed), then exit."""
+    code = 0
+    try:
+        import random
+
+        import numpy as np
+        import torch
+
+        from placer.stream import dropin
+        from placer.timing import torch_threads
+
+        rng = req["rng"]
+        torch.set_rng_state(rng[0])
+        np.random.set_state(rng[1])
+        random.setstate(rng[2])
+        kw = req["kw"]
+        with torch_threads(req["threads"]), dropin._past_the_cores():
+            trial = dropin.run_loader(dropin.rebuild(loader, req["settings"]), step if req["step"] else None, **kw)
+        result: tuple = ("ok", (trial, kw.get("keep") or [], kw.get("count")))
+    except BaseException as e:  # noqa: BLE001 - carried to the user's process
+        result = ("error", e, traceback.format_exc())
+    try:
+        tmp = req["out"] + ".part"
+        with open(tmp, "wb") as f:
+            try:
+                pickle.dump(result, f)
+            except Exception:  # noqa: BLE001 - an error that does not pickle goes as its text
+                f.seek(0)
+                f.truncate()
+                pickle.dump(("error", None, result[2] if result[0] == "error" else traceback.format_exc()), f)
+        os.replace(tmp, req["out"])
+    except BaseException:  # noqa: BLE001
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

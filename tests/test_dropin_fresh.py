@@ -1,0 +1,154 @@
+"""The drop-in's runs in fresh processes (placer.stream.fresh): the state the user's script starts in."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from placer.stream import fresh  # noqa: E402
+from placer.stream.dropin import advise_loader  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="fresh processes are forked on Linux only; elsewhere the runs stay in-process")
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mapped_bytes() -> int | None:
+    """glibc's bytes in blocks mapped on their own (None off glibc)."""
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _Mallinfo2
+    return libc.mallinfo2().hblkhd
+
+
+class Noted(Dataset):
+    """Writes, for each item, its process and whether an 8 MB block was mapped on its own there."""
+
+    def __init__(self, log):
+        self.log = str(log)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        before = _mapped_bytes()
+        block = np.ones(1 << 20)  # 8 MB: mapped on its own below glibc's settled threshold (31 MiB)
+        mapped = before is not None and _mapped_bytes() - before >= block.nbytes
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {int(mapped)}\n")
+        return torch.full((4,), float(i)) + float(block[0]) - 1.0
+
+
+def _step(batch):
+    return float(batch.sum())
+
+
+def _seen(log) -> list[tuple[int, bool]]:
+    return [(int(p), m == "1") for p, m in (line.split() for line in log.read_text().split("\n") if line)]
+
+
+@pytest.mark.skipif(_mapped_bytes() is None, reason="reads glibc's allocator (mallinfo2); this libc has none")
+def test_each_run_is_in_a_fresh_process_whose_allocator_is_as_a_script_starts(tmp_path):
+    """In fresh processes the first 8 MB block is mapped on its own, as in a script that just started; in this
+    process, which placer has settled, none is: the runs here would measure another allocator than the script's."""
+    log = tmp_path / "fresh.log"
+    a = advise_loader(DataLoader(Noted(log), batch_size=8), _step, batches=4, budget_s=6, cache_bytes=0, fresh=True)
+    assert a.runs_in == "fresh processes" and a.as_dict()["runs_in"] == "fresh processes"
+    firsts: dict[int, bool] = {}
+    for p, m in _seen(log):
+        firsts.setdefault(p, m)
+    assert os.getpid() not in firsts and len(firsts) >= 3  # a process per run (and worker processes of their own)
+    # glibc then raises its threshold to the freed block's size, as in a script: the first one tells the state
+    assert all(firsts.values()), firsts
+    assert a.user.samples_per_s > 0 and all(t.samples_per_s > 0 for t in a.trials)
+
+    here = tmp_path / "here.log"
+    b = advise_loader(DataLoader(Noted(here), batch_size=8), _step, batches=4, budget_s=6, cache_bytes=0, fresh=False)
+    assert b.runs_in == "this process"
+    ours = [m for p, m in _seen(here) if p == os.getpid()]
+    assert ours and not any(ours)
+
+
+def test_a_step_that_fails_in_a_fresh_process_raises_its_error_in_yours():
+    def step(batch):
+        raise ValueError("this batch has no labels")
+
+    with pytest.raises(ValueError, match="this batch has no labels"):
+        advise_loader(DataLoader(list(range(64)), batch_size=8), step, batches=4, budget_s=4, cache_bytes=0,
+                      fresh=True)
+
+
+class Locked(Dataset):
+    def __init__(self):
+        self.lock = threading.Lock()  # a lock does not pickle
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        with self.lock:
+            return torch.tensor([float(i)])
+
+
+def test_a_loader_that_does_not_pickle_is_measured_in_this_process_and_the_advice_says_why():
+    a = advise_loader(DataLoader(Locked(), batch_size=8), _step, batches=4, budget_s=4, cache_bytes=0, fresh=True)
+    assert a.runs_in == "this process"
+    why = [n for n in a.notes if n.startswith("measured in this process")]
+    assert len(why) == 1 and "could not be pickled" in why[0] and "lock" in why[0].lower()
+    assert a.user.samples_per_s > 0
+
+
+class StuckAway(Dataset):
+    """Hangs in every process but the one that made it."""
+
+    def __init__(self):
+        self.home = os.getpid()
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if os.getpid() != self.home:
+            time.sleep(600)
+        return torch.tensor([float(i)])
+
+
+def test_a_fresh_run_that_does_not_end_is_stopped_and_the_runs_go_on_here(monkeypatch):
+    monkeypatch.setattr(fresh, "RUN_TIMEOUT_S", 1.0)
+    made = []
+    start = fresh.start
+    monkeypatch.setattr(fresh, "start", lambda *a: made.append(start(*a)) or made[-1])
+    t = time.perf_counter()
+    a = advise_loader(DataLoader(StuckAway(), batch_size=8), _step, batches=4, budget_s=3, cache_bytes=0, fresh=True)
+    assert time.perf_counter() - t < 60
+    assert a.runs_in == "this process" and a.user.samples_per_s > 0
+    assert any(n.startswith("measured in this process") and "did not end" in n for n in a.notes)
+    runs = made[0][0]
+    assert runs.proc.poll() is not None and not os.path.exists(runs.dir)  # the helper and its child are gone
+
+
+def test_the_runs_are_fresh_by_default_unless_placer_fresh_runs_is_0(monkeypatch):
+    monkeypatch.delenv("PLACER_FRESH_RUNS")
+    loader = DataLoader(list(range(64)), batch_size=8)
+    assert advise_loader(loader, _step, batches=4, budget_s=3, cache_bytes=0).runs_in == "fresh processes"
+    monkeypatch.setenv("PLACER_FRESH_RUNS", "0")
+    assert advise_loader(loader, _step, batches=4, budget_s=3, cache_bytes=0).runs_in == "this process"
+
+
+def test_a_step_on_a_gpu_keeps_the_runs_here():
+    assert "GPU" in fresh.why_not("cuda") and fresh.why_not("cpu") is None

@@ -1,6 +1,6 @@
 """The drop-in's runs, each in a fresh process: the state the user's script starts in.
 
-May import: placer.timing; cloudpickle, torch, placer.stream.dropin inside functions.
+May import: placer.timing; cloudpickle, torch, placer.data.stream, placer.stream.dropin inside functions.
 
 A script the user runs starts in a fresh process; the drop-in's runs otherwise all share the
 user's long-lived one, whose history moves them: placer settles glibc's allocator there
@@ -12,10 +12,11 @@ processes read 15,012 samples/s settled, 11,486 unsettled after other runs, and 
 the script (``benchmarks/results/probes-allocator-settled-vm-xeon.md``).
 
 :class:`FreshRuns` starts one helper interpreter that loads a copy of the user's loader and step
-(pickled with cloudpickle: a ``__main__`` Dataset or step goes by value) and runs no torch work
-itself, then forks one child per run: each run starts from the same fresh state, with the
-allocator as Python left it, and the step trains a copy of the model (the user's is not
-changed). The runs' random state starts from the user's process's (torch, numpy, ``random``).
+(pickled with cloudpickle: a ``__main__`` Dataset or step goes by value), reads one batch through
+the step at one intra-op thread (:func:`_prime`: the script's first batch, its first-call costs
+paid), then forks one child per run: each run starts from the same fresh state, with the
+allocator as the script's first batch leaves it, unsettled, and the step trains a copy of the
+model (the user's is not changed). The runs' random state starts from the user's process's (torch, numpy, ``random``).
 torch's OpenMP threads do not survive a fork of a process that has used them (a child of the
 user's process hangs at its first parallel operation): the helper is a new interpreter, not a fork.
 
@@ -208,6 +209,7 @@ def _serve(read: Any, write_fd: int) -> None:
 
         with open(pickle.load(read), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             loader, step = cloudpickle.loads(m)
+        threads = _prime(loader, step)
     except Exception as e:  # noqa: BLE001 - the user's objects may fail to load anywhere
         answer("failed", f"{type(e).__name__}: {e}")
         return
@@ -219,12 +221,35 @@ def _serve(read: Any, write_fd: int) -> None:
             return
         pid = os.fork()
         if pid == 0:
-            _child(loader, step, req)
+            _child(loader, step, req, threads)
         _, status = os.waitpid(pid, 0)
         answer("done", status)
 
 
-def _child(loader: Any, step: Any, req: dict[str, Any]) -> None:
+def _prime(loader: Any, step: Any) -> int:
+    """One batch of the loader, in this process, through the step, at one intra-op thread; returns torch's
+    threads before. The children then start where the script is after its first batch: its modules
+    imported and its first-call costs paid (images' fresh runs spent 0.7-0.9 s on them, every run alike,
+    which the script pays once), its allocator as that batch left it. One thread: no OpenMP team exists
+    in this process that a child would inherit without its threads (:mod:`placer.stream.fresh`)."""
+    import torch
+
+    from placer.data.stream import LoaderSettings
+    from placer.stream import dropin
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    it = iter(dropin.rebuild(loader, LoaderSettings()))
+    try:
+        batch = next(it, None)
+        if batch is not None and step is not None:
+            step(batch)
+    finally:
+        dropin._close(it)
+    return threads
+
+
+def _child(loader: Any, step: Any, req: dict[str, Any], threads: int) -> None:
     """One run, its result written to ``req["out"]`` whole (a temporary file renamed), then exit."""
     code = 0
     try:
@@ -241,7 +266,7 @@ def _child(loader: Any, step: Any, req: dict[str, Any]) -> None:
         np.random.set_state(rng[1])
         random.setstate(rng[2])
         kw = req["kw"]
-        with torch_threads(req["threads"]), dropin._past_the_cores():
+        with torch_threads(req["threads"] or threads), dropin._past_the_cores():
             trial = dropin.run_loader(dropin.rebuild(loader, req["settings"]), step if req["step"] else None, **kw)
         result: tuple = ("ok", (trial, kw.get("keep") or [], kw.get("count")))
     except BaseException as e:  # noqa: BLE001 - carried to the user's process

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset
 
-from placer.stream import fresh  # noqa: E402
-from placer.stream.dropin import advise_loader  # noqa: E402
+from placer.stream import fresh
+from placer.stream.dropin import advise_loader
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="fresh processes are forked on Linux only; elsewhere the runs stay in-process")

@@ -783,6 +783,21 @@ def scripted(monkeypatch, rates: dict[str, list[float]]):
     return calls
 
 
+def scripted_with_plain(monkeypatch, rates: dict[str, list[float]]):
+    """:func:`scripted`, with the plain loop (one batch at a time) answered under ``plain``."""
+    import placer.stream.verify as verifying
+
+    calls = []
+
+    def fake(pipeline, source, placement, config, inventory, consts, objective="throughput"):
+        key = "plain" if config.sequential else str(config.cache)
+        calls.append(key)
+        return rates[key].pop(0), config.max_batches
+
+    monkeypatch.setattr(verifying, "measure", fake)
+    return calls
+
+
 def three_candidates():
     from placer.stream.planner import make
 
@@ -888,15 +903,7 @@ def test_verification_keeps_one_batch_at_a_time_unless_the_plan_beats_it_beyond_
     assert plain.settings.sequential and plain.settings.torch_threads is None and plain not in ranked
 
     def scripted_rates(rates):
-        calls = []
-
-        def fake(pipeline, source, placement, config, inventory, consts, objective="throughput"):
-            key = "plain" if config.sequential else str(config.cache)
-            calls.append(key)
-            return rates[key].pop(0), config.max_batches
-
-        monkeypatch.setattr(verifying, "measure", fake)
-        return calls
+        return scripted_with_plain(monkeypatch, rates)
 
     # the plan runs 3 % faster than the plain loop: within the noise, the plain loop is kept
     calls = scripted_rates({"None": [103.0, 104.0, 102.0], "batches": [90.0] * 3, "decode": [80.0] * 3,
@@ -955,15 +962,7 @@ def test_verification_gives_more_rounds_to_a_plan_whose_fastest_runs_beat_one_ba
     more = verifying.SETTLE_ROUNDS
 
     def scripted_rates(rates):
-        calls = []
-
-        def fake(pipeline, source, placement, config, inventory, consts, objective="throughput"):
-            key = "plain" if config.sequential else str(config.cache)
-            calls.append(key)
-            return rates[key].pop(0), config.max_batches
-
-        monkeypatch.setattr(verifying, "measure", fake)
-        return calls
+        return scripted_with_plain(monkeypatch, rates)
 
     first = {"None": [9133.0, 10750.0, 12217.0, 10500.0, 11000.0], "batches": [4000.0] * 5,
              "decode": [4000.0] * 5, "plain": [10649.0, 10800.0, 11008.0, 10420.0, 10700.0]}

@@ -70,7 +70,7 @@ class FreshRuns:
 
         try:
             payload = cloudpickle.dumps((loader, step))
-        except Exception as e:  # noqa: BLE001 - whatever the user's objects raise
+        except Exception as e:  # whatever the user's objects raise
             raise FreshUnavailable(f"the loader or the step could not be pickled for a fresh process "
                                    f"({type(e).__name__}: {e})") from e
         self.dir = tempfile.mkdtemp(prefix="placer-fresh-")

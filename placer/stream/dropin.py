@@ -658,6 +658,31 @@ def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: 
     return samples / run.wall
 
 
+def _fresh_default() -> bool:
+    """:func:`advise_loader`'s ``fresh`` when not given: yes, unless ``PLACER_FRESH_RUNS=0`` (the unit tests
+    that fake the runs or count the step's calls in their own process set it)."""
+    return os.environ.get("PLACER_FRESH_RUNS", "1").strip() != "0"
+
+
+@contextlib.contextmanager
+def _runs_where(budget: _Budget, loader: Any, step: Any, dev: Device, fresh: bool | None) -> Iterator[dict]:
+    """``budget``'s runs in fresh processes (:mod:`placer.stream.fresh`) for the block, where ``fresh`` (default:
+    :func:`_fresh_default`) and they can be, else in this process and ``budget.where["here"]`` says why; stopped
+    after it. Yields ``{"where": ...}``, filled when the block ends: where the runs were made."""
+    out = {"where": "this process"}
+    if fresh if fresh is not None else _fresh_default():
+        from placer.stream.fresh import start
+
+        runs, why = start(loader, step, dev.kind)
+        budget.where = {"fresh": runs, "here": why}
+    try:
+        yield out
+    finally:
+        if budget.where["fresh"] is not None:
+            out["where"] = "fresh processes"
+            budget.where["fresh"].close()
+
+
 @contextlib.contextmanager
 def _random_state_kept(loader: Any) -> Iterator[None]:
     """Restore torch's global random state and the loader's generators afterwards."""
@@ -868,43 +893,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     count = counter_of(loader)
     per_epoch = _length(loader)
     budget.shape = (epochs, per_epoch) if per_epoch else None
-    budget.where = _where(loader, step, dev, _fresh_default() if fresh is None else fresh)
-    cache_s = took.spent()  # the fresh processes' start is on top of budget_s too
-    try:
-        advice = _advise(loader, step, batches, budget_s, dev, target, epochs, precision, state, took, user, cores,
-                         cands, threads_tried, cache, cache_s, budget, count, per_epoch)
-        advice.runs_in = "fresh processes" if budget.where["fresh"] is not None else "this process"
-        if budget.where["here"] is not None:
-            advice.notes.append(f"measured in this process, not in fresh ones as your script starts: "
-                                f"{budget.where['here']}")
-        return advice
-    finally:
-        if budget.where["fresh"] is not None:
-            budget.where["fresh"].close()
-
-
-def _fresh_default() -> bool:
-    """:func:`advise_loader`'s ``fresh`` when not given: yes, unless ``PLACER_FRESH_RUNS=0`` (the unit tests
-    that fake the runs or count the step's calls in their own process set it)."""
-    return os.environ.get("PLACER_FRESH_RUNS", "1").strip() != "0"
-
-
-def _where(loader: Any, step: Any, dev: Device, fresh: bool) -> dict[str, Any]:
-    """Where the runs are made: fresh processes, where ``fresh`` and they can be, else this process and why."""
-    if not fresh:
-        return {"fresh": None, "here": None}
-    from placer.stream.fresh import start
-
-    runs, why = start(loader, step, dev.kind)
-    return {"fresh": runs, "here": why}
-
-
-def _advise(loader: Any, step: Any, batches: int, budget_s: float, dev: Device, target: Any, epochs: int,
-            precision: Any, state: Any, took: Deadline, user: LoaderSettings, cores: int,
-            cands: list[LoaderSettings], threads_tried: list[int], cache: Any, cache_s: float, budget: _Budget,
-            count: SampleCount, per_epoch: int | None) -> LoaderAdvice:
-    """:func:`advise_loader`'s runs and decision, its budget's runs wherever ``budget.where`` makes them."""
-    with _random_state_kept(loader):
+    with _random_state_kept(loader), _runs_where(budget, loader, step, dev, fresh) as runs_in:
+        cache_s = took.spent()  # the fresh processes' start is on top of budget_s too
         kept: list = []
         mine = _must(_trial(loader, user, step, batches, dev, budget, keep=kept, count=count))
         longer_runs = run_length(mine, batches, per_epoch, budget)
@@ -997,6 +987,10 @@ def _advise(loader: Any, step: Any, batches: int, budget_s: float, dev: Device, 
         cache = _cache_at(cache, loader, step, best.settings, batches, budget_s * CACHE_SHARE, dev)
     run, cache = _cache_over_the_run(run, cache)
     advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent(), cores=cores)
+    advice.runs_in = runs_in["where"]
+    if budget.where["here"] is not None:
+        advice.notes.append(f"measured in this process, not in fresh ones as your script starts: "
+                            f"{budget.where['here']}")
     advice.budget_s, advice.within_noise, advice.cache = budget_s, noise, cache
     advice.whole_run, advice.confirmed = run, confirmed
     advice.knobs = decided_by(mine, best, trials, run)

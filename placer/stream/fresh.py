@@ -229,7 +229,7 @@ def _serve(read: Any, write_fd: int) -> None:
 def _prime(loader: Any, step: Any) -> int:
     """One batch of the loader, in this process, through the step, at one intra-op thread; returns torch's
     threads before. The children then start where the script is after its first batch: its modules
-    imported and its first-call costs paid (images' fresh runs spent 0.7-0.9 s on them, every run alike,
+    imported and its first-call costs paid (images' fresh runs spent 0.7-1.0 s on them, every run alike,
     which the script pays once), its allocator as that batch left it. One thread: no OpenMP team exists
     in this process that a child would inherit without its threads (:mod:`placer.stream.fresh`)."""
     import torch

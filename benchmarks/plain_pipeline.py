@@ -133,10 +133,11 @@ def advise(script: str, base: list[str], *, budget_s: float, timeout_s: float) -
     ``--size``, ``--epochs``, ``--data-dir``; its own defaults where absent), in a new process.
 
     Returns the stream's plan (``settings``), its predicted and measured samples/s, the
-    ``options`` placer measured (its speed-up over each), ``claimed_speedup``: the plan's
-    predicted speed-up over :data:`AS_WRITTEN` (the script as written), ``measured_speedup``
-    placer's measured one, the candidates its verification ran (``verified``), the command and its
-    printed output; or ``error``.
+    ``options`` placer measured (its speed-up over each), ``predicted_speedup``: the plan's
+    predicted speed-up over :data:`AS_WRITTEN` (the script as written, the model's number), ``measured_speedup``
+    placer's measured one (its runs of the two, interleaved), ``claimed_speedup``: the one the report states
+    (the options table's measured speed-up; the predicted one where placer did not run the two), the
+    candidates its verification ran (``verified``), the command and its printed output; or ``error``.
     """
     args = dict(zip(base[::2], base[1::2]))
     cmd = [sys.executable, "-m", "placer", "advise", str(FORMS / f"{script}_pipeline.py"), "--budget-s",
@@ -165,6 +166,8 @@ def advise(script: str, base: list[str], *, budget_s: float, timeout_s: float) -
             "predicted_samples_per_s": stream["predicted_samples_per_s"],
             "measured_samples_per_s": stream["measured_samples_per_s"], "bottleneck": stream["bottleneck"],
             "options": stream["options"], "verified": stream.get("verified", []),
-            "claimed_speedup": written.get("plan_speedup_predicted"),
-            "measured_speedup": written.get("plan_speedup_measured"), "seconds": doc.get("timings_s"),
+            "predicted_speedup": written.get("plan_speedup_predicted"),
+            "measured_speedup": written.get("plan_speedup_measured"),
+            "claimed_speedup": written.get("plan_speedup_measured") or written.get("plan_speedup_predicted"),
+            "seconds": doc.get("timings_s"),
             "report": text}

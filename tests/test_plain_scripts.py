@@ -154,6 +154,39 @@ def test_the_drop_in_is_scored_by_running_the_script_with_its_advice_applied(mon
                                             "seconds": 1, "command": "c", "scripts": [doc]})
 
 
+def test_the_pipeline_forms_claim_is_the_speed_up_its_report_states(monkeypatch):
+    """The pipeline form's report states the plan's measured speed-up over one batch at a time (its options
+    table); that is its claim, set against the script's. The model's predicted one (JSON only) is set against
+    it apart, as the model's accuracy, and not counted among the claims."""
+    pg = _plain_grid()
+    rates = {"as written": 100.0}
+
+    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False):
+        rate = rates.get(label, 250.0 if (label or "").startswith("pipeline form") else 120.0)
+        return pg.Run(script, label, list(extra), phase, 1.0, True, seconds=1.0, samples_per_s=rate, digest="d",
+                      load=1.0)
+
+    plan = {"script": "text_infer", "command": ["python", "-m", "placer", "advise", "x.py"], "source": "batches",
+            "step": "predict", "settings": {"stage_workers": {"batches": 2}, "torch_threads": 1},
+            "predicted_samples_per_s": 1.0, "measured_samples_per_s": 1.0, "predicted_speedup": 3.2,
+            "measured_speedup": 2.4, "claimed_speedup": 2.4}
+    monkeypatch.setattr(pg, "run_script", fake)
+    monkeypatch.setattr(pg, "advise_pipeline", lambda script, base, **kw: dict(plan))
+    a = type("A", (), dict(quick=True, advise=False, pipeline=True, score=[], repeats=1, final_rounds=3, top=1,
+                           timeout_s=9, gpu=False, pipeline_budget_s=8.0))()
+    doc = pg.bench_script("text_infer", a, PLAIN, lambda m: None)
+    claim, model = doc["claimed_vs_measured_pipeline"], doc["predicted_vs_measured_pipeline"]
+    assert claim["claimed"] == 2.4 and claim["measured"] == pytest.approx(2.5) and claim["within"]
+    assert model["claimed"] == 3.2 and model["ratio"] == pytest.approx(3.2 / 2.5, rel=1e-3)
+    md = pg.markdown({"machine": "m", "mode": "quick", "load_start": [1], "load_end": [1], "seconds": 1,
+                      "command": "c", "scripts": [doc]})
+    claims_table = md.split("| script | scored |")[1].split("\n\n")[0]
+    assert "| text_infer | pipeline form's plan as flags | 2.40x | 2.50x | 0.96 | yes |" in claims_table
+    assert "3.20x" not in claims_table
+    assert "| text_infer | 3.20x | 2.50x | 1.28 |" in md
+    assert "the model's predicted speed-up: placer advise's model predicted 3.20x" in md
+
+
 def test_a_screened_grid_runs_every_cell_once_and_repeats_the_best_of_that_round(monkeypatch):
     """--screen K: the whole grid once, then only the K fastest of that round for the other rounds; the
     final comparison takes its best from those K (a cell run once has no median to rank by)."""

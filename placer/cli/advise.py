@@ -30,6 +30,8 @@ def progress_steps(show: bool):
                    TimeElapsedColumn(), *columns(), console=Console(stderr=True))
     labels = {"profile": "profiling stages on each device", "plan": "planning", "target": "planning for the target GPU",
               "run plan": "running the plan", "repeat options": "running the plan and the baselines again, interleaved",
+              "repeat plan and plain loop": "running the plan and one batch at a time again, where their rounds "
+                                            "disagree",
               "facts": "gathering the report's facts"}
 
     @contextlib.contextmanager

@@ -401,6 +401,9 @@ class StreamFacts(BaseModel):
     options_measure: str = "steady state"
     #: runs of each option (the plan and each baseline), interleaved; the median run's numbers are shown
     options_runs: int = 1
+    #: runs of the plan (and of one batch at a time, ``num_workers=0``), where more than ``options_runs``: more
+    #: rounds of the two alone where their rounds' ratios, the speed-up the report claims, spread wide
+    claim_runs: int = 0
     what_if: list[StreamOption] = Field(default_factory=list)
     #: the stream planned for a described machine (``--target``): predictions for it, never measured
     target: StreamTargetFacts | None = None

@@ -154,7 +154,8 @@ def collect(
                 if sf.source == sp.source:
                     add_plan(sf, sp, measured)
                     if option_runs and sp is stream_plans[0] and sf.options:
-                        sf.options_runs = max(len(v) for v in option_runs.values())
+                        sf.options_runs = min(len(v) for v in option_runs.values())
+                        sf.claim_runs = len(option_runs.get("plan", []))
                         median_of_runs(sf.options, option_runs)
     facts.bottleneck = bottleneck(facts)
     facts.advice = advise(facts)
@@ -164,8 +165,9 @@ def collect(
 
 def median_of_runs(options: Sequence[StreamOption], option_runs: Mapping[str, Sequence[float]]) -> None:
     """Each option's runs, their median as its measured samples/s, and the plan's speed-up over it: the median
-    of the plan's run over the option's in each round (the k-th runs of each ran one after the other), or the
-    ratio of the medians where the counts differ. The median of an even count is the mean of the middle two.
+    of the plan's run over the option's in each round (the k-th runs of each ran one after the other; the plan's
+    rounds beyond an option's, run with the plain loop alone, are its own), or the ratio of the medians where
+    an option ran once or more often than the plan. The median of an even count is the mean of the middle two.
 
     Runs of one round share the machine's state of that moment: on a 2-core Xeon whose processes ran at
     60 % of their rate for seconds at a time, text_infer's plan and one batch at a time (the same settings)
@@ -182,7 +184,7 @@ def median_of_runs(options: Sequence[StreamOption], option_runs: Mapping[str, Se
         if o is plan or not ours or not o.measured_samples_per_s:
             continue
         theirs = list(option_runs.get(o.name, []))
-        if len(mine) > 1 and len(theirs) == len(mine) and all(x > 0 for x in theirs):
+        if 1 < len(theirs) <= len(mine) and all(x > 0 for x in theirs):
             o.plan_speedup_measured = float(statistics.median(a / b for a, b in zip(mine, theirs)))
         else:
             o.plan_speedup_measured = ours / o.measured_samples_per_s

@@ -786,7 +786,7 @@ def stream_summary(plan: Any) -> str:
                         + (f" ({s.group_of(m)} batches per task)" if s.group_of(m) > 1 else "")
                         for m, w in s.stage_workers.items()
                         if (w != 1 or s.kind_of(m) == "dask") and m != plan.source)
-    base = next((b for b in plan.baselines if b.name == "num_workers=0"), None)
+    base = next((b for b in plan.baselines if b.name == PLAIN_LOOP), None)
     parts = [f"planned stream {plan.source} -> {plan.step} from a {RUN_BUDGET_S:g} s profile: {on}",
              workers, f"cache after {s.cache}" if s.cache else "",
              f"prefetch {s.prefetch}; predicted {plan.predicted_samples_per_s:,.1f} samples/s "

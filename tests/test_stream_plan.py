@@ -20,7 +20,7 @@ import pytest
 
 from placer import Pipeline, execute
 from placer.advisor import best_placement
-from placer.data.stream import CopyProfile, ScalingRow, StageProfile, StreamPlan, StreamProfile
+from placer.data.stream import GIL_SPEEDUP, CopyProfile, ScalingRow, StageProfile, StreamPlan, StreamProfile
 from placer.stream import StreamConfig
 from placer.stream.model import predict
 from placer.stream.planner import Scorer, candidates, plan_from_profile, plan_stream, stream_config
@@ -382,6 +382,26 @@ def test_the_profile_times_stages_measures_scaling_and_marks_gil_bound_stages():
     assert prof.batches_per_epoch == 12 and prof.samples_per_batch == 4
     assert prof.consumer_samples_per_s["cpu"] > 0
 
+
+
+def test_thread_scaling_reads_one_and_two_workers_in_turn_so_one_slowed_reading_of_one_does_not_decide(monkeypatch):
+    # readings as a CI machine gave a pure-Python stage: one worker read 425 batches/s twice while load came
+    # and went, two read 560 and four 517; the further rounds in turn read one worker at its own 560
+    from placer.stream import profile as sp
+
+    readings = {1: [425.0, 425.0, 425.0, 560.0, 555.0], 2: [560.0, 548.0, 552.0], 4: [517.0]}
+    asked: list[int] = []
+
+    def rate(calls, inputs, seconds):
+        asked.append(len(calls))
+        return readings[len(calls)].pop(0)
+
+    monkeypatch.setattr(sp, "_rate", rate)
+    rows = sp._scaling([lambda b: b] * 4, [None], [1, 2, 4], budget_s=2.0, kind="thread")
+    assert [r.workers for r in rows] == [1, 2, 4]
+    two = next(r for r in rows if r.workers == 2)
+    assert two.speedup < GIL_SPEEDUP and two.speedup == pytest.approx(1.0), rows
+    assert asked == [1, 1, 2, 4, 1, 2, 1, 1, 2]  # the sweep, one again, then two rounds in turn
 
 def _python_rows(i: int) -> np.ndarray:
     """A batch made by pure Python (holds the GIL, one thread): 80,000 steps of a loop."""

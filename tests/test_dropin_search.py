@@ -786,6 +786,29 @@ def test_the_advices_own_runs_past_the_cores_keep_torchs_worker_warning_off_the_
     assert [w for w in seen if "This DataLoader will create" in str(w.message)]
 
 
+
+def test_the_caches_passes_at_the_recommended_workers_keep_torchs_worker_warning_off_too(monkeypatch):
+    """The cache found in the dataset is measured again at the recommended settings, which may start more
+    worker processes than the cores: those passes are the advice's own runs as well."""
+    import os
+    import warnings
+
+    cores = len(os.sched_getaffinity(0))
+    built = []
+
+    def measure_at(cache, loader, step, *, loader_kwargs, **kw):
+        built.append(DataLoader(Records(), batch_size=4, **loader_kwargs))  # torch warns here past the cores
+        return cache
+
+    monkeypatch.setattr(dropin.dataset_cache, "measure_at", measure_at)
+    past = LoaderSettings(num_workers=cores + 1, prefetch_factor=2, torch_threads=1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = dropin._cache_at("the cache", DataLoader(Records(), batch_size=4), None, past, 4, 1.0,
+                               dropin._step_device("cpu"))
+    assert out == "the cache" and built and built[0].num_workers == cores + 1
+    assert not [w for w in seen if "This DataLoader will create" in str(w.message)]
+
 def test_a_recommendation_of_more_workers_than_cores_says_so(monkeypatch):
     """On 2 cores 3 worker processes measure fastest: the advice says torch will warn, and why it holds."""
     _fake_runs(monkeypatch, lambda key, n, confirming: {0: 100.0, 1: 150.0, 2: 200.0, 3: 300.0}.get(key[0], 250.0)

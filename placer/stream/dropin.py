@@ -1034,7 +1034,7 @@ def _find_cache(loader: Any, step: Any, user: LoaderSettings, batches: int, budg
     if cache_bytes == 0:
         return None
     try:
-        with torch_threads(user.torch_threads):
+        with torch_threads(user.torch_threads), _past_the_cores():
             return dataset_cache.find_cache(loader, step, loader_kwargs=user.kwargs(), batches=batches,
                                             budget_s=budget_s, budget_bytes=cache_bytes, sync=dev.synchronize)
     except Exception as e:  # noqa: BLE001 - a dataset that cannot be probed still gets its loader advice
@@ -1049,7 +1049,7 @@ def _cache_at(cache: Any, loader: Any, step: Any, settings: LoaderSettings, batc
     (:func:`placer.stream.dataset_cache.measure_at`); as found where that fails. Not for a thread-pool
     loader, which the cache's passes (a DataLoader) cannot run."""
     try:
-        with _random_state_kept(loader), torch_threads(settings.torch_threads):
+        with _random_state_kept(loader), torch_threads(settings.torch_threads), _past_the_cores():
             return dataset_cache.measure_at(cache, loader, step, loader_kwargs=settings.kwargs(), batches=batches,
                                             budget_s=budget_s, sync=dev.synchronize)
     except Exception as e:  # noqa: BLE001 - the cache's first measurement still stands

@@ -116,6 +116,50 @@ def test_a_loader_that_does_not_pickle_is_measured_in_this_process_and_the_advic
     assert a.user.samples_per_s > 0
 
 
+
+class PickledWhere:
+    """Unpickles to the id of the process that pickled it; where that is not the one that made it, pickling
+    takes ``away_s`` seconds, and with ``fails`` it raises."""
+
+    def __init__(self, away_s: float = 0.0, fails: bool = False):
+        self.home, self.away_s, self.fails = os.getpid(), away_s, fails
+
+    def __reduce__(self):
+        if self.fails:
+            raise ValueError("this object refuses to be pickled")
+        if os.getpid() != self.home:
+            time.sleep(self.away_s)
+        return (int, (os.getpid(),))
+
+
+def _unpickled(path) -> object:
+    import pickle
+
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def test_the_loader_is_pickled_for_the_helper_by_a_child_leaving_the_users_heap_as_it_was(tmp_path):
+    """Pickling the loader in the user's process slowed the script's loop after the advice (0.91x, text_infer)."""
+    fresh.pickled_apart(str(tmp_path / "p.pkl"), {"loader": PickledWhere()})
+    got = _unpickled(tmp_path / "p.pkl")["loader"]
+    assert isinstance(got, int) and got != os.getpid()
+    assert sorted(os.listdir(tmp_path)) == ["p.pkl"]  # written whole, nothing else left
+
+
+def test_a_child_that_does_not_finish_pickling_is_stopped_and_the_pickling_is_done_here(tmp_path):
+    t0 = time.monotonic()
+    fresh.pickled_apart(str(tmp_path / "p.pkl"), PickledWhere(away_s=600), timeout_s=1.0)
+    assert time.monotonic() - t0 < 30
+    assert _unpickled(tmp_path / "p.pkl") == os.getpid()
+    assert sorted(os.listdir(tmp_path)) == ["p.pkl"]
+
+
+def test_what_fails_to_pickle_in_the_child_is_named_in_the_error(tmp_path):
+    with pytest.raises(fresh.FreshUnavailable, match="ValueError: this object refuses to be pickled"):
+        fresh.pickled_apart(str(tmp_path / "p.pkl"), PickledWhere(fails=True))
+    assert os.listdir(tmp_path) == []
+
 class StuckAway(Dataset):
     """Hangs in the fresh runs (not in the process that made it nor in their helper, its child)."""
 

@@ -205,7 +205,8 @@ def settle_allocator() -> bool:
     A thread's blocks below the threshold come from its arena's heaps, and glibc unmaps a whole
     heap as soon as it is free: a thread whose arena's first heap is filled by long-lived blocks
     (what earlier threads left) puts its temporaries in a second heap, mapped and unmapped on every
-    call (4,272 page faults a call, 2.1x the time, in the test of this). A top pad of
+    call (4,272 page faults a call in the test of this; 2.1x the time in
+    ``benchmarks/results/probes-allocator-heap-pad-vm-epyc.md``). A top pad of
     :data:`SETTLE_PAD` (``mallopt(M_TOP_PAD)``) keeps such a heap, so every thread reuses its
     temporaries as the settled main heap does; an arena keeps up to that much free memory more.
 

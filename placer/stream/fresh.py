@@ -82,7 +82,11 @@ def pickled_apart(path: str, obj: Any, timeout_s: float = START_TIMEOUT_S) -> No
     if not hasattr(os, "fork"):
         return here()
     err = path + ".err"
-    pid = os.fork()
+    import warnings
+
+    with warnings.catch_warnings():  # Python 3.12+ warns of forking a threaded process; the child only pickles
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork")
+        pid = os.fork()
     if pid == 0:  # the child: pickle, write whole, leave without running anything of the parent's
         code = 0
         try:

@@ -193,8 +193,8 @@ class CacheAdvice:
     fill_s : float or None
         The filling passes' median: what the first epoch of a run with the cache is priced at.
         One filling pass alone once priced the audio script's cache out of its three-epoch run
-        (0.30 s with it, 0.28 s without) on a noisy 2-core machine, where its filling passes
-        read 0.14-0.37 s against uncached 0.13-0.35 s.
+        (0.30 s with it, 0.28 s without, in a CI run); on a 2-core EPYC its filling passes read
+        0.14-0.37 s against uncached 0.13-0.35 s (``benchmarks/results/probes-cache-fill-passes-vm-epyc.md``).
     recommended : bool
         Whether the cache is offered.
     reason : str

@@ -5,6 +5,7 @@ recommendations confirmed (or overturned) by longer runs."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -862,3 +863,47 @@ def test_other_settings_stay_in_their_warm_up_no_longer_than_your_whole_run(monk
     assert seen.pop((0, False, 2)) == {None}
     limits = set().union(*seen.values())
     assert len(seen) >= 4 and limits and all(g == pytest.approx(7.93, rel=0.01) for g in limits)
+
+
+def test_with_a_cache_the_workers_that_overlapped_its_work_give_way_to_none_when_they_no_longer_pay(monkeypatch):
+    """Without the cache one worker reads 1.5x yours (confirmed by longer runs); with it, your epochs 2+
+    read the cache at 0.2x an uncached epoch's time, the worker's at 0.75x (its batches still cross to
+    the main process): over 4 epochs no workers with the cache is the faster run, and it is what the
+    advice recommends and claims. Where the worker still wins with the cache, it stays."""
+    from dataclasses import replace
+
+    from placer.stream.dataset_cache import CacheAdvice
+
+    scripted(monkeypatch, {0: 100.0, 1: 150.0, 2: 110.0}, {0: 100.0, 1: 150.0})
+    found = CacheAdvice("Many.decode", share=0.9, bytes=1 << 20, uncached_s=[1.0, 1.0], fill_s=1.1,
+                        cached_s=[0.2, 0.2], recommended=True, reason="found")
+    hit = {1: 0.75}
+    measured_at = []
+
+    def at(cache, loader, step, settings, batches, budget_s, dev):
+        measured_at.append(settings.num_workers)
+        h = hit.get(settings.num_workers, 0.2)
+        return replace(cache, uncached_s=[1.0, 1.0], fill_s=1.05, cached_s=[h, h])
+
+    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: found)
+    monkeypatch.setattr(dropin, "_cache_at", at)
+    advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=4)
+    assert measured_at == [1]  # the worker's passes; yours are the cache search's own
+    assert not advice.change and advice.cache.recommended and advice.cache is found
+    w = advice.whole_run
+    mine = 4 * (0.01 + 99 * 0.08)
+    assert w["user_s"] == pytest.approx(mine, rel=1e-3)
+    assert w["recommended_s"] == pytest.approx(mine * (1.1 + 3 * 0.2) / 4, rel=1e-3)
+    assert advice.speedup == pytest.approx(4 / 1.7, rel=1e-3) and advice.confirmed is None
+    why = re.fullmatch(r"with the cache, your settings would take ([\d.]+) s over your whole run and "
+                       r"num_workers=1 \(processes\).*, the fastest without it, ([\d.]+) s: .*", advice.within_noise)
+    assert why and float(why[1]) == pytest.approx(w["recommended_s"], abs=0.005)
+    assert float(why[2]) > float(why[1]) * (1 + dropin.MIN_GAIN)
+    text = str(advice)
+    assert "keep your settings (with the cache" in text and "with the cache (advice.loader())" in text
+    # the worker keeps its place where its cached epochs are as quick as yours
+    hit[1] = 0.2
+    measured_at.clear()
+    kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=4)
+    assert kept.change and kept.recommended.settings.num_workers == 1 and kept.confirmed["held"]
+    assert kept.cache.recommended and kept.whole_run["cache"]["hit"] == pytest.approx(0.2 / 1.0)

@@ -983,9 +983,24 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
             run = whole_run(mine, best, trials, (longer[0], longer[0], longer[2]), epochs=epochs, batches=per_epoch)
             if threads is not None:
                 threads["helped"] = False
+    found = cache
     if cache is not None and cache.recommended and best is not mine and not best.settings.worker_threads:
         cache = _cache_at(cache, loader, step, best.settings, batches, budget_s * CACHE_SHARE, dev)
     run, cache = _cache_over_the_run(run, cache)
+    lighter = _without_workers(mine, best, trials, longer, found, run, loader, step, batches, budget_s * CACHE_SHARE,
+                               dev, epochs=epochs, per_epoch=per_epoch)
+    swapped = None
+    if lighter is not None:
+        name = "your settings" if lighter[0] is mine else label(lighter[0].settings)
+        swapped = (f"with the cache, {name} would take {lighter[1]['recommended_s']:.2f} s over your whole run "
+                   f"and {label(best.settings)}, the fastest without it, {run['recommended_s']:.2f} s: once the "
+                   "cache holds what the workers computed, they have little left to overlap, and fewer is simpler")
+        best, run, cache = lighter
+        confirmed = None  # the longer runs confirmed the setting with workers
+        if best is mine:
+            noise = swapped
+        if threads is not None:
+            threads["helped"] = best.settings.torch_threads != mine.settings.torch_threads
     advice = _advice(mine, best, trials, step_rate, alone, dev, threads, loader, took.spent(), cores=cores)
     advice.runs_in = runs_in["where"]
     if budget.where["here"] is not None:
@@ -997,7 +1012,10 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     if overturned is not None:
         advice.notes.append(f"{label(overturned.settings)} measured fastest in the search, but longer runs did not "
                             f"confirm it over your whole run; {label(best.settings)} got longer runs next")
-    if best is not mine and longer is None:
+    if swapped is not None and best is not mine:
+        advice.notes.append(swapped + f"; {label(best.settings)} was measured in the search's repeated runs and "
+                            "the cache's passes, not in longer runs")
+    elif best is not mine and longer is None:
         advice.notes.append("not confirmed by longer runs: the budget was spent first (a larger budget_s "
                             "leaves room for them)")
     basis = longer[0] if longer is not None else mine  # the user's runs the whole run was predicted from
@@ -1318,6 +1336,35 @@ def with_cache(run: dict[str, Any] | None, cache: Any) -> dict[str, Any] | None:
             "recommended_s": round(best_s, 3), "speedup": round(run["user_s"] / max(best_s, 1e-12), 3),
             "recommended_samples_per_s": round(samples / best_s, 2),
             "cache": {"fill": round(fill, 4), "hit": round(hit, 4)}}
+
+
+def _without_workers(user: Trial, best: Trial, trials: list[Trial], longer: tuple[Trial, Trial, int] | None,
+                     found: Any, run: dict[str, Any] | None, loader: Any, step: Any, batches: int, budget_s: float,
+                     dev: Device, *, epochs: int, per_epoch: int | None) -> tuple[Trial, dict[str, Any], Any] | None:
+    """The fastest setting measured without workers, with its whole run and cache, where the cache is offered
+    beside ``best``'s workers and that setting runs the user's whole run with the cache within ``MIN_GAIN``
+    of ``best``'s (``run``); else None.
+
+    The search ranks the settings without the cache, and a worker earns its place there by overlapping
+    the work the cache then keeps: audio_cache_train's drop-in, on 2 cores, recommended one worker process
+    (persistent) with the cache in 2 of 13 runs, tied without it with no workers at one torch thread (591
+    and 593 samples/s over the run), and the script ran it 0.81x as fast as no workers with the cache
+    (``benchmarks/results/plain-vm-epyc-quiet-v33-screened.md``). The setting without workers has its
+    cache passes measured at its own settings (``found``, the cache search's, where they are the user's).
+    """
+    if run is None or "cache" not in run or not best.settings.num_workers or not per_epoch:
+        return None
+    bare = [t for t in trials if not t.settings.num_workers]
+    if not bare:
+        return None
+    alt = max(bare, key=lambda t: t.score)
+    at = found if alt.settings == user.settings else _cache_at(found, loader, step, alt.settings, batches,
+                                                                budget_s, dev)
+    u = (longer[0], alt, longer[2]) if longer is not None else None
+    mine, cache = _cache_over_the_run(whole_run(user, alt, trials, u, epochs=epochs, batches=per_epoch), at)
+    if mine is None or "cache" not in mine or mine["recommended_s"] > run["recommended_s"] * (1 + MIN_GAIN):
+        return None
+    return alt, mine, cache
 
 
 def _cache_over_the_run(run: dict[str, Any] | None, cache: Any) -> tuple[dict[str, Any] | None, Any]:

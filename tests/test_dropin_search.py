@@ -268,6 +268,27 @@ def test_the_knobs_that_decided_are_those_that_changed_with_their_measured_gain(
     assert knobs["prefetch_factor"]["gain"] == pytest.approx(1.2)
 
 
+def test_keeping_the_workers_is_credited_with_what_it_saves_not_with_what_the_cache_saves():
+    from dataclasses import replace
+
+    from placer.stream.dataset_cache import CacheAdvice
+
+    user = trial(2, 100.0, first=0.5)
+    best = trial(2, 150.0, first=0.5)
+    best = replace(best, settings=best.settings.model_copy(update={"persistent_workers": True}))
+    run = dropin.whole_run(user, best, [user, best], None, epochs=5, batches=16)
+    plain = decided_by(user, best, [user, best], run)
+    gain = next(k["gain"] for k in plain if k["knob"] == "persistent_workers")
+    assert gain == pytest.approx(run["without_persistent_s"] / run["recommended_s"], abs=1e-3)
+    assert 1.1 < gain < 2  # starting the workers again in each of 4 more epochs: 0.5 s of a 1.3 s epoch
+    cache = CacheAdvice("Recordings.load", uncached_s=[1.0, 1.0], fill_s=1.08, cached_s=[0.16, 0.16],
+                        recommended=True)
+    cached = dropin.with_cache(run, cache)
+    assert cached["recommended_s"] < run["recommended_s"] / 2  # the cache's own gain
+    knobs = {k["knob"]: k for k in decided_by(user, best, [user, best], cached)}
+    assert knobs["persistent_workers"]["gain"] == pytest.approx(gain, abs=1e-3)
+
+
 def test_widening_yields_to_the_runs_that_decide():
     budget = dropin._Budget(10.0, runs=20)
     budget.ran(1.0, 0.9)

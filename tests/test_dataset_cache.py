@@ -436,31 +436,3 @@ def test_one_slow_cached_pass_of_four_does_not_make_a_large_gain_noise():
     run = CacheAdvice("Clips.features", uncached_s=[0.14, 0.14], cached_s=[0.15, 0.16])
     judge(run)
     assert not run.recommended and "slower than computing it" in run.reason
-
-
-def _slow_start(worker_id):  # a worker that takes 0.6 s to start (imports, opening files)
-    time.sleep(0.6)
-
-
-@pytest.mark.parametrize("persistent", [True, False])
-def test_passes_for_workers_that_persist_leave_their_start_out_as_later_epochs_do(persistent):
-    """Settings whose workers persist start them once in the script's run: the cache's passes for them are
-    timed over their batches (scaled from the second batch on), so the cached epochs' share is not diluted by
-    a start-up later epochs do not pay; workers that start every epoch keep it in every pass."""
-    from placer.stream import dataset_cache
-    from placer.timing import Deadline
-
-    fixed = [list(range(i, i + 4)) for i in range(0, 32, 4)]
-    advice = CacheAdvice("Decoded.decode", share=0.9, bytes=1 << 16, budget_bytes=1 << 20,
-                         dataset=Decoded(n=32, delay=0.01))
-    loader = DataLoader(advice.dataset, batch_size=4, worker_init_fn=_slow_start)
-    kwargs = {"num_workers": 1, "prefetch_factor": 2, "persistent_workers": persistent}
-    dataset_cache._measure(advice, loader, fixed, None, kwargs, Deadline(4.0), lambda: None)
-    assert advice.uncached_s and advice.cached_s and advice.fills_s
-    # 8 batches of 4 decodes of 10 ms: about 0.32 s of work uncached, next to nothing cached
-    if persistent:
-        assert max(advice.cached_s) < 0.3 and max(advice.uncached_s) < 0.6
-        assert advice.recommended and advice.epoch_speedup > 3
-    else:
-        assert min(advice.cached_s) > 0.6 and min(advice.uncached_s) > 0.6 + 0.25
-        assert advice.epoch_speedup < 1.8  # the start-up every pass pays is in both

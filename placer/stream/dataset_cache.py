@@ -615,24 +615,13 @@ def _pass(make: Callable[[Any], Any], dataset: Any, step: Callable[[Any], Any] |
     With ``deadline``, the pass stops after the first batch that ends past it. Every pass
     starts from the same state of the global random generators (restored afterwards), so
     that passes over the same batches draw the same numbers.
-
-    A loader made for settings whose workers persist between epochs (``make`` marks it
-    ``_placer_steady``) is timed from its first batch to its last, scaled to all its batches:
-    those workers start once in the script's run, not every epoch, so their start and stop
-    are left out of the passes, whose ratios price the later epochs (a pandas script's two
-    persistent workers took 0.11 s to their first batch, and its cached run was predicted
-    at 1.13 s where it ran 0.91 s: ``benchmarks/results/probes-audio-cache-workers-vm-epyc.md``).
     """
     loader = make(dataset)
-    steady = bool(getattr(loader, "_placer_steady", False))
     digests, outside = [], 0.0
-    first = end = None
     with random_state_kept(), Clock(cpu_clock=None) as run:
         it = iter(loader)
         try:
             for batch in it:
-                if first is None:
-                    first = run.elapsed()
                 with Clock(cpu_clock=None) as d:
                     digests.append(digest(batch))
                 outside += d.wall
@@ -641,14 +630,10 @@ def _pass(make: Callable[[Any], Any], dataset: Any, step: Callable[[Any], Any] |
                 if deadline is not None and deadline.passed():
                     break
             sync()
-            end = run.elapsed()
         finally:
             shutdown = getattr(it, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
-    n = len(digests)
-    if steady and n > 1 and first is not None and end is not None:
-        return (end - first - outside) * n / (n - 1), digests
     return run.wall - outside, digests
 
 
@@ -734,14 +719,10 @@ def _measure(advice: CacheAdvice, loader: Any, fixed: list[list[Any]], step: Cal
              loader_kwargs: dict[str, Any], deadline: Deadline, sync: Callable[[], None]) -> None:
     from torch.utils.data import DataLoader
 
-    steady = bool(loader_kwargs.get("num_workers") and loader_kwargs.get("persistent_workers"))
-
     def make(ds: Any) -> Any:
-        made = DataLoader(ds, batch_sampler=fixed, collate_fn=loader.collate_fn, generator=loader.generator,
+        return DataLoader(ds, batch_sampler=fixed, collate_fn=loader.collate_fn, generator=loader.generator,
                           worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
                           **{**loader_kwargs, "persistent_workers": False})
-        made._placer_steady = steady  # their start and stop are not every epoch's (:func:`_pass`)
-        return made
 
     stores: list[SampleStore] = []
 

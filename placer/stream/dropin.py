@@ -1361,10 +1361,10 @@ def _without_workers(user: Trial, best: Trial, trials: list[Trial], longer: tupl
     at = found if alt.settings == user.settings else _cache_at(found, loader, step, alt.settings, batches,
                                                                 budget_s, dev)
     u = (longer[0], alt, longer[2]) if longer is not None else None
-    mine, cache = _cache_over_the_run(whole_run(user, alt, trials, u, epochs=epochs, batches=per_epoch), at)
-    if mine is None or "cache" not in mine or mine["recommended_s"] > run["recommended_s"] * (1 + MIN_GAIN):
+    alt_run, cache = _cache_over_the_run(whole_run(user, alt, trials, u, epochs=epochs, batches=per_epoch), at)
+    if alt_run is None or "cache" not in alt_run or alt_run["recommended_s"] > run["recommended_s"] * (1 + MIN_GAIN):
         return None
-    return alt, mine, cache
+    return alt, alt_run, cache
 
 
 def _cache_over_the_run(run: dict[str, Any] | None, cache: Any) -> tuple[dict[str, Any] | None, Any]:

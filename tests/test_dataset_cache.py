@@ -436,3 +436,41 @@ def test_one_slow_cached_pass_of_four_does_not_make_a_large_gain_noise():
     run = CacheAdvice("Clips.features", uncached_s=[0.14, 0.14], cached_s=[0.15, 0.16])
     judge(run)
     assert not run.recommended and "slower than computing it" in run.reason
+
+
+def _slow_start(worker_id):
+    time.sleep(0.4)
+
+
+def test_with_persistent_workers_the_cached_epochs_are_priced_on_the_workers_that_filled_the_cache():
+    """A script whose workers persist starts them once: its later epochs, cached or not, pay no start-up.
+    The passes run as its epochs do (each loader twice, on the same workers), so a cached epoch is set
+    against an uncached later epoch, not against one that starts the workers; a first pass of each
+    starts them and prices the filling epoch. The random flip after the decode draws other numbers in
+    the workers' second pass than in their first: the cached passes are checked against the uncached
+    pass of the same rank."""
+    from placer.stream.dropin import with_cache
+
+    loader = DataLoader(Decoded(n=32, delay=0.02), batch_size=4, worker_init_fn=_slow_start)
+    found = find_cache(loader, lambda b: None, batches=3, budget_s=12, budget_bytes=1 << 20,
+                       loader_kwargs={"num_workers": 1, "persistent_workers": True, "prefetch_factor": 2})
+    assert found.recommended, found.reason
+    assert len(found.uncached_first_s) == len(found.uncached_s) >= 1
+    # the workers' 0.4 s start in the first passes only
+    assert min(found.uncached_first_s) > max(found.uncached_s) + 0.3, found
+    assert min(found.fills_s) > max(found.cached_s) + 0.3, found
+    costs = {"start_s": 0.6, "per_batch_s": 0.08, "close_s": 0.0, "refill_s": 0.08, "persistent": True}
+    run = {"epochs": 3, "batches": 8, "user_s": 3.0, "recommended_s": 2.4, "speedup": 1.25, "user_samples_per_s": 32,
+           "recommended_costs": costs}
+    cache = with_cache(run, found)["cache"]
+    # a cached later epoch: the decode's 0.24 s gone, not diluted by a start-up it does not pay
+    assert cache["hit"] < 0.4, found
+    assert cache["fill"] < 1.5, found  # filling set against an uncached pass that also started the workers
+
+
+def test_without_persistent_workers_every_pass_starts_its_workers():
+    loader = DataLoader(Decoded(n=32, delay=0.004), batch_size=4)
+    found = find_cache(loader, lambda b: None, batches=3, budget_s=8, budget_bytes=1 << 20,
+                       loader_kwargs={"num_workers": 1, "persistent_workers": False})
+    assert found.uncached_s and found.uncached_first_s == [] and found.first_uncached_s == pytest.approx(
+        float(np.median(found.uncached_s)))

@@ -187,9 +187,14 @@ class CacheAdvice:
         The memory budget it had to fit.
     uncached_s, cached_s : list of float
         Seconds of each pass over the same batches (with the step): without the cache, and
-        reading a full cache.
+        reading a full cache. With persistent workers, each is a loader's second pass, on
+        workers its first pass started (a script's later epoch).
+    uncached_first_s : list of float
+        With persistent workers, the first pass of each uncached loader (starting its workers);
+        empty without them (every pass starts its workers, and ``uncached_s`` holds them).
     fills_s : list of float
-        Seconds of each pass that filled an empty cache (one per uncached pass, interleaved).
+        Seconds of each pass that filled an empty cache (one per uncached pass, interleaved; with
+        the workers' start).
     fill_s : float or None
         The filling passes' median: what the first epoch of a run with the cache is priced at.
         One filling pass alone once priced the audio script's cache out of its three-epoch run
@@ -209,6 +214,7 @@ class CacheAdvice:
     fill_s: float | None = None
     fills_s: list[float] = field(default_factory=list)
     cached_s: list[float] = field(default_factory=list)
+    uncached_first_s: list[float] = field(default_factory=list)
     batches: int = 0
     recommended: bool = False
     reason: str = ""
@@ -228,12 +234,19 @@ class CacheAdvice:
         return float(np.median(self.uncached_s) / max(np.median(self.cached_s), 1e-12))
 
     @property
+    def first_uncached_s(self) -> float | None:
+        """An uncached first epoch's seconds (median), which the filling one is set against: with
+        persistent workers their first passes, else every uncached pass."""
+        first = self.uncached_first_s or self.uncached_s
+        return float(np.median(first)) if first else None
+
+    @property
     def two_epoch_speedup(self) -> float | None:
         """Two epochs uncached over the filling epoch and one cached."""
         if not self.uncached_s or not self.cached_s or self.fill_s is None:
             return None
-        u = float(np.median(self.uncached_s))
-        return 2 * u / max(self.fill_s + float(np.median(self.cached_s)), 1e-12)
+        u = self.first_uncached_s + float(np.median(self.uncached_s))
+        return u / max(self.fill_s + float(np.median(self.cached_s)), 1e-12)
 
     def sentence(self) -> str:
         """The advice in plain words."""
@@ -266,7 +279,9 @@ class CacheAdvice:
                 "budget_bytes": self.budget_bytes, "batches": self.batches,
                 "uncached_s": [round(x, 4) for x in self.uncached_s], "fill_s": r(self.fill_s),
                 "fills_s": [round(x, 4) for x in self.fills_s],
-                "cached_s": [round(x, 4) for x in self.cached_s], "epoch_speedup": r(self.epoch_speedup),
+                "cached_s": [round(x, 4) for x in self.cached_s],
+                "uncached_first_s": [round(x, 4) for x in self.uncached_first_s],
+                "epoch_speedup": r(self.epoch_speedup),
                 "two_epoch_speedup": r(self.two_epoch_speedup), "recommended": self.recommended,
                 "reason": self.reason, "steps": list(self.steps)}
 
@@ -608,33 +623,48 @@ def _pickled_bytes(values: list[Any]) -> float:
 
 
 # -- measuring it -------------------------------------------------------------------------------
-def _pass(make: Callable[[Any], Any], dataset: Any, step: Callable[[Any], Any] | None,
-          sync: Callable[[], None], deadline: Deadline | None = None) -> tuple[float, list[str]]:
-    """Seconds of one pass over the fixed batches with the step (digests taken outside the clock).
+def _passes(make: Callable[[Any], Any], dataset: Any, step: Callable[[Any], Any] | None,
+            sync: Callable[[], None], deadline: Deadline | None = None, count: int = 1) -> list[tuple[float, list[str]]]:
+    """Seconds of ``count`` passes over the fixed batches with the step, through one loader (its
+    persistent workers, if it has them, started once); each with its batches' digests, taken outside
+    the clock.
 
-    With ``deadline``, the pass stops after the first batch that ends past it. Every pass
-    starts from the same state of the global random generators (restored afterwards), so
+    With ``deadline``, the first pass stops after the first batch that ends past it, and the later
+    ones run the batches it ran (the loader's ``batch_sampler``, a list, is cut to them). Every
+    pass starts from the same state of the global random generators (restored afterwards), so
     that passes over the same batches draw the same numbers.
     """
     loader = make(dataset)
-    digests, outside = [], 0.0
-    with random_state_kept(), Clock(cpu_clock=None) as run:
-        it = iter(loader)
-        try:
-            for batch in it:
-                with Clock(cpu_clock=None) as d:
-                    digests.append(digest(batch))
-                outside += d.wall
-                if step is not None:
-                    step(batch)
-                if deadline is not None and deadline.passed():
-                    break
-            sync()
-        finally:
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
-    return run.wall - outside, digests
+    out: list[tuple[float, list[str]]] = []
+    it = None
+    try:
+        for n in range(count):
+            digests, outside = [], 0.0
+            with random_state_kept(), Clock(cpu_clock=None) as run:
+                it = iter(loader)
+                for batch in it:
+                    with Clock(cpu_clock=None) as d:
+                        digests.append(digest(batch))
+                    outside += d.wall
+                    if step is not None:
+                        step(batch)
+                    if n == 0 and deadline is not None and deadline.passed():
+                        break
+                sync()
+            out.append((run.wall - outside, digests))
+            if n == 0 and isinstance(getattr(loader, "batch_sampler", None), list):
+                del loader.batch_sampler[len(digests):]
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+    return out
+
+
+def _pass(make: Callable[[Any], Any], dataset: Any, step: Callable[[Any], Any] | None,
+          sync: Callable[[], None], deadline: Deadline | None = None) -> tuple[float, list[str]]:
+    """One pass (:func:`_passes`), its workers stopped at its end."""
+    return _passes(make, dataset, step, sync, deadline)[0]
 
 
 def find_cache(loader: Any, step: Callable[[Any], Any] | None, *, loader_kwargs: dict[str, Any],
@@ -717,34 +747,54 @@ def find_cache(loader: Any, step: Callable[[Any], Any] | None, *, loader_kwargs:
 
 def _measure(advice: CacheAdvice, loader: Any, fixed: list[list[Any]], step: Callable[[Any], Any] | None,
              loader_kwargs: dict[str, Any], deadline: Deadline, sync: Callable[[], None]) -> None:
+    """The passes: uncached, then a new cache filled and read, interleaved, up to :data:`CACHE_PAIRS` each.
+
+    Where ``loader_kwargs`` keep worker processes between epochs (``persistent_workers``), each
+    loader runs two passes on the same workers, as a script's epochs do: the second of the
+    uncached loader's is an uncached later epoch (``uncached_s``; its first, which starts the
+    workers, ``uncached_first_s``), and the cached loader's first fills the cache and its second
+    reads it with the workers that filled it. Elsewhere every pass starts its workers, as every
+    epoch of such a script does.
+    """
     from torch.utils.data import DataLoader
+
+    persist = bool(loader_kwargs.get("num_workers")) and bool(loader_kwargs.get("persistent_workers"))
 
     def make(ds: Any) -> Any:
         return DataLoader(ds, batch_sampler=fixed, collate_fn=loader.collate_fn, generator=loader.generator,
                           worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
-                          **{**loader_kwargs, "persistent_workers": False})
+                          **{**loader_kwargs, "persistent_workers": persist})
 
     stores: list[SampleStore] = []
 
-    def fill_and_read() -> tuple[float, float, bool]:  # an empty cache filled by one pass, read by the next
+    def uncached(limit: Deadline | None = None) -> tuple[float, list[list[str]]]:
+        runs = _passes(make, advice.dataset, step, sync, limit, 2) if persist else \
+            [_pass(make, advice.dataset, step, sync, limit)]
+        if persist:
+            advice.uncached_first_s.append(runs[0][0])
+        advice.uncached_s.append(runs[-1][0])
+        return sum(r[0] for r in runs), [r[1] for r in runs]
+
+    def fill_and_read() -> tuple[float, bool]:  # an empty cache filled by one pass, read by the next
         stores.append(SampleStore(advice.budget_bytes))
         ds = cached(advice.dataset, advice.attribute, stores[-1])
-        f, got = _pass(make, ds, step, sync)
-        h, again = _pass(make, ds, step, sync)
+        if persist:  # filled and read by the same workers
+            (f, got), (h, again) = _passes(make, ds, step, sync, count=2)
+        else:
+            (f, got), (h, again) = _pass(make, ds, step, sync), _pass(make, ds, step, sync)
         advice.fills_s.append(f)
         advice.cached_s.append(h)
-        return f, h, got == ref and again == ref
+        return f + h, [got, again] == (ref if persist else [ref[0], ref[0]])
 
     try:
-        u, ref = _pass(make, advice.dataset, step, sync, Deadline(deadline.left() / 3))
-        del fixed[len(ref):]  # the cached passes run the batches the uncached one ran
+        u, ref = uncached(Deadline(deadline.left() / 3))
+        del fixed[len(ref[0]):]  # the cached passes run the batches the uncached one ran
         advice.batches = len(fixed)
-        advice.uncached_s.append(u)
-        f, h, same = fill_and_read()
+        c, same = fill_and_read()
         # more, interleaved: each round fills a new cache, as one slow fill must not price the whole run
-        while same and len(advice.cached_s) < CACHE_PAIRS and deadline.left() > u + f + h:
-            advice.uncached_s.append(_pass(make, advice.dataset, step, sync)[0])
-            f, h, kept = fill_and_read()
+        while same and len(advice.cached_s) < CACHE_PAIRS and deadline.left() > u + c:
+            uncached()
+            c, kept = fill_and_read()
             same = same and kept
             stores.pop(0).close()
     finally:

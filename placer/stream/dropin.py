@@ -1326,7 +1326,7 @@ def with_cache(run: dict[str, Any] | None, cache: Any) -> dict[str, Any] | None:
         return run
     uncached = float(np.median(cache.uncached_s))
     # filling does an uncached epoch's work and stores it: a fill measured faster is the machine's noise
-    fill = max(1.0, cache.fill_s / max(uncached, 1e-12))
+    fill = max(1.0, cache.fill_s / max(cache.first_uncached_s, 1e-12))
     hit = float(np.median(cache.cached_s)) / max(uncached, 1e-12)
     costs = RunCosts(**{k: run["recommended_costs"][k] for k in
                         ("start_s", "per_batch_s", "close_s", "refill_s", "persistent")})

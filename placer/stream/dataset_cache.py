@@ -623,8 +623,8 @@ def _pickled_bytes(values: list[Any]) -> float:
 
 
 # -- measuring it -------------------------------------------------------------------------------
-def _passes(make: Callable[[Any], Any], dataset: Any, step: Callable[[Any], Any] | None,
-            sync: Callable[[], None], deadline: Deadline | None = None, count: int = 1) -> list[tuple[float, list[str]]]:
+def _passes(make: Callable[[Any], Any], dataset: Any, step: Callable[[Any], Any] | None, sync: Callable[[], None],
+            deadline: Deadline | None = None, count: int = 1) -> list[tuple[float, list[str]]]:
     """Seconds of ``count`` passes over the fixed batches with the step, through one loader (its
     persistent workers, if it has them, started once); each with its batches' digests, taken outside
     the clock.

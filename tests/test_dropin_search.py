@@ -345,6 +345,26 @@ def test_a_gain_every_interleaved_round_shows_beats_a_noisy_setting_whose_range_
     assert not dropin.beats(replace(fewer, repeats=(1454.0, 2206.0)), replace(user, repeats=(185.0, 1981.0)))
 
 
+def test_a_cheaper_setting_that_reads_as_fast_as_the_winner_is_recommended_instead():
+    """The winner beat yours in every round; a cheaper setting that ranks at least as fast, but whose own runs
+    overlap yours in one round, is the better advice (v36's numpy_augment_infer: a thread worker chosen over no
+    workers at one torch thread, which ranked faster, and the script ran it 0.90x the no-workers setting)."""
+    from dataclasses import replace
+
+    def runs(w, tt, rates, threads=False):
+        return replace(trial(w, float(sorted(rates)[1]), tt=tt, threads=threads), repeats=tuple(rates))
+
+    user = runs(0, 2, (560.0, 540.0, 600.0))
+    winner = runs(1, 1, (700.0, 690.0, 710.0), threads=True)
+    bare = runs(0, 1, (720.0, 530.0, 730.0))  # lost its second round to yours
+    assert dropin.beats(winner, user) and not dropin.beats(bare, user)
+    best, noise = dropin.decide(user, [user, winner, bare])
+    assert best is bare and noise is None
+    # slower than the winner: the winner stays
+    slower = runs(0, 1, (690.0, 530.0, 695.0))
+    assert dropin.decide(user, [user, winner, slower])[0] is winner
+
+
 def test_the_whole_run_with_a_cache_fills_it_in_the_first_epoch_and_reads_it_after():
     from placer.stream.dataset_cache import CacheAdvice
     from placer.stream.wholerun import cached_run_seconds

@@ -921,10 +921,10 @@ def test_with_a_cache_the_workers_that_overlapped_its_work_give_way_to_none_when
     hit = {1: 0.75}
     measured_at = []
 
-    def at(cache, loader, step, settings, batches, budget_s, dev):
+    def at(cache, loader, step, settings, batches, budget_s, dev):  # the worker's passes 1.5x as fast as yours
         measured_at.append(settings.num_workers)
-        h = hit.get(settings.num_workers, 0.2)
-        return replace(cache, uncached_s=[1.0, 1.0], fill_s=1.05, cached_s=[h, h])
+        h, u = hit.get(settings.num_workers, 0.2), 1 / 1.5 if settings.num_workers else 1.0
+        return replace(cache, uncached_s=[u, u], fill_s=1.05 * u, cached_s=[h * u, h * u])
 
     monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: found)
     monkeypatch.setattr(dropin, "_cache_at", at)
@@ -948,3 +948,34 @@ def test_with_a_cache_the_workers_that_overlapped_its_work_give_way_to_none_when
     kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=4)
     assert kept.change and kept.recommended.settings.num_workers == 1 and kept.confirmed["held"]
     assert kept.cache.recommended and kept.whole_run["cache"]["hit"] == pytest.approx(0.2 / 1.0)
+
+
+def test_with_a_cache_its_passes_at_both_settings_decide_where_the_search_runs_overstate_the_worker(monkeypatch):
+    """The search reads one worker 1.5x as fast as yours, but over the cache's own passes (the same
+    batches) it ran an uncached epoch only 1.11x as fast, filled the cache in 0.95 s against your 1.1 s
+    and read it in 0.27 s against your 0.2 s: over 4 epochs 1.76 s against your 1.70 s. Scaled by the
+    search's rates, the worker's run with the cache would still read 1.3x yours, so the passes decide:
+    with the cache, your settings, which need no workers, are as fast, and the advice keeps them."""
+    from dataclasses import replace
+
+    from placer.stream.dataset_cache import CacheAdvice
+
+    scripted(monkeypatch, {0: 100.0, 1: 150.0, 2: 110.0}, {0: 100.0, 1: 150.0})
+    found = CacheAdvice("Many.decode", share=0.9, bytes=1 << 20, uncached_s=[1.0, 1.0], fill_s=1.1,
+                        cached_s=[0.2, 0.2], recommended=True, reason="found", batches=10)
+    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: found)
+    monkeypatch.setattr(dropin, "_cache_at", lambda cache, loader, step, settings, *a: replace(
+        cache, uncached_s=[0.9, 0.9], fill_s=0.95, cached_s=[0.27, 0.27]) if settings.num_workers else cache)
+    advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=4)
+    assert dropin.cached_passes_s(found, 4) == pytest.approx(1.7)
+    assert not advice.change and advice.cache is found and advice.cache.recommended
+    mine = 4 * (0.01 + 99 * 0.08)
+    assert advice.whole_run["recommended_s"] == pytest.approx(mine * (1.1 + 3 * 0.2) / 4, rel=1e-3)
+    assert re.fullmatch(r"with the cache, your settings ran the cache's passes over the same 10 batches \(filling "
+                        r"it, then 3 reads, as your 4 epochs would\) in 1\.70 s and num_workers=1 \(processes\).*, "
+                        r"the fastest without it, in 1\.76 s: .*", advice.within_noise)
+    # passes that read the worker's epochs with the cache beyond MIN_GAIN faster leave it recommended
+    monkeypatch.setattr(dropin, "_cache_at", lambda cache, loader, step, settings, *a: replace(
+        cache, uncached_s=[0.9, 0.9], fill_s=0.95, cached_s=[0.21, 0.21]) if settings.num_workers else cache)
+    kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=4)
+    assert kept.change and kept.recommended.settings.num_workers == 1 and kept.cache.recommended

@@ -988,14 +988,14 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         cache = _cache_at(cache, loader, step, best.settings, batches, budget_s * CACHE_SHARE, dev)
     run, cache = _cache_over_the_run(run, cache)
     lighter = _without_workers(mine, best, trials, longer, found, run, loader, step, batches, budget_s * CACHE_SHARE,
-                               dev, epochs=epochs, per_epoch=per_epoch)
+                               dev, epochs=epochs, per_epoch=per_epoch, at_best=cache)
     swapped = None
     if lighter is not None:
         name = "your settings" if lighter[0] is mine else label(lighter[0].settings)
-        swapped = (f"with the cache, {name} would take {lighter[1]['recommended_s']:.2f} s over your whole run "
-                   f"and {label(best.settings)}, the fastest without it, {run['recommended_s']:.2f} s: once the "
-                   "cache holds what the workers computed, they have little left to overlap, and fewer is simpler")
-        best, run, cache = lighter
+        swapped = (f"with the cache, {name} {lighter[3]} and {label(best.settings)}, the fastest without it, "
+                   f"{lighter[4]}: once the cache holds what the workers computed, they have little left to overlap, "
+                   "and fewer is simpler")
+        best, run, cache = lighter[:3]
         confirmed = None  # the longer runs confirmed the setting with workers
         if best is mine:
             noise = swapped
@@ -1340,10 +1340,11 @@ def with_cache(run: dict[str, Any] | None, cache: Any) -> dict[str, Any] | None:
 
 def _without_workers(user: Trial, best: Trial, trials: list[Trial], longer: tuple[Trial, Trial, int] | None,
                      found: Any, run: dict[str, Any] | None, loader: Any, step: Any, batches: int, budget_s: float,
-                     dev: Device, *, epochs: int, per_epoch: int | None) -> tuple[Trial, dict[str, Any], Any] | None:
-    """The fastest setting measured without workers, with its whole run and cache, where the cache is offered
-    beside ``best``'s workers and that setting runs the user's whole run with the cache within ``MIN_GAIN``
-    of ``best``'s (``run``); else None.
+                     dev: Device, *, epochs: int, per_epoch: int | None,
+                     at_best: Any = None) -> tuple[Trial, dict[str, Any], Any, str, str] | None:
+    """The fastest setting measured without workers, with its whole run and cache and the two runs' words
+    (its, ``best``'s), where the cache is offered beside ``best``'s workers and that setting runs the
+    user's whole run with the cache within ``MIN_GAIN`` of ``best``'s (``run``); else None.
 
     The search ranks the settings without the cache, and a worker earns its place there by overlapping
     the work the cache then keeps: audio_cache_train's drop-in, on 2 cores, recommended one worker process
@@ -1351,6 +1352,14 @@ def _without_workers(user: Trial, best: Trial, trials: list[Trial], longer: tupl
     and 593 samples/s over the run), and the script ran it 0.81x as fast as no workers with the cache
     (``benchmarks/results/plain-vm-epyc-quiet-v33-screened.md``). The setting without workers has its
     cache passes measured at its own settings (``found``, the cache search's, where they are the user's).
+
+    Each whole run scales the cache's passes by its setting's own runs in the search, whose spread the
+    passes then carry: in v38's advice before the grid (``plain-vm-epyc-quiet-v38-screened.md``) no
+    workers' three search runs read 515 samples/s over the run against one worker's 602, and the worker
+    with the cache stayed, which the script ran 0.87x as fast as no workers with it. So where ``best``'s
+    passes were measured at its own settings (``at_best``), the passes also decide directly: both loaders
+    ran the same batches, filling the cache and reading it, so the filling pass and ``epochs - 1`` reads
+    are each setting's epochs with the cache, measured without a search run's rate in between.
     """
     if run is None or "cache" not in run or not best.settings.num_workers or not per_epoch:
         return None
@@ -1362,9 +1371,26 @@ def _without_workers(user: Trial, best: Trial, trials: list[Trial], longer: tupl
                                                                 budget_s, dev)
     u = (longer[0], alt, longer[2]) if longer is not None else None
     alt_run, cache = _cache_over_the_run(whole_run(user, alt, trials, u, epochs=epochs, batches=per_epoch), at)
-    if alt_run is None or "cache" not in alt_run or alt_run["recommended_s"] > run["recommended_s"] * (1 + MIN_GAIN):
+    if alt_run is None or "cache" not in alt_run:
         return None
-    return alt, alt_run, cache
+    words = (f"would take {alt_run['recommended_s']:.2f} s over your whole run", f"{run['recommended_s']:.2f} s")
+    if alt_run["recommended_s"] <= run["recommended_s"] * (1 + MIN_GAIN):
+        return alt, alt_run, cache, *words
+    mine, theirs = cached_passes_s(at, epochs), cached_passes_s(at_best, epochs)
+    measured = at_best is not found or best.settings == user.settings  # best's passes at best's settings
+    if not measured or mine is None or theirs is None or mine > theirs * (1 + MIN_GAIN):
+        return None
+    n = at.batches or batches
+    return alt, alt_run, cache, (f"ran the cache's passes over the same {n} batches (filling it, then {epochs - 1} "
+                                 f"reads, as your {epochs} epochs would) in {mine:.2f} s"), f"in {theirs:.2f} s"
+
+
+def cached_passes_s(cache: Any, epochs: int) -> float | None:
+    """Seconds of ``epochs`` epochs over the cache's passes, measured at one setting: the filling pass
+    (median), then ``epochs - 1`` cached reads (median); None where it has no such passes."""
+    if cache is None or not getattr(cache, "recommended", False) or cache.fill_s is None or not cache.cached_s:
+        return None
+    return cache.fill_s + (epochs - 1) * float(np.median(cache.cached_s))
 
 
 def _cache_over_the_run(run: dict[str, Any] | None, cache: Any) -> tuple[dict[str, Any] | None, Any]:

@@ -1377,7 +1377,8 @@ def _without_workers(user: Trial, best: Trial, trials: list[Trial], longer: tupl
     if alt_run["recommended_s"] <= run["recommended_s"] * (1 + MIN_GAIN):
         return alt, alt_run, cache, *words
     mine, theirs = cached_passes_s(at, epochs), cached_passes_s(at_best, epochs)
-    measured = at_best is not found or best.settings == user.settings  # best's passes at best's settings
+    # each setting's passes measured at its own settings (where a new measurement failed, it is the user's)
+    measured = all(c is not found or t.settings == user.settings for c, t in ((at, alt), (at_best, best)))
     if not measured or mine is None or theirs is None or mine > theirs * (1 + MIN_GAIN):
         return None
     n = at.batches or batches

@@ -255,6 +255,27 @@ def leave_allocator() -> None:
     _settled_allocator = True
 
 
+@contextlib.contextmanager
+def allocator_as_is() -> Iterator[None]:
+    """Keep :func:`settle_allocator` from acting for the block, and only for it.
+
+    For placer's measurements in the user's own process (the drop-in's): the user's script runs on in that
+    process after the advice, with the allocator as the advice leaves it, while the speed-ups the advice
+    claims come from runs in fresh processes, as the script starts. Settled there, numpy_augment's loop
+    ran after the advice 1.16x as fast as the same settings run as the script's flags (v38 on a 2-core
+    EPYC: 1.70x against 1.47x the script as written), which the advice's claim of 1.23x did not price
+    (``benchmarks/results/probes-allocator-pipeline-claim-vm-epyc.md``). A later call outside the block
+    settles as before (placer's own executor, profiles).
+    """
+    global _settled_allocator
+    before = _settled_allocator
+    _settled_allocator = True
+    try:
+        yield
+    finally:
+        _settled_allocator = before
+
+
 def _noop() -> None:
     return None
 
@@ -440,7 +461,8 @@ class Clock:
     """Wall and process CPU seconds of a ``with`` block (``wall``, ``cpu``: never negative).
 
     ``cpu_clock=None`` reads the wall clock only: reading the process's CPU time sums over its
-    threads, which disturbs a measurement of how threads share the GIL.
+    threads, which disturbs a measurement of how threads share the GIL. ``settle=False`` leaves the
+    allocator as it is (a clock in the user's own loop: :class:`placer.stream.dropin.MeasuredLoader`).
 
     >>> with Clock() as c:
     ...     _ = sum(range(1000))
@@ -452,8 +474,9 @@ class Clock:
     cpu: float = 0.0
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
-                 cpu_clock: Callable[[], float] | None = time.process_time):
-        settle_allocator()
+                 cpu_clock: Callable[[], float] | None = time.process_time, *, settle: bool = True):
+        if settle:
+            settle_allocator()
         self.clock, self.cpu_clock = clock, cpu_clock
 
     def __enter__(self) -> Clock:

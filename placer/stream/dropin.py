@@ -59,7 +59,8 @@ from placer.devices import Device, canonical_name, discover, is_real_gpu, torch_
 from placer.executor.stream.nodes import leading_len
 from placer.executor.stream.source import same_draws_loader
 from placer.stream import dataset_cache
-from placer.timing import Clock, Deadline, Measurement, Timings, sign_tail, torch_threads, two_speeds
+from placer.timing import (Clock, Deadline, Measurement, Timings, allocator_as_is, sign_tail, torch_threads,
+                           two_speeds)
 
 log = logging.getLogger(__name__)
 
@@ -786,6 +787,7 @@ MORE_ROUNDS = 3
 WIDEN_RUNS = 2 * MORE_ROUNDS + 2 * (len(PREFETCH) - 1)
 
 
+@allocator_as_is()  # the user's process: the script runs on in it (placer.timing.allocator_as_is)
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
                   device: Any = None, target: Any = None, cache_bytes: int | None = None,
                   epochs: int = 1, precision: Any = None, state: Any = None,
@@ -2003,10 +2005,10 @@ class MeasuredLoader:
     def __iter__(self) -> Iterator[Any]:
         self.fetch_s, self.samples = [], []
         it = iter(self.loader)
-        with Clock() as loop:
+        with Clock(settle=False) as loop:  # the user's loop, in their allocator's state
             try:
                 while True:
-                    with Clock() as fetch:
+                    with Clock(settle=False) as fetch:
                         batch = next(it, _END)
                     if batch is _END:
                         break

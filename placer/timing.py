@@ -260,12 +260,12 @@ def allocator_as_is() -> Iterator[None]:
     """Keep :func:`settle_allocator` from acting for the block, and only for it.
 
     For placer's measurements in the user's own process (the drop-in's): the user's script runs on in that
-    process after the advice, with the allocator as the advice leaves it, while the speed-ups the advice
-    claims come from runs in fresh processes, as the script starts. Settled there, numpy_augment's loop
-    ran after the advice 1.16x as fast as the same settings run as the script's flags (v38 on a 2-core
-    EPYC: 1.70x against 1.47x the script as written), which the advice's claim of 1.23x did not price
-    (``benchmarks/results/probes-allocator-pipeline-claim-vm-epyc.md``). A later call outside the block
-    settles as before (placer's own executor, profiles).
+    process after the advice, and settling it would change the script's allocator for good (fixed
+    thresholds, up to :data:`SETTLE_PAD` more kept per arena) and measure the in-process work (the step
+    alone, a cache's passes) in a state the script's own loop does not start in. A later call outside the
+    block settles as before (placer's own executor, profiles). The heap the advice's own work leaves still
+    makes the loop after it faster than a fresh script with the same settings (numpy_augment on a 2-core
+    EPYC: 940-965 samples/s against 830, ``benchmarks/results/probes-applied-heap-vm-epyc.md``).
     """
     global _settled_allocator
     before = _settled_allocator

@@ -254,8 +254,8 @@ def test_finalists_run_repeatedly_and_interleaved_and_a_clear_gain_is_recommende
     # the first round (yours, then workers 1 at prefetch 2 and 4, 2 at 2 and 4), then rounds over the finalists,
     # then the confirming longer runs: yours and the recommended, in turn
     assert calls[:5] == [0, 1, 1, 2, 2]
-    confirming = 2 * dropin.CONFIRM_ROUNDS
-    assert calls[-confirming:] == [0, 2] * dropin.CONFIRM_ROUNDS
+    confirming = 2 * dropin.CONFIRM_AGREED  # runs that agree: CONFIRM_AGREED rounds
+    assert calls[-confirming:] == [0, 2] * dropin.CONFIRM_AGREED
     rounds = calls[5:-confirming]
     half = len(rounds) // 2
     assert len(rounds) == 2 * half and rounds[:half] == rounds[half:]
@@ -265,6 +265,7 @@ def test_finalists_run_repeatedly_and_interleaved_and_a_clear_gain_is_recommende
     assert advice.user.samples_per_s == 100.0 and advice.recommended.samples_per_s == 200.0
     doc = json.loads(advice.to_json())
     assert doc["user"]["repeats"] == [100.0, 104.0, 98.0] and doc["within_noise"] is None
+    assert len(doc["user"]["reads"]) == 3  # each run's batches, seconds and first batch, kept through merging
     assert {"bottleneck", "wait_fraction", "samples_per_s", "user", "recommended", "change", "speedup", "threads",
             "trials", "notes", "seconds", "budget_s"} <= set(doc)
 
@@ -278,10 +279,13 @@ def test_confirming_runs_that_disagree_get_more_rounds_and_agreeing_ones_do_not(
     assert calls[-2 * rounds:] == [0, 2] * rounds
     assert advice.confirmed["runs"] == rounds
     assert "Confirmed by longer runs (%d each" % rounds in str(advice)
-    # runs that agree (within CONFIRM_SPREAD) stop at CONFIRM_ROUNDS
+    # runs that agree (within CONFIRM_SPREAD) stop at CONFIRM_AGREED: more than three rounds side by side,
+    # as three that agree may share one period of the machine's speed
     calls = sequenced(monkeypatch, {0: [100.0, 104.0, 98.0], 1: [150.0, 155.0, 148.0], 2: [200.0, 190.0, 205.0]})
     advice = advise_loader(DataLoader(Plain(), batch_size=8), lambda b: None)
-    assert advice.confirmed["runs"] == dropin.CONFIRM_ROUNDS
+    assert dropin.CONFIRM_ROUNDS < dropin.CONFIRM_AGREED < dropin.CONFIRM_MAX_ROUNDS
+    assert advice.confirmed["runs"] == dropin.CONFIRM_AGREED
+    assert calls[-2 * dropin.CONFIRM_AGREED:] == [0, 2] * dropin.CONFIRM_AGREED
 
 
 def test_a_gain_within_the_spread_keeps_your_settings_and_says_so(monkeypatch):

@@ -141,6 +141,9 @@ class Trial:
     #: the run stopped in its warm-up: its first batches came after the user's whole run would have
     #: ended (:func:`run_loader`'s ``give_up_s``); its rate is the batches read over the time taken
     cut: bool = field(default=False, compare=False)
+    #: each run's (batches read, ``read_s``, ``first_batch_s``), in the order run; empty for one run
+    #: (its own ``read``, ``read_s`` and ``first_batch_s``)
+    reads: tuple[tuple[int, float, float], ...] = field(default=(), compare=False)
 
     @property
     def rates(self) -> tuple[float, ...]:
@@ -173,7 +176,13 @@ class Trial:
                 "batches": self.batches, "samples": self.samples, "seconds": round(self.seconds, 4),
                 "repeats": [round(r, 2) for r in self.rates], "spread": round(self.spread, 4),
                 "close_s": round(self.close_s, 4), "run_rates": [round(r, 2) for r in self.run_rates],
+                "reads": [[n, round(s, 4), round(f, 4)] for n, s, f in self.each_read],
                 **({"cut": True} if self.cut else {})}
+
+    @property
+    def each_read(self) -> tuple[tuple[int, float, float], ...]:
+        """Each run's (batches read, seconds from ``iter(loader)`` to the last one's step, first batch)."""
+        return self.reads or ((self.read, self.read_s, self.first_batch_s),)
 
 
 def merged(first: Trial, more: list[Trial]) -> Trial:
@@ -189,7 +198,8 @@ def merged(first: Trial, more: list[Trial]) -> Trial:
                    fetch_fraction=float(np.mean([t.fetch_fraction for t in runs])),
                    batches=sum(t.batches for t in runs), samples=sum(t.samples for t in runs),
                    seconds=sum(t.seconds for t in runs), run_rates=tuple(r for t in runs for r in t.run_rates),
-                   started=tuple(r for t in runs for r in t.started))
+                   started=tuple(r for t in runs for r in t.started),
+                   reads=tuple(r for t in runs for r in t.each_read))
 
 
 @dataclass
@@ -779,6 +789,13 @@ CONFIRM_ROUNDS = 3
 #: rounds in which the user's settings spread by 31 %; the script measured 2.33x
 CONFIRM_MAX_ROUNDS = 8
 CONFIRM_SPREAD = 0.15
+#: rounds, budget permitting, before runs that agree (within ``CONFIRM_SPREAD``) end the confirming: three
+#: rounds side by side span a few seconds, and agreeing there says the machine held one speed for them, not
+#: that it was its usual one. audio_cache_train's one advice before v39's grid claimed 1.88x from three
+#: agreeing rounds where the script measured 2.87x; over v32-v39 its drop-in's claims from three rounds
+#: read 0.70-1.53x what the script measured (5 of 20 beyond 20 %), from eight 0.82-1.35x (3 of 51), though
+#: eight rounds ran only where the first three disagreed (``benchmarks/results/probes-audio-claims-vm-epyc.md``)
+CONFIRM_AGREED = 5
 #: a confirming run reads up to this many times ``batches`` (at most one epoch), within its budget
 CONFIRM_LENGTH = 4
 #: rounds of raising the worker count while the rate rises
@@ -1185,9 +1202,10 @@ def _length(loader: Any) -> int | None:
 
 def confirm(loader: Any, user: Trial, best: Trial, step: Any, batches: int, dev: Device, budget: _Budget,
             count: SampleCount) -> tuple[Trial, Trial, int] | None:
-    """Longer runs of the user's settings and the recommended, in turn, ``CONFIRM_ROUNDS`` rounds, and
-    more (up to ``CONFIRM_MAX_ROUNDS``) while either setting's runs spread by more than
-    ``CONFIRM_SPREAD`` (:func:`run_spread`) and what is left of ``budget`` holds a round as long as the last.
+    """Longer runs of the user's settings and the recommended, in turn, ``CONFIRM_ROUNDS`` rounds, then
+    more while what is left of ``budget`` holds a round as long as the last: up to ``CONFIRM_AGREED`` in
+    all, and on (up to ``CONFIRM_MAX_ROUNDS``) while either setting's runs spread by more than
+    ``CONFIRM_SPREAD`` (:func:`run_spread`).
 
     Each run reads up to ``batches`` batches (each stops early at its share of ``budget``)
     from the start of an iterator, so that it measures the start-up, the steady state and
@@ -1201,7 +1219,7 @@ def confirm(loader: Any, user: Trial, best: Trial, step: Any, batches: int, dev:
         if budget.total.left() <= 2 * budget.fixed_s:  # both runs of the round, or none
             break
         if k >= CONFIRM_ROUNDS:
-            if max(run_spread(runs["user"]), run_spread(runs["best"])) <= CONFIRM_SPREAD:
+            if k >= CONFIRM_AGREED and max(run_spread(runs["user"]), run_spread(runs["best"])) <= CONFIRM_SPREAD:
                 break
             # a round as long as the last one, or none: a run cut short by its deadline reads less
             if budget.total.left() <= sum(budget.walls[-2:]) + 2 * budget.fixed_s:

@@ -792,9 +792,10 @@ CONFIRM_SPREAD = 0.15
 #: rounds, budget permitting, before runs that agree (within ``CONFIRM_SPREAD``) end the confirming: three
 #: rounds side by side span a few seconds, and agreeing there says the machine held one speed for them, not
 #: that it was its usual one. audio_cache_train's one advice before v39's grid claimed 1.88x from three
-#: agreeing rounds where the script measured 2.87x; over v32-v39 its drop-in's claims from three rounds
-#: read 0.70-1.53x what the script measured (5 of 20 beyond 20 %), from eight 0.82-1.35x (3 of 51), though
-#: eight rounds ran only where the first three disagreed (``benchmarks/results/probes-audio-claims-vm-epyc.md``)
+#: agreeing rounds where the script measured 2.87x; over v32-v39 its applied drop-in's claims from three
+#: rounds read 0.70-1.53x what the script measured (5 of 20 beyond 20 %), from more 0.70-1.35x (3 of 51),
+#: though more rounds ran only where the first three disagreed
+#: (``benchmarks/results/probes-audio-claims-vm-epyc.md``)
 CONFIRM_AGREED = 5
 #: a confirming run reads up to this many times ``batches`` (at most one epoch), within its budget
 CONFIRM_LENGTH = 4

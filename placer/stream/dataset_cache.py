@@ -1,6 +1,6 @@
 """Caching found inside a user's Dataset: the deterministic work of ``__getitem__`` that every epoch repeats.
 
-May import: numpy, placer.executor.stream.store, placer.timing; torch inside functions.
+May import: numpy, placer.executor.stream.{source,store}, placer.timing; torch inside functions.
 
 :func:`find_cache` answers, for the drop-in (:func:`placer.stream.dropin.advise_loader`):
 which part of ``dataset[key]`` could be computed once and kept, what keeping it
@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from placer.executor.stream.source import rebuild_loader
 from placer.executor.stream.store import CachedItems, SampleStore, is_plain, plain_key
 from placer.timing import Clock, Deadline
 
@@ -756,14 +757,11 @@ def _measure(advice: CacheAdvice, loader: Any, fixed: list[list[Any]], step: Cal
     reads it with the workers that filled it. Elsewhere every pass starts its workers, as every
     epoch of such a script does.
     """
-    from torch.utils.data import DataLoader
-
     persist = bool(loader_kwargs.get("num_workers")) and bool(loader_kwargs.get("persistent_workers"))
 
     def make(ds: Any) -> Any:
-        return DataLoader(ds, batch_sampler=fixed, collate_fn=loader.collate_fn, generator=loader.generator,
-                          worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
-                          **{**loader_kwargs, "persistent_workers": persist})
+        return rebuild_loader(loader, {**loader_kwargs, "persistent_workers": persist}, dataset=ds,
+                              batch_sampler=fixed)
 
     stores: list[SampleStore] = []
 

@@ -57,7 +57,7 @@ import numpy as np
 from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, is_real_gpu, torch_device_name
 from placer.executor.stream.nodes import leading_len
-from placer.executor.stream.source import same_draws_loader
+from placer.executor.stream.source import rebuild_loader
 from placer.stream import dataset_cache
 from placer.timing import (Clock, Deadline, Measurement, Timings, allocator_as_is, sign_tail, torch_threads,
                            two_speeds)
@@ -352,42 +352,12 @@ def settings_of(loader: Any) -> LoaderSettings:
 
 
 def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
-    """A DataLoader with ``settings`` that reads what ``loader`` reads, in the same order.
-
-    Kept: dataset (or ``dataset``, the same with a cache), sampler or batch sampler,
-    batch size, ``drop_last``, collate function, generator (which seeds the workers and
-    an unseeded sampler's order), ``worker_init_fn``, ``multiprocessing_context``,
-    ``timeout``, ``in_order``.
-    """
-    from torch.utils.data import DataLoader, IterableDataset
-
-    if settings.worker_threads and settings.num_workers:
-        from placer.executor.stream.threadloader import ThreadLoader
-
-        if loader.batch_size is not None:
-            order = dict(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
-        else:
-            order = dict(batch_sampler=loader.batch_sampler) if loader.batch_sampler is not None \
-                else dict(batch_size=None, sampler=loader.sampler)
-        return ThreadLoader(loader.dataset if dataset is None else dataset, **order, collate_fn=loader.collate_fn,
-                            generator=loader.generator, num_workers=settings.num_workers, prefetch_factor=settings.prefetch_factor,
-                            pin_memory=settings.pin_memory)
-    kw: dict[str, Any] = dict(dataset=loader.dataset if dataset is None else dataset, collate_fn=loader.collate_fn,
-                              generator=loader.generator,
-                              worker_init_fn=loader.worker_init_fn, timeout=loader.timeout,
-                              multiprocessing_context=loader.multiprocessing_context,
-                              in_order=getattr(loader, "in_order", True))
-    if isinstance(loader.dataset, IterableDataset):
-        kw |= dict(batch_size=loader.batch_size, drop_last=loader.drop_last)
-    elif loader.batch_size is not None:
-        kw |= dict(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
-    elif loader.batch_sampler is not None:
-        kw |= dict(batch_sampler=loader.batch_sampler)
-    else:
-        kw |= dict(batch_size=None, sampler=loader.sampler)
-    if settings.persistent_workers and settings.num_workers:
-        return same_draws_loader()(**kw, **settings.kwargs())
-    return DataLoader(**kw, **settings.kwargs())
+    """A DataLoader with ``settings`` that reads what ``loader`` reads, in the same order
+    (:func:`~placer.executor.stream.source.rebuild_loader`: every other argument kept; ``dataset``, the same
+    with a cache); a thread-pool loader for thread workers, one that draws as without persistent workers."""
+    workers = bool(settings.num_workers)
+    return rebuild_loader(loader, settings.kwargs(), threads=settings.worker_threads and workers, dataset=dataset,
+                          same_draws=settings.persistent_workers and workers)
 
 
 def candidates(user: LoaderSettings, *, cores: int, gpu: bool, iterable: bool) -> list[LoaderSettings]:

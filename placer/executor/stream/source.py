@@ -9,9 +9,10 @@ A source function returns an iterable of batches (a generator, a list), a
 ``batch_size`` and the configured workers: worker *processes*, as DataLoader runs
 them, or threads where the source's worker kind is ``thread``: a
 :class:`~placer.executor.stream.threadloader.ThreadLoader`), or a ``DataLoader``
-(its dataset, sampler, batch size, collate function,
-generator and ``worker_init_fn`` are kept; with configured workers its worker
-settings are replaced, else used as given: the user's own settings are the baseline).
+(every argument but its worker settings is kept, :func:`rebuild_loader`; with
+configured workers its worker settings are replaced, else used as given: the user's
+own settings are the baseline). :func:`rebuild_loader` is the one place a DataLoader
+is rebuilt with other settings.
 """
 
 from __future__ import annotations
@@ -70,32 +71,23 @@ def batches(stage: Stage, obj: Any, config: StreamConfig, wrap: Callable[[Any], 
 
 def loader_for(stage: Stage, obj: Any, config: StreamConfig, wrap: Callable[[Any], Any] | None = None) -> Any:
     """The DataLoader a Dataset or DataLoader source runs with under ``config`` (its dataset through ``wrap``)."""
-    from torch.utils.data import DataLoader
-
     given = stage.name in config.stage_workers or config.sequential
-    if _is_loader(obj):
-        if not given and wrap is None:
-            return obj
-        kw = dict(batch_size=obj.batch_size, sampler=obj.sampler if obj.batch_size is not None else None,
-                  batch_sampler=obj.batch_sampler if obj.batch_size is None else None,
-                  collate_fn=obj.collate_fn, drop_last=obj.drop_last if obj.batch_size is not None else False,
-                  dataset=obj.dataset if wrap is None else wrap(obj.dataset),
-                  # the generator draws each iterator's worker seed before a seeded sampler's order: without
-                  # it a rebuilt loader would read another order than the user's
-                  generator=obj.generator, worker_init_fn=obj.worker_init_fn)
-        if not given:  # the user's own worker settings, on the wrapped dataset
-            return DataLoader(**kw, **LoaderSettings.of(obj).kwargs())
-    else:
-        kw = dict(dataset=obj if wrap is None else wrap(obj), batch_size=stage.batch_size or 1, shuffle=False)
+    data = None if wrap is None else wrap(obj.dataset if _is_loader(obj) else obj)
+    if _is_loader(obj) and not given:  # the user's own worker settings (on the wrapped dataset)
+        return obj if wrap is None else rebuild_loader(obj, LoaderSettings.of(obj).kwargs(), dataset=data)
     # in a stream the copy node pins batches for a GPU, not the loader; a loader made for one epoch keeps
     # no workers (only :func:`kept_loader`'s do, and the runner stops them)
     settings = LoaderSettings.from_stream(config, stage.name).model_copy(
         update={"pin_memory": False, "persistent_workers": False})
+    if _is_loader(obj):
+        return rebuild_loader(obj, settings.kwargs(), threads=settings.worker_threads, dataset=data)
+    kw = dict(dataset=obj if wrap is None else data, batch_size=stage.batch_size or 1, shuffle=False)
     if settings.worker_threads:  # the same batches, in the same order, read by a pool of threads
         from placer.executor.stream.threadloader import ThreadLoader
 
-        kw.pop("worker_init_fn", None)  # run in each worker process; threads start none
         return ThreadLoader(**kw, num_workers=settings.num_workers, prefetch_factor=settings.prefetch_factor)
+    from torch.utils.data import DataLoader
+
     return DataLoader(**kw, **settings.kwargs())
 
 
@@ -182,13 +174,11 @@ def kept_loader(stage: Stage, obj: Any, config: StreamConfig) -> tuple[Any, Epoc
     """A DataLoader for ``obj`` whose workers are kept between epochs, and its batch sampler (set
     :attr:`EpochBatches.inner` to a later epoch's :func:`batch_sampler_of`)."""
     batches_of = EpochBatches(batch_sampler_of(stage, obj))
-    kw: dict[str, Any] = dict(dataset=obj.dataset if describe_source(obj) == "loader" else obj,
-                              batch_sampler=batches_of)
-    if describe_source(obj) == "loader":
-        kw |= dict(collate_fn=obj.collate_fn, generator=obj.generator, worker_init_fn=obj.worker_init_fn)
     settings = LoaderSettings.from_stream(config, stage.name).model_copy(
         update={"pin_memory": False, "persistent_workers": True})
-    return same_draws_loader()(**kw, **settings.kwargs()), batches_of
+    if describe_source(obj) == "loader":
+        return rebuild_loader(obj, settings.kwargs(), batch_sampler=batches_of, same_draws=True), batches_of
+    return same_draws_loader()(dataset=obj, batch_sampler=batches_of, **settings.kwargs()), batches_of
 
 
 @functools.cache
@@ -212,6 +202,81 @@ def same_draws_loader() -> type:
             return super().__iter__()
 
     return SameDrawsDataLoader
+
+
+#: the arguments of ``DataLoader`` that say which batches are read, in which order (kept, or replaced
+#: by ``dataset`` and ``batch_sampler``)
+ORDER_FIELDS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+#: the arguments the worker settings give (:meth:`~placer.data.stream.LoaderSettings.kwargs`)
+WORKER_FIELDS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+#: every other argument, kept as the user set it
+KEPT_FIELDS = ("collate_fn", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
+               "pin_memory_device", "in_order")
+
+
+@functools.cache
+def loader_arguments() -> tuple[str, ...]:
+    """The arguments the installed torch's ``DataLoader`` takes."""
+    import inspect
+
+    from torch.utils.data import DataLoader
+
+    return tuple(p for p in inspect.signature(DataLoader.__init__).parameters if p != "self")
+
+
+def rebuild_loader(loader: Any, workers: dict[str, Any], *, threads: bool = False, dataset: Any = None,
+                   batch_sampler: Any = None, same_draws: bool = False) -> Any:
+    """A DataLoader with other worker settings that reads what ``loader`` reads, in the same order.
+
+    The one place a loader is rebuilt: every argument of ``DataLoader`` is either kept
+    (:data:`KEPT_FIELDS`: the generator, which seeds the workers and an unseeded sampler's
+    order, ``worker_init_fn``, ``collate_fn``, ``timeout``, ``in_order``, ...), read from the
+    order ``loader`` reads in (:data:`ORDER_FIELDS`: its sampler or batch sampler, batch size,
+    ``drop_last``), or given by ``workers`` (:data:`WORKER_FIELDS`, DataLoader's keyword arguments).
+
+    Parameters
+    ----------
+    loader : torch.utils.data.DataLoader
+        The loader rebuilt (it is not changed).
+    workers : dict
+        ``num_workers``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory`` (those given).
+    threads : bool
+        Read with a pool of threads (a :class:`~placer.executor.stream.threadloader.ThreadLoader`,
+        which runs no ``worker_init_fn``) where ``workers`` has some.
+    dataset : Dataset, optional
+        Read this dataset instead (the same samples, e.g. through a cache).
+    batch_sampler : iterable of lists of int, optional
+        Read these batches instead of ``loader``'s order.
+    same_draws : bool
+        With persistent worker processes, draw the random numbers a loader without them draws
+        (:func:`same_draws_loader`).
+    """
+    from torch.utils.data import DataLoader, IterableDataset
+
+    data = loader.dataset if dataset is None else dataset
+    if batch_sampler is not None:
+        order: dict[str, Any] = dict(batch_sampler=batch_sampler)
+    elif isinstance(loader.dataset, IterableDataset):
+        order = dict(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_size is not None:
+        order = dict(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
+    elif loader.batch_sampler is not None:
+        order = dict(batch_sampler=loader.batch_sampler)
+    else:
+        order = dict(batch_size=None, sampler=loader.sampler)
+    if threads and workers.get("num_workers"):
+        from placer.executor.stream.threadloader import ThreadLoader
+
+        return ThreadLoader(data, **order, collate_fn=loader.collate_fn, generator=loader.generator,
+                            num_workers=workers["num_workers"], prefetch_factor=workers.get("prefetch_factor"),
+                            pin_memory=workers.get("pin_memory", False))
+    defaults = {"timeout": 0, "in_order": True, "pin_memory_device": ""}
+    kept = {k: getattr(loader, k, defaults.get(k)) for k in KEPT_FIELDS if k in loader_arguments()}
+    if not workers.get("num_workers"):  # a start method and a timeout are for worker processes: DataLoader
+        kept.pop("multiprocessing_context", None)  # refuses them without any
+        kept.pop("timeout", None)
+    kind = same_draws_loader() if same_draws and workers.get("num_workers") else DataLoader
+    return kind(data, **order, **kept, **workers)
 
 
 def close_loader(loader: Any) -> None:

@@ -17,7 +17,7 @@ from placer.stream import ThreadLoader, advise_loader, dropin
 from placer.stream.dropin import (Trial, decided_by, depth_bases, more_workers, prefetch_depths, rebuild, run_loader,
                                   settings_of)
 from placer.stream.wholerun import RunCosts, costs, run_seconds
-from placer.timing import sign_tail
+from placer.timing import sign_tail, torch_threads
 
 
 class Records(Dataset):
@@ -189,10 +189,10 @@ def scripted(monkeypatch, search: dict, longer: dict, *, first: dict | None = No
         return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=starts.get(w, 0.01),
                      fetch_fraction=0.5, batches=10, samples=80, seconds=80 / rate)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
-    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin.measuring, "run_loader", run)
+    monkeypatch.setattr(dropin.measuring, "step_alone", lambda *a, **k: 10_000.0)
+    monkeypatch.setattr(dropin.measuring, "cores", lambda: 2)
+    monkeypatch.setattr(dropin.space, "thread_counts", lambda *a: [])
 
 
 class Many(Dataset):
@@ -290,7 +290,7 @@ def test_keeping_the_workers_is_credited_with_what_it_saves_not_with_what_the_ca
 
 
 def test_widening_yields_to_the_runs_that_decide():
-    budget = dropin._Budget(10.0, runs=20)
+    budget = dropin.runs.Budget(10.0, runs=20)
     budget.ran(1.0, 0.9)
     budget.ran(1.0, 0.9)  # runs of 1 s, 0.1 s of it fixed
     assert budget.leaves(8)  # 10 s left > 0.1 + 9 x 1 s
@@ -302,9 +302,9 @@ def test_an_epoch_read_whole_is_predicted_as_it_ran_not_from_its_steady_window()
 
     # 6 batches an epoch, all in the workers' queue: the 2 counted looked 10x faster than the epoch ran
     t = replace(trial(3, 800.0, threads=True, first=0.1), read=6, read_s=0.6)  # 8 samples a batch
-    whole = dropin._costs(t, None, per_epoch=6)
+    whole = dropin.whole.run_costs(t, None, per_epoch=6)
     assert whole.per_batch_s == pytest.approx(0.5 / 5)
-    assert dropin._costs(t, None, per_epoch=50).per_batch_s == pytest.approx(8 / 800.0)  # an epoch not read whole
+    assert dropin.whole.run_costs(t, None, per_epoch=50).per_batch_s == pytest.approx(8 / 800.0)  # an epoch not read whole
 
 
 # -- ranking by the run the script will see ------------------------------------------------------
@@ -408,12 +408,12 @@ def test_a_cache_that_would_not_make_the_users_run_faster_is_not_offered():
     cache = CacheAdvice("Arrays.load", uncached_s=[1.0], fill_s=1.2, cached_s=[0.3], recommended=True)
     # one epoch: it only fills the cache (1.2x the time), and nothing reads it
     one = dropin.whole_run(user, user, [user], None, epochs=1, batches=10)
-    run, kept = dropin._cache_over_the_run(one, cache)
+    run, kept = dropin.whole.cache_over_the_run(one, cache)
     assert run is one and not kept.recommended and "1 epoch x 10 batches" in kept.reason
     assert cache.recommended  # the search's own finding is left as it was
     # three epochs: 1.2 + 2 x 0.3 of 3: offered, and in the claim
     three = dropin.whole_run(user, user, [user], None, epochs=3, batches=10)
-    run, kept = dropin._cache_over_the_run(three, cache)
+    run, kept = dropin.whole.cache_over_the_run(three, cache)
     assert kept is cache and kept.recommended and run["speedup"] == pytest.approx(3 / 1.8, rel=1e-3)
 
 
@@ -425,7 +425,7 @@ def test_filling_a_cache_is_never_counted_faster_than_not_caching():
     cache = CacheAdvice("Arrays.load", uncached_s=[1.0, 1.1], fill_s=0.4, cached_s=[0.3], recommended=True)
     one = dropin.whole_run(user, user, [user], None, epochs=1, batches=10)
     assert dropin.with_cache(one, cache)["cache"]["fill"] == 1.0
-    run, kept = dropin._cache_over_the_run(one, cache)
+    run, kept = dropin.whole.cache_over_the_run(one, cache)
     assert run is one and not kept.recommended
 
 
@@ -480,9 +480,9 @@ def advised_at_two_step_threads(monkeypatch, rate):
         return Trial(settings=settings_of(loader), samples_per_s=r, first_batch_s=0.01, fetch_fraction=0.1,
                      batches=10, samples=80, seconds=80 / r)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 1000.0)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin.measuring, "run_loader", run)
+    monkeypatch.setattr(dropin.measuring, "step_alone", lambda *a, **k: 1000.0)
+    monkeypatch.setattr(dropin.measuring, "cores", lambda: 2)
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -549,11 +549,11 @@ def test_settings_slow_to_start_leave_the_budget_room_to_repeat_yours_and_a_fina
         return Trial(settings=settings_of(loader), samples_per_s=rate, first_batch_s=0.01, fetch_fraction=0.5,
                      batches=10, samples=80, seconds=walls[w])
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
-    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
-    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: None)
+    monkeypatch.setattr(dropin.measuring, "run_loader", run)
+    monkeypatch.setattr(dropin.measuring, "step_alone", lambda *a, **k: 10_000.0)
+    monkeypatch.setattr(dropin.measuring, "cores", lambda: 2)
+    monkeypatch.setattr(dropin.space, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin.caching, "find_cache", lambda *a, **k: None)
     advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, budget_s=2.5)
     first = dropin.candidates(advice.user.settings, cores=2, gpu=False, iterable=False)
     slow = [s for s in first if s.worker_threads or s.num_workers == 2]
@@ -582,7 +582,7 @@ def _rounds_of(monkeypatch, seq: dict, then: dict):
                      batches=10, samples=80, seconds=80 / rate)
 
     _patched(monkeypatch, run)
-    with dropin.torch_threads(2):  # the user's step threads, whatever this machine's cores
+    with torch_threads(2):  # the user's step threads, whatever this machine's cores
         return advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
 
 
@@ -598,7 +598,7 @@ def test_a_gain_left_within_noise_gets_more_interleaved_rounds_while_the_budget_
     assert advice.change and advice.recommended.settings.num_workers == 2 and advice.within_noise is None
     assert len(advice.user.rates) == dropin.REPEATS + dropin.SETTLE_ROUNDS
     # without the extra rounds the same runs keep your settings, within noise
-    monkeypatch.setattr(dropin, "SETTLE_ROUNDS", 0)
+    monkeypatch.setattr("placer.stream.rounds.SETTLE_ROUNDS", 0)
     kept = _rounds_of(monkeypatch, *runs)
     assert not kept.change and "within noise" in kept.within_noise
     assert len(kept.user.rates) == dropin.REPEATS
@@ -613,7 +613,7 @@ def test_a_gain_the_spread_of_its_runs_may_hide_gets_more_rounds_before_yours_ar
     assert advice.change and advice.recommended.settings.num_workers == 2 and advice.within_noise is None
     assert len(advice.user.rates) == dropin.REPEATS + dropin.SETTLE_ROUNDS
     # without the more rounds the same runs keep your settings
-    monkeypatch.setattr(dropin, "within_reach", lambda *a, **k: None)
+    monkeypatch.setattr(dropin.deciding, "within_reach", lambda *a, **k: None)
     kept = _rounds_of(monkeypatch, *runs)
     assert not kept.change and len(kept.user.rates) == dropin.REPEATS
 
@@ -653,11 +653,11 @@ def test_runs_too_short_to_measure_read_more_batches_up_to_an_epoch(monkeypatch,
         return Trial(settings=settings_of(loader), samples_per_s=8 / per_batch_s, first_batch_s=0.01,
                      fetch_fraction=0.5, batches=10, samples=80, seconds=10 * per_batch_s)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 1e6)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
-    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
-    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: None)
+    monkeypatch.setattr(dropin.measuring, "run_loader", run)
+    monkeypatch.setattr(dropin.measuring, "step_alone", lambda *a, **k: 1e6)
+    monkeypatch.setattr(dropin.measuring, "cores", lambda: 2)
+    monkeypatch.setattr(dropin.space, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin.caching, "find_cache", lambda *a, **k: None)
     advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     assert asked[0][2] == 10  # the first run of yours
     later = [b for w, threads, b, alone in asked[1:] if w == 0 and not threads and not alone]
@@ -669,11 +669,11 @@ def test_runs_too_short_to_measure_read_more_batches_up_to_an_epoch(monkeypatch,
 def _patched(monkeypatch, run):
     """The drop-in with ``run`` for run_loader on 2 cores: the step alone at 10,000 samples/s, no step-thread
     trials, no cache search."""
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 10_000.0)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
-    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
-    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: None)
+    monkeypatch.setattr(dropin.measuring, "run_loader", run)
+    monkeypatch.setattr(dropin.measuring, "step_alone", lambda *a, **k: 10_000.0)
+    monkeypatch.setattr(dropin.measuring, "cores", lambda: 2)
+    monkeypatch.setattr(dropin.space, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin.caching, "find_cache", lambda *a, **k: None)
 
 
 def _fake_runs(monkeypatch, rate_of):
@@ -712,16 +712,16 @@ def test_a_setting_run_once_faster_than_every_repeated_one_is_raced_before_yours
         return {(1, True, 2): 150.0, (2, True, 2): 140.0}.get(key, 90.0 if key[0] != 1 else 100.0)
 
     calls = _fake_runs(monkeypatch, rate)
-    with dropin.torch_threads(1):
+    with torch_threads(1):
         advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     chosen = advice.recommended.settings
     assert advice.change and (chosen.num_workers, chosen.worker_threads) == (1, True)
     assert len(advice.recommended.rates) == dropin.REPEATS and advice.confirmed["held"]
     assert calls[(2, True, 2)] >= dropin.REPEATS  # the second rival raced too
     # without the race, the same runs keep your settings
-    monkeypatch.setattr(dropin, "RACES", 0)
+    monkeypatch.setattr(dropin.repeats, "RACES", 0)
     calls.clear()
-    with dropin.torch_threads(1):
+    with torch_threads(1):
         kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     assert not kept.change and calls[(1, True, 2)] == 1
 
@@ -735,14 +735,14 @@ def test_a_recommendation_overturned_by_longer_runs_hands_them_to_the_next_setti
         return {(0, False, None): 100.0, (1, True, 2): 150.0}.get(key, 90.0)
 
     _fake_runs(monkeypatch, rate)
-    with dropin.torch_threads(1):
+    with torch_threads(1):
         advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     chosen = advice.recommended.settings
     assert advice.change and (chosen.num_workers, chosen.worker_threads) == (1, True)
     assert advice.confirmed["held"] and advice.confirmed["steady_speedup"] == pytest.approx(1.5, rel=0.01)
     assert any("num_workers=2 (processes)" in n and "did not confirm" in n for n in advice.notes)
     # with no next setting to confirm, the overturned one leaves your settings kept
-    monkeypatch.setattr(dropin, "runner_up", lambda *a, **k: None)
+    monkeypatch.setattr(dropin.deciding, "runner_up", lambda *a, **k: None)
     kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     assert not kept.change and "not confirmed by longer runs" in kept.within_noise
 
@@ -773,7 +773,7 @@ def test_your_runs_at_two_speeds_are_told_with_the_gain_over_each(monkeypatch):
         return recommended if key == (2, False, 2) else 60.0
 
     _fake_runs(monkeypatch, rate)
-    with dropin.torch_threads(1):
+    with torch_threads(1):
         advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     speeds = advice.user_speeds
     assert speeds is not None and max(speeds["slow"]) < 60 and min(speeds["fast"]) > 90
@@ -791,7 +791,7 @@ def test_your_runs_at_two_speeds_are_told_with_the_gain_over_each(monkeypatch):
     # faster than every run of yours, 1.9x over the mix, but 1.03x over the faster runs: within the 5 % a
     # change must clear whichever speed a run meets, so no change
     _fake_runs(monkeypatch, lambda key, n, confirming: rate(key, n, confirming, recommended=102.0))
-    with dropin.torch_threads(1):
+    with torch_threads(1):
         kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     assert not kept.change and kept.recommended.settings.num_workers == 0
     assert not kept.confirmed["held"] and kept.confirmed["over_faster"] == pytest.approx(102 / 100, rel=0.03)
@@ -803,7 +803,7 @@ def test_your_runs_at_two_speeds_are_told_with_the_gain_over_each(monkeypatch):
     assert f"not enough over your faster runs ({faster:.2f}x; your runs ran at two speeds)" in text
 
     _fake_runs(monkeypatch, lambda key, n, confirming: 100.0 + n if key == (0, False, None) else 60.0)
-    with dropin.torch_threads(1):
+    with torch_threads(1):
         steady = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     assert steady.user_speeds is None and not any("two speeds" in n for n in steady.notes)
     assert steady.speedup == steady.mixed_speedup
@@ -818,10 +818,10 @@ def test_the_advices_own_runs_past_the_cores_keep_torchs_worker_warning_off_the_
 
     cores = len(os.sched_getaffinity(0))
     past = LoaderSettings(num_workers=cores + 1, prefetch_factor=2, torch_threads=1)
-    budget = dropin._Budget(30.0, runs=1)
+    budget = dropin.runs.Budget(30.0, runs=1)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        ran = dropin._trial(DataLoader(Records(), batch_size=4), past, None, 4, dropin._step_device("cpu"), budget)
+        ran = dropin.runs.run_trial(DataLoader(Records(), batch_size=4), past, None, 4, dropin.measuring.step_device("cpu"), budget)
         assert ran is not None and ran.settings.num_workers == cores + 1
         assert not [w for w in seen if "This DataLoader will create" in str(w.message)]
         DataLoader(Records(), batch_size=4, num_workers=cores + 1)  # the same loader outside the advice's runs
@@ -842,12 +842,12 @@ def test_the_caches_passes_at_the_recommended_workers_keep_torchs_worker_warning
         built.append(DataLoader(Records(), batch_size=4, **loader_kwargs))  # torch warns here past the cores
         return cache
 
-    monkeypatch.setattr(dropin.dataset_cache, "measure_at", measure_at)
+    monkeypatch.setattr(dropin.caching.dataset_cache, "measure_at", measure_at)
     past = LoaderSettings(num_workers=cores + 1, prefetch_factor=2, torch_threads=1)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        out = dropin._cache_at("the cache", DataLoader(Records(), batch_size=4), None, past, 4, 1.0,
-                               dropin._step_device("cpu"))
+        out = dropin.caching.cache_at("the cache", DataLoader(Records(), batch_size=4), None, past, 4, 1.0,
+                               dropin.measuring.step_device("cpu"))
     assert out == "the cache" and built and built[0].num_workers == cores + 1
     assert not [w for w in seen if "This DataLoader will create" in str(w.message)]
 
@@ -875,14 +875,14 @@ def test_a_run_still_in_its_warm_up_after_your_whole_run_stops_there():
     from placer.timing import Deadline
 
     loader = DataLoader(Records(), batch_size=4, num_workers=2, worker_init_fn=_slow_start)
-    kw = dict(batches=6, warmup=2, device=dropin._step_device("cpu"), deadline=Deadline(None))
+    kw = dict(batches=6, warmup=2, device=dropin.measuring.step_device("cpu"), deadline=Deadline(None))
     cut = run_loader(loader, None, give_up_s=0.2, **kw)
     assert cut.cut and cut.read == 1 and cut.first_batch_s >= 1.0
     assert cut.samples == 4 and cut.samples_per_s == pytest.approx(4 / cut.seconds)
-    assert "stopped in its warm-up" in dropin._row(cut, False) and cut.as_dict()["cut"]
+    assert "stopped in its warm-up" in dropin.words.row(cut, False) and cut.as_dict()["cut"]
     whole = run_loader(loader, None, **kw)
     assert not whole.cut and whole.read == 6 and whole.batches == 4
-    assert "stopped" not in dropin._row(whole, False) and "cut" not in whole.as_dict()
+    assert "stopped" not in dropin.words.row(whole, False) and "cut" not in whole.as_dict()
 
 
 def test_other_settings_stay_in_their_warm_up_no_longer_than_your_whole_run(monkeypatch):
@@ -899,7 +899,7 @@ def test_other_settings_stay_in_their_warm_up_no_longer_than_your_whole_run(monk
                      batches=10, samples=80, seconds=0.8)
 
     _patched(monkeypatch, run)
-    with dropin.torch_threads(2):
+    with torch_threads(2):
         advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10)
     assert seen.pop((0, False, 2)) == {None}
     limits = set().union(*seen.values())
@@ -926,8 +926,8 @@ def test_with_a_cache_the_workers_that_overlapped_its_work_give_way_to_none_when
         h, u = hit.get(settings.num_workers, 0.2), 1 / 1.5 if settings.num_workers else 1.0
         return replace(cache, uncached_s=[u, u], fill_s=1.05 * u, cached_s=[h * u, h * u])
 
-    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: found)
-    monkeypatch.setattr(dropin, "_cache_at", at)
+    monkeypatch.setattr(dropin.caching, "find_cache", lambda *a, **k: found)
+    monkeypatch.setattr(dropin.caching, "cache_at", at)
     advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=4)
     assert measured_at == [1]  # the worker's passes; yours are the cache search's own
     assert not advice.change and advice.cache.recommended and advice.cache is found
@@ -963,8 +963,8 @@ def test_with_a_cache_its_passes_at_both_settings_decide_where_the_search_runs_o
     scripted(monkeypatch, {0: 100.0, 1: 150.0, 2: 110.0}, {0: 100.0, 1: 150.0})
     found = CacheAdvice("Many.decode", share=0.9, bytes=1 << 20, uncached_s=[1.0, 1.0], fill_s=1.1,
                         cached_s=[0.2, 0.2], recommended=True, reason="found", batches=10)
-    monkeypatch.setattr(dropin, "_find_cache", lambda *a, **k: found)
-    monkeypatch.setattr(dropin, "_cache_at", lambda cache, loader, step, settings, *a: replace(
+    monkeypatch.setattr(dropin.caching, "find_cache", lambda *a, **k: found)
+    monkeypatch.setattr(dropin.caching, "cache_at", lambda cache, loader, step, settings, *a: replace(
         cache, uncached_s=[0.9, 0.9], fill_s=0.95, cached_s=[0.27, 0.27]) if settings.num_workers else cache)
     advice = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=4)
     assert dropin.cached_passes_s(found, 4) == pytest.approx(1.7)
@@ -975,7 +975,7 @@ def test_with_a_cache_its_passes_at_both_settings_decide_where_the_search_runs_o
                         r"it, then 3 reads, as your 4 epochs would\) in 1\.70 s and num_workers=1 \(processes\).*, "
                         r"the fastest without it, in 1\.76 s: .*", advice.within_noise)
     # passes that read the worker's epochs with the cache beyond MIN_GAIN faster leave it recommended
-    monkeypatch.setattr(dropin, "_cache_at", lambda cache, loader, step, settings, *a: replace(
+    monkeypatch.setattr(dropin.caching, "cache_at", lambda cache, loader, step, settings, *a: replace(
         cache, uncached_s=[0.9, 0.9], fill_s=0.95, cached_s=[0.21, 0.21]) if settings.num_workers else cache)
     kept = advise_loader(DataLoader(Many(), batch_size=8), lambda b: None, batches=10, epochs=4)
     assert kept.change and kept.recommended.settings.num_workers == 1 and kept.cache.recommended

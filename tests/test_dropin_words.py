@@ -89,9 +89,9 @@ def scripted(monkeypatch, rates: dict[int, float], step_rate: float, loader_rate
         return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
                      fetch_fraction=0.1, batches=10, samples=10 * 8, seconds=80 / rate)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: step_rate)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin.measuring, "run_loader", run)
+    monkeypatch.setattr(dropin.measuring, "step_alone", lambda *a, **k: step_rate)
+    monkeypatch.setattr(dropin.measuring, "cores", lambda: 2)
 
 
 def test_a_consumer_bound_loop_gets_no_loader_recommendation(monkeypatch):
@@ -168,9 +168,9 @@ def rated(monkeypatch, rate, *, step_rate: float, fetch: float = 0.5) -> None:
         return Trial(settings=s, samples_per_s=r, first_batch_s=0.01, fetch_fraction=fetch, batches=10, samples=80,
                      seconds=80 / r)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: step_rate)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin.measuring, "run_loader", run)
+    monkeypatch.setattr(dropin.measuring, "step_alone", lambda *a, **k: step_rate)
+    monkeypatch.setattr(dropin.measuring, "cores", lambda: 2)
 
 
 def advise_at_two_threads(loader, **kw):
@@ -235,15 +235,15 @@ def sequenced(monkeypatch, rates: dict[int, list[float]], *, step_rate=10_000.0,
         return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
                      fetch_fraction=0.5, batches=10, samples=80, seconds=1e-4)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: step_rate)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
-    monkeypatch.setattr(dropin, "thread_counts", lambda *a: [])
-    monkeypatch.setattr(dropin, "prefetch_depths", lambda *a: [])
+    monkeypatch.setattr(dropin.measuring, "run_loader", run)
+    monkeypatch.setattr(dropin.measuring, "step_alone", lambda *a, **k: step_rate)
+    monkeypatch.setattr(dropin.measuring, "cores", lambda: 2)
+    monkeypatch.setattr(dropin.space, "thread_counts", lambda *a: [])
+    monkeypatch.setattr(dropin.space, "prefetch_depths", lambda *a: [])
     # the calls counted here are the workers' at the user's step threads; the pairs with fewer step
     # threads are tested in test_more_workers_than_cores_only_while_the_rate_rises...
     first = dropin.candidates
-    monkeypatch.setattr(dropin, "candidates",
+    monkeypatch.setattr(dropin.space, "candidates",
                         lambda user, **kw: [s for s in first(user, **kw) if s.torch_threads == user.torch_threads])
     return calls
 
@@ -325,9 +325,9 @@ def test_a_step_that_waits_within_noise_keeps_its_loader_and_may_get_fewer_threa
         return Trial(settings=dropin.settings_of(loader), samples_per_s=rate, first_batch_s=0.01,
                      fetch_fraction=0.01, batches=10, samples=80, seconds=80 / rate)
 
-    monkeypatch.setattr(dropin, "run_loader", run)
-    monkeypatch.setattr(dropin, "step_alone", lambda *a, **k: 101.0)
-    monkeypatch.setattr(dropin, "_cores", lambda: 2)
+    monkeypatch.setattr(dropin.measuring, "run_loader", run)
+    monkeypatch.setattr(dropin.measuring, "step_alone", lambda *a, **k: 101.0)
+    monkeypatch.setattr(dropin.measuring, "cores", lambda: 2)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

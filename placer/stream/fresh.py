@@ -1,6 +1,6 @@
 """The drop-in's runs, each in a fresh process: the state the user's script starts in.
 
-May import: placer.timing; cloudpickle, torch, placer.data.stream, placer.stream.dropin inside functions.
+May import: placer.timing; cloudpickle, torch, placer.data.stream, placer.stream.dropin.{guards,measuring} inside functions.
 
 A script the user runs starts in a fresh process; the drop-in's runs otherwise all share the
 user's long-lived one, whose history moves them: placer settles glibc's allocator there
@@ -181,7 +181,7 @@ class FreshRuns:
                 continue
 
     def run(self, settings: Any, step: bool, threads: int | None, kw: dict[str, Any]) -> Any:
-        """:func:`~placer.stream.dropin.run_loader` of the loader rebuilt with ``settings`` (with the step when
+        """:func:`~placer.stream.dropin.measuring.run_loader` of the loader rebuilt with ``settings`` (with the step when
         ``step``), at ``threads`` intra-op threads, in a child forked for it; ``kw`` as ``run_loader`` takes it.
         Fills ``kw["keep"]`` and updates ``kw["count"]`` as the run did; raises what the run raised, and
         :class:`FreshUnavailable` where the child died or outlasted its deadline by :data:`RUN_TIMEOUT_S`."""
@@ -297,17 +297,17 @@ def _prime(loader: Any, step: Any) -> int:
     import torch
 
     from placer.data.stream import LoaderSettings
-    from placer.stream import dropin
+    from placer.stream.dropin.measuring import close_iterator, rebuild
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    it = iter(dropin.rebuild(loader, LoaderSettings()))
+    it = iter(rebuild(loader, LoaderSettings()))
     try:
         batch = next(it, None)
         if batch is not None and step is not None:
             step(batch)
     finally:
-        dropin._close(it)
+        close_iterator(it)
     return threads
 
 
@@ -320,7 +320,8 @@ def _child(loader: Any, step: Any, req: dict[str, Any], threads: int) -> None:
         import numpy as np
         import torch
 
-        from placer.stream import dropin
+        from placer.stream.dropin.guards import past_the_cores
+        from placer.stream.dropin.measuring import rebuild, run_loader
         from placer.timing import torch_threads
 
         rng = req["rng"]
@@ -328,8 +329,8 @@ def _child(loader: Any, step: Any, req: dict[str, Any], threads: int) -> None:
         np.random.set_state(rng[1])
         random.setstate(rng[2])
         kw = req["kw"]
-        with torch_threads(req["threads"] or threads), dropin._past_the_cores():
-            trial = dropin.run_loader(dropin.rebuild(loader, req["settings"]), step if req["step"] else None, **kw)
+        with torch_threads(req["threads"] or threads), past_the_cores():
+            trial = run_loader(rebuild(loader, req["settings"]), step if req["step"] else None, **kw)
         result: tuple = ("ok", (trial, kw.get("keep") or [], kw.get("count")))
     except BaseException as e:  # noqa: BLE001 - carried to the user's process
         result = ("error", e, traceback.format_exc())

@@ -528,7 +528,7 @@ def loader_profile(loader: Any, step: Any, kept: list, *, batches: int = 6, step
 
     from placer.costmodel.counts import count_work
     from placer.executor.transfer import nbytes
-    from placer.stream.dropin import counter_of, rebuild, settings_of
+    from placer.stream.dropin.measuring import counter_of, rebuild, settings_of
     from placer.timing import Clock, Timings
 
     if not kept:

@@ -117,23 +117,21 @@ def rotated(names: Sequence[K], r: int) -> list[K]:
 
 def interleave(names: Sequence[K], run: Callable[[K], Any], rounds: int, *,
                order: Callable[[Sequence[K], int], Sequence[K]] | None = None,
-               fits: Callable[[], bool] | None = None,
-               more: Callable[[int], bool] | None = None) -> dict[K, list[Any]]:
-    """Up to ``rounds`` rounds, each running every one of ``names`` once, in turn: ``run(name)``.
+               fits: Callable[[int, K], bool] | None = None,
+               more: Callable[[int], bool] | None = None) -> int:
+    """Up to ``rounds`` rounds, each running every one of ``names`` once, in turn: ``run(name)``, which keeps
+    what it measured.
 
     ``order(names, r)`` gives round ``r``'s order (default: as given; :func:`rotated` leads with each
-    in turn); ``fits()``, asked before each run, skips the run when False; ``more(r)``, asked before
-    each round, ends the rounds when False. Returns each name's results in the order run (a run that
-    gives None is left out).
+    in turn); ``fits(r, name)``, asked before each run, skips the run when False; ``more(r)``, asked
+    before each round, ends the rounds when False. Returns the rounds begun.
     """
-    out: dict[K, list[Any]] = {k: [] for k in names}
+    begun = 0
     for r in range(rounds):
         if more is not None and not more(r):
             break
+        begun += 1
         for k in (names if order is None else order(names, r)):
-            if fits is not None and not fits():
-                continue
-            got = run(k)
-            if got is not None:
-                out[k].append(got)
-    return out
+            if fits is None or fits(r, k):
+                run(k)
+    return begun

@@ -1,7 +1,7 @@
 """Verifying a stream plan by running the best few candidates, interleaved, several rounds.
 
 May import: placer.pipeline, placer.devices, placer.errors, placer.data.stream, placer.data.run,
-placer.stream.search, placer.stream.model, placer.timing; placer.executor.stream (the runner) inside
+placer.stream.{model,rounds,search}; placer.executor.stream (the runner) inside
 :func:`measure`.
 
 The model's prediction decides the ranking; short measured runs of the best few
@@ -23,23 +23,20 @@ from placer.data.stream import StreamProfile, StreamSettings, Verification
 from placer.devices import Inventory
 from placer.errors import PlacerError
 from placer.pipeline import Pipeline
+from placer.stream import rounds
 from placer.stream.model import SPINNING, in_worker_processes
+from placer.stream.rounds import MIN_GAIN, REPEATS, SETTLE_ROUNDS
 from placer.stream.search import Candidate, Scorer
-from placer.timing import sign_tail
 
 #: candidates verified by short measured runs when the budget allows
 VERIFY = 3
 #: rounds of verification runs (each round runs every candidate once, in turn): at least the first,
 #: the rest while the budget lasts
 VERIFY_ROUNDS = 5
-MIN_VERIFY_ROUNDS = 3
 #: the fewest batches of one verification run
 VERIFY_BATCHES = 12
-#: the least measured gain over the predicted best that replaces it
-MIN_GAIN = 0.05
-#: more rounds of the choice and its rival, or one batch at a time, when their rounds left their order undecided
-#: (:func:`_to_settle`), while this share more of the budget lasts
-SETTLE_ROUNDS = 4
+#: more rounds (:data:`~placer.stream.rounds.SETTLE_ROUNDS`) of the choice and its rival, or one batch at a
+#: time, when their rounds left their order undecided (:func:`_to_settle`), while this share more of the budget lasts
 SETTLE_SHARE = 0.5
 #: the DataLoader read-ahead (``prefetch_factor``) depths a choice whose source's worker processes feed the
 #: step runs at beside its own (:func:`_depths`), rounds of them, and the share more of the budget they may take
@@ -84,7 +81,7 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     choice's median, or its fastest run, is :data:`MIN_GAIN` above the baseline's median but its rounds did not
     settle it (:func:`_undecided`), or where the
     fastest other candidate is within :data:`MIN_GAIN` of the choice or above it and neither beat the other
-    beyond the noise, up to :data:`SETTLE_ROUNDS` more rounds of those run, while :data:`SETTLE_SHARE` more of
+    beyond the noise, up to :data:`~placer.stream.rounds.SETTLE_ROUNDS` more rounds of those run, while :data:`SETTLE_SHARE` more of
     ``budget_s`` lasts; then of the choice and its rival the one faster by median over all rounds, and in most
     of them, is taken (:func:`_settled`).
     """
@@ -92,11 +89,10 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     if baseline is not None and baseline not in top:
         top.append(baseline)
     total = (profile.batches_per_epoch or 0) * scorer.epochs or None
-    rounds = VERIFY_ROUNDS
     runs: dict[int, list[tuple[float, int, float]]] = {i: [] for i in range(len(top))}
     skipped: set[int] = set()
     t_end = time.perf_counter() + budget_s
-    share = budget_s / (len(top) * MIN_VERIFY_ROUNDS)
+    share = budget_s / (len(top) * REPEATS)
 
     def sample(c: Candidate, into: list[tuple[float, int, float]], seconds: float = share,
                pace: list[tuple[float, int, float]] | None = None) -> bool:
@@ -120,11 +116,8 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
         if not sample(top[i], runs[i]):
             skipped.add(i)
 
-    for r in range(rounds):
-        for i in range(len(top)):
-            if i in skipped or (r >= MIN_VERIFY_ROUNDS and time.perf_counter() > t_end):
-                continue
-            run(i)
+    rounds.interleave(list(range(len(top))), run, VERIFY_ROUNDS,
+                      fits=lambda r, i: i not in skipped and (r < REPEATS or time.perf_counter() <= t_end))
     done = [i for i in range(len(top)) if runs[i]]
     if 0 not in done:
         return top[0], []
@@ -137,13 +130,8 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
         # workers that ran 1.13x as fast (5 of 5 rounds each); one decided audio's between two settings within
         # the runs' noise of each other, and the script ran the one it kept 0.70x as fast as the other
         t_more = t_end + SETTLE_SHARE * budget_s
-        more = 0
-        for _ in range(SETTLE_ROUNDS):
-            if time.perf_counter() > t_more or set(settle) & skipped:
-                break
-            for i in settle:
-                run(i)
-            more += 1
+        more = rounds.interleave(settle, run, SETTLE_ROUNDS,
+                                 more=lambda r: time.perf_counter() <= t_more and not set(settle) & skipped)
         if more:  # without more rounds, the first rule stands
             pick = _settled(runs, done, base, settle)
     pick = _unspun(done, top, pick, lambda i: _spins(scorer, top[i]))
@@ -201,17 +189,21 @@ def _depths(choice: Candidate, sample: Callable[..., bool], before: Runs,
     # the shortest run (VERIFY_BATCHES at the choice's measured pace, its start-up as measured) of every depth,
     # three rounds: the least that decides
     shortest = min((t * min(1.0, VERIFY_BATCHES / b) for _, b, t in before if b > 0), default=0.0)
-    seconds = budget_s / (len(twins) * MIN_VERIFY_ROUNDS)
+    seconds = budget_s / (len(twins) * REPEATS)
     if len(twins) < 2 or not before or shortest > seconds:
         return choice, []
     runs: dict[int, Runs] = {k: [] for k in range(len(twins))}
     t_end = time.perf_counter() + budget_s
-    for r in range(PREFETCH_ROUNDS):
-        if r >= MIN_VERIFY_ROUNDS and time.perf_counter() > t_end:
-            break
-        for k, c in enumerate(twins):
-            if not sample(c, runs[k], seconds, before):
-                return choice, []
+    failed: list[int] = []
+
+    def run(k: int) -> None:
+        if not sample(twins[k], runs[k], seconds, before):
+            failed.append(k)
+
+    rounds.interleave(list(runs), run, PREFETCH_ROUNDS, fits=lambda r, k: not failed,
+                      more=lambda r: r < REPEATS or time.perf_counter() <= t_end)
+    if failed:
+        return choice, []
     best = _pick(runs, list(runs), None)
     return twins[best], [(c, runs[k]) for k, c in enumerate(twins)]
 
@@ -310,31 +302,15 @@ def _undecided(mine: list[tuple[float, int, float]], base: list[tuple[float, int
 
 
 def _wins(mine: list[tuple[float, int, float]], plan: list[tuple[float, int, float]]) -> bool:
-    """Whether ``mine`` ran faster than the plan in most of the rounds both ran (at least two): runs of
-    one round share the machine's load of that moment, so comparing within rounds cancels most of it."""
-    pairs = list(zip(mine, plan))
-    return len(pairs) >= 2 and sum(a[0] > b[0] for a, b in pairs) * 2 > len(pairs)
-
-
-#: the chance a setting no faster than the baseline may have of looking faster (:func:`_beats`): 1/8,
-#: as the drop-in's (3 of 3 rounds, 4 of 4, 5 of 6)
-SIGN_LEVEL = 0.125
+    """Whether ``mine`` ran faster than the plan in most of the rounds both ran (:func:`placer.stream.rounds.most_rounds`):
+    runs of one round share the machine's load of that moment, so comparing within rounds cancels most of it."""
+    return rounds.most_rounds([x for x, _, _ in mine], [x for x, _, _ in plan])
 
 
 def _beats(mine: list[tuple[float, int, float]], base: list[tuple[float, int, float]]) -> bool:
     """Whether ``mine`` beats one batch at a time by more than the noise, as the drop-in asks of a change to
-    a user's settings: its median :data:`MIN_GAIN` faster, and either its slowest run faster than the
-    baseline's fastest or faster in so many rounds that a setting no faster would win as many with a chance
-    of at most :data:`SIGN_LEVEL`. A majority of rounds is not enough: on a 2-core EPYC whose rounds swung by
-    a quarter, text_infer's plan (one torch thread) won 3 of 5 rounds and 6 % on the median, and the script
-    then ran it 0.90x as fast as with torch's own threads."""
-    a, b = [x for x, _, _ in mine], [x for x, _, _ in base]
-    if not a or not b or statistics.median(a) <= statistics.median(b) * (1 + MIN_GAIN):
-        return False
-    if min(a) > max(b):
-        return True
-    pairs = list(zip(a, b))
-    return len(pairs) >= MIN_VERIFY_ROUNDS and sign_tail(sum(x > y for x, y in pairs), len(pairs)) <= SIGN_LEVEL
+    a user's settings (:func:`placer.stream.rounds.beats`, its runs paired round by round)."""
+    return rounds.beats([x for x, _, _ in mine], [x for x, _, _ in base])
 
 
 def _distinct(ranked: list[Candidate], n: int,

@@ -85,13 +85,13 @@ def more_rounds(loader: Any, trials: list[Trial], finalists: list[Trial], step: 
     """``REPEATS - 1`` more runs of each of ``finalists``, round-robin in the order given, each while
     ``fits()``. Returns ``trials`` with each finalist's runs merged (:func:`merged`), in the same order."""
     more: dict[int, list[Trial]] = {id(t): [] for t in finalists}
-    for _ in range(REPEATS - 1):
-        for t in finalists:
-            if not fits():
-                continue
-            again = run_trial(loader, t.settings, step, batches, dev, budget, count=count)
-            if again is not None:
-                more[id(t)].append(again)
+
+    def run(t: Trial) -> None:
+        again = run_trial(loader, t.settings, step, batches, dev, budget, count=count)
+        if again is not None:
+            more[id(t)].append(again)
+
+    rounds.interleave(finalists, run, REPEATS - 1, fits=lambda r, t: fits())
     return [merged(t, more.get(id(t), [])) for t in trials]
 
 
@@ -144,20 +144,26 @@ def confirm(loader: Any, user: Trial, best: Trial, step: Any, batches: int, dev:
     round fitted (or a run could not count a batch).
     """
     runs: dict[str, list[Trial]] = {"user": [], "best": []}
-    for k in range(CONFIRM_MAX_ROUNDS):
+    settings = {"user": user.settings, "best": best.settings}
+
+    def run(key: str) -> None:
+        again = run_trial(loader, settings[key], step, batches, dev, budget, count=count)
+        if again is not None:
+            runs[key].append(again)
+
+    def more(k: int) -> bool:
         if budget.total.left() <= 2 * budget.fixed_s:  # both runs of the round, or none
-            break
+            return False
         if k >= CONFIRM_ROUNDS:
             if k >= CONFIRM_AGREED and max(run_spread(runs["user"]), run_spread(runs["best"])) <= CONFIRM_SPREAD:
-                break
+                return False
             # a round as long as the last one, or none: a run cut short by its deadline reads less
             if budget.total.left() <= sum(budget.walls[-2:]) + 2 * budget.fixed_s:
-                break
+                return False
             budget.runs = max(budget.runs, 0) + 2
-        for key, t in (("user", user), ("best", best)):
-            again = run_trial(loader, t.settings, step, batches, dev, budget, count=count)
-            if again is not None:
-                runs[key].append(again)
+        return True
+
+    rounds.interleave(["user", "best"], run, CONFIRM_MAX_ROUNDS, more=more)
     if not runs["user"] or not runs["best"]:
         return None
     return merged(runs["user"][0], runs["user"][1:]), merged(runs["best"][0], runs["best"][1:]), batches

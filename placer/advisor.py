@@ -1,7 +1,7 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
 May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log}, placer.data;
-placer.executor.distributed's errors, placer.target, placer.stream.{planner,precision,target,cluster}
+placer.executor.distributed's errors, placer.target, placer.stream.{planner,precision,rounds,target,cluster}
 inside functions.
 torch, dask and numba are
 reached only through the site (its profiler and executor).
@@ -20,7 +20,6 @@ profiled, planned and run like any accelerator here, and reported as what it is.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -548,33 +547,22 @@ def claim_rounds(options: Mapping[str, Callable[[], Any]], every: dict[str, list
     swings on a shared machine: audio_cache_train's, two rounds on a 2-core Xeon, ran 373 and 495 samples/s,
     ratios of 3.70 and 2.79 whose mean (3.24x) the report claimed where the script ran the plan 4.21x as fast
     as written (12 interleaved rounds)."""
-    if _spread(rates(every["plan"]), rates(every[PLAIN_LOOP])) <= CLAIM_SPREAD:
+    from placer.stream.rounds import interleave, ratio_spread, rotated
+
+    if ratio_spread(rates(every["plan"]), rates(every[PLAIN_LOOP])) <= CLAIM_SPREAD:
         return 0
     t_end = time.perf_counter() + CLAIM_SHARE * budget_s
-    added = 0
-    while added < CLAIM_ROUNDS and time.perf_counter() < t_end:
-        for k in (("plan", PLAIN_LOOP) if added % 2 else (PLAIN_LOOP, "plan")):
-            every[k].append(options[k]())
-        added += 1
-    return added
-
-
-def _spread(mine: list[float], theirs: list[float]) -> float:
-    """How far the rounds' ratios (``mine`` over ``theirs``, round by round) lie apart, as a share of their
-    median: (highest - lowest) / median; 0 where a run measured nothing (no ratio to settle)."""
-    ratios = [a / b if a > 0 and b > 0 else 0.0 for a, b in zip(mine, theirs)]
-    if not ratios or min(ratios) <= 0:
-        return 0.0
-    return (max(ratios) - min(ratios)) / statistics.median(ratios)
+    return interleave([PLAIN_LOOP, "plan"], lambda k: every[k].append(options[k]()), CLAIM_ROUNDS, order=rotated,
+                      more=lambda r: time.perf_counter() < t_end)
 
 
 def _repeat_options(options: Mapping[str, Callable[[], Any]], every: dict[str, list], rounds: int) -> None:
     """Run every option again until each ran ``rounds`` times; each round in another order (a change of
     the machine's load falls on all of them alike)."""
-    names = list(options)
-    for r in range(1, rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            every[k].append(options[k]())
+    from placer.stream.rounds import interleave, rotated
+
+    interleave(list(options), lambda k: every[k].append(options[k]()), rounds - 1,
+               order=lambda names, r: rotated(names, r + 1))
 
 
 def _median_run(runs: list, rates: list[float]) -> Any:

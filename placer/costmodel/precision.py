@@ -17,7 +17,7 @@ A stage's fp32 time comes from the cost model as always. Each lower precision sc
 
 A lower precision is chosen for a (stage, device) only when its accuracy check passed (its
 difference from fp32 within the stage's tolerance) and it is predicted faster than fp32 by
-more than :data:`MIN_GAIN`; a precision the user fixed (``--precision train=bf16``) is taken
+more than :data:`PRECISION_GAIN`; a precision the user fixed (``--precision train=bf16``) is taken
 as it is. Because a stage's precision changes only its own time, choosing the fastest
 allowed precision per (stage, device) before the search over devices gives the best
 (device, precision) for every stage together.
@@ -30,8 +30,9 @@ from typing import Any
 from placer.costmodel.fit import fit_size_model
 from placer.data.measures import PrecisionCheck
 
-#: a lower precision must be predicted faster than fp32 by more than this share to be chosen
-MIN_GAIN = 0.05
+#: a lower precision must be predicted faster than fp32 by more than this share to be chosen: a prediction's
+#: gain below it is not worth the numerics' change
+PRECISION_GAIN = 0.05
 
 
 def checks(model: Any, stage: str) -> dict[str, PrecisionCheck]:
@@ -122,12 +123,20 @@ def seconds(model: Any, stage: str, device: str, size: float, precisions: list[s
 
 def choose(model: Any, stage: str, device: str, times: dict[str, float], fixed: str | None = None) -> str:
     """The precision to plan ``stage`` on ``device`` with: ``fixed`` when given, else the fastest whose
-    accuracy check passed and that beats fp32 by more than :data:`MIN_GAIN`, else fp32."""
+    accuracy check passed and that beats fp32 by more than :data:`PRECISION_GAIN`, else fp32
+    (:func:`fastest_checked`)."""
+    return fastest_checked(times, checks(model, stage), fixed)
+
+
+def fastest_checked(times: dict[str, float], checked: dict[str, Any], fixed: str | None = None) -> str:
+    """The one rule that picks a precision: ``fixed`` when given (fp32 where it has no time), else the fastest
+    of ``times`` whose accuracy check (``checked[p].ok``) passed and that beats fp32 by more than
+    :data:`PRECISION_GAIN`, else fp32."""
     if fixed is not None:
         return fixed if fixed in times else "fp32"
-    ok = checks(model, stage)
     best = "fp32"
     for p, t in times.items():
-        if p != "fp32" and p in ok and ok[p].ok and t < times["fp32"] * (1 - MIN_GAIN) and t < times[best]:
+        c = checked.get(p)
+        if p != "fp32" and c is not None and c.ok and t < times["fp32"] * (1 - PRECISION_GAIN) and t < times[best]:
             best = p
     return best

@@ -31,7 +31,7 @@ costs in memory, and what it gains, measured.
    with the step: uncached, then cached twice (the first pass fills the cache, the
    second reads it), and, budget allowing, more of each, interleaved, up to
    :data:`CACHE_PAIRS` of each. Caching is
-   offered when the cached pass beats the uncached one by :data:`MIN_GAIN` beyond
+   offered when the cached pass beats the uncached one by :data:`CACHE_GAIN` beyond
    their spread, and only when every batch of every cached pass equals the uncached
    pass's batch (checked here, by digest).
 
@@ -76,8 +76,9 @@ log = logging.getLogger(__name__)
 
 #: a method under this share of ``__getitem__``'s time is not worth a cache
 MIN_SHARE = 0.2
-#: the cached pass must be this much faster than the uncached one (as the drop-in's settings)
-MIN_GAIN = 0.10
+#: the cached pass must be this much faster than the uncached one: twice the gain a loader setting needs
+#: (:data:`placer.stream.rounds.MIN_GAIN`), for a cache also holds memory and fills in the first epoch
+CACHE_GAIN = 0.10
 #: uncached and cached passes, interleaved, while the budget lasts: the cached epochs' share of an uncached
 #: one is their medians' ratio, and over two pairs one advising run of audio_cache_train read 0.38 where
 #: eight others read 0.24-0.37 (its whole-run claim 1.92x, the script measured 2.66x)
@@ -806,7 +807,7 @@ def judge(advice: CacheAdvice, same: bool = True) -> None:
     """Recommend ``advice``'s cache, or say why not, from its measured passes.
 
     The cache is recommended where its batches equal the uncached loader's, the cached epochs are
-    more than ``1 + MIN_GAIN`` faster (medians), and the cached passes are apart from the uncached
+    more than ``1 + CACHE_GAIN`` faster (medians), and the cached passes are apart from the uncached
     ones: every cached pass faster than the fastest uncached pass, but for one where there are
     three or more pairs. A single slow pass must not decide over four: on a 2-core VM one run of
     audio_cache_train read cached 0.03/0.03/0.03/0.13 s against uncached 0.48/0.14/0.14/0.13 s.
@@ -819,7 +820,7 @@ def judge(advice: CacheAdvice, same: bool = True) -> None:
     elif gain < 1:
         advice.reason = (f"reading `{advice.method}`'s output back from the cache is slower than computing it "
                          f"(uncached {_secs(advice.uncached_s)}, cached {_secs(advice.cached_s)})")
-    elif gain <= 1 + MIN_GAIN or slow > (1 if len(advice.cached_s) >= 3 else 0):
+    elif gain <= 1 + CACHE_GAIN or slow > (1 if len(advice.cached_s) >= 3 else 0):
         advice.reason = (f"caching `{advice.method}` measured {gain:.2f}x on epochs 2+ "
                          f"(uncached {_secs(advice.uncached_s)}, cached {_secs(advice.cached_s)}): within noise "
                          f"or too little to matter")

@@ -18,7 +18,7 @@ is priced with the bytes, launches and dispatches autocast really gives.
 precision's peak), on this machine's CPU from the check's own timing (bf16 there is emulated and
 charged at the measured slowdown of this CPU's bf16 products, so it is never chosen; TF32 changes
 nothing on a CPU). On each device it keeps the fastest precision whose check passed and that
-beats fp32 by more than :data:`placer.costmodel.precision.MIN_GAIN` (or the fixed one), and
+beats fp32 by more than :data:`placer.costmodel.precision.PRECISION_GAIN` (or the fixed one), and
 writes its time into the profile's step. The planner's search then runs unchanged on that
 profile: a faster step moves the bottleneck to the loader, and the workers the search gives the
 loader's stages follow. :func:`annotate` records the choice, the times and the checks in the
@@ -171,17 +171,10 @@ def _roofline(gpu: Any, work: dict[str, Work], prec: str, base: float, host: flo
 
 
 def choose(times: dict[str, float], sp: StepPrecision) -> str:
-    """The precision to plan the step with on one device (:func:`placer.costmodel.precision.choose`'s rule)."""
-    from placer.costmodel.precision import MIN_GAIN
+    """The precision to plan the step with on one device (:func:`placer.costmodel.precision.fastest_checked`)."""
+    from placer.costmodel.precision import fastest_checked
 
-    if sp.fixed is not None:
-        return sp.fixed if sp.fixed in times else "fp32"
-    best = "fp32"
-    for p, t in times.items():
-        c = sp.checks.get(p)
-        if p != "fp32" and c is not None and c.ok and t < times["fp32"] * (1 - MIN_GAIN) and t < times[best]:
-            best = p
-    return best
+    return fastest_checked(times, sp.checks, sp.fixed)
 
 
 def apply(profile: StreamProfile, sp: StepPrecision | None, gpu: Any = None

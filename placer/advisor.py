@@ -513,8 +513,7 @@ def _advise_stream(site: LocalSite | ClusterSite, p: Pipeline, *, budget_s: floa
 
 
 #: runs of each stream option (the plan and the baselines) when the time allows: a single whole run of a
-#: few seconds swings by a quarter on a shared machine (images_train's plan measured 800 samples/s and
-#: its user's DataLoader 1,003 in one run each, where the script itself ran the plan 1.19x faster)
+#: few seconds swings by a quarter on a shared machine, enough to reverse a gain of a fifth
 OPTION_ROUNDS = 3
 
 
@@ -544,9 +543,8 @@ def claim_rounds(options: Mapping[str, Callable[[], Any]], every: dict[str, list
     lasts. Returns the rounds added.
 
     The plan's speed-up over the plain loop is the report's claim, and a plain loop at torch's own threads
-    swings on a shared machine: audio_cache_train's, two rounds on a 2-core Xeon, ran 373 and 495 samples/s,
-    ratios of 3.70 and 2.79 whose mean (3.24x) the report claimed where the script ran the plan 4.21x as fast
-    as written (12 interleaved rounds)."""
+    swings on a shared machine: two rounds whose ratios differ by a third claim their mean, which can be a
+    quarter off what the script measures over many rounds."""
     from placer.stream.rounds import interleave, ratio_spread, rotated
 
     if ratio_spread(rates(every["plan"]), rates(every[PLAIN_LOOP])) <= CLAIM_SPREAD:

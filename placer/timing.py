@@ -205,8 +205,7 @@ def settle_allocator() -> bool:
     A thread's blocks below the threshold come from its arena's heaps, and glibc unmaps a whole
     heap as soon as it is free: a thread whose arena's first heap is filled by long-lived blocks
     (what earlier threads left) puts its temporaries in a second heap, mapped and unmapped on every
-    call (4,272 page faults a call in the test of this; 2.1x the time in
-    ``benchmarks/results/probes-allocator-heap-pad-vm-epyc.md``). A top pad of
+    call (thousands of page faults a call, about twice the time). A top pad of
     :data:`SETTLE_PAD` (``mallopt(M_TOP_PAD)``) keeps such a heap, so every thread reuses its
     temporaries as the settled main heap does; an arena keeps up to that much free memory more.
 
@@ -264,8 +263,8 @@ def allocator_as_is() -> Iterator[None]:
     thresholds, up to :data:`SETTLE_PAD` more kept per arena) and measure the in-process work (the step
     alone, a cache's passes) in a state the script's own loop does not start in. A later call outside the
     block settles as before (placer's own executor, profiles). The heap the advice's own work leaves still
-    makes the loop after it faster than a fresh script with the same settings (numpy_augment on a 2-core
-    EPYC: 940-965 samples/s against 830, ``benchmarks/results/probes-applied-heap-vm-epyc.md``).
+    makes the loop after it faster than a fresh script with the same settings (by about a seventh where it
+    was measured).
     """
     global _settled_allocator
     before = _settled_allocator
@@ -310,8 +309,8 @@ def stall_split(times: list[float]) -> int | None:
 def two_speeds(rates: list[float], least: int = 2) -> tuple[list[float], list[float]] | None:
     """``rates`` (runs of one setting) split into a slow and a fast group, each sorted, or None.
 
-    Some machines run the same process at two speeds for seconds at a time (a 2-core Xeon VM ran
-    text_infer as written at 4,900 or 8,000 samples/s, 4 runs and 8 of 12, nothing between): a
+    Some machines run the same process at two speeds for seconds at a time (rates near two values,
+    nothing between): a
     median of such runs depends on the mix. The split is the largest jump between neighbouring
     sorted rates, when the faster side starts :data:`MODE_GAP` above the slower side's fastest and
     each side has at least ``least`` runs.

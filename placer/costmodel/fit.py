@@ -48,7 +48,7 @@ _B_GRID = np.linspace(0.0, B_MAX, 41)
 UNKNOWN_ERROR = 0.5
 #: a curved form replaces ``a*n + c`` only when its leave-one-out error is below this
 #: fraction of the line's: on measurements from a busy machine, curvature fitted to
-#: noise extrapolates far worse than a line (benchmarks/costmodel.py)
+#: noise extrapolates far worse than a line
 LINEAR_MARGIN = 0.3
 #: a form whose forward (extrapolation) error exceeds both twice its leave-one-out
 #: error and this is dropped

@@ -81,7 +81,7 @@ class Prepared:
 
     For request-by-request serving, prepare once and call :meth:`run` per request:
     validation, device resolution and the engine's bookkeeping are not repeated, so
-    the executor adds only microseconds per stage (``benchmarks/overhead.py``).
+    the executor adds only microseconds per stage.
     Use as a context manager, or call :meth:`close`, to stop its worker threads.
 
     The arguments are :func:`execute`'s; ``devices`` is a placement already resolved

@@ -169,10 +169,9 @@ def median_of_runs(options: Sequence[StreamOption], option_runs: Mapping[str, Se
     rounds beyond an option's, run with the plain loop alone, are its own), or the ratio of the medians where
     an option ran once or more often than the plan. The median of an even count is the mean of the middle two.
 
-    Runs of one round share the machine's state of that moment: on a 2-core Xeon whose processes ran at
-    60 % of their rate for seconds at a time, text_infer's plan and one batch at a time (the same settings)
-    measured 8,239, 7,626, 4,738 and 7,794, 4,728, 4,695 samples/s, a 1.61x ratio of the medians where
-    the rounds' ratios were 1.06, 1.61 and 1.01 and the script measured 1.00x."""
+    Runs of one round share the machine's state of that moment: on a machine whose processes run at a
+    fraction of their rate for seconds at a time, the ratio of two settings' medians can claim a gain of
+    half where the rounds' own ratios, and the script, show none."""
     for o in options:
         o.measured_runs = [round(x, 1) for x in option_runs.get(o.name, [])]
         if option_runs.get(o.name):

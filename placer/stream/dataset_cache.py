@@ -80,8 +80,7 @@ MIN_SHARE = 0.2
 #: (:data:`placer.stream.rounds.MIN_GAIN`), for a cache also holds memory and fills in the first epoch
 CACHE_GAIN = 0.10
 #: uncached and cached passes, interleaved, while the budget lasts: the cached epochs' share of an uncached
-#: one is their medians' ratio, and over two pairs one advising run of audio_cache_train read 0.38 where
-#: eight others read 0.24-0.37 (its whole-run claim 1.92x, the script measured 2.66x)
+#: one is their medians' ratio, which two pairs alone can put a third off
 CACHE_PAIRS = 4
 #: items whose calls are recorded to check determinism and arguments
 CHECKED_ITEMS = 3
@@ -199,9 +198,8 @@ class CacheAdvice:
         the workers' start).
     fill_s : float or None
         The filling passes' median: what the first epoch of a run with the cache is priced at.
-        One filling pass alone once priced the audio script's cache out of its three-epoch run
-        (0.30 s with it, 0.28 s without, in a CI run); on a 2-core EPYC its filling passes read
-        0.14-0.37 s against uncached 0.13-0.35 s (``benchmarks/results/probes-cache-fill-passes-vm-epyc.md``).
+        One filling pass alone can price a cache out of a short run: filling passes spread as widely
+        as uncached ones.
     recommended : bool
         Whether the cache is offered.
     reason : str
@@ -809,8 +807,7 @@ def judge(advice: CacheAdvice, same: bool = True) -> None:
     The cache is recommended where its batches equal the uncached loader's, the cached epochs are
     more than ``1 + CACHE_GAIN`` faster (medians), and the cached passes are apart from the uncached
     ones: every cached pass faster than the fastest uncached pass, but for one where there are
-    three or more pairs. A single slow pass must not decide over four: on a 2-core VM one run of
-    audio_cache_train read cached 0.03/0.03/0.03/0.13 s against uncached 0.48/0.14/0.14/0.13 s.
+    three or more pairs. A single slow pass (a machine's hiccup) must not decide over four.
     """
     gain = advice.epoch_speedup or 0.0
     fastest = min(advice.uncached_s, default=0.0)

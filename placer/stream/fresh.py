@@ -5,11 +5,8 @@ May import: placer.timing; cloudpickle, torch, placer.data.stream, placer.stream
 A script the user runs starts in a fresh process; the drop-in's runs otherwise all share the
 user's long-lived one, whose history moves them: placer settles glibc's allocator there
 (:func:`placer.timing.settle_allocator`), and each run's heap is what the runs before it left.
-On a 2-core Xeon, numpy_augment's settings measured within 9 % of each other in that process
-(its settings as written 145 samples/s, one torch thread 147) where the script run fresh read
-117.7-121.5 as written and 142.4-143.0 at one torch thread (1.19x); text_infer's 2 worker
-processes read 15,012 samples/s settled, 11,486 unsettled after other runs, and 13,868-14,904 in
-the script (``benchmarks/results/probes-allocator-settled-vm-xeon.md``).
+Settings that differ by a fifth in a fresh script can measure alike in such a process, and one
+setting can read a quarter faster or slower there than in the script.
 
 :class:`FreshRuns` starts one helper interpreter that loads a copy of the user's loader and step
 (pickled with cloudpickle by a child forked for it, :func:`pickled_apart`, so the user's heap is left as it
@@ -66,10 +63,9 @@ def why_not(device_kind: str) -> str | None:
 def pickled_apart(path: str, obj: Any, timeout_s: float = START_TIMEOUT_S) -> None:
     """``obj`` pickled (cloudpickle) to ``path`` by a child forked for it, so this process's heap is left as it was.
 
-    Pickling the user's loader where it lives filled and freed a memo and a payload of the Dataset's size
-    there, and the script's own loop ran after it 0.91x as fast (text_infer on 2 cores, no workers: 13,290
-    samples/s against 14,562 in processes that did not pickle, medians of 4;
-    ``benchmarks/results/probes-applied-loop-text-infer-vm-epyc.md``). The child only pickles and writes.
+    Pickling the user's loader where it lives fills and frees a memo and a payload of the Dataset's size
+    there, and the script's own loop runs slower after it (by about a tenth where it was measured). The
+    child only pickles and writes.
     Where it cannot fork, fails to start or outlasts ``timeout_s``, the pickling is done here.
     Raises what pickling raises (in the child: :class:`FreshUnavailable` with its message).
     """

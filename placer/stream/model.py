@@ -381,11 +381,9 @@ def _spinning(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[
     at a time, or nothing beside it).
 
     The spinning shows in a script whose loop runs in its main thread, its loader's workers beside it,
-    processes and threads alike: text_infer's 2 DataLoader worker processes fed a step at torch's 2 threads
-    at 5,400-7,800 samples/s against 9,400-11,600 at one; audio's one loader thread (its decode cached) at
-    657 against 1,374, images' at 580 against 871 (a 2-core Xeon, the scripts' grid). placer's own runner,
-    the step in a thread of its own, was not measured to lose to it (11,500-12,500 samples/s for
-    text_infer's), so its runs are no witness (:func:`placer.stream.verify._unspun`)."""
+    processes and threads alike: on two cores such a step at torch's 2 threads can run at half the rate it
+    runs at one. placer's own runner, the step in a thread of its own, does not lose to it, so its runs are
+    no witness (:func:`placer.stream.verify._unspun`)."""
     i = _cpu_step(nodes)
     threads = config.torch_threads if config.torch_threads is not None else profile.torch_threads
     if i is None or not threads or threads < 2 or config.sequential:

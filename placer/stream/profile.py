@@ -714,8 +714,7 @@ def _in_workers(prof: _Profiler, st: StageProfile, budget_s: float | None) -> No
     speed-up (``ScalingRow(kind="process", workers=n)`` in ``StageProfile.scaling``), which the stream
     model prices a DataLoader's workers at instead of assuming ``n`` times one worker's rate. Worker
     processes share the machine's cores, their caches and, on a VM's vCPUs, often one physical core's
-    execution units: text_infer's tokenizer, 2 worker processes on a 2-vCPU Xeon VM, was predicted at
-    14,937 samples/s from one worker's pace and measured 12,199."""
+    execution units: two workers on two vCPUs can read a fifth slower than twice one worker's pace."""
     n = min(prof.cores, SCALED_WORKERS)
     if n < 2 or st.worker_seconds is None or st.worker_seconds <= 0:
         return
@@ -764,8 +763,8 @@ def _in_threads(prof: _Profiler, st: StageProfile, budget_s: float | None) -> No
     idle: their pace over a batch read in this process is the source's thread speed-up
     (``ScalingRow(kind="thread", workers=n)``), at which the stream model prices a thread-pool loader and
     from which it takes the source's GIL share (Amdahl's law). Threads share this process's GIL but start no
-    processes and copy nothing back: images_train's script (PIL decode and numpy augment, a 2-core Xeon)
-    read 1,392 samples/s with 2 loader threads against 871 with one, and 1,340 with 2 worker processes."""
+    processes and copy nothing back: where decoding releases the GIL (PIL, numpy), two loader threads can
+    read as fast as two worker processes."""
     n = min(prof.cores, SCALED_WORKERS)
     wall = st.seconds.get("cpu")
     if n < 2 or not wall or "torch" not in sys.modules:
@@ -842,8 +841,8 @@ def _source_gil(prof: _Profiler, st: StageProfile, budget_s: float | None) -> No
     :data:`GIL_READS` batches read beside the probe thread (:func:`gil_held`), within ``budget_s``.
 
     Unmeasured, a source on a thread of this process is priced as holding the GIL throughout, which a
-    source waiting on files or sockets does not; per-sample Python reads near 1 (images_train's PIL decode
-    of small images and numpy augment: 1.0). A source that runs threads of its own meets the probe on the
+    source waiting on files or sockets does not; per-sample Python reads near 1 (PIL decoding small
+    images and numpy augmenting them read 1.0). A source that runs threads of its own meets the probe on the
     cores too, which reads as GIL held: its share then errs high, as the unmeasured 1.0 does."""
     wall = st.seconds.get("cpu")
     if not wall or (budget_s is not None and budget_s < 2 * GIL_READS * wall + 0.05):

@@ -48,8 +48,8 @@ PREFETCH_SHARE = 0.5
 def measure(pipeline: Pipeline, source: str, placement: dict[str, str], config: StreamSettings,
             inventory: Inventory, consts: dict[str, Any], objective: str = "throughput") -> tuple[float, int]:
     """Samples per second and batches of a short run of one stream: the steady state, or for ``total_time``
-    the run's mean (worker start-up included: a plan whose workers gained 25 % in the steady state of
-    text_infer's one-epoch run gained nothing over the whole run)."""
+    the run's mean (worker start-up included: over a short run, workers that gain in the steady state can
+    gain nothing over the whole run)."""
     from placer.executor.stream.runner import StreamRun
 
     devices = {m: inventory.resolve(d, stage=m) for m, d in placement.items()}
@@ -76,8 +76,7 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     ``baseline`` (one batch at a time, the stream as a plain loop runs it) runs in every round too,
     and the choice must beat it beyond the runs' noise to be recommended (:func:`_beats`, the drop-in's
     test of a change to a user's settings); else the baseline is kept: a
-    change within the runs' noise is no advice (text_infer's plan, one batch at a time on one
-    torch thread, measured 0.98x the plain loop in placer's runs and 0.93x in the script). Where the
+    change within the runs' noise is no advice. Where the
     choice's median, or its fastest run, is :data:`MIN_GAIN` above the baseline's median but its rounds did not
     settle it (:func:`_undecided`), or where the
     fastest other candidate is within :data:`MIN_GAIN` of the choice or above it and neither beat the other
@@ -125,10 +124,8 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
     pick = _pick(runs, done, base)
     settle = _to_settle(runs, done, pick, base)
     if settle:
-        # more rounds of those left undecided, while a share more of the budget lasts: one planning run decided
-        # text_infer's pipeline form, and its rounds kept the plain loop where two planning runs after it chose
-        # workers that ran 1.13x as fast (5 of 5 rounds each); one decided audio's between two settings within
-        # the runs' noise of each other, and the script ran the one it kept 0.70x as fast as the other
+        # more rounds of those left undecided, while a share more of the budget lasts: the first rounds alone
+        # decide between settings within the runs' noise of each other by chance
         t_more = t_end + SETTLE_SHARE * budget_s
         more = rounds.interleave(settle, run, SETTLE_ROUNDS,
                                  more=lambda r: time.perf_counter() <= t_more and not set(settle) & skipped)
@@ -176,10 +173,8 @@ def _depths(choice: Candidate, sample: Callable[..., bool], before: Runs,
 
     The model leaves prefetch out of the steady state (every worker has a batch waiting at the depth the
     search gives), but a DataLoader hands batches out in order, each from its worker in turn, so one slow
-    batch stalls the step unless the others have read ahead: table_train's script, 2 worker processes at one
-    torch thread on a 2-core Xeon, ran 3,907 samples/s at ``prefetch_factor`` 2 and 4,544 at 4 (medians of
-    8 interleaved rounds; 4 the faster in 5 of them), and placer's plan at 2 ran 0.83x the grid's best (at 8)
-    in a benchmark whose drop-in, at 4, ran 1.01x.
+    batch stalls the step unless the others have read ahead: a deeper read-ahead can be a sixth faster with
+    the same workers.
 
     Returns the candidate kept and, for each depth run, the candidate and its runs (empty where none ran).
     """
@@ -237,9 +232,8 @@ def _to_settle(runs: dict[int, list[tuple[float, int, float]]], done: list[int],
         if close and not _beats(a, b) and not _beats(b, a):
             out |= {pick, rival}
     if pick != 0 and 0 in done and 0 != base and not _beats(runs[pick], runs[0]):
-        # the model's plan, replaced on most rounds but not beyond the noise: table_train's planning run took
-        # torch's own threads over the plan's one thread (11 % on the median, 3 of 4 rounds of runs shorter
-        # than the script's) where the model predicted 1.85x for the plan; the script ran the plan 1.45x as fast
+        # the model's plan, replaced on most rounds but not beyond the noise: short runs on a shared machine can
+        # reverse a large predicted gain by chance, and more rounds tell the two apart
         out |= {pick, 0}
     if base in done and pick != base and _undecided(runs[pick], runs[base]):
         out |= {pick, base}
@@ -251,8 +245,7 @@ def _settled(runs: dict[int, list[tuple[float, int, float]]], done: list[int], b
     """The choice after the settling rounds: :func:`_pick` over all rounds, or the rival settled beside it
     where its median over all rounds is the faster and it ran faster in most of them. Of two settings that
     more rounds still leave within :data:`MIN_GAIN` of each other, the one measured faster is taken: the
-    model's ranking, which chose the plan, is the less certain (audio's: 1,003 samples/s predicted, 623
-    measured)."""
+    model's ranking, which chose the plan, is the less certain (its predictions can be off by half)."""
     pick = _pick(runs, done, base)
     rival = _rival(runs, done, pick, base)
     if pick in settle and rival in settle:
@@ -267,17 +260,11 @@ def _unspun(done: list[int], top: list[Candidate], pick: int, spins: Callable[[i
     (processes or threads) beside the step's spinning OpenMP threads (``spins``, :func:`_spins`) and not the twin's.
 
     The script's own loop loses those cores; placer's runner, with a queue between the source and the step,
-    does not show it, so its runs are no witness between the two, whatever the lead. text_infer's pipeline
-    form: 2 worker processes at torch's 2 threads and at 1 measured 5,974 and 5,936 samples/s in placer's
-    runs, 5,542 and 8,840 in the script; table_train's: torch's 2 threads led by 14 % on the median and in
-    5 of 8 rounds in placer's runs, and the script ran them at 0.54x the grid's best, its best at one thread;
-    in a later planning run they led by 11 % and in 7 of 8 rounds. The plain loop is weighed after, against
-    the one kept. (Those runs read the DataLoader in one thread and stepped in another; a DataLoader's workers
-    feeding the step now run as the script's loop,
-    :meth:`~placer.executor.stream.runner.StreamRun.loader_feeds_step`, whose runs show the cost.) Thread
-    stages beside the step alike: audio's pipeline form, a loader thread and a stage thread at torch's 2
-    threads and at one, measured 918 and 857 samples/s in placer's runs; the script ran the first 0.71x as
-    fast as the grid's best, the same loader at one torch thread."""
+    does not show it, so its runs are no witness between the two, whatever the lead (the script can run the
+    spinning setting at half the speed of its twin). The plain loop is weighed after, against the one kept.
+    A DataLoader's workers feeding the step run as the script's loop
+    (:meth:`~placer.executor.stream.runner.StreamRun.loader_feeds_step`), whose runs show the cost; thread
+    stages beside the step do not, and are treated alike."""
     if not spins(pick):
         return pick
     mine = _structure(top[pick])
@@ -293,10 +280,7 @@ def _spins(scorer: Scorer, c: Candidate) -> bool:
 def _undecided(mine: list[tuple[float, int, float]], base: list[tuple[float, int, float]]) -> bool:
     """Whether ``mine``'s median, or its fastest run, is :data:`MIN_GAIN` above the baseline's median but its
     rounds did not show it beyond the noise (:func:`_beats`): more rounds may. A fastest run that far above is a
-    gain the runs' spread may hide, as the drop-in's :func:`~placer.stream.dropin.within_reach`: v30's text_infer
-    pipeline form ran its plan (2 worker processes) at 9,133-12,217 samples/s, median 10,750, against one
-    batch at a time at 10,420-11,008, and kept one batch at a time after 5 rounds; the script ran the plan
-    1.26-1.36x as fast as written, and the next planning run measured it 1.29x."""
+    gain the runs' spread may hide, as the drop-in's :func:`~placer.stream.dropin.within_reach`."""
     a, b = [x for x, _, _ in mine], [x for x, _, _ in base]
     return bool(a and b) and max(a) > statistics.median(b) * (1 + MIN_GAIN) and not _beats(mine, base)
 
@@ -336,15 +320,13 @@ def _distinct(ranked: list[Candidate], n: int,
     if out and len({processes(c) for c in out}) == 1:
         # the best that runs its stages the other way, in worker processes or in this process: the model's
         # price of worker processes (their start, each batch's trip through shared memory, the cores a
-        # step's threads leave them) is, after the step's threads, its least certain term. text_infer's
-        # pipeline form on a 2-core Xeon ranked no worker processes among its first four, verified those
-        # and kept one batch at a time; the script ran 2 worker processes 1.4x as fast
+        # step's threads leave them) is, after the step's threads, its least certain term: a ranking without
+        # them can miss a setting that runs the script far faster
         other = next((c for c in ranked if processes(c) != processes(out[0])), None)
         if other is not None:
             out.append(other)
     # the best two structures with each of those thread settings: how a step shares the cores decides
-    # between structures too (images_train: a loader thread beside the step beat two worker processes by
-    # 9-16 % in the script with one torch thread, and had been measured only with torch's own two)
+    # between structures too (a structure that loses at torch's own threads can win at one)
     settings = list(dict.fromkeys(c.settings.torch_threads for c in out))
     if len(settings) > 1:
         for c in _structures(out)[:2]:

@@ -311,12 +311,10 @@ class StreamRun:
         and running the step in one thread (the workers read ahead, ``prefetch_factor`` batches each), not
         through a queue between two threads.
 
-        A queue between the two measured other speeds than the script's own loop: table_train's pipeline
-        form on a 2-core Xeon VM, 2 worker processes (5 interleaved rounds, samples/s over 2 epochs), read
-        3,561 at one torch thread and 4,825 at torch's 2 with a queue; in one thread 4,198 and 3,489; the
-        script as its flags 5,346-5,473 and 4,017 (a step's spinning OpenMP threads beside the workers cost
-        the script's loop, which waits in the same thread, and not the queue's). The other thread bought no
-        overlap either: the DataLoader's workers already read ahead."""
+        A queue between the two measures other speeds than the script's own loop, even in the opposite
+        order (a step's spinning OpenMP threads beside the workers cost the script's loop, which waits in
+        the same thread, and not the queue's). The other thread buys no overlap either: the DataLoader's
+        workers already read ahead."""
         step = self.nodes[-1]
         return (not self.config.sequential and len(self.nodes) == 2 and step.kind == "step"
                 and step.device.kind == "cpu" and self.config.stage_workers.get(self.source, 0) > 0

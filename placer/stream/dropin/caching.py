@@ -64,16 +64,12 @@ def without_workers(user: Trial, best: Trial, trials: list[Trial], longer: tuple
     user's whole run with the cache within ``MIN_GAIN`` of ``best``'s (``run``); else None.
 
     The search ranks the settings without the cache, and a worker earns its place there by overlapping
-    the work the cache then keeps: audio_cache_train's drop-in, on 2 cores, recommended one worker process
-    (persistent) with the cache in 2 of 13 runs, tied without it with no workers at one torch thread (591
-    and 593 samples/s over the run), and the script ran it 0.81x as fast as no workers with the cache
-    (``benchmarks/results/plain-vm-epyc-quiet-v33-screened.md``). The setting without workers has its
-    cache passes measured at its own settings (``found``, the cache search's, where they are the user's).
+    the work the cache then keeps: with the cache, a worker that tied no workers in the search has little
+    left to overlap, and costs its start-up. The setting without workers has its cache passes measured at
+    its own settings (``found``, the cache search's, where they are the user's).
 
     Each whole run scales the cache's passes by its setting's own runs in the search, whose spread the
-    passes then carry: in v38's advice before the grid (``plain-vm-epyc-quiet-v38-screened.md``) no
-    workers' three search runs read 515 samples/s over the run against one worker's 602, and the worker
-    with the cache stayed, which the script ran 0.87x as fast as no workers with it. So where ``best``'s
+    passes then carry (a slow search run of no workers would keep the worker). So where ``best``'s
     passes were measured at its own settings (``at_best``), the passes also decide directly: both loaders
     ran the same batches, filling the cache and reading it, so the filling pass and ``epochs - 1`` reads
     are each setting's epochs with the cache, measured without a search run's rate in between.

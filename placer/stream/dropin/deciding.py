@@ -68,9 +68,7 @@ def decide(user: Trial, trials: list[Trial], *, waits: bool = True) -> tuple[Tri
         near = [t for t in winners if t.score >= NEAR_BEST * fastest.score]
         choice = min(near, key=lambda t: cost(t.settings))
         # a cheaper setting whose runs read at least as fast as the choice's: its own runs did not clear
-        # the noise against yours, but a setting they match did (v36's numpy_augment_infer: one thread
-        # worker at prefetch 2 beat yours in every round, no workers at one torch thread read faster
-        # over the run, 699 against 697 samples/s, and the script ran it 1.11x the thread worker)
+        # the noise against yours, but a setting they match did, and it holds less
         cheaper = [t for t in allowed if cost(t.settings) < cost(choice.settings) and t.score >= choice.score]
         return min([*cheaper, choice], key=lambda t: cost(t.settings)), None
     noise = None
@@ -105,10 +103,8 @@ def contender(user: Trial, trials: list[Trial], *, waits: bool = True) -> Trial 
 def within_reach(user: Trial, trials: list[Trial], *, waits: bool = True) -> Trial | None:
     """The fastest repeated setting whose median is not ``MIN_GAIN`` faster than the user's but whose
     fastest run is (None if none): a gain its runs' spread may hide, which :func:`settle`'s more rounds
-    tell from noise before the user's settings are kept. v29's text_infer (one epoch of 64 batches,
-    0.4 s a run) kept the user's settings in 2 of 13 advice runs where 2 or 3 worker processes read
-    0.99-1.03x yours over 3 runs spread by 14-37 %, with 41-46 s of its 60 s budget left; the script
-    ran 2 at one torch thread 1.31x as fast as written."""
+    tell from noise before the user's settings are kept: short runs that spread by a third can hide a
+    gain of a third, and keeping the user's settings with most of the budget left wastes it."""
     reach = [t for t in eligible(user, trials, waits=waits)
              if t.score <= user.score * (1 + MIN_GAIN) < max(t.scores)]
     return max(reach, key=lambda t: t.score, default=None)
@@ -212,12 +208,9 @@ def user_speeds(user: Trial, recommended: Trial | None, *, basis: Trial | None =
     """The user's runs split into two speeds (:func:`placer.timing.two_speeds`), with the recommendation's
     median over each and a sentence saying so; None where the runs show one speed.
 
-    The same settings at two speeds is the machine, not the loader: a 2-core Xeon VM ran text_infer as
-    written at 4,900 or 8,000 samples/s (4 and 8 of 12 runs of the script), and the drop-in's runs of it
-    mostly at the slower, so a speed-up over their median held over the slower runs only (1.42x claimed;
-    the script measured 1.03x over 12 rounds). Its pure-Python item work alone read 5,000-5,600 or
-    8,200-9,200 items/s in one process minutes apart, with no fork or thread change between: the host's
-    periods. The user is told both.
+    The same settings at two speeds is the machine, not the loader (some hosts run one process at two
+    speeds for seconds at a time): a speed-up over the median of runs made mostly at the slower speed
+    holds over the slower runs only. The user is told both.
 
     ``speedup``, the whole run's speed-up over ``basis`` (the user's runs it was predicted from), is
     claimed over the faster runs instead (``speedup`` and ``over_the_mix`` in the result): the claim

@@ -84,9 +84,8 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     a short run with many workers would measure the queue, not the workers.
     ``give_up_s``: a run still in its warm-up this long after ``iter(loader)`` stops there (``cut``; its
     rate the batches read over the time taken): a setting whose first batches come after the user's
-    whole run would have ended cannot make it faster (on 2 cores, numpy_augment's 2 worker processes took
-    1-6 s to their first batch and 5-65 samples/s after, against the user's whole run of 2.9 s: three
-    such runs spent most of a 60 s budget, and the user's settings ran once).
+    whole run would have ended cannot make it faster, and runs of settings slow to start would spend the
+    budget the user's settings need for their repeats.
     """
     count = count or counter_of(loader)
     waits = Timings()

@@ -21,42 +21,22 @@ from placer.stream.rounds import REPEATS
 
 #: settings besides the user's (and the cheapest near the fastest) repeated after the first round
 FINALISTS = 2
-
-
 #: rounds of racing: after one, the next fastest single runs may still read faster than the repeated
 RACES = 2
-
-
 #: the share of the budget kept for the longer runs that confirm a recommendation
 CONFIRM_SHARE = 0.3
-
-
 #: rounds of the confirming runs (each runs the user's settings and the recommended, in turn): three, so
-#: that one slow run does not move the median (of two runs, their mean: table_train's one advice before a
-#: grid claimed 1.09x from two such rounds where its settings ran 1.56x in the script)
+#: that one slow run does not move the median (of two runs, their mean, which one slow run halves)
 CONFIRM_ROUNDS = 3
-
-
 #: more rounds, up to this many in all, while either setting's confirming runs spread by more than
 #: ``CONFIRM_SPREAD`` (their whole-run predictions' range over their median) and the budget has room for
-#: a round as long as the last: audio_cache_train's one advice before v19's grid claimed 2.92x from three
-#: rounds in which the user's settings spread by 31 %; the script measured 2.33x
+#: a round as long as the last: a claim from three rounds that spread by a third is off by as much
 CONFIRM_MAX_ROUNDS = 8
-
-
 CONFIRM_SPREAD = 0.15
-
-
 #: rounds, budget permitting, before runs that agree (within ``CONFIRM_SPREAD``) end the confirming: three
 #: rounds side by side span a few seconds, and agreeing there says the machine held one speed for them, not
-#: that it was its usual one. audio_cache_train's one advice before v39's grid claimed 1.88x from three
-#: agreeing rounds where the script measured 2.87x; over v32-v39 its applied drop-in's claims from three
-#: rounds read 0.70-1.53x what the script measured (5 of 20 beyond 20 %), from more 0.70-1.35x (3 of 51),
-#: though more rounds ran only where the first three disagreed
-#: (``benchmarks/results/probes-audio-claims-vm-epyc.md``)
+#: that it was its usual one; claims from five rounds or more land nearer what the script measures
 CONFIRM_AGREED = 5
-
-
 #: a confirming run reads up to this many times ``batches`` (at most one epoch), within its budget
 CONFIRM_LENGTH = 4
 

@@ -27,11 +27,8 @@ def over_faster(mine: Trial, longer: tuple[Trial, Trial, int], run: dict[str, An
     """The recommendation's gain over the user's faster runs, where all of theirs (the search's and the confirming
     runs) ran at two speeds (:func:`user_speeds`); None where they ran at one.
 
-    A change is confirmed only where this gain, the one the advice claims, clears ``MIN_GAIN`` too: a 2-core Xeon
-    VM ran text_infer as written at 4,000-5,000 or 7,000-7,700 samples/s, and the drop-in recommended worker
-    processes in 2 of 12 runs with a claim of 0.91x and 0.95x yours (over the faster runs): a change whose
-    claim is no gain is no advice (the script ran them 1.40x and 0.89x as written in those rounds, as the
-    machine's speed met each)."""
+    A change is confirmed only where this gain, the one the advice claims, clears ``MIN_GAIN`` too: a change
+    whose claim is no gain is no advice, whichever speed the user's script then meets."""
     speeds = user_speeds(merged(mine, [longer[0]]), longer[1], basis=longer[0], speedup=confirmed_gain(run, longer))
     return None if speeds is None else speeds.get("speedup")
 

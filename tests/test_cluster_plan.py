@@ -29,7 +29,7 @@ from placer import Pipeline
 from placer.optimize import CostTable, plan, simulate
 from placer.optimize.exact import branch_and_bound, chain_dp, exhaustive
 from placer.optimize.problem import Problem
-from placer.optimize.synthetic import random_table
+from tests.synthetic import random_table
 
 ROOT = Path(__file__).resolve().parents[1]
 NET = {"latency_s": 0.002, "bandwidth_Bps": 5e8}

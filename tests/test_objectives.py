@@ -27,7 +27,7 @@ from placer.optimize.objectives import (
     unregister,
 )
 from placer.optimize.problem import Problem
-from placer.optimize.synthetic import random_table
+from tests.synthetic import random_table
 
 TABLE = {
     "devices": {"cpu": {"kind": "cpu", "workers": 2, "price_per_hour": 0.2},

@@ -355,7 +355,7 @@ def test_a_timeline_resumes_late_moves_from_a_saved_state():
     import importlib
     import random
 
-    from placer.optimize.synthetic import random_table
+    from tests.synthetic import random_table
 
     sim = importlib.import_module("placer.optimize.simulate")  # the package's name is the function
 
@@ -387,7 +387,7 @@ def test_the_timeline_changes_no_plan(monkeypatch):
     import random
 
     import placer.optimize.heuristic as heuristic_module
-    from placer.optimize.synthetic import random_table
+    from tests.synthetic import random_table
 
     class Clock:
         t = 0.0
@@ -484,7 +484,7 @@ def test_heuristic_plans_are_feasible_and_predicted_consistently(table):
 def test_heuristic_finds_the_optimum_on_a_random_sample():
     import random
 
-    from placer.optimize.synthetic import random_table
+    from tests.synthetic import random_table
 
     rng = random.Random(7)
     gaps = []
@@ -609,7 +609,7 @@ def test_crossover_size_from_a_cost_model():
 def test_auto_chooses_exact_for_small_and_heuristic_for_large():
     import random
 
-    from placer.optimize.synthetic import random_table
+    from tests.synthetic import random_table
 
     small = random_table(random.Random(1), 8)
     big = random_table(random.Random(2), 60)

@@ -714,8 +714,3 @@ def _gpus_of(desc: Any) -> list[DeviceDescription]:
 
 def _cost_table(doc: dict) -> CostTable:
     return CostTable.model_validate(doc)
-
-
-def work_seconds(desc: DeviceDescription, work: Work, host_s: float = 0.0) -> float:
-    """Roofline seconds of ``work`` on a described device (see :meth:`DeviceDescription.predict`)."""
-    return desc.predict(work.model_copy(update={"host_s": host_s}))

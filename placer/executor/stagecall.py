@@ -165,42 +165,6 @@ def _stop_or_abandon(stage: str, t: threading.Thread) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float | None, stage: str, *, why: str = LIMIT_WHY) -> Iterator[None]:
-    """Stop the block with :class:`StageTimeoutError` when it runs longer than ``seconds`` (None: no limit).
-
-    The block runs in the calling thread; a timer thread raises :class:`StopStage`
-    in it when time is up, which this turns into the error. That lands only at the
-    block's next Python instruction: a block stuck in one long call is not ended
-    (use :func:`call_with_limit`, which stops waiting for it).
-    """
-    if seconds is None:
-        yield
-        return
-    ident, lock = threading.get_ident(), threading.Lock()
-    state = {"armed": True, "fired": False}
-
-    def fire() -> None:
-        with lock:
-            if state["armed"]:
-                state["fired"] = stop_thread(ident)
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    try:
-        try:
-            yield
-        finally:
-            with lock:
-                state["armed"] = False
-            timer.cancel()
-    except StopStage:
-        if not state["fired"]:
-            raise
-        raise StageTimeoutError(timeout_message(stage, seconds, why), stage=stage, seconds=seconds) from None
-
-
 class CallWatch:
     """Calls made in several threads, each bounded by ``seconds``, kept by the thread that waits for them.
 

@@ -329,15 +329,6 @@ def loads(pb: Problem, place: list[int]) -> list[float]:
     return out
 
 
-def resource_names(pb: Problem) -> list[str]:
-    """Names matching :func:`loads` (``link h2d gpu:0`` and so on)."""
-    nloc = max(pb.loc) + 1
-    locs = ["host"] + [pb.devices[d] for d in range(len(pb.devices)) if pb.loc[d]]
-    return list(pb.devices) + [f"link h2d {locs[k]}" for k in range(nloc)] + [
-        f"link d2h {locs[k]}" for k in range(nloc)
-    ]
-
-
 def period(pb: Problem, place: list[int]) -> float:
     """The busiest resource's seconds per batch."""
     return max(loads(pb, place))

@@ -622,10 +622,6 @@ def _recompute(p: Pipeline, name: str, cpu: Device) -> dict[str, Any]:
     return {a: out[src] for a, src in p.stages[name].inputs.items()}
 
 
-def _iterators(inputs: dict[str, Any]) -> list[str]:
-    return [a for a, v in inputs.items() if isinstance(v, Iterator)]
-
-
 def _reference_run(p: Pipeline, cpu: Device, bound: float | None = None
                    ) -> tuple[dict[str, Any], dict[str, float], dict[str, list[str]]]:
     """Run ``p`` once on the CPU, stage by stage as the inline executor does: the outputs, each

@@ -1,6 +1,6 @@
 """Random cost tables, for tests and benchmarks of the optimizer.
 
-May import: placer.data.costs. Never torch, dask or numba.
+Test and benchmark helper (not part of placer). May import: placer.data.costs. Never torch, dask or numba.
 
 Examples
 --------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from placer.data.stream import ClusterLink, ScalingRow, StageProfile, StreamProfile, StreamSettings
+from placer.data.stream import ClusterLink, ScalingRow, StreamStageProfile as StageProfile, StreamProfile, StreamSettings
 from placer.errors import PlacerError
 from placer.stream import remote
 from placer.stream.cluster import (ClusterDescription, describe_link, load_cluster, parse_cluster, plan_offload,

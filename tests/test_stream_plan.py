@@ -20,7 +20,7 @@ import pytest
 
 from placer import Pipeline, execute
 from placer.advisor import best_placement
-from placer.data.stream import GIL_SPEEDUP, CopyProfile, ScalingRow, StageProfile, StreamPlan, StreamProfile
+from placer.data.stream import GIL_SPEEDUP, CopyProfile, ScalingRow, StreamStageProfile as StageProfile, StreamPlan, StreamProfile
 from placer.stream import StreamConfig
 from placer.stream.model import predict
 from placer.stream.planner import Scorer, candidates, plan_from_profile, plan_stream, stream_config

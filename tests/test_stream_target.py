@@ -14,7 +14,7 @@ import pytest
 
 from placer.costmodel.roofline import load_description
 from placer.data.measures import Work
-from placer.data.stream import CopyProfile, ScalingRow, StageProfile, StreamProfile
+from placer.data.stream import CopyProfile, ScalingRow, StreamStageProfile as StageProfile, StreamProfile
 from placer.target import CpuDescription, OpRow, TargetDescription, load_target
 from placer.stream import target as tg
 

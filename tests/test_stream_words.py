@@ -3,7 +3,7 @@ machine with only a CPU, and shares of a sequential run that add up."""
 
 from __future__ import annotations
 
-from placer.data.stream import ScalingRow, StageProfile, StreamProfile
+from placer.data.stream import ScalingRow, StreamStageProfile as StageProfile, StreamProfile
 from placer.stream.planner import plan_from_profile
 
 MS = 1e-3

@@ -189,7 +189,7 @@ class ScalingRow(BaseModel):
     speedup: float = Field(ge=0)
 
 
-class StageProfile(BaseModel):
+class StreamStageProfile(BaseModel):
     """One member of a stream as measured.
 
     Attributes
@@ -458,7 +458,7 @@ class ClusterLink(BaseModel):
     stage_ratio : dict
         Per stage, a batch's seconds on a worker over here, given (a description's
         ``stage_ratio``) and taken as given. Otherwise a running cluster's stages are priced at
-        their own measured ratio (``StageProfile.remote_ratio`` for this address, measured when
+        their own measured ratio (``StreamStageProfile.remote_ratio`` for this address, measured when
         the stream is profiled with the cluster), and a stage without one at ``cpu_scale``.
     array_ratio : float or None
         A diagnostic: a synthetic numpy workload with batch-sized temporaries on a worker over here
@@ -530,7 +530,7 @@ class StreamProfile(BaseModel):
     device_titles: dict[str, str] = Field(default_factory=dict)
     simulated: list[str] = Field(default_factory=list)
     real_gpus: list[str] = Field(default_factory=list)
-    stages: list[StageProfile] = Field(default_factory=list)
+    stages: list[StreamStageProfile] = Field(default_factory=list)
     copies: list[CopyProfile] = Field(default_factory=list)
     consumer_samples_per_s: dict[str, float] = Field(default_factory=dict)
     measured_batches: dict[str, int] = Field(default_factory=dict)
@@ -544,7 +544,7 @@ class StreamProfile(BaseModel):
     #: the dask cluster whose workers the stream's CPU stages may run on (None: this machine's only)
     cluster: ClusterLink | None = None
 
-    def stage(self, name: str) -> StageProfile:
+    def stage(self, name: str) -> StreamStageProfile:
         return next(s for s in self.stages if s.name == name)
 
     def copy_of(self, value: str, src: str, dst: str) -> CopyProfile | None:

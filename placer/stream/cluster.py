@@ -16,7 +16,7 @@ gives one:
   on this machine (127.0.0.1 or its own addresses) share its cores and its CPU. Each CPU
   stage's own seconds per batch on a worker against here is measured when the stream is
   profiled with the cluster (:func:`placer.stream.profile.profile_stream`, ``cluster``:
-  ``StageProfile.remote_ratio``), and :func:`ratio_notes` says it in the plan.
+  ``StreamStageProfile.remote_ratio``), and :func:`ratio_notes` says it in the plan.
 - :func:`load_cluster` reads a description of a cluster that is not running (JSON or
   YAML: nodes × cores, network bandwidth and latency, optionally the per-task overhead
   and a core's speed relative to one here); :func:`describe_link` turns it into a link.

@@ -56,10 +56,10 @@ than its busiest resource allows:
 Throughput is the smallest rate; the resource that sets it is the bottleneck. With
 ``workers=0`` nothing overlaps: one batch takes the sum of every node's seconds, each as
 the profile's sweep (which ran one batch at a time) measured it in turn, slow batches
-included (``StageProfile.in_turn_seconds``), where the chain is the sweep's: every member
+included (``StreamStageProfile.in_turn_seconds``), where the chain is the sweep's: every member
 on one device, the step at the threads it was swept at, no cache.
 A Dataset or DataLoader source read by worker processes costs, per batch, what it took
-through one worker process as the profile measured it (``StageProfile.worker_seconds``:
+through one worker process as the profile measured it (``StreamStageProfile.worker_seconds``:
 collating into shared memory and sending the batch included; a tokenizer took 4.6 ms a
 batch in the main process and 7 ms through a worker), wall and CPU.
 A stream with queues is never predicted slower than its members taking turns
@@ -114,7 +114,7 @@ class Rate:
 
 
 @dataclass
-class Prediction:
+class StreamPrediction:
     """A stream's predicted throughput under one placement and configuration.
 
     ``rates`` are the resources of the first epoch, slowest first; ``later_rates``
@@ -246,7 +246,7 @@ def _source_in_workers(profile: StreamProfile, nodes: list[ChainNode], config: S
 def in_workers(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
                config: StreamSettings) -> list[tuple[float, float]]:
     """A Dataset or DataLoader source read by worker processes: a batch costs what it took through one
-    worker (``StageProfile.worker_seconds``), wall and CPU (a worker runs one thread), where measured; its
+    worker (``StreamStageProfile.worker_seconds``), wall and CPU (a worker runs one thread), where measured; its
     CPU with ``n`` workers busy at once is ``n`` over their measured speed-up times that
     (:func:`loader_speedup`): workers that slow each other down spend more CPU on each batch."""
     st = _source_in_workers(profile, nodes, config)
@@ -266,7 +266,7 @@ def loader_speedup(profile: StreamProfile, st, workers: int) -> float:
 
 
 def own_threads(st) -> float:
-    """CPU seconds over wall seconds of a source read alone (``StageProfile.own_threads``; 1 where not
+    """CPU seconds over wall seconds of a source read alone (``StreamStageProfile.own_threads``; 1 where not
     measured): the threads of its own (BLAS, FFT) that run it in a worker process too."""
     return max(1.0, st.own_threads or 1.0)
 
@@ -511,7 +511,7 @@ def _busy_wall(profile: StreamProfile, st, threads: int | None) -> float | None:
 def _contended(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
                config: StreamSettings, decode: bool = True
                ) -> tuple[float, str, list[Rate], list[tuple[float, float]]]:
-    """The steady state with a CPU step, and a source that runs threads of its own (``StageProfile.beside_busy_s``,
+    """The steady state with a CPU step, and a source that runs threads of its own (``StreamStageProfile.beside_busy_s``,
     read here or in worker processes, each of which runs those threads too; ``decode`` False where it reads a
     cache back instead), slowed by the cores the other host nodes keep busy (for the source, its other worker
     processes too)."""
@@ -586,7 +586,7 @@ def cache_bytes(profile: StreamProfile, nodes: list[ChainNode], at: int) -> int:
 
 
 def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSettings,
-            epochs: int | None = None) -> Prediction:
+            epochs: int | None = None) -> StreamPrediction:
     """The predicted throughput (and total time over ``epochs``) of one placement and configuration.
 
     Parameters
@@ -630,7 +630,7 @@ def predict(profile: StreamProfile, placement: dict[str, str], config: StreamSet
             loader_later = False
     e = profile.epochs if epochs is None else epochs
     spb = profile.samples_per_batch
-    pred = Prediction(samples_per_s=bps * spb, batches_per_s=bps, bottleneck=neck, rates=rs,
+    pred = StreamPrediction(samples_per_s=bps * spb, batches_per_s=bps, bottleneck=neck, rates=rs,
                       later_batches_per_s=later_bps, later_bottleneck=later_neck, epochs=e, notes=notes)
     if profile.batches_per_epoch:
         b = profile.batches_per_epoch

@@ -112,7 +112,7 @@ def plan_stream(pipeline: Pipeline, *, source: str | None = None, budget_s: floa
         The step's :class:`~placer.stream.precision.StepPrecision` (or None) is appended to it.
     cluster : distributed.Client, optional
         A dask cluster the stream may offload to: the profile also times each CPU batch stage
-        on one of its workers (``StageProfile.remote_ratio``).
+        on one of its workers (``StreamStageProfile.remote_ratio``).
 
     Returns
     -------

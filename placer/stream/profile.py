@@ -34,7 +34,7 @@ own (a Dataset source's collate is the one torch has loaded).
 7. **a loader's worker**: a Dataset or DataLoader source read through one DataLoader worker
    process, the consumer idle: the seconds to its first batch beyond a batch's, a batch's
    seconds there (collating into shared memory and sending included) and the seconds to
-   stop it (``StageProfile.worker_start_s``, ``worker_seconds``, ``worker_end_s``);
+   stop it (``StreamStageProfile.worker_start_s``, ``worker_seconds``, ``worker_end_s``);
 8. **on a cluster** (only with ``cluster``, a dask client): every CPU batch stage shipped
    to a worker as a run ships it, timed inside one task on a few of the batches it saw,
    and here on the same batches: its ``remote_ratio`` (the medians' ratio), what the
@@ -60,7 +60,7 @@ from typing import Any
 
 import networkx as nx
 
-from placer.data.stream import GIL_SPEEDUP, CopyProfile, LoaderSettings, ScalingRow, StageProfile, StreamProfile
+from placer.data.stream import GIL_SPEEDUP, CopyProfile, LoaderSettings, ScalingRow, StreamStageProfile, StreamProfile
 from placer.devices import Device, Inventory, discover, same_device
 from placer.errors import PlacerError
 from placer.log import get_logger
@@ -102,7 +102,7 @@ SCALED_WORKERS = 8
 #: seconds of budget that timing a source through a worker process needs besides its batches (start, stop)
 WORKER_MIN_S = 0.2
 #: a source whose CPU seconds a batch exceed its wall by this factor runs threads of its own (BLAS, FFT):
-#: it is also read beside one busy core (``StageProfile.beside_busy_s``)
+#: it is also read beside one busy core (``StreamStageProfile.beside_busy_s``)
 OWN_THREADS = 1.2
 #: reads of such a source timed alone and beside a busy core, in turn (the most)
 BESIDE_PAIRS = 3
@@ -489,7 +489,7 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
         Devices to measure (default: the CPU and every accelerator of the inventory).
     cluster : distributed.Client, optional
         A dask cluster the stream's CPU batch stages may run on: each is also timed on one
-        of its workers against here (``StageProfile.remote_ratio``; bounded by
+        of its workers against here (``StreamStageProfile.remote_ratio``; bounded by
         :data:`CLUSTER_TIMING_S` per side and :data:`CLUSTER_TIMEOUT_S`).
 
     Returns
@@ -532,18 +532,18 @@ def profile_stream(pipeline: Pipeline, source: str | None = None, *, budget_s: f
     return _assemble(prof, sweeps, stages, budget_s, budget.spent())
 
 
-def _stages(prof: _Profiler, sweeps: dict[str, _Sweep]) -> dict[str, StageProfile]:
+def _stages(prof: _Profiler, sweeps: dict[str, _Sweep]) -> dict[str, StreamStageProfile]:
     p, members = prof.pipeline, prof.members
     src = p.stages[prof.source]
     keyed = src.cache_key is not None  # outputs kept by the source's declared key: reshuffling is fine
     varies = takes(src.impl_for("cpu").fn, BATCH_INFO) and not keyed
-    out: dict[str, StageProfile] = {}
+    out: dict[str, StreamStageProfile] = {}
     random_seen = varies
     for m in members:
         st = p.stages[m]
         random_seen = random_seen or st.random or (keyed and st.role not in ("source", "step") and any(
             takes(i.fn, BATCH_INFO) for i in (st.fn, st.cpu, st.gpu) if i is not None))
-        prof_m = StageProfile(name=m, role=st.role if st.role in ("source", "step") else "batch", kind=st.kind,
+        prof_m = StreamStageProfile(name=m, role=st.role if st.role in ("source", "step") else "batch", kind=st.kind,
                               devices=[d for d in sweeps if can_run(p, m, d)],
                               reads=[s for s in st.inputs.values() if s in members], pin=st.pin,
                               out_bytes=prof.out_bytes.get(m, {}), cacheable=not random_seen and st.role != "step"
@@ -581,7 +581,7 @@ def in_turn_mean(seconds: list[float]) -> float:
     return sum(kept) / len(kept)
 
 
-def _scale(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile], budget_s: float | None) -> None:
+def _scale(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StreamStageProfile], budget_s: float | None) -> None:
     """Thread scaling of every CPU batch stage, on the inputs the CPU sweep gave it."""
     if sweep is None:
         return
@@ -601,7 +601,7 @@ def _scale(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile
                               "it holds the GIL (or the cores were busy); process workers would scale it")
 
 
-def _scale_processes(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile],
+def _scale_processes(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StreamStageProfile],
                      budget_s: float | None) -> None:
     """Process-worker scaling of every GIL-bound CPU batch stage, when the budget allows."""
     if sweep is None:
@@ -634,7 +634,7 @@ def _scale_processes(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, St
                               "included)")
 
 
-def _time_on_cluster(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StageProfile], client: Any) -> None:
+def _time_on_cluster(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, StreamStageProfile], client: Any) -> None:
     """Every CPU batch stage timed on a worker of ``client``'s cluster and here, on the same few batches of
     the CPU sweep: its ``remote_ratio`` for that cluster (a stage that cannot travel is noted, and priced at
     this machine's seconds)."""
@@ -662,7 +662,7 @@ def _time_on_cluster(prof: _Profiler, sweep: _Sweep | None, stages: dict[str, St
                  ratio)
 
 
-def _step_extras(prof: _Profiler, sweep: _Sweep | None, step: StageProfile) -> None:
+def _step_extras(prof: _Profiler, sweep: _Sweep | None, step: StreamStageProfile) -> None:
     """On the CPU sweep's last batches: the step with one torch intra-op thread (interleaved with
     torch's default, for the ratio), and the share of its time it holds the GIL (probe thread)."""
     node = sweep.run.nodes[-1] if sweep is not None else None
@@ -689,9 +689,9 @@ def _step_extras(prof: _Profiler, sweep: _Sweep | None, step: StageProfile) -> N
         step.gil = min(1.0, held / step.seconds["cpu"])
 
 
-def _in_a_worker(prof: _Profiler, st: StageProfile, budget_s: float | None) -> None:
+def _in_a_worker(prof: _Profiler, st: StreamStageProfile, budget_s: float | None) -> None:
     """A Dataset or DataLoader source read through one DataLoader worker process, the consumer idle
-    (``StageProfile.worker_seconds``, ``worker_start_s``, ``worker_end_s``): its first batch, up to
+    (``StreamStageProfile.worker_seconds``, ``worker_start_s``, ``worker_end_s``): its first batch, up to
     :data:`WORKER_BATCHES` more (at least five, within ``budget_s``), and stopping the worker."""
     if "cpu" not in st.seconds or "torch" not in sys.modules:
         return
@@ -708,10 +708,10 @@ def _in_a_worker(prof: _Profiler, st: StageProfile, budget_s: float | None) -> N
         _in_workers(prof, st, budget_s)
 
 
-def _in_workers(prof: _Profiler, st: StageProfile, budget_s: float | None) -> None:
+def _in_workers(prof: _Profiler, st: StreamStageProfile, budget_s: float | None) -> None:
     """The same source read through ``n`` worker processes at once (the cores, at most
     :data:`SCALED_WORKERS`), the consumer idle: their pace over one worker's is the source's process
-    speed-up (``ScalingRow(kind="process", workers=n)`` in ``StageProfile.scaling``), which the stream
+    speed-up (``ScalingRow(kind="process", workers=n)`` in ``StreamStageProfile.scaling``), which the stream
     model prices a DataLoader's workers at instead of assuming ``n`` times one worker's rate. Worker
     processes share the machine's cores, their caches and, on a VM's vCPUs, often one physical core's
     execution units: two workers on two vCPUs can read a fifth slower than twice one worker's pace."""
@@ -757,7 +757,7 @@ def _source_read(prof: _Profiler) -> tuple[Stage, Any] | None:
     return None if describe_source(obj) == "iterable" else (src, obj)
 
 
-def _in_threads(prof: _Profiler, st: StageProfile, budget_s: float | None) -> None:
+def _in_threads(prof: _Profiler, st: StreamStageProfile, budget_s: float | None) -> None:
     """A Dataset or DataLoader source read by a thread-pool loader's ``n`` threads at once (the cores, at
     most :data:`SCALED_WORKERS`; :class:`~placer.executor.stream.threadloader.ThreadLoader`), the consumer
     idle: their pace over a batch read in this process is the source's thread speed-up
@@ -795,9 +795,9 @@ def _source_batches(prof: _Profiler) -> Any:
     return None if next(it, None) is None else it
 
 
-def _source_beside_busy(prof: _Profiler, st: StageProfile, budget_s: float | None) -> None:
+def _source_beside_busy(prof: _Profiler, st: StreamStageProfile, budget_s: float | None) -> None:
     """A source read in this process that runs threads of its own (``OWN_THREADS``): its batches read beside
-    one busy core (``StageProfile.beside_busy_s``), each after one read alone, up to :data:`BESIDE_PAIRS`
+    one busy core (``StreamStageProfile.beside_busy_s``), each after one read alone, up to :data:`BESIDE_PAIRS`
     pairs within ``budget_s``. Its threads meet the step's on the cores as the step's meet a worker's."""
     wall, cpu = st.seconds.get("cpu"), st.cpu_seconds.get("cpu")
     if prof.cores < 2 or not wall or not cpu or cpu < OWN_THREADS * wall:
@@ -836,8 +836,8 @@ def _source_beside_busy(prof: _Profiler, st: StageProfile, budget_s: float | Non
         st.beside_busy_s = wall * max(1.0, statistics.median(beside) / statistics.median(alone))
 
 
-def _source_gil(prof: _Profiler, st: StageProfile, budget_s: float | None) -> None:
-    """The share of its time a source read in this process holds the GIL (``StageProfile.gil``): up to
+def _source_gil(prof: _Profiler, st: StreamStageProfile, budget_s: float | None) -> None:
+    """The share of its time a source read in this process holds the GIL (``StreamStageProfile.gil``): up to
     :data:`GIL_READS` batches read beside the probe thread (:func:`gil_held`), within ``budget_s``.
 
     Unmeasured, a source on a thread of this process is priced as holding the GIL throughout, which a
@@ -957,7 +957,7 @@ def _busy_ratios(torch: Any, call, kept: list[Bundle], counts: list[int], batche
     return {n: max(1.0, statistics.median(rs)) for n, rs in ratios.items() if rs}
 
 
-def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, StageProfile],
+def _assemble(prof: _Profiler, sweeps: dict[str, _Sweep], stages: dict[str, StreamStageProfile],
               budget_s: float | None, spent: float) -> StreamProfile:
     p = prof.pipeline
     src = p.stages[prof.source]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from placer.data.stream import Alternative, StageDecision, StreamPlan, StreamProfile, StreamSettings
 from placer.optimize.explain import fmt_s
-from placer.stream.model import Prediction, loader_thread_speedup, predict
+from placer.stream.model import StreamPrediction, loader_thread_speedup, predict
 from placer.stream.search import (TIE, Candidate, Scorer, cpu_members, kind_here, neighbours, options,
                                   prefetch_for, rule_candidate, rule_of_thumb, worker_options)
 
@@ -157,7 +157,7 @@ def seconds_of(profile: StreamProfile, c: Candidate, member: str) -> float:
     return st.seconds[dev]
 
 
-def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: str, pred: Prediction) -> str:
+def _stage_reason(profile: StreamProfile, scorer: Scorer, c: Candidate, member: str, pred: StreamPrediction) -> str:
     """Why ``member`` runs where it does under ``c``, in numbers."""
     st = profile.stage(member)
     dev = c.place[member]
@@ -222,7 +222,7 @@ def _alternatives(profile: StreamProfile, scorer: Scorer, c: Candidate, member: 
     return ("; " + "; ".join(out)) if out else ""
 
 
-def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Prediction, how: str) -> list[str]:
+def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: StreamPrediction, how: str) -> list[str]:
     on = f" on {target_label(profile.target)}" if profile.target else ""
     out = [f"predicted {pred.samples_per_s:,.1f} samples/s{on} ({pred.batches_per_s:.4g} batches/s); "
            f"bottleneck: {pred.bottleneck}" + _next_rate(pred)]
@@ -276,7 +276,7 @@ def _plan_reasons(profile: StreamProfile, scorer: Scorer, c: Candidate, pred: Pr
     return out
 
 
-def _next_rate(pred: Prediction) -> str:
+def _next_rate(pred: StreamPrediction) -> str:
     if len(pred.rates) < 2:
         return ""
     a, b = pred.rates[0], pred.rates[1]

@@ -82,7 +82,7 @@ def stage_bytes(profile: StreamProfile, stage: str) -> int:
 def ratio(profile: StreamProfile, stage: str, link: ClusterLink) -> tuple[float, str]:
     """A batch's seconds of ``stage`` on a worker of ``link``'s cluster over its seconds here, and where the
     ratio comes from: ``described`` (the link's ``stage_ratio``: a description's, taken as given),
-    ``measured`` (the stage timed on a worker of that cluster: ``StageProfile.remote_ratio`` for the link's
+    ``measured`` (the stage timed on a worker of that cluster: ``StreamStageProfile.remote_ratio`` for the link's
     address) or ``assumed`` (the link's ``cpu_scale``)."""
     st = profile.stage(stage)
     if stage in link.stage_ratio:

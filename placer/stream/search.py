@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from placer.data.stream import StreamProfile, StreamSettings
-from placer.stream.model import Prediction, predict
+from placer.stream.model import StreamPrediction, predict
 
 #: candidates searched exhaustively; beyond it, hill climbing
 EXHAUSTIVE_LIMIT = 20_000
@@ -228,14 +228,14 @@ class Scorer:
 
     def __init__(self, profile: StreamProfile, objective: str, epochs: int):
         self.profile, self.objective, self.epochs = profile, objective, epochs
-        self.seen: dict[Candidate, Prediction] = {}
+        self.seen: dict[Candidate, StreamPrediction] = {}
 
-    def predict(self, c: Candidate) -> Prediction:
+    def predict(self, c: Candidate) -> StreamPrediction:
         if c not in self.seen:
             self.seen[c] = predict(self.profile, c.place, c.settings, epochs=self.epochs)
         return self.seen[c]
 
-    def value(self, pred: Prediction) -> float:
+    def value(self, pred: StreamPrediction) -> float:
         """Larger is better: samples per second, or the mean over the epochs for total time."""
         return pred.mean_samples_per_s if self.objective == "total_time" else pred.samples_per_s
 

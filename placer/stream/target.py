@@ -42,7 +42,7 @@ import math
 from typing import Any
 
 from placer.data.measures import Work
-from placer.data.stream import Alternative, CopyProfile, ScalingRow, StageProfile, StreamPlan, StreamProfile
+from placer.data.stream import Alternative, CopyProfile, ScalingRow, StreamStageProfile, StreamPlan, StreamProfile
 from placer.errors import PlacerError
 from placer.stream.model import gil_share
 from placer.stream.reasons import target_label
@@ -217,10 +217,10 @@ def _ratio(profile: StreamProfile, scale: Any):
     return ratio
 
 
-def _target_stage(profile: StreamProfile, s: StageProfile, ratio_of, work: Work | None, gpu: Any, scale: Any,
-                  dispatch_s: float | None, cores: int) -> StageProfile:
+def _target_stage(profile: StreamProfile, s: StreamStageProfile, ratio_of, work: Work | None, gpu: Any, scale: Any,
+                  dispatch_s: float | None, cores: int) -> StreamStageProfile:
     """One member on the target: scaled CPU seconds, scaling rows to the target's cores, the GPU's roofline."""
-    new = StageProfile(name=s.name, role=s.role, kind=s.kind, reads=list(s.reads), out_bytes=dict(s.out_bytes),
+    new = StreamStageProfile(name=s.name, role=s.role, kind=s.kind, reads=list(s.reads), out_bytes=dict(s.out_bytes),
                        gil_bound=s.gil_bound, gil=s.gil, cacheable=s.cacheable, pin=s.pin, work=work)
     r = 1.0
     if "cpu" in s.seconds:
@@ -243,7 +243,7 @@ def _target_stage(profile: StreamProfile, s: StageProfile, ratio_of, work: Work 
     return new
 
 
-def here_seconds(s: StageProfile) -> float:
+def here_seconds(s: StreamStageProfile) -> float:
     """A member's seconds per batch on one worker here: the sweep's, or one thread's rate in the scaling
     runs when that was faster (noise from other work only adds time)."""
     one = next((r.batches_per_s for r in s.scaling if r.kind == "thread" and r.workers == 1), 0.0)
@@ -259,7 +259,7 @@ def host_seconds(work: Work, dispatch_s: float | None, scale: Any) -> float:
     return work.dispatches * (dispatch_s or 0.0) + work.outside_s
 
 
-def _scaling_rows(profile: StreamProfile, s: StageProfile, ratio: float, cores: int) -> list[ScalingRow]:
+def _scaling_rows(profile: StreamProfile, s: StreamStageProfile, ratio: float, cores: int) -> list[ScalingRow]:
     """A batch stage's workers on the target, 1 .. its cores: threads by Amdahl's law with the GIL's share
     measured here (from two threads' speed-up); processes at the one-process rate measured here (moving
     batches included), scaled, per worker. Several workers here share this machine's few (and often busy)
@@ -281,7 +281,7 @@ def _scaling_rows(profile: StreamProfile, s: StageProfile, ratio: float, cores: 
     return rows
 
 
-def _copies(profile: StreamProfile, stages: list[StageProfile], gpu: Any) -> list[CopyProfile]:
+def _copies(profile: StreamProfile, stages: list[StreamStageProfile], gpu: Any) -> list[CopyProfile]:
     """Every per-batch value's copies between the host and the target's GPU, over its link (the value's
     bytes as measured here; a value made on the GPU taken at its host size)."""
     tm = gpu.transfer
@@ -556,9 +556,9 @@ def loader_profile(loader: Any, step: Any, kept: list, *, batches: int = 6, step
     count = counter_of(loader)
     spb = sum(count(b) for b in kept) / len(kept)
     wall, cpu = timings.wall(LOADER).lower_quartile_s, timings.cpu(LOADER).lower_quartile_s
-    src = StageProfile(name=LOADER, role="source", kind="other", devices=["cpu"], seconds={"cpu": wall},
+    src = StreamStageProfile(name=LOADER, role="source", kind="other", devices=["cpu"], seconds={"cpu": wall},
                        cpu_seconds={"cpu": cpu}, out_bytes={"host": int(nbytes(kept[-1]))})
-    st = StageProfile(name=STEP, role="step", kind="training", reads=[LOADER],
+    st = StreamStageProfile(name=STEP, role="step", kind="training", reads=[LOADER],
                       devices=["cpu"] if step_on_cpu else [])
     if step_on_cpu:
         st.seconds["cpu"] = timings.wall(STEP).lower_quartile_s

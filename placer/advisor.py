@@ -1,7 +1,7 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
 May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log}, placer.data;
-placer.executor.distributed's errors, placer.target, placer.stream.{planner,precision,rounds,target,cluster}
+placer.executor.distributed's errors, placer.target, placer.stream.{planner,precision,rounds,target,work,cluster}
 inside functions.
 torch, dask and numba are
 reached only through the site (its profiler and executor).
@@ -573,7 +573,8 @@ def _stream_target_plans(p: Pipeline, target: str, profiles: list, inv: Inventor
     """Each stream planned for ``target`` from its profile taken here and one batch's work counted here
     (the step's in each lower precision it may run in: ``steps``, from :func:`plan_streams`)."""
     from placer.stream.precision import count_step
-    from placer.stream.target import count_stream_work, plan_for_target
+    from placer.stream.target import plan_for_target
+    from placer.stream.work import count_stream_work
     from placer.target import load_target
 
     desc = load_target(target)

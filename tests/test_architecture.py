@@ -267,3 +267,65 @@ def test_the_documented_imports_are_read():
     allowed = documented_imports()
     assert "stream" not in allowed["executor"] and "executor" in allowed["stream"]
     assert allowed["errors"] == set() and "site" not in allowed["cluster"]
+
+
+def module_graph() -> dict[tuple[str, str], list[str]]:
+    """(importer, imported) module -> where (``line``), for imports between two modules of one package.
+
+    A package's ``__init__`` that gathers its modules' names is left out as an importer (it sits above
+    them all); an import of a package counts as an import of its ``__init__``.
+    """
+    edges: dict[tuple[str, str], list[str]] = {}
+    for name in MODULES:
+        if PATHS[name].name == "__init__.py":
+            continue
+        for mod, line in runtime_imports(name):
+            if mod in MODULES and mod != name and package_of(mod) == package_of(name):
+                edges.setdefault((name, mod), []).append(f"{name}:{line} imports {mod}")
+    return edges
+
+
+def test_no_modules_of_one_package_import_each_other():
+    """No cycle between the modules of a package (imports inside functions count, as between packages)."""
+    import networkx as nx
+
+    edges = module_graph()
+    graph = nx.DiGraph(list(edges))
+    cycles = [c for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    lines = []
+    for comp in cycles:
+        lines.append(f"modules {sorted(comp)} import each other:")
+        lines += [f"  {w}" for (a, b), where in sorted(edges.items()) if {a, b} <= comp for w in where]
+    assert not cycles, "\n".join(lines)
+
+
+def private_attributes(tree: ast.Module, name: str) -> list[tuple[str, str, int]]:
+    """``(module, attribute, line)`` for each ``mod._private`` read where ``mod`` is a placer module imported
+    by name in ``tree`` (``from placer.x import mod``, ``import placer.x.mod as mod``)."""
+    aliases: dict[str, str] = {}
+    for mod, names, node in imports(tree, name):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("placer") and a.asname:
+                    aliases[a.asname] = a.name
+        elif mod.startswith("placer"):
+            for a in node.names:
+                if f"{mod}.{a.name}" in MODULES:
+                    aliases[a.asname or a.name] = f"{mod}.{a.name}"
+    out = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            out.append((aliases[node.value.id], node.attr, node.lineno))
+    return out
+
+
+def test_no_module_reads_a_private_name_of_another_through_the_module():
+    found = [f"{name}:{line} reads {mod}.{attr}" for name, tree in MODULES.items()
+             for mod, attr, line in private_attributes(tree, name) if mod != name]
+    assert not found, "\n".join(found)
+
+
+def test_private_names_through_a_module_are_seen():
+    tree = ast.parse("from placer.stream import rounds\nimport placer.timing as t\nrounds._x\nt._y\nrounds.ok\n")
+    assert private_attributes(tree, "placer._probe") == [("placer.stream.rounds", "_x", 3), ("placer.timing", "_y", 4)]

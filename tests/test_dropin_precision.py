@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from placer.errors import PlacerError
 from placer.stream.dropin import advise_loader
-from placer.stream.precision_advice import allowed, check_step
+from placer.stream.precision_advice import check_script_step as check_step, script_precisions as allowed
 
 
 class Rows(Dataset):

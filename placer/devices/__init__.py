@@ -32,7 +32,7 @@ placer.errors.DeviceError: unknown device 'tpu'; use cpu, gpu...
 
 from __future__ import annotations
 
-from placer.devices.kinds import CopyState, DeviceKind, MemoryProbe
+from placer.devices.kinds import HOST, CopyState, DeviceKind, MemoryProbe
 from placer.devices.registry import (
     canonical_name,
     check_kind,
@@ -61,6 +61,7 @@ for _kind in (CpuKind(), CudaKind(), SimKind()):
 del _kind
 
 __all__ = [
+    "HOST",
     "SIM",
     "CopyState",
     "CpuKind",

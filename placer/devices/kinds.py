@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from placer.devices.device import Device, Inventory
 
 
+#: where host memory lives: the location of every device that is not an accelerator
+HOST = "host"
+
 class CopyState:
     """What one copy of a value (all its leaves) needs and learns.
 
@@ -127,7 +130,7 @@ class DeviceKind:
     # -- where data lives and how work is waited for ----------------------------------------
     def location(self, device: Device) -> str:
         """Where the device's data lives: ``host`` for host memory, else the device's name."""
-        return device.name if self.accelerator else "host"
+        return device.name if self.accelerator else HOST
 
     def torch_device(self, device: Device) -> Any:
         """The ``torch.device`` a stage's implementation is given."""

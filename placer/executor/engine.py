@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from placer.devices import Device
+from placer.devices import HOST, Device
 from placer.data.run import StageRecord, TransferRecord
 from placer.executor.stagecall import (STOP_WAIT_S, StageTimeoutError, StopStage, abandon_thread, call_stage,
                                       stop_thread, timeout_message)
@@ -70,7 +70,6 @@ from placer.executor.transfer import nbytes, to_location
 from placer.pipeline import Pipeline
 from placer.schedule import ReadyQueues, copy_targets, dispatch_order
 
-HOST = "host"
 #: seconds between checks for an interrupt while the engine waits for an event
 _POLL_S = 0.2
 #: how long closing the lanes waits for a stopped stage's thread to leave (it is a daemon thread)

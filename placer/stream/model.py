@@ -1,6 +1,6 @@
 """Predicting a stream's throughput from its profile: operational analysis, as in Plumber.
 
-May import: placer.data.stream, placer.stream.remote. Pure arithmetic on a
+May import: placer.data.stream, placer.devices (the host location's name), placer.stream.remote. Pure arithmetic on a
 :class:`~placer.data.stream.StreamProfile`: no device, no measuring.
 
 A stream runs as a chain of nodes (source, copies where data changes location,
@@ -78,9 +78,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from placer.data.stream import StreamProfile, StreamSettings
+from placer.devices import HOST
 from placer.stream import remote
 
-HOST = "host"
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A stream's step in a lower precision: checked here, predicted, chosen, so the bottleneck and workers follow.
 
 May import: placer.data, placer.errors, placer.precision, placer.costmodel.precision (its rule for
-choosing), placer.profile.precision (the accuracy check), placer.stream.target (counting one batch's
+choosing), placer.profile.precision (the accuracy check), placer.stream.work (counting one batch's
 work); torch only through the counter and the check.
 
 A stream's step (a training loop's call per batch) may allow lower precisions like any stage
@@ -10,7 +10,7 @@ A stream's step (a training loop's call per batch) may allow lower precisions li
 allowed precision and compares the step's loss over the profiled batches with fp32
 (:func:`placer.profile.precision.check_precisions`; bf16 by CPU autocast, emulated where this CPU has
 no native bf16 products, TF32 emulated). For a described target it also counts one batch of the
-step's work under autocast (:func:`placer.stream.target.count_stream_work`), so a GPU's bf16 time
+step's work under autocast (:func:`placer.stream.work.count_stream_work`), so a GPU's bf16 time
 is priced with the bytes, launches and dispatches autocast really gives.
 
 :func:`apply` then predicts the step per precision on every device the profile has
@@ -110,7 +110,7 @@ def count_step(pipeline: Any, source: str, precisions: list[str], *, inventory: 
     CUDA's fp32 list; emulated where this CPU has no native products in that type)."""
     from placer.profile.precision import native_autocast, cpu_slowdown
     from placer.precision import emulated_autocast
-    from placer.stream.target import count_stream_work
+    from placer.stream.work import count_stream_work
 
     p = pipeline.validate()
     step = p.streams()[source][-1]

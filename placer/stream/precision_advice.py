@@ -1,12 +1,12 @@
 """The drop-in's step in a lower precision: ``advise_loader(..., precision=...)``.
 
 May import: placer.data, placer.errors, placer.precision, placer.profile.precision, placer.costmodel.counts,
-placer.stream.precision, placer.stream.target; torch inside functions.
+placer.stream.{precision,target,target_loader}; torch inside functions.
 
 A plain script's train step (``step(batch)``) is one opaque call that trains the script's
 model in place, so its accuracy in a lower precision can be checked only where the model
 (and optimizer) can be put back between runs: with ``state=`` (objects with ``state_dict`` and
-``load_state_dict``: the model, the optimizer), :func:`check_step` runs the step over the
+``load_state_dict``: the model, the optimizer), :func:`check_script_step` runs the step over the
 batches kept from the measured runs in fp32, puts the state back, runs them again in each
 allowed precision (CPU autocast with CUDA's fp32 list, emulated where this CPU has no native
 bf16 products; TF32 emulated), puts the state back again, and compares what the step returned
@@ -33,25 +33,21 @@ from placer.data.measures import PrecisionCheck
 from placer.errors import PlacerError
 from placer.stream.precision import StepPrecision
 
-#: what ``precision="auto"`` allows for a script's step (fp16 needs the script's own GradScaler)
-AUTO = ("tf32", "bf16")
-
-
-def allowed(precision: str | Iterable[str] | None) -> tuple[str, ...]:
+def script_precisions(precision: str | Iterable[str] | None) -> tuple[str, ...]:
     """``precision=`` as lower precisions: ``"auto"`` (tf32 and bf16), a name, or several; fp32 dropped."""
-    from placer.precision import check_allowed
+    from placer.precision import AUTO, check_allowed
 
     if precision is None:
         return ()
     if isinstance(precision, str) and precision.strip().lower() == "auto":
-        return AUTO
+        return AUTO  # fp16 needs the script's own GradScaler
     try:
         return check_allowed(precision) or ()
     except Exception as exc:  # noqa: BLE001 - a PipelineError names no stage here
         raise PlacerError(f"advise_loader: precision={precision!r}: {exc}") from None
 
 
-def check_step(step: Callable[[Any], Any], kept: list, precisions: tuple[str, ...], *, state: Any = None,
+def check_script_step(step: Callable[[Any], Any], kept: list, precisions: tuple[str, ...], *, state: Any = None,
                tolerance: float | None = None) -> StepPrecision:
     """The step's loss over the kept batches in each precision against fp32's (see the module).
 
@@ -120,7 +116,7 @@ def _detached(x: Any) -> Any:
     return x
 
 
-def count_step(step: Callable[[Any], Any], batch: Any, precisions: tuple[str, ...], *, state: Any = None) -> dict:
+def count_script_step(step: Callable[[Any], Any], batch: Any, precisions: tuple[str, ...], *, state: Any = None) -> dict:
     """The step's work on ``batch`` counted in fp32 and under autocast in each of ``precisions`` (bf16, fp16),
     the state put back after each count when given."""
     from placer.costmodel.counts import count_work
@@ -145,16 +141,16 @@ def count_step(step: Callable[[Any], Any], batch: Any, precisions: tuple[str, ..
     return out
 
 
-def plan_for_target(loader: Any, step: Callable[[Any], Any], kept: list, target: Any, sp: StepPrecision, *,
+def plan_script_for_target(loader: Any, step: Callable[[Any], Any], kept: list, target: Any, sp: StepPrecision, *,
                     step_on_cpu: bool = True, state: Any = None) -> Any:
     """The loader and step planned for ``target`` with the step's precisions (a StreamPlan)."""
-    from placer.stream.target import STEP, loader_profile
     from placer.stream.target import plan_for_target as plan
+    from placer.stream.target_loader import STEP, loader_profile
 
     prof, work = loader_profile(loader, step, kept, step_on_cpu=step_on_cpu)
     sp.step = STEP
     if step_on_cpu and kept:
-        sp.work = count_step(step, kept[-1], tuple(sp.checks), state=state)
+        sp.work = count_script_step(step, kept[-1], tuple(sp.checks), state=state)
     out = plan(prof, target, work, step_precision=sp)
     return out
 
@@ -188,15 +184,15 @@ def advise_precision(advice: Any, loader: Any, step: Callable[[Any], Any], kept:
                      target: Any, dev: Any) -> None:
     """The hook of :func:`placer.stream.dropin.advise_loader`: check the step's precisions, plan the target with
     them (``advice.target``), and add the sentence to ``advice.notes``."""
-    precs = allowed(precision)
+    precs = script_precisions(precision)
     if not precs or not kept:
         return
-    sp = check_step(step, kept, precs, state=state)
+    sp = check_script_step(step, kept, precs, state=state)
     for c in sp.checks.values():
         advice.notes.append(f"step in {c.precision}: {c.words() if c.rel_error < 1e6 else c.method}")
     if target is None:
         return
-    advice.target = plan_for_target(loader, step, kept, target, sp, step_on_cpu=dev.kind == "cpu", state=state)
+    advice.target = plan_script_for_target(loader, step, kept, target, sp, step_on_cpu=dev.kind == "cpu", state=state)
     line = sentence(advice.target, sp)
     if line:
         advice.notes.append(line)

@@ -1,6 +1,6 @@
 """What :func:`~placer.stream.dropin.advise_loader` measured and recommends, as plain data and its JSON.
 
-May import: placer.stream.dropin.{measuring,trial,words}; placer.stream.target inside functions (an advice for
+May import: placer.stream.dropin.{measuring,trial,words}; placer.stream.target_words inside functions (an advice for
 a described machine).
 """
 
@@ -130,7 +130,7 @@ def _target_dict(plan: Any) -> dict[str, Any]:
     """``{"target": ...}`` for a plan made for a described machine, else nothing."""
     if plan is None:
         return {}
-    from placer.stream.target import target_summary
+    from placer.stream.target_words import target_summary
 
     return {"target": target_summary(plan)}
 
@@ -139,7 +139,7 @@ def _target_lines(plan: Any) -> list[str]:
     """The target's lines of the advice's text: the bound-by sentence, the settings, the what-ifs."""
     if plan is None:
         return []
-    from placer.stream.target import target_summary
+    from placer.stream.target_words import target_summary
 
     t = target_summary(plan)
     lo = t.get("loader", {})

@@ -1,7 +1,7 @@
 """The drop-in's entry point: :func:`advise_loader`, its phases in order, and the advice they make.
 
 May import: placer.devices, placer.timing, placer.stream.dropin.{advice,caching,deciding,guards,measuring,phases,
-space,trial,whole,words}; torch, placer.stream.target and placer.stream.precision_advice inside functions.
+space,trial,whole,words}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
 """
 
 from __future__ import annotations
@@ -180,9 +180,9 @@ def extras(advice: LoaderAdvice, a: Advising, *, target: Any, precision: Any, st
 
 
 def with_target(advice: LoaderAdvice, loader: Any, step: Any, kept: list, target: Any, dev: Device) -> None:
-    """Plan the loader and step for ``target`` (:func:`placer.stream.target.plan_loader_for_target`):
+    """Plan the loader and step for ``target`` (:func:`placer.stream.target_loader.plan_loader_for_target`):
     ``advice.target`` holds the plan, its JSON and text say what the target would be bound by."""
-    from placer.stream.target import plan_loader_for_target
+    from placer.stream.target_loader import plan_loader_for_target
 
     advice.target = plan_loader_for_target(loader, step, kept, target, step_on_cpu=dev.kind == "cpu")
 

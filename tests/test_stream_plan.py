@@ -390,7 +390,7 @@ def test_the_profile_times_stages_measures_scaling_and_marks_gil_bound_stages():
 def test_thread_scaling_reads_one_and_two_workers_in_turn_so_one_slowed_reading_of_one_does_not_decide(monkeypatch):
     # readings as a CI machine gave a pure-Python stage: one worker read 425 batches/s twice while load came
     # and went, two read 560 and four 517; the further rounds in turn read one worker at its own 560
-    from placer.stream import profile as sp
+    from placer.stream import scaling as sp
 
     readings = {1: [425.0, 425.0, 425.0, 560.0, 555.0], 2: [560.0, 548.0, 552.0], 4: [517.0]}
     asked: list[int] = []

@@ -1,0 +1,276 @@
+"""Whether a Dataset's method (or a transform prefix) is pure in its arguments: equal arguments give equal
+outputs and no random generator moves, so its outputs may be cached by their arguments.
+
+May import: numpy, placer.executor.stream.store, placer.timing, placer.stream.cache_advice; torch inside
+functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import inspect
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from placer.executor.stream.store import is_plain
+from placer.timing import Clock
+from placer.stream.cache_advice import MethodCandidate
+
+
+
+#: items whose calls are recorded to check determinism and arguments
+CHECKED_ITEMS = 3
+
+
+@contextlib.contextmanager
+def global_random_state_kept() -> Iterator[None]:
+    """Restore Python's, numpy's and torch's global random generators afterwards."""
+    import torch
+
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+def _rng_state() -> tuple:
+    import torch
+
+    np_state = np.random.get_state()
+    numpy_state = (np_state[0], np_state[1].tobytes(), *np_state[2:])
+    return random.getstate(), numpy_state, torch.get_rng_state().numpy().tobytes()
+
+
+class _Recorder:
+    """A method that records its calls: arguments, output, and whether it moved a global generator."""
+
+    def __init__(self, owner: Any, name: str):
+        self.owner, self.name = owner, name
+        self.calls: list[tuple[tuple, dict, Any, bool]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        cls = type(self.owner)
+        fn = inspect.getattr_static(cls, self.name).__get__(self.owner, cls)
+        before = _rng_state()
+        value = fn(*args, **kwargs)
+        self.calls.append((args, kwargs, value, _rng_state() != before))
+        return value
+
+
+def index_of(key: Any) -> Any:
+    """The sample's index in a sampler's key: the key itself, or a tuple key's first element."""
+    if isinstance(key, (tuple, list)) and key:
+        return key[0]
+    return key
+
+
+def _flat(x: Any) -> list[Any]:
+    if isinstance(x, (tuple, list)):
+        return [y for v in x for y in _flat(v)]
+    if isinstance(x, dict):
+        return [y for v in x.values() for y in _flat(v)]
+    return [x]
+
+
+def recurs(args: tuple, kwargs: dict, key: Any) -> bool:
+    """Whether a call's arguments hold nothing of the sampler's key but the sample's index."""
+    index = index_of(key)
+    others = [c for c in _flat(key[1:] if isinstance(key, (tuple, list)) else ()) if not _same(c, index)]
+    flat = _flat(args) + _flat(kwargs)
+    return not any(_same(a, o) for a in flat for o in others)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - arrays and the like: not a key's component
+        return False
+
+
+def check(dataset: Any, name: str, keys: list[Any]) -> tuple[str | None, list[Any]]:
+    """Why ``name``'s output cannot be cached (None when it can), and its recorded outputs."""
+    calls: list[tuple[tuple, dict, Any, bool, Any]] = []
+    if name == "__getitem__":
+        for key in keys[:CHECKED_ITEMS]:
+            before = _rng_state()
+            value = dataset[key]
+            calls.append(((key,), {}, value, _rng_state() != before, key))
+    else:
+        probe = copy.copy(dataset)
+        rec = _Recorder(probe, name)
+        setattr(probe, name, rec)
+        for key in keys[:CHECKED_ITEMS]:
+            start = len(rec.calls)
+            probe[key]
+            calls += [(*c, key) for c in rec.calls[start:]]
+    if not calls:
+        return f"{name} was not called as self.{name}(...)", []
+    cls = type(dataset)
+    fn = (lambda *a, **k: dataset[a[0]]) if name == "__getitem__" else \
+        inspect.getattr_static(cls, name).__get__(dataset, cls)
+    import torch
+
+    for args, kwargs, value, moved, key in calls:
+        if not (is_plain(args) and is_plain(sorted(kwargs.items()))):
+            return f"its arguments are not plain data (numbers, strings, paths): {_types(args, kwargs)}", []
+        if not recurs(args, kwargs, key):
+            return (f"its arguments {_short(args)} change between epochs (they hold more of the sampler's key "
+                    f"{_short(key)} than the index)"), []
+        if moved:
+            return "it draws random numbers (a global random generator moved)", []
+        for seed in (12345, 54321):
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+            if not equal(fn(*args, **kwargs), value):
+                return "it draws random numbers (the same arguments gave another output)", []
+    return None, [c[2] for c in calls]
+
+
+def composed(dataset: Any) -> list[str]:
+    """Attributes of the dataset that are composed transforms: callables with a list of ``transforms``."""
+    out = []
+    for name, value in vars(dataset).items() if hasattr(dataset, "__dict__") else ():
+        steps = getattr(value, "transforms", None)
+        if callable(value) and isinstance(steps, (list, tuple)) and steps and all(callable(t) for t in steps):
+            out.append(name)
+    return out
+
+
+@dataclass
+class PrefixCandidate:
+    candidate: MethodCandidate
+    reason: str | None
+    values: list[Any]
+    steps: list[str]
+
+
+def check_prefix(dataset: Any, attr: str, keys: list[Any], item_s: float) -> PrefixCandidate | None:
+    """The deterministic prefix of the composed transform ``attr``: its length, share and outputs.
+
+    Its calls on a few items are recorded; the input must be plain data that recurs (as a
+    method's arguments); each step then runs twice on the previous steps' output under
+    two states of the global random generators: the first step whose outputs differ, or
+    that moves a generator, ends the prefix. None when the transform is not called.
+    """
+    import torch
+
+    compose = getattr(dataset, attr)
+    probe = copy.copy(dataset)
+    seen: list[tuple[Any, Any]] = []
+
+    def record(x: Any) -> Any:
+        seen.append((x, key))
+        return compose(x)
+
+    setattr(probe, attr, record)
+    for key in keys[:CHECKED_ITEMS]:
+        probe[key]
+    if not seen:
+        return None
+    steps = list(compose.transforms)
+    k, outputs, prefix_s = len(steps), [], 0.0
+    for x, key in seen:
+        if not is_plain((x,)):
+            return PrefixCandidate(MethodCandidate(f"{attr}[:0]", 0.0, 0.0, 0.0), f"its input is not plain data "
+                           f"({type(x).__name__}): nothing to key a cache by", [], [])
+        if not recurs((x,), {}, key):
+            return PrefixCandidate(MethodCandidate(f"{attr}[:0]", 0.0, 0.0, 0.0), f"its input {_short(x)} changes between "
+                           f"epochs (it holds more of the sampler's key {_short(key)} than the index)", [], [])
+        y = x
+        for j, t in enumerate(steps[:k]):
+            outs = []
+            for seed in (12345, 54321):
+                random.seed(seed)
+                np.random.seed(seed)
+                torch.manual_seed(seed)
+                before = _rng_state()
+                with Clock(cpu_clock=None) as c:
+                    outs.append(t(copy.deepcopy(y)))
+                if _rng_state() != before:
+                    outs.append(None)
+            if len(outs) != 2 or not equal(outs[0], outs[1]):
+                k = j
+                break
+            prefix_s += c.wall
+            y = outs[0]
+        outputs.append(y)
+    names = [type(t).__name__ for t in steps[:k]]
+    share = min(1.0, prefix_s / len(seen) / max(item_s, 1e-12))
+    cand = MethodCandidate(f"{attr}[:{k}]", share, len(seen) / len(keys[:CHECKED_ITEMS]), prefix_s / len(seen))
+    if k == 0:
+        return PrefixCandidate(cand, f"its first step ({type(steps[0]).__name__}) draws random numbers", [], [])
+    return PrefixCandidate(cand, None, outputs, names)
+
+
+def item_seconds(dataset: Any, keys: list[Any]) -> float:
+    with Clock(cpu_clock=None) as c:
+        for key in keys[:CHECKED_ITEMS]:
+            dataset[key]
+    return c.wall / max(1, len(keys[:CHECKED_ITEMS]))
+
+
+def _types(args: tuple, kwargs: dict) -> str:
+    return ", ".join(type(a).__name__ for a in [*args, *kwargs.values()])
+
+
+def _short(x: Any) -> str:
+    s = repr(x)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def equal(a: Any, b: Any) -> bool:
+    """Whether two items are equal: arrays and tensors element by element, containers recursively."""
+    import torch
+
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+    if hasattr(a, "tobytes") and hasattr(b, "tobytes"):  # PIL images and the like
+        try:
+            return type(a) is type(b) and a.tobytes() == b.tobytes()
+        except Exception:  # noqa: BLE001
+            return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def digest(batch: Any) -> str:
+    """A digest of a batch's content (tensors and arrays by their bytes, dtype and shape)."""
+    h = hashlib.blake2b(digest_size=16)
+
+    def walk(x: Any) -> None:
+        if hasattr(x, "detach") and hasattr(x, "numpy"):
+            x = x.detach().cpu().numpy()
+        if isinstance(x, np.ndarray):
+            h.update(f"{x.dtype}{x.shape}".encode())
+            h.update(np.ascontiguousarray(x).tobytes())
+        elif isinstance(x, dict):
+            for k in sorted(x, key=repr):
+                h.update(repr(k).encode())
+                walk(x[k])
+        elif isinstance(x, (tuple, list)):
+            h.update(f"{type(x).__name__}{len(x)}".encode())
+            for v in x:
+                walk(v)
+        else:
+            h.update(repr(x).encode())
+
+    walk(batch)
+    return h.hexdigest()

@@ -273,7 +273,7 @@ def _unspun(done: list[int], top: list[Candidate], pick: int, spins: Callable[[i
 
 def _spins(scorer: Scorer, c: Candidate) -> bool:
     """Whether the model slows ``c``'s worker processes beside its step's extra intra-op threads (the rate
-    of :func:`placer.stream.model._spinning` sets its pace)."""
+    of :func:`placer.stream.rates.spinning` sets its pace)."""
     return scorer.predict(c).bottleneck.startswith(SPINNING)
 
 

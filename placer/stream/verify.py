@@ -9,6 +9,22 @@ distinct candidates (:func:`verify`) replace the predicted best only when anothe
 faster by more than the runs' spread, in most rounds. A choice whose DataLoader's worker
 processes feed the step then runs at other read-ahead depths (:func:`_depths`), which the
 model leaves out.
+
+The rules. Every round runs each candidate once, in turn (:func:`placer.stream.rounds.interleave`), so
+that a change of load on a shared machine falls on all of them alike; each run reads as many batches
+as the budget allows at the candidate's rate (predicted, then as measured; at least
+:data:`VERIFY_BATCHES`, at most the stream's whole length). Three rounds always run, up to five while
+the budget lasts. The predicted best is replaced only by a candidate whose median exceeds its own by
+more than :data:`~placer.stream.rounds.MIN_GAIN` *and* that ran faster than it in most rounds (the
+noise of a shared machine moves whole rounds; within a round it mostly cancels); among several, the
+fastest median. The baseline, one batch at a time, is kept unless the choice beats it beyond the
+runs' noise (:func:`placer.stream.rounds.beats`, the drop-in's test of a change to a user's settings):
+a change within the runs' noise is no advice. Where the choice's median, or its fastest run, is
+``MIN_GAIN`` above the baseline's median but its rounds did not settle it (:func:`_undecided`), or
+where the fastest other candidate is within ``MIN_GAIN`` of the choice or above it and neither beat
+the other beyond the noise, up to :data:`~placer.stream.rounds.SETTLE_ROUNDS` more rounds of those
+run, while :data:`SETTLE_SHARE` more of the budget lasts; then of the choice and its rival the one
+faster by median over all rounds, and in most of them, is taken (:func:`_settled`).
 """
 
 from __future__ import annotations
@@ -62,28 +78,9 @@ def verify(pipeline: Pipeline, profile: StreamProfile, ranked: list[Candidate], 
            baseline: Candidate | None = None) -> tuple[Candidate, list[Verification]]:
     """Run the best few distinct candidates (one of them with other torch intra-op threads for a step on
     the CPU, where the profile measured them), interleaved, several rounds; keep the predicted best
-    unless another measured faster by more than the noise.
-
-    Every round runs each candidate once, in turn, so that a change of load on a shared
-    machine falls on all of them alike; each run reads as many batches as the budget
-    allows at the candidate's rate (predicted, then as measured; at least
-    :data:`VERIFY_BATCHES`, at most the stream's whole length). Three rounds always run,
-    up to five while the budget lasts. The predicted best is replaced only by a candidate
-    whose median exceeds its own by more than :data:`MIN_GAIN` *and* that ran faster
-    than it in most rounds (the noise of a shared machine moves whole rounds; within a
-    round it mostly cancels); among several, the fastest median.
-
-    ``baseline`` (one batch at a time, the stream as a plain loop runs it) runs in every round too,
-    and the choice must beat it beyond the runs' noise to be recommended (:func:`_beats`, the drop-in's
-    test of a change to a user's settings); else the baseline is kept: a
-    change within the runs' noise is no advice. Where the
-    choice's median, or its fastest run, is :data:`MIN_GAIN` above the baseline's median but its rounds did not
-    settle it (:func:`_undecided`), or where the
-    fastest other candidate is within :data:`MIN_GAIN` of the choice or above it and neither beat the other
-    beyond the noise, up to :data:`~placer.stream.rounds.SETTLE_ROUNDS` more rounds of those run, while :data:`SETTLE_SHARE` more of
-    ``budget_s`` lasts; then of the choice and its rival the one faster by median over all rounds, and in most
-    of them, is taken (:func:`_settled`).
-    """
+    unless another measured faster by more than the noise (the rules: the module's docstring).
+    ``baseline`` (one batch at a time, the stream as a plain loop runs it) runs in every round too, and
+    the choice must beat it beyond the runs' noise to be recommended."""
     top = _distinct(ranked, VERIFY, processes=lambda c: in_worker_processes(profile, c.settings))
     if baseline is not None and baseline not in top:
         top.append(baseline)

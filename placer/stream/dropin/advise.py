@@ -2,6 +2,33 @@
 
 May import: placer.devices, placer.timing, placer.stream.dropin.{advice,caching,deciding,guards,measuring,phases,
 space,trial,whole,words}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
+
+How it decides
+--------------
+Every setting is run once; then the user's settings, the few fastest and the
+cheapest near the fastest run ``REPEATS`` times in all, interleaved (one run of each
+per round), so that the machine's drift falls on all of them alike. Settings are
+ranked by the script's whole run as each run predicts it (:func:`run_rate`: start-up,
+epoch ends and the steady state over ``epochs`` x the loader's batches), where the
+loader's length is known. A setting is recommended only when its median beats the
+user's by ``MIN_GAIN`` and the gain exceeds the noise (:func:`beats`: its slowest run
+beats the user's fastest, or its runs beat the user's of the same round in enough rounds,
+a sign test); when the fastest's gain is still within noise, it and the user's settings
+run up to ``SETTLE_ROUNDS`` more rounds while the budget has room (:func:`settle`), and so do
+the fastest whose median is short of ``MIN_GAIN`` but whose fastest run is not (:func:`within_reach`);
+otherwise the advice keeps the user's settings and says the difference is within noise.
+Before that, settings run once that read faster than every repeated one are repeated with the
+user's (:func:`rivals`): a single run's lead is often luck, and so is a finalist's.
+A cache the advice offers is in the whole run it claims (:func:`with_cache`).
+
+The space: worker processes 0, 1, 2 and the cores, thread workers 1, 2 and the cores
+(a :class:`~placer.executor.stream.threadloader.ThreadLoader`), then more workers of each kind
+while the rate rises (:func:`more_workers`), prefetch 1, 2, 4 and 8 for the fastest
+and for the next worker count when it is near (:func:`depth_bases`), and fewer intra-op
+threads for the step. A recommendation
+is then confirmed by longer runs, interleaved with the user's settings
+(:func:`confirm`): it stands only when the whole run it predicts is still
+``MIN_GAIN`` faster.
 """
 
 from __future__ import annotations
@@ -26,92 +53,49 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
                   device: Any = None, target: Any = None, cache_bytes: int | None = None,
                   epochs: int = 1, precision: Any = None, state: Any = None,
                   fresh: bool | None = None) -> LoaderAdvice:
-    """Measure a DataLoader with a train step and recommend DataLoader settings.
+    """Measure a DataLoader with a train step and recommend DataLoader settings (how: the module's docstring).
 
     Parameters
     ----------
     loader : torch.utils.data.DataLoader
         The script's own loader; it is not changed (its settings are rebuilt for each run).
     step : callable
-        ``step(batch)``: the script's train step. It runs for real on the measured
-        batches (a training step trains the model on them: a copy of it, where the runs
-        are in fresh processes).
+        ``step(batch)``: the script's train step. It runs for real on the measured batches (it trains
+        the model on them: a copy of it, where the runs are in fresh processes).
     batches : int
-        Batches per measured run (the first one, or ``num_workers`` ones, are warm-up); where
-        a run of them lasts under ``MIN_RUN_S`` (0.5 s), more, up to an epoch and to half of a
-        run's share of the budget (:func:`run_length`).
+        Batches per measured run (the first, or ``num_workers``, are warm-up); more where a run of them
+        lasts under ``MIN_RUN_S``, up to an epoch and half a run's share of the budget (:func:`run_length`).
     budget_s : float
-        Wall-clock budget of all runs together; each run stops early at its share
-        (a run always counts at least one batch after its warm-up), and a run besides
-        the user's first starts only when what is left covers the largest start-up and
-        shut-down cost seen so far. The search for a cache inside the dataset takes at
-        most a quarter of it more, before those runs, and, where a cache is offered beside other
-        settings, measuring it again with them another quarter at most, after them. A share
-        (:data:`CONFIRM_SHARE`) is kept for the longer runs that confirm a recommendation.
-    epochs : int
-        Epochs of the script's run: with the loader's length (its batches per epoch), the
-        whole run is predicted (worker start-up, epoch boundaries with and without
-        ``persistent_workers``, the steady state) and :attr:`LoaderAdvice.speedup` is the
-        whole run's.
-
+        Wall-clock budget of all runs together, each run stopping at its share; :data:`CONFIRM_SHARE` of
+        it is kept for the longer runs that confirm a recommendation. Looking for a cache inside the
+        dataset takes at most a quarter more before the runs, measuring it with other settings another after.
     device : str or torch.device, optional
-        Where the step runs (``cpu``, ``gpu``, ``gpu:1``, ``cuda:0``); its queued work
-        is waited for at the ends of each timed run. Default: ``cpu``.
+        Where the step runs (``cpu``, ``gpu``, ``gpu:1``, ``cuda:0``); its queued work is waited for at
+        the ends of each timed run. Default: ``cpu``.
     target : str or TargetDescription, optional
-        Also plan the loader and step for a described machine (``"h200"``, a file
-        ``placer describe`` wrote): ``advice.target`` (:func:`with_target`), every
-        number a prediction for it.
+        Also plan the loader and step for a described machine (``"h200"``, a file ``placer describe``
+        wrote): ``advice.target`` (:func:`with_target`), every number a prediction for it.
     cache_bytes : int, optional
-        The memory a cache inside the dataset may take (default: a quarter of the memory
-        available); ``0`` looks for no cache.
+        The memory a cache inside the dataset may take (default: a quarter of the memory available);
+        ``0`` looks for no cache.
+    epochs : int
+        Epochs of the script's run: with the loader's length, the whole run is predicted (worker start-up,
+        epoch ends, the steady state) and :attr:`LoaderAdvice.speedup` is the whole run's.
     precision : str or tuple of str, optional
-        Lower precisions the step may run in (``"bf16"``, ``("tf32", "bf16")``, ``"auto"``):
-        each is checked here and, with a ``target``, predicted there and planned
-        (:mod:`placer.stream.precision_advice`); the advice's notes say what it gives.
+        Lower precisions the step may run in (``"bf16"``, ``("tf32", "bf16")``, ``"auto"``): each is
+        checked here and, with a ``target``, planned there (:mod:`placer.stream.precision_advice`).
     state : object or tuple, optional
-        What the step trains (the model, the optimizer: objects with ``state_dict``), put
-        back between the precision checks' runs; without it the difference is not measured
-        and no lower precision is chosen.
+        What the step trains (model, optimizer: objects with ``state_dict``), put back between the
+        precision checks' runs; without it no lower precision is chosen.
     fresh : bool, optional
-        Make each run in a fresh process, as the script starts (:mod:`placer.stream.fresh`):
-        a helper interpreter loads a copy of the loader and step, and forks a child per run.
-        Default (None): so where it can be (Linux, a step on the CPU, a loader and step that
-        pickle), else in this process; the advice's notes say which, and why; the environment
-        variable ``PLACER_FRESH_RUNS=0`` makes the default ``False``: in this process, whose
-        state the runs then share (the step trains the user's model).
+        Make each run in a fresh process, as the script starts (:mod:`placer.stream.fresh`). Default:
+        so where it can be (Linux, a step on the CPU, a loader and step that pickle), else in this
+        process, as ``PLACER_FRESH_RUNS=0`` asks; the advice's notes say which, and why.
 
     Returns
     -------
     LoaderAdvice
-
-    Notes
-    -----
-    Every setting is run once; then the user's settings, the few fastest and the
-    cheapest near the fastest run ``REPEATS`` times in all, interleaved (one run of each
-    per round), so that the machine's drift falls on all of them alike. Settings are
-    ranked by the script's whole run as each run predicts it (:func:`run_rate`: start-up,
-    epoch ends and the steady state over ``epochs`` x the loader's batches), where the
-    loader's length is known. A setting is recommended only when its median beats the
-    user's by ``MIN_GAIN`` and the gain exceeds the noise (:func:`beats`: its slowest run
-    beats the user's fastest, or its runs beat the user's of the same round in enough rounds,
-    a sign test); when the fastest's gain is still within noise, it and the user's settings
-    run up to ``SETTLE_ROUNDS`` more rounds while the budget has room (:func:`settle`), and so do
-    the fastest whose median is short of ``MIN_GAIN`` but whose fastest run is not (:func:`within_reach`);
-    otherwise the advice keeps the user's settings and says the difference is within noise.
-    Before that, settings run once that read faster than every repeated one are repeated with the
-    user's (:func:`rivals`): a single run's lead is often luck, and so is a finalist's.
-    A cache the advice offers is in the whole run it claims (:func:`with_cache`).
-
-    The space: worker processes 0, 1, 2 and the cores, thread workers 1, 2 and the cores
-    (a :class:`~placer.executor.stream.threadloader.ThreadLoader`), then more workers of each kind
-    while the rate rises (:func:`more_workers`), prefetch 1, 2, 4 and 8 for the fastest
-    and for the next worker count when it is near (:func:`depth_bases`), and fewer intra-op
-    threads for the step. A recommendation
-    is then confirmed by longer runs, interleaved with the user's settings
-    (:func:`confirm`): it stands only when the whole run it predicts is still
-    ``MIN_GAIN`` faster.
     """
-
     from torch.utils.data import IterableDataset
 
     a = phases.start(loader, step, device=device, batches=batches, budget_s=budget_s, epochs=epochs)

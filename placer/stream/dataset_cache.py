@@ -75,8 +75,8 @@ from placer.stream.cache_advice import CacheAdvice, MethodCandidate, cached
 from placer.stream.purity import (PrefixCandidate, check, check_prefix, composed, digest, equal,
                                   global_random_state_kept, item_seconds, recurs)
 
-__all__ = ["CACHE_GAIN", "CACHE_PAIRS", "CacheAdvice", "CachedItems", "cached", "check", "digest", "equal", "find_cache",
-           "judge", "measure_at", "recurs"]
+__all__ = ["CACHE_GAIN", "CACHE_PAIRS", "CacheAdvice", "CachedItems", "cached", "check", "digest", "equal",
+           "find_cache", "judge", "measure_at", "recurs"]
 
 
 

@@ -1,6 +1,7 @@
 """The drop-in's runs, each in a fresh process: the state the user's script starts in.
 
-May import: placer.timing; cloudpickle, torch, placer.data.stream, placer.stream.dropin.{guards,measuring} inside functions.
+May import: placer.timing; cloudpickle, torch, placer.data.stream, placer.stream.dropin.{guards,measuring}
+inside functions.
 
 A script the user runs starts in a fresh process; the drop-in's runs otherwise all share the
 user's long-lived one, whose history moves them: placer settles glibc's allocator there
@@ -177,7 +178,8 @@ class FreshRuns:
                 continue
 
     def run(self, settings: Any, step: bool, threads: int | None, kw: dict[str, Any]) -> Any:
-        """:func:`~placer.stream.dropin.measuring.run_loader` of the loader rebuilt with ``settings`` (with the step when
+        """:func:`~placer.stream.dropin.measuring.run_loader` of the loader rebuilt with ``settings`` (with the step
+        when
         ``step``), at ``threads`` intra-op threads, in a child forked for it; ``kw`` as ``run_loader`` takes it.
         Fills ``kw["keep"]`` and updates ``kw["count"]`` as the run did; raises what the run raised, and
         :class:`FreshUnavailable` where the child died or outlasted its deadline by :data:`RUN_TIMEOUT_S`."""

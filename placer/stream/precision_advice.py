@@ -116,7 +116,8 @@ def _detached(x: Any) -> Any:
     return x
 
 
-def count_script_step(step: Callable[[Any], Any], batch: Any, precisions: tuple[str, ...], *, state: Any = None) -> dict:
+def count_script_step(step: Callable[[Any], Any], batch: Any, precisions: tuple[str, ...], *,
+                      state: Any = None) -> dict:
     """The step's work on ``batch`` counted in fp32 and under autocast in each of ``precisions`` (bf16, fp16),
     the state put back after each count when given."""
     from placer.costmodel.counts import count_work

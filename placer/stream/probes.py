@@ -49,7 +49,8 @@ GIL_READS = 4
 PROCESS_MIN_S = 1.0
 
 
-def scale_threads(prof: Profiler, sweep: Sweep | None, stages: dict[str, StreamStageProfile], budget_s: float | None) -> None:
+def scale_threads(prof: Profiler, sweep: Sweep | None, stages: dict[str, StreamStageProfile],
+                  budget_s: float | None) -> None:
     """Thread scaling of every CPU batch stage, on the inputs the CPU sweep gave it."""
     if sweep is None:
         return
@@ -70,7 +71,7 @@ def scale_threads(prof: Profiler, sweep: Sweep | None, stages: dict[str, StreamS
 
 
 def scale_processes(prof: Profiler, sweep: Sweep | None, stages: dict[str, StreamStageProfile],
-                     budget_s: float | None) -> None:
+                    budget_s: float | None) -> None:
     """Process-worker scaling of every GIL-bound CPU batch stage, when the budget allows."""
     if sweep is None:
         return

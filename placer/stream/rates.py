@@ -112,7 +112,7 @@ SPINNING = "cores beside the step's"
 
 
 def spinning(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
-              config: StreamSettings) -> Rate | None:
+             config: StreamSettings) -> Rate | None:
     """The rate of the host nodes beside a CPU step (in worker processes, or in threads of their own) on the
     cores its extra intra-op threads leave them (None: a step on one thread, or not on the CPU, or one batch
     at a time, or nothing beside it).
@@ -176,7 +176,7 @@ def _busy_wall(profile: StreamProfile, st, threads: int | None) -> float | None:
 
 
 def contended(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[float, float]],
-               config: StreamSettings, decode: bool = True
+              config: StreamSettings, decode: bool = True
                ) -> tuple[float, str, list[Rate], list[tuple[float, float]]]:
     """The steady state with a CPU step, and a source that runs threads of its own (``StreamStageProfile.beside_busy_s``,
     read here or in worker processes, each of which runs those threads too; ``decode`` False where it reads a

@@ -1,7 +1,8 @@
 """What a stream's source is (a DataLoader, a Dataset, an iterable), how long an epoch is, and what reading
 it again from a cache would cost.
 
-May import: placer.data.stream, placer.log, placer.pipeline, placer.timing, placer.executor.stream.*, placer.stream.sweep;
+May import: placer.data.stream, placer.log, placer.pipeline, placer.timing, placer.executor.stream.*,
+placer.stream.sweep;
 placer.stream.purity inside functions.
 """
 

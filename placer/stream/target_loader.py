@@ -1,7 +1,8 @@
 """A plain script's DataLoader and train step planned for a described machine: measured here as a two-member
 stream, then planned there (:func:`placer.stream.target.plan_for_target`).
 
-May import: placer.data.measures, placer.data.stream, placer.errors, placer.stream.{target,target_words}; placer.costmodel.counts,
+May import: placer.data.measures, placer.data.stream, placer.errors, placer.stream.{target,target_words};
+placer.costmodel.counts,
 placer.executor.transfer, placer.timing, placer.stream.dropin.measuring inside functions.
 """
 

@@ -283,8 +283,8 @@ def _undecided(mine: list[tuple[float, int, float]], base: list[tuple[float, int
 
 
 def _wins(mine: list[tuple[float, int, float]], plan: list[tuple[float, int, float]]) -> bool:
-    """Whether ``mine`` ran faster than the plan in most of the rounds both ran (:func:`placer.stream.rounds.most_rounds`):
-    runs of one round share the machine's load of that moment, so comparing within rounds cancels most of it."""
+    """Whether ``mine`` ran faster than the plan in most of the rounds both ran
+    (:func:`placer.stream.rounds.most_rounds`): runs of one round share the machine's load of that moment, so comparing within rounds cancels most of it."""
     return rounds.most_rounds([x for x, _, _ in mine], [x for x, _, _ in plan])
 
 

@@ -27,7 +27,7 @@ CACHE_SHARE = 0.25
 
 
 def find_cache(loader: Any, step: Any, user: LoaderSettings, batches: int, budget_s: float,
-                cache_bytes: int | None, dev: Device) -> Any:
+               cache_bytes: int | None, dev: Device) -> Any:
     """Caching inside the dataset, found and measured with the user's settings (None when not looked for)."""
     if cache_bytes == 0:
         return None
@@ -41,7 +41,7 @@ def find_cache(loader: Any, step: Any, user: LoaderSettings, batches: int, budge
 
 
 def cache_at(cache: Any, loader: Any, step: Any, settings: LoaderSettings, batches: int, budget_s: float,
-              dev: Device) -> Any:
+             dev: Device) -> Any:
     """The cache's passes measured again with the recommended ``settings`` (its workers, its step
     threads), so that the whole run it claims is that of the settings it runs with
     (:func:`placer.stream.dataset_cache.measure_at`); as found where that fails. Not for a thread-pool
@@ -56,9 +56,9 @@ def cache_at(cache: Any, loader: Any, step: Any, settings: LoaderSettings, batch
 
 
 def without_workers(user: Trial, best: Trial, trials: list[Trial], longer: tuple[Trial, Trial, int] | None,
-                     found: Any, run: dict[str, Any] | None, loader: Any, step: Any, batches: int, budget_s: float,
-                     dev: Device, *, epochs: int, per_epoch: int | None,
-                     at_best: Any = None) -> tuple[Trial, dict[str, Any], Any, str, str] | None:
+                    found: Any, run: dict[str, Any] | None, loader: Any, step: Any, batches: int, budget_s: float,
+                    dev: Device, *, epochs: int, per_epoch: int | None,
+                    at_best: Any = None) -> tuple[Trial, dict[str, Any], Any, str, str] | None:
     """The fastest setting measured without workers, with its whole run and cache and the two runs' words
     (its, ``best``'s), where the cache is offered beside ``best``'s workers and that setting runs the
     user's whole run with the cache within ``MIN_GAIN`` of ``best``'s (``run``); else None.

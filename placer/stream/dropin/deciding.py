@@ -150,7 +150,8 @@ def persistent(t: Trial) -> Trial:
 
 
 def beats(t: Trial, user: Trial) -> bool:
-    """Whether ``t`` beats the user's settings by more than the noise of their runs (:func:`placer.stream.rounds.beats`).
+    """Whether ``t`` beats the user's settings by more than the noise of their runs
+    (:func:`placer.stream.rounds.beats`).
 
     Its :attr:`Trial.score` must be :data:`~placer.stream.rounds.MIN_GAIN` faster, and either its slowest run
     faster than the user's fastest, or its runs faster than the user's run of the same round (:func:`paired`)

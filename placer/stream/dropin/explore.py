@@ -19,7 +19,7 @@ from placer.stream.rounds import MIN_GAIN
 
 
 def widen(loader: Any, trials: list[Trial], step: Any, batches: int, dev: Device, budget: Budget,
-           count: SampleCount, cores: int, keep: int = 0) -> None:
+          count: SampleCount, cores: int, keep: int = 0) -> None:
     """After the first round: more workers while the rate rises, then other prefetch depths (:func:`depth_bases`).
 
     A run starts only while it leaves room for ``keep`` more runs (those that decide: the

@@ -42,7 +42,7 @@ CONFIRM_LENGTH = 4
 
 
 def repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: int, dev: Device, budget: Budget,
-            count: SampleCount) -> list[Trial]:
+           count: SampleCount) -> list[Trial]:
     """Run the finalists again, round-robin, until each has ``REPEATS`` runs (or the budget ends).
 
     The finalists: the user's settings (``trials[0]``), the ``FINALISTS`` fastest of the
@@ -61,7 +61,7 @@ def repeat(loader: Any, trials: list[Trial], best: Trial, step: Any, batches: in
 
 
 def more_rounds(loader: Any, trials: list[Trial], finalists: list[Trial], step: Any, batches: int, dev: Device,
-            budget: Budget, count: SampleCount, fits: Callable[[], bool]) -> list[Trial]:
+                budget: Budget, count: SampleCount, fits: Callable[[], bool]) -> list[Trial]:
     """``REPEATS - 1`` more runs of each of ``finalists``, round-robin in the order given, each while
     ``fits()``. Returns ``trials`` with each finalist's runs merged (:func:`merged`), in the same order."""
     more: dict[int, list[Trial]] = {id(t): [] for t in finalists}
@@ -76,7 +76,7 @@ def more_rounds(loader: Any, trials: list[Trial], finalists: list[Trial], step: 
 
 
 def race(loader: Any, trials: list[Trial], step: Any, batches: int, dev: Device, budget: Budget,
-          count: SampleCount, *, waits: bool) -> list[Trial]:
+         count: SampleCount, *, waits: bool) -> list[Trial]:
     """Repeat the :func:`rivals` with the user's settings (the user's first in each round), up to
     ``RACES`` times, while each run leaves the budget room for two more (a round of :func:`settle`)."""
     for _ in range(RACES):
@@ -90,8 +90,9 @@ def race(loader: Any, trials: list[Trial], step: Any, batches: int, dev: Device,
 
 
 def settle(loader: Any, trials: list[Trial], near: Trial, step: Any, batches: int, dev: Device, budget: Budget,
-            count: SampleCount) -> list[Trial]:
-    """Up to :data:`~placer.stream.rounds.SETTLE_ROUNDS` more rounds of the user's settings (``trials[0]``) and ``near``, in turn,
+           count: SampleCount) -> list[Trial]:
+    """Up to :data:`~placer.stream.rounds.SETTLE_ROUNDS` more rounds of the user's settings (``trials[0]``) and
+    ``near``, in turn,
     while the budget leaves room for both runs of a round (a round with a failed run is dropped whole,
     so that the rounds stay paired). Returns ``trials`` with the two settings' runs merged."""
     more: dict[int, list[Trial]] = {id(trials[0]): [], id(near): []}

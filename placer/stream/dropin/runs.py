@@ -115,7 +115,7 @@ class Budget:
 
 
 def run_trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, dev: Device, budget: Budget,
-           keep: list | None = None, count: SampleCount | None = None) -> Trial | None:
+              keep: list | None = None, count: SampleCount | None = None) -> Trial | None:
     measured = settings.model_copy(update={"persistent_workers": False})
     started = time.perf_counter()
     queue = settings.num_workers * (settings.prefetch_factor or 2)

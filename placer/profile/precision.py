@@ -54,7 +54,7 @@ from placer.precision import AUTO, DEFAULT_TOLERANCE, emulated_autocast, emulate
 log = logging.getLogger("placer")
 
 #: calls of a one-shot stage timed per precision (the least is kept)
-REPEATS = 3
+TIMED_CALLS = 3
 #: seconds a stage's timed calls may take in all before the repeats stop (one call is always made)
 REPEAT_BUDGET_S = 0.5
 #: a difference that cannot be measured (shapes, types or non-finite values differ)
@@ -312,10 +312,10 @@ def _stream_output(run: Any, name: str) -> Any:
 
 
 def _timed(call) -> tuple[Any, float]:
-    """The call's output and the least of up to :data:`REPEATS` timings (calls after the first only
+    """The call's output and the least of up to :data:`TIMED_CALLS` timings (calls after the first only
     while they stay within :data:`REPEAT_BUDGET_S` in all)."""
     best, out, spent = float("inf"), None, 0.0
-    for _ in range(REPEATS):
+    for _ in range(TIMED_CALLS):
         with seeded():
             t0 = time.perf_counter()
             out = call()

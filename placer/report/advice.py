@@ -226,7 +226,7 @@ FEW_BATCHES = 10
 #: a first batch later than this share of the stream's time is called out
 SLOW_START = 0.25
 #: the most workers advice proposes for one stage
-MAX_WORKERS = 64
+MAX_PROPOSED_WORKERS = 64
 
 
 def stream_rules(facts: ReportFacts) -> list[Advice]:
@@ -263,7 +263,7 @@ def workers_needed(stage: StreamStageFacts, rate: float) -> int | None:
     if stage.capacity_samples_per_s is None or stage.capacity_samples_per_s <= 0:
         return None
     per_worker = stage.capacity_samples_per_s / max(stage.workers, 1)
-    return min(MAX_WORKERS, max(1, math.ceil(rate / per_worker)))
+    return min(MAX_PROPOSED_WORKERS, max(1, math.ceil(rate / per_worker)))
 
 
 def _input_bound_advice(facts: ReportFacts, s: StreamFacts) -> list[Advice]:

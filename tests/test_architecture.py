@@ -329,3 +329,30 @@ def test_no_module_reads_a_private_name_of_another_through_the_module():
 def test_private_names_through_a_module_are_seen():
     tree = ast.parse("from placer.stream import rounds\nimport placer.timing as t\nrounds._x\nt._y\nrounds.ok\n")
     assert private_attributes(tree, "placer._probe") == [("placer.stream.rounds", "_x", 3), ("placer.timing", "_y", 4)]
+
+
+def test_modules_stay_readable_in_one_sitting():
+    """No module of placer over 900 lines, none of the stream wing (placer.stream) over 500."""
+    too_long = []
+    for name, path in PATHS.items():
+        n = len(path.read_text().splitlines())
+        limit = 500 if name.startswith("placer.stream") else 900
+        if n > limit:
+            too_long.append(f"{name}: {n} lines (at most {limit})")
+    assert not too_long, "\n".join(too_long)
+
+
+def test_the_stream_wings_functions_are_short_enough_to_name():
+    """No function of placer.stream over 80 lines (docstring included); advise_loader's body at most 60."""
+    long_ones = []
+    for name, tree in MODULES.items():
+        if not name.startswith("placer.stream"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
+                long_ones.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long_ones, "\n".join(long_ones)
+    advise = next(n for n in ast.walk(MODULES["placer.stream.dropin.advise"])
+                  if isinstance(n, ast.FunctionDef) and n.name == "advise_loader")
+    body = advise.body[1:] if isinstance(advise.body[0], ast.Expr) else advise.body
+    assert body[-1].end_lineno - body[0].lineno + 1 <= 60

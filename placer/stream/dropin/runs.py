@@ -1,6 +1,6 @@
 """Where and how long the drop-in's runs happen: in this process or fresh ones, each within its share of the budget.
 
-May import: placer.data.stream, placer.devices, placer.timing,
+May import: placer.data.stream, placer.devices, placer.timing, placer.stream.wholerun,
 placer.stream.dropin.{guards,measuring,trial,whole}; placer.stream.fresh inside functions.
 """
 
@@ -22,8 +22,8 @@ from placer.stream.dropin.guards import past_the_cores
 from placer.stream.dropin.measuring import SampleCount, counter_of
 from placer.stream.dropin.trial import Trial
 from placer.stream.dropin.whole import run_costs
-from placer.timing import Clock, Deadline, torch_threads
 from placer.stream.wholerun import run_seconds
+from placer.timing import Clock, Deadline, torch_threads
 
 log = logging.getLogger(__name__)
 

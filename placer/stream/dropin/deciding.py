@@ -118,10 +118,7 @@ def rivals(user: Trial, trials: list[Trial], *, waits: bool = True) -> list[Tria
     """The settings run once whose run read faster than the median of every repeated setting and
     ``MIN_GAIN`` faster than the user's (``RIVALS`` at most, fastest first): a single run is the luckiest
     of many, so the finalists of the first round often fall back when repeated, and the next fastest
-    must be repeated before the user's settings are kept. On 2 cores a text-tokenising script's two
-    repeated finalists (4 and 8 worker processes) fell back below the user's, while 2 processes at one
-    torch thread, run once at 1.30x the user's, were never repeated and the advice kept the user's settings.
-    A step that waits within noise (``waits=False``) races the user's loader at other step threads only."""
+    must be repeated before the user's settings are kept. A step that waits within noise (``waits=False``) races the user's loader at other step threads only."""
     repeated = eligible(user, trials, waits=waits)
     bar = max([user.score * (1 + MIN_GAIN), *(t.score for t in repeated)])
     single = [t for t in trials if t is not user and len(t.rates) == 1 and t.score > bar
@@ -132,9 +129,8 @@ def rivals(user: Trial, trials: list[Trial], *, waits: bool = True) -> list[Tria
 def runner_up(user: Trial, best: Trial, trials: list[Trial], *, waits: bool = True) -> Trial | None:
     """The fastest setting besides ``best`` that also beat the user's in repeated runs (:func:`beats`),
     with persistent workers where it has worker processes; None if none. Where the longer runs overturn
-    ``best``, it gets its own: on 2 cores a text-tokenising script's fastest in the search, 3 processes at
-    prefetch 8, read its whole run slower than the user's in longer runs (three processes and the step
-    on two cores), where 2 processes at prefetch 2, which also beat the user's, ran the script 1.3x faster."""
+    ``best``, it gets its own: the fastest in short runs (more workers, a deeper queue) can lose over the
+    whole run where the next fastest, which also beat the user's, still wins."""
     key = measured_as(best.settings)
     won = [t for t in eligible(user, trials, waits=waits) if measured_as(t.settings) != key and beats(t, user)]
     if not won:
@@ -178,8 +174,7 @@ def decided_by(user: Trial, best: Trial, trials: list[Trial], run: dict[str, Any
     recommended but for that knob, set back to the user's value (``None``: no such run).
     ``persistent_workers``'s gain is the whole run's with and without it (predicted), both without the
     cache where one is offered (``without_persistent_s`` is the settings' alone: set against the run with
-    the cache, a sensor script's advice read "persistent_workers False -> True (2.92x)" where keeping the
-    workers saved 1.5 % of the run).
+    the cache, the cache's gain would read as the workers').
     """
     out = []
     for k in KNOBS:

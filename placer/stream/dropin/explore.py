@@ -54,8 +54,7 @@ def try_threads(loader: Any, best: Trial, step: Any, batches: int, dev: Device, 
 
     Knobs interact: on a machine with few cores, loader workers and the step's intra-op
     threads compete for them, so workers that lose to the user's settings at the step's
-    threads may win with fewer (2 loader threads and 1 torch thread beat the rest by 1.3x
-    on a 2-core machine, where 2 loader threads at 2 torch threads did not).
+    threads may win with fewer.
     """
     now = best.settings.torch_threads
     tried = []

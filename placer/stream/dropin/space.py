@@ -14,27 +14,21 @@ def candidates(user: LoaderSettings, *, cores: int, gpu: bool, iterable: bool) -
     """The settings tried first besides the user's: worker processes 0, 1, 2 and ``cores`` with prefetch
     2 and 4; thread workers (:class:`~placer.executor.stream.threadloader.ThreadLoader`) 1, 2 and ``cores`` with
     prefetch 2 (not for an iterable dataset, whose workers each read their own share). One thread
-    worker overlaps loading with the step at no start-up cost: on 2 cores a numpy-augmenting
-    inference script of 12 batches ran fastest so (1.44x as written), where worker processes paid
-    their start-up within a one-second run.
+    worker overlaps loading with the step at no start-up cost, which decides a run of a few seconds
+    where worker processes pay their start-up within it.
 
     For a step on the CPU, each worker count is also tried (prefetch 2) with the step's intra-op
     threads cut to the cores the workers leave (at least one), where that is fewer than the
     user's: workers and the step's threads share the cores, and the pair is what wins or loses
-    (on 2 cores, 2 worker processes at 1 torch thread ran a table script 1.6x faster than as
-    written, and at 2 torch threads no faster).
+    (workers can win at fewer step threads and lose at the user's).
 
     The user's own loader with the step at one intra-op thread comes first (a CPU step whose
     threads are more than one): the change that touches nothing but the step's threads, which
-    the search must not run out of budget before (on 2 cores a numpy-decoding inference script
-    ran 1.24x faster at one torch thread, where two worker processes took 6 s to their first
-    batch and used the budget up).
+    the search must not run out of budget before (worker processes slow to start can spend it).
 
     They are tried in the order they start in: fewer workers first (processes, then threads, of one
     count), each depth with the step's threads cut right after it; settings slow to
-    start cannot spend the budget before the quick ones are measured (on 2 cores two
-    numpy-augmenting worker processes took 4-6 s to their first batch, BLAS threads in each, and
-    the one thread worker that won was never measured).
+    start (seconds to their first batch) cannot spend the budget before the quick ones are measured.
 
     More workers than ``cores`` (:func:`more_workers`) and other prefetch depths (:func:`prefetch_depths`)
     are tried afterwards, where the first runs say they may help.
@@ -125,9 +119,8 @@ def depth_bases(trials: list[Trial]) -> list[LoaderSettings]:
     """The settings whose other prefetch depths are tried: the fastest with workers, and the fastest
     of another worker count when it is within :data:`DEPTH_NEAR` of it.
 
-    Worker count and depth interact: on 2 cores a text-tokenising script measured fastest with 4
-    processes at depth 2 in the first round, while 2 processes at depth 4 or 8 ran its whole run
-    faster as a script (fewer workers start sooner; a deeper queue keeps them busy).
+    Worker count and depth interact: fewer workers start sooner, and a deeper queue keeps them busy,
+    so the fastest count at depth 2 in the first round need not be the fastest at a deeper one.
     """
     with_workers = sorted((t for t in trials if t.settings.num_workers), key=lambda t: -t.score)
     if not with_workers:

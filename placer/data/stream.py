@@ -203,7 +203,7 @@ class StreamStageProfile(BaseModel):
     in_turn_seconds : dict
         Device → wall seconds per batch as the profile's sweep ran it, one batch at a time
         through every member (the mean over the batches after the first, and after the leading
-        ones that still warm up: :func:`placer.stream.profile.in_turn_mean`): what it costs in
+        ones that still warm up: :func:`placer.stream.sweep.in_turn_mean`): what it costs in
         turn with the others, its slow batches included. A step whose intra-op threads meet
         the threads a loader left spinning on the cores can run several times slower in turn
         than alone, in some batches and not others, which a lower quartile leaves out (an audio
@@ -389,7 +389,11 @@ class LoaderSettings(BaseModel):
 
     @property
     def worker_kind(self) -> str:
-        """``processes`` (DataLoader's workers), ``threads`` (a thread-pool loader's) or ``main process``."""
+        """``processes`` (DataLoader's workers), ``threads`` (a thread-pool loader's) or ``main process``.
+
+        DataLoader's words, for the edge where a user reads them (the drop-in's advice, its JSON): inside
+        placer a stage's workers are ``thread``, ``process`` or ``dask`` (:attr:`StreamSettings.worker_kind`)
+        and a loader's are ``worker_threads`` or not."""
         if not self.num_workers:
             return "main process"
         return "threads" if self.worker_threads else "processes"

@@ -120,7 +120,7 @@ def spinning(profile: StreamProfile, nodes: list[ChainNode], costs: list[tuple[f
     The spinning shows in a script whose loop runs in its main thread, its loader's workers beside it,
     processes and threads alike: on two cores such a step at torch's 2 threads can run at half the rate it
     runs at one. placer's own runner, the step in a thread of its own, does not lose to it, so its runs are
-    no witness (:func:`placer.stream.verify._unspun`)."""
+    no witness (the verification then prefers the twin at other threads, :mod:`placer.stream.verify`)."""
     i = cpu_step(nodes)
     threads = config.torch_threads if config.torch_threads is not None else profile.torch_threads
     if i is None or not threads or threads < 2 or config.sequential:

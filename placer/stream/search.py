@@ -245,7 +245,7 @@ class Scorer:
 
 def tie_cost(c: Candidate, rule: dict[str, str], profile: StreamProfile | None = None) -> tuple:
     """Among ties: this machine's workers rather than a cluster's, fewer workers, one batch at a time (a stream
-    predicted no faster than its members taking turns, :func:`placer.stream.model.alternating`, gains nothing
+    predicted no faster than its members taking turns, :func:`placer.stream.chain.alternating`, gains nothing
     from its threads), threads rather than processes, no cache (else the latest cache point:
     it removes the most work from later epochs), torch's own threads, fewer departures from the rule of
     thumb."""
@@ -279,7 +279,7 @@ def keep_workers(profile: StreamProfile, c: Candidate, epochs: int) -> Candidate
     applies: several epochs, a source whose epochs read the same dataset, unchanged
     (``StreamProfile.same_source``), worker processes for it, and no cache at it (whose later epochs
     read the kept samples, not the loader). Keeping them is never slower: starting them once instead
-    of once per epoch (the model prices start and stop per start, :func:`placer.stream.model.worker_bounds`),
+    of once per epoch (the model prices start and stop per start, :func:`placer.stream.chain.worker_bounds`),
     with the same batches."""
     s = c.settings
     want = bool(profile.same_source and epochs > 1 and not s.sequential and s.cache != profile.source

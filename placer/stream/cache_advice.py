@@ -1,7 +1,7 @@
 """A cache inside a user's Dataset: the wrappers that memoise a method or a transform prefix by its
 arguments, and :class:`CacheAdvice`, what the drop-in found and measured (plain data and words).
 
-May import: numpy, placer.executor.stream.store, placer.timing.
+May import: numpy, placer.executor.stream.store, placer.stream.hits, placer.timing.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from placer.executor.stream.store import CachedItems, SampleStore, is_plain
+from placer.stream.hits import rewrapped, unwrapped
 
 
 
@@ -149,6 +150,12 @@ class CacheAdvice:
     dataset: Any = field(default=None, repr=False)
     #: a transform prefix's steps, by class name
     steps: list[str] = field(default_factory=list)
+    #: the ``Subset`` wrappers around ``dataset`` in the loader (outermost first): the cache goes inside them
+    wrappers: list[Any] = field(default_factory=list, repr=False)
+    #: the share of the next epoch's calls that repeat the arguments of the epoch before (measured)
+    hit_rate: float | None = None
+    #: the loader's own dataset (``dataset`` inside its wrappers)
+    outer: Any = field(default=None, repr=False)
 
     @property
     def attribute(self) -> str | None:
@@ -196,10 +203,12 @@ class CacheAdvice:
                 f"(two epochs {self.two_epoch_speedup:.2f}x; advice.loader() applies it)")
 
     def apply(self, dataset: Any | None = None) -> Any:
-        """The user's dataset with the cache (a new, empty store bounded by the budget)."""
+        """The user's dataset with the cache (a new, empty store bounded by the budget), inside the same
+        ``Subset`` wrappers as the loader's."""
         if self.attribute is None:
             raise ValueError("no cache was found for this dataset")
-        return cached(self.dataset if dataset is None else dataset, self.attribute, SampleStore(self.budget_bytes))
+        inner, wrappers = (self.dataset, self.wrappers) if dataset is None else unwrapped(dataset)
+        return rewrapped(wrappers, cached(inner, self.attribute, SampleStore(self.budget_bytes)))
 
     def as_dict(self) -> dict[str, Any]:
         r = (lambda x: None if x is None else round(x, 4))
@@ -211,7 +220,9 @@ class CacheAdvice:
                 "uncached_first_s": [round(x, 4) for x in self.uncached_first_s],
                 "epoch_speedup": r(self.epoch_speedup),
                 "two_epoch_speedup": r(self.two_epoch_speedup), "recommended": self.recommended,
-                "reason": self.reason, "steps": list(self.steps)}
+                "reason": self.reason, "steps": list(self.steps),
+                "hit_rate": None if self.hit_rate is None else round(self.hit_rate, 4),
+                "inside": [type(w).__name__ for w in self.wrappers]}
 
 
 def fmt_bytes(n: int) -> str:

@@ -1,6 +1,6 @@
 """Caching found inside a user's Dataset: the deterministic work of ``__getitem__`` that every epoch repeats.
 
-May import: numpy, placer.executor.stream.{source,store}, placer.timing, placer.stream.{cache_advice,purity};
+May import: numpy, placer.executor.stream.{source,store}, placer.timing, placer.stream.{cache_advice,hits,purity};
 torch inside functions.
 
 What a cache wraps and the advice about it are :mod:`placer.stream.cache_advice`; whether a method is pure
@@ -17,21 +17,23 @@ costs in memory, and what it gains, measured.
    largest first. A composed transform the dataset holds (an attribute with a
    ``transforms`` list, as ``torchvision.transforms.Compose``) is one too: its
    deterministic prefix (:func:`check_prefix`), timed against the item.
-2. **Whether it depends only on the index.** A candidate's calls are recorded on a
-   few items: its arguments must be plain data (numbers, strings, paths) and must
-   recur across epochs: they hold nothing of the sampler's key but the sample's
-   index (a key ``(index, epoch)`` passed whole, or its epoch passed along, changes
-   every epoch). Then each recorded call runs again under two different states of
-   Python's, numpy's and torch's global random generators: the output must equal
-   the recorded one both times, and the call must leave those generators as it
-   found them. A method that draws random numbers (a random crop, an augmentation
-   drawing from a global generator or an unseeded one) fails, and so does the
-   ``__getitem__`` around it; a deterministic method called before it is still a
-   candidate: the random draws end what can be cached, not what came before them.
-3. **What it costs.** The pickled size of the recorded outputs, times the calls per
+2. **Whether it is pure in its arguments** (:mod:`placer.stream.purity`: memoisation
+   keyed by argument values, as ``functools.lru_cache`` keys them). A candidate's calls
+   are recorded on a few items: its arguments must be plain data (numbers, strings,
+   paths, tuples of them). Each recorded call runs again under two different states of
+   Python's, numpy's and torch's global random generators: the output must equal the
+   recorded one both times, and the call must leave those generators as it found them.
+   A method that draws random numbers (a random crop, an augmentation drawing from a
+   global generator or an unseeded one) fails, and so does the ``__getitem__`` around
+   it; a deterministic method called before it is still a candidate: the random draws
+   end what can be cached, not what came before them.
+3. **Whether it will hit** (:mod:`placer.stream.hits`), measured on the sampler's next
+   two epochs whatever its keys look like: the share of the second epoch's calls whose
+   arguments the first's had must reach :data:`~placer.stream.hits.MIN_HITS`.
+4. **What it costs.** The pickled size of the recorded outputs, times the calls per
    item, times the dataset's length: cached only when that fits the memory budget
    (by default a quarter of the memory available, and half of ``/dev/shm``'s room).
-4. **What it gains.** The same first batches run through the user's loader settings
+5. **What it gains.** The same first batches run through the user's loader settings
    with the step: uncached, then cached twice (the first pass fills the cache, the
    second reads it), and, budget allowing, more of each, interleaved, up to
    :data:`CACHE_PAIRS` of each. Caching is
@@ -48,10 +50,13 @@ dataset is a shallow copy of the user's with the method replaced by
 (its first steps kept by their input), or :class:`CachedItems` around the dataset when
 the whole item is cached.
 
-Limits: only methods called as ``self.method(...)`` are reached; a dataset wrapped
-in another (``Subset``, ``ConcatDataset``) is looked into no further; a method that
-reads state the script changes between epochs (an ``epoch`` attribute) looks
-deterministic here: name the epoch in its arguments to keep it from the cache.
+Shapes: automatic batching, ``batch_size=None`` (each item a chunk) and datasets inside
+``Subset`` splits (searched inside; the cache put inside the same wrappers).
+
+Limits: only methods called as ``self.method(...)`` are reached; a ``ConcatDataset`` is
+looked into no further; an ``IterableDataset`` has no key to cache by; a method that reads
+state the script changes between epochs other than through ``set_epoch`` or an ``epoch``
+attribute looks deterministic here: name the epoch in its arguments to keep it from the cache.
 """
 
 from __future__ import annotations
@@ -72,11 +77,13 @@ from placer.executor.stream.source import rebuild_loader
 from placer.executor.stream.store import CachedItems, SampleStore
 from placer.timing import Clock, Deadline
 from placer.stream.cache_advice import CacheAdvice, MethodCandidate, cached
+from placer.stream.hits import (MIN_HITS, batched, copied, hit_rate, inner_key, key_source, rewrapped,
+                                unwrapped)
 from placer.stream.purity import (PrefixCandidate, check, check_prefix, composed, digest, equal,
-                                  global_random_state_kept, item_seconds, recurs)
+                                  global_random_state_kept, item_seconds)
 
 __all__ = ["CACHE_GAIN", "CACHE_PAIRS", "CacheAdvice", "CachedItems", "cached", "check", "digest", "equal",
-           "find_cache", "judge", "measure_at", "recurs"]
+           "find_cache", "hit_rate", "judge", "measure_at", "unwrapped"]
 
 
 
@@ -112,13 +119,14 @@ def default_budget() -> int:
 
 
 def key_batches(loader: Any, batches: int) -> list[list[Any]] | None:
-    """The keys of the loader's first ``batches`` batches, from its batch sampler (None without one)."""
-    bs = getattr(loader, "batch_sampler", None)
-    if bs is None:
+    """The keys of the loader's first ``batches`` batches, from a copy of its batch sampler; with
+    ``batch_size=None`` (each item a chunk), its sampler's first keys, one per batch. None without either."""
+    source = key_source(loader)
+    if source is None:
         return None
     out = []
-    for keys in bs:
-        out.append(list(keys))
+    for keys in copied(source, loader):
+        out.append(list(keys) if batched(loader) else [keys])
         if len(out) >= batches:
             break
     return out
@@ -200,6 +208,8 @@ def _passes(make: Callable[[Any], Any], dataset: Any, step: Callable[[Any], Any]
             out.append((run.wall - outside, digests))
             if n == 0 and isinstance(getattr(loader, "batch_sampler", None), list):
                 del loader.batch_sampler[len(digests):]
+            elif n == 0 and isinstance(getattr(loader, "sampler", None), list):  # one item a batch
+                del loader.sampler[len(digests):]
     finally:
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
@@ -244,15 +254,19 @@ def find_cache(loader: Any, step: Callable[[Any], Any] | None, *, loader_kwargs:
     from torch.utils.data import IterableDataset
 
     budget_bytes = default_budget() if budget_bytes is None else int(budget_bytes)
-    dataset = getattr(loader, "dataset", None)
-    if dataset is None or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+    outer = getattr(loader, "dataset", None)
+    if isinstance(outer, IterableDataset):
+        return CacheAdvice(None, reason="an IterableDataset yields its items in its own order, with no key to "
+                                        "find an item again by: nothing can be cached by its arguments")
+    if outer is None or not hasattr(outer, "__len__"):
         return CacheAdvice(None, reason="the dataset is not map-style (no __getitem__ and __len__)")
     deadline = Deadline(budget_s)
     with global_random_state_kept():
         fixed = key_batches(loader, batches)
     if not fixed:
-        return CacheAdvice(None, reason="the loader has no batch sampler (automatic batching is off)")
-    keys = [k for b in fixed for k in b]
+        return CacheAdvice(None, reason="the loader has no sampler to draw its keys from")
+    dataset, wrappers = unwrapped(outer)
+    keys = [inner_key(wrappers, k) for b in fixed for k in b]
     cls = type(dataset).__name__
     with global_random_state_kept():
         cands, items = profile_items(dataset, keys, Deadline(budget_s / 6))
@@ -269,16 +283,24 @@ def find_cache(loader: Any, step: Callable[[Any], Any] | None, *, loader_kwargs:
         for c in cands:
             pre = prefixes.get(c.name)
             reason, values = (pre.reason, pre.values) if pre is not None else check(dataset, c.name, keys)
+            hits = None
             if reason is None:
-                found = (c, values)
+                hits, seen = hit_rate(dataset, c.name, loader, wrappers, Deadline(max(deadline.left() / 6, 0.5)))
+                if hits < MIN_HITS:
+                    reason = (f"its arguments change between epochs: {hits:.0%} of the next epoch's calls repeat "
+                              f"the arguments of the epoch before (measured on {seen} keys of the sampler's next "
+                              "two epochs)")
+            if reason is None:
+                found = (c, values, hits)
                 break
             why.append(f"{cls}.{c.name.split('[')[0]}: {reason}")
     if found is None:
         return CacheAdvice(None, reason="; ".join(why))
-    c, values = found
+    c, values, hits = found
     size = int(_pickled_bytes(values) * c.calls_per_item * len(dataset))
     advice = CacheAdvice(f"{cls}.{c.name}", share=c.share, bytes=size, budget_bytes=budget_bytes, dataset=dataset,
-                         steps=prefixes[c.name].steps if c.name in prefixes else [])
+                         steps=prefixes[c.name].steps if c.name in prefixes else [], wrappers=wrappers,
+                         hit_rate=hits, outer=outer)
     if c.seconds_per_item < MIN_ITEM_S:
         advice.reason = (f"its work per item ({c.seconds_per_item * 1e6:,.0f} us) costs about what reading it back "
                          "from a cache does")
@@ -305,14 +327,16 @@ def _measure(advice: CacheAdvice, loader: Any, fixed: list[list[Any]], step: Cal
     persist = bool(loader_kwargs.get("num_workers")) and bool(loader_kwargs.get("persistent_workers"))
 
     def make(ds: Any) -> Any:
-        return rebuild_loader(loader, {**loader_kwargs, "persistent_workers": persist}, dataset=ds,
-                              batch_sampler=fixed)
+        order = dict(batch_sampler=fixed) if batched(loader) else dict(sampler=[k for b in fixed for k in b])
+        return rebuild_loader(loader, {**loader_kwargs, "persistent_workers": persist}, dataset=ds, **order)
+
+    outer = advice.outer if advice.outer is not None else rewrapped(advice.wrappers, advice.dataset)
 
     stores: list[SampleStore] = []
 
     def uncached(limit: Deadline | None = None) -> tuple[float, list[list[str]]]:
-        runs = _passes(make, advice.dataset, step, sync, limit, 2) if persist else \
-            [_pass(make, advice.dataset, step, sync, limit)]
+        runs = _passes(make, outer, step, sync, limit, 2) if persist else \
+            [_pass(make, outer, step, sync, limit)]
         if persist:
             advice.uncached_first_s.append(runs[0][0])
         advice.uncached_s.append(runs[-1][0])
@@ -320,7 +344,7 @@ def _measure(advice: CacheAdvice, loader: Any, fixed: list[list[Any]], step: Cal
 
     def fill_and_read() -> tuple[float, bool]:  # an empty cache filled by one pass, read by the next
         stores.append(SampleStore(advice.budget_bytes))
-        ds = cached(advice.dataset, advice.attribute, stores[-1])
+        ds = rewrapped(advice.wrappers, cached(advice.dataset, advice.attribute, stores[-1]))
         if persist:  # filled and read by the same workers
             (f, got), (h, again) = _passes(make, ds, step, sync, count=2)
         else:
@@ -391,7 +415,8 @@ def measure_at(advice: CacheAdvice, loader: Any, step: Callable[[Any], Any] | No
     if not fixed:
         return advice
     again = CacheAdvice(advice.method, share=advice.share, bytes=advice.bytes, budget_bytes=advice.budget_bytes,
-                        dataset=advice.dataset, steps=list(advice.steps))
+                        dataset=advice.dataset, steps=list(advice.steps), wrappers=advice.wrappers,
+                        hit_rate=advice.hit_rate, outer=advice.outer)
     _measure(again, loader, fixed, step, loader_kwargs, Deadline(budget_s), sync)
     if not again.recommended or not again.uncached_s or not again.cached_s:
         return advice

@@ -66,36 +66,6 @@ class _Recorder:
         return value
 
 
-def index_of(key: Any) -> Any:
-    """The sample's index in a sampler's key: the key itself, or a tuple key's first element."""
-    if isinstance(key, (tuple, list)) and key:
-        return key[0]
-    return key
-
-
-def _flat(x: Any) -> list[Any]:
-    if isinstance(x, (tuple, list)):
-        return [y for v in x for y in _flat(v)]
-    if isinstance(x, dict):
-        return [y for v in x.values() for y in _flat(v)]
-    return [x]
-
-
-def recurs(args: tuple, kwargs: dict, key: Any) -> bool:
-    """Whether a call's arguments hold nothing of the sampler's key but the sample's index."""
-    index = index_of(key)
-    others = [c for c in _flat(key[1:] if isinstance(key, (tuple, list)) else ()) if not _same(c, index)]
-    flat = _flat(args) + _flat(kwargs)
-    return not any(_same(a, o) for a in flat for o in others)
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return type(a) is type(b) and bool(a == b)
-    except Exception:  # noqa: BLE001 - arrays and the like: not a key's component
-        return False
-
-
 def check(dataset: Any, name: str, keys: list[Any]) -> tuple[str | None, list[Any]]:
     """Why ``name``'s output cannot be cached (None when it can), and its recorded outputs."""
     calls: list[tuple[tuple, dict, Any, bool, Any]] = []
@@ -122,9 +92,6 @@ def check(dataset: Any, name: str, keys: list[Any]) -> tuple[str | None, list[An
     for args, kwargs, value, moved, key in calls:
         if not (is_plain(args) and is_plain(sorted(kwargs.items()))):
             return f"its arguments are not plain data (numbers, strings, paths): {_types(args, kwargs)}", []
-        if not recurs(args, kwargs, key):
-            return (f"its arguments {_short(args)} change between epochs (they hold more of the sampler's key "
-                    f"{_short(key)} than the index)"), []
         if moved:
             return "it draws random numbers (a global random generator moved)", []
         for seed in (12345, 54321):
@@ -157,8 +124,8 @@ class PrefixCandidate:
 def check_prefix(dataset: Any, attr: str, keys: list[Any], item_s: float) -> PrefixCandidate | None:
     """The deterministic prefix of the composed transform ``attr``: its length, share and outputs.
 
-    Its calls on a few items are recorded; the input must be plain data that recurs (as a
-    method's arguments); each step then runs twice on the previous steps' output under
+    Its calls on a few items are recorded; the input must be plain data (whether it recurs
+    across epochs is measured apart, :func:`placer.stream.hits.hit_rate`); each step then runs twice on the previous steps' output under
     two states of the global random generators: the first step whose outputs differ, or
     that moves a generator, ends the prefix. None when the transform is not called.
     """
@@ -183,9 +150,6 @@ def check_prefix(dataset: Any, attr: str, keys: list[Any], item_s: float) -> Pre
         if not is_plain((x,)):
             return PrefixCandidate(MethodCandidate(f"{attr}[:0]", 0.0, 0.0, 0.0), f"its input is not plain data "
                            f"({type(x).__name__}): nothing to key a cache by", [], [])
-        if not recurs((x,), {}, key):
-            return PrefixCandidate(MethodCandidate(f"{attr}[:0]", 0.0, 0.0, 0.0), f"its input {_short(x)} changes between "
-                           f"epochs (it holds more of the sampler's key {_short(key)} than the index)", [], [])
         y = x
         for j, t in enumerate(steps[:k]):
             outs = []

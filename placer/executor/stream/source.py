@@ -225,7 +225,7 @@ def loader_arguments() -> tuple[str, ...]:
 
 
 def rebuild_loader(loader: Any, workers: dict[str, Any], *, threads: bool = False, dataset: Any = None,
-                   batch_sampler: Any = None, same_draws: bool = False) -> Any:
+                   batch_sampler: Any = None, sampler: Any = None, same_draws: bool = False) -> Any:
     """A DataLoader with other worker settings that reads what ``loader`` reads, in the same order.
 
     The one place a loader is rebuilt: every argument of ``DataLoader`` is either kept
@@ -247,6 +247,8 @@ def rebuild_loader(loader: Any, workers: dict[str, Any], *, threads: bool = Fals
         Read this dataset instead (the same samples, e.g. through a cache).
     batch_sampler : iterable of lists of int, optional
         Read these batches instead of ``loader``'s order.
+    sampler : iterable, optional
+        Read these keys one by one, each item a batch (``batch_size=None``), instead of ``loader``'s order.
     same_draws : bool
         With persistent worker processes, draw the random numbers a loader without them draws
         (:func:`same_draws_loader`).
@@ -256,6 +258,8 @@ def rebuild_loader(loader: Any, workers: dict[str, Any], *, threads: bool = Fals
     data = loader.dataset if dataset is None else dataset
     if batch_sampler is not None:
         order: dict[str, Any] = dict(batch_sampler=batch_sampler)
+    elif sampler is not None:
+        order = dict(batch_size=None, sampler=sampler)
     elif isinstance(loader.dataset, IterableDataset):
         order = dict(batch_size=loader.batch_size, drop_last=loader.drop_last)
     elif loader.batch_size is not None:

@@ -14,8 +14,9 @@ PART=${1:-all}
 case "$PART" in all|tests|bench) ;; *) echo "usage: $0 [all|tests|bench]" >&2; exit 2;; esac
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
-# the device tool brings back at most 8 files: everything goes to $RES, packed into one
-# archive at the end (the test summary and the machine also stay readable on their own)
+# everything goes to $RES, packed into one archive in $OUT at the end, so that copying the
+# results off the GPU machine is one file (the test summary and the machine also stay
+# readable on their own)
 RES=$(mktemp -d)
 finish() { tar -czf "$OUT/gpu-results-$PART.tgz" -C "$RES" . ; cp "$RES/machine.txt" "$RES/gpu-tests.txt" "$OUT/" 2>/dev/null; }
 trap finish EXIT

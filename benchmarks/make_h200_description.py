@@ -4,8 +4,8 @@ Usage::
 
     python benchmarks/make_h200_description.py [REFERENCE_JSON] [-o placer/data/h200.json]
 
-REFERENCE_JSON defaults to ``../shared/reference/h200-calibration.json`` next to the
-repository. The script:
+REFERENCE_JSON defaults to ``benchmarks/reference/h200-calibration.json`` (the H200
+reference measurements, described in ``benchmarks/reference/README.md``). The script:
 
 1. takes achievable peak FLOP/s per precision from the reference's 4096³ matrix
    products, the host link (pinned, pageable and freshly allocated copies, each
@@ -156,7 +156,7 @@ def cpu_description(ref: dict) -> CpuDescription:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("reference", nargs="?", default=str(ROOT.parent / "shared/reference/h200-calibration.json"))
+    ap.add_argument("reference", nargs="?", default=str(ROOT / "benchmarks/reference/h200-calibration.json"))
     ap.add_argument("-o", "--output", default=str(ROOT / "placer/data/h200.json"))
     args = ap.parse_args(argv)
     ref = json.loads(Path(args.reference).read_text())

@@ -11,7 +11,7 @@ stream runner, on CPU tensors) plus the host time a GPU run pays (the calls disp
 times this machine's measured cost of one, plus the time outside torch ops, scaled to
 the target's CPU per core). This script does exactly that for the step of every
 bundled stream pipeline and compares it with the H200 reference's training-step (or
-inference) rows (``/work/shared/reference/h200-calibration.json``):
+inference) rows (``benchmarks/reference/h200-calibration.json``):
 
 - ``stream_images`` trains the reference's ``cnn_cifar_train_step`` model (same layers,
   3x32x32 inputs): compared at batches 8, 64 and 512, the reference's own sizes;
@@ -46,7 +46,7 @@ from placer.stream.target import count_stream_work, host_seconds  # noqa: E402
 from placer.target import CpuScale, load_target  # noqa: E402
 from placer.target.calibrate import this_cpu  # noqa: E402
 
-REFERENCE = Path("/work/shared/reference/h200-calibration.json")
+REFERENCE = ROOT / "benchmarks/reference/h200-calibration.json"
 #: (pipeline, build parameters, the reference op, whether it is the same model)
 CASES = [
     ("stream_images", {"batch": 8, "augment": "numpy"}, "cnn_cifar_train_step", True),

@@ -179,8 +179,7 @@ def requests_check(ref: dict, out: list[str]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    default = next((str(d / "shared/reference/h200-calibration.json") for d in ROOT.parents
-                    if (d / "shared/reference/h200-calibration.json").exists()), None)
+    default = str(ROOT / "benchmarks/reference/h200-calibration.json")
     ap.add_argument("reference", nargs="?", default=default)
     ap.add_argument("-o", "--output", default=str(ROOT / "benchmarks/results/target-vm.txt"))
     ap.add_argument("--cpu-limit-s", type=float, default=0.05, help="Time reference CPU ops up to this long there.")

@@ -98,7 +98,7 @@ def timed_count(fn) -> tuple[float, object]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("reference", nargs="?", default=str(ROOT.parent / "shared/reference/h200-calibration.json"))
+    ap.add_argument("reference", nargs="?", default=str(ROOT / "benchmarks/reference/h200-calibration.json"))
     ap.add_argument("-o", "--output", default=None)
     args = ap.parse_args(argv)
     ref = json.loads(Path(args.reference).read_text())

@@ -2,7 +2,7 @@
 
 The host time a described GPU pays includes it, so it must not move with noise (a stall in
 one counting run, the counter's own first calls) nor grow with the size of a stage made of
-torch ops alone (:func:`placer.costmodel.counts.count_work`, issue 19 item 1b).
+torch ops alone (:func:`placer.costmodel.counts.count_work`).
 """
 
 from __future__ import annotations

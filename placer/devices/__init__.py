@@ -8,8 +8,9 @@ Device names: ``cpu``; ``gpu:N`` for the N-th CUDA GPU (``gpu`` means ``gpu:0``)
 ``gpu-sim`` for the simulated test device, which exists only when the environment
 variable ``PLACER_TEST_DEVICES=1`` is set. ``gpu-sim`` runs a stage's GPU
 implementation on the CPU so that routing, transfers and concurrency can be tested
-without a GPU. It is never a GPU: it is never reported as one, and never chosen
-unless a placement names it.
+without a GPU. It is never reported as a GPU, but while enabled it is an
+accelerator like any other: it is profiled, the planner may choose it, and runs and
+reports name it as the simulated test device it is.
 
 Each name belongs to a *kind* (:class:`~placer.devices.kinds.DeviceKind`): ``cpu``
 (:mod:`~placer.devices.cpu`), ``gpu`` (:mod:`~placer.devices.cuda`) and ``sim``

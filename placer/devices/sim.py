@@ -4,8 +4,11 @@ May import: placer.devices.{kinds,device,cpu}; numpy and torch only inside funct
 
 It runs a stage's GPU implementation on the CPU, so that routing, transfers and
 concurrency can be tested without a GPU. Its data lives in host memory but at a
-location of its own, so moving data there or back is a real copy. It is never a
-GPU: it is never reported as one, and never chosen unless a placement names it.
+location of its own, so moving data there or back is a real copy. It is never
+reported as a GPU (its label says it is a simulated test device, not a GPU), but while
+it is enabled it is an accelerator like any other: it is profiled, the planner may
+choose it (its measured times are the CPU's, plus real copies), and runs and reports
+name it as what it is.
 """
 
 from __future__ import annotations

@@ -150,11 +150,129 @@ def describe_machine(*, budget_s: float = 30.0, name: str | None = None) -> Targ
                              source=f"placer describe on {platform.node()} ({time.strftime('%Y-%m-%d')})")
 
 
+#: the side of the square matrix products that measure a GPU's peak FLOP/s
+PEAK_N = 4096
+#: float32 elements of the device-to-device copy that measures a GPU's memory bandwidth (256 MiB)
+COPY_ELEMENTS = 1 << 26
+#: fewest GPU op timings from which :func:`fit_gpu_factors` fits a GPU's own factors
+MIN_FIT_POINTS = 4
+
+
+def fit_gpu_factors(points, *, peak_flops: dict[str, float], mem_bandwidth_Bps: float,
+                    stage_overhead_s: float, op_overhead_s: float, sync_s: float) -> dict[str, float]:
+    """A GPU's efficiency factors and host factor, fitted to its own op timings.
+
+    ``points`` are ``(work, measured_s)`` pairs: an op's counted
+    :class:`~placer.costmodel.counts.Work` (its ``host_s`` set to this host's time for it) and its
+    measured seconds on the GPU. The fixed costs (per stage, launch, synchronisation) are the
+    GPU's measured ones; a grid search picks ``compute_eff``, ``memory_eff``, ``irregular_eff``
+    and ``host_factor``: the most ops predicted within 2x, then the least mean
+    ``|log(predicted / measured)|`` (as ``benchmarks/make_h200_description.py`` fits the H200's).
+    """
+    import math
+
+    import numpy as np
+
+    works = [w for w, _ in points]
+    meas = np.array([m for _, m in points], dtype=float)
+    flops = np.array([w.flops for w in works])
+    irr = np.array([min(w.irregular_bytes, w.bytes) for w in works])
+    stream = np.array([w.bytes for w in works]) - irr
+    peak = np.array([peak_flops.get(w.precision, peak_flops.get("fp32", min(peak_flops.values()))) for w in works])
+    fixed0 = stage_overhead_s + np.array([w.ops * op_overhead_s + w.syncs * sync_s for w in works])
+    host = np.array([w.host_s for w in works])
+    ces = np.geomspace(0.05, 1.0, 27)[:, None, None, None]
+    mes = np.geomspace(0.02, 1.0, 33)[None, :, None, None]
+    ies = np.geomspace(0.01, 1.0, 25)[None, None, :, None]
+    roof = np.maximum(flops / (peak * ces), stream / (mem_bandwidth_Bps * mes) + irr / (mem_bandwidth_Bps * ies))
+    best = None
+    for hf in (1.0, 1.25, 1.5, 2.0, 2.5, 3.0):  # a GPU run pays at least its host work
+        logs = np.abs(np.log((fixed0 + hf * host + roof) / meas))
+        within = np.mean(logs <= math.log(2), axis=-1)
+        key = -within * 1e3 + np.mean(logs, axis=-1)
+        i = np.unravel_index(int(np.argmin(key)), key.shape)
+        score = float(key[i])
+        if best is None or score < best[0]:
+            best = (score, hf, float(ces.ravel()[i[0]]), float(mes.ravel()[i[1]]), float(ies.ravel()[i[2]]))
+    _, hf, ce, me, ie = best
+    return dict(host_factor=hf, compute_eff=ce, memory_eff=me, irregular_eff=ie)
+
+
+def spread_error(calibration) -> float | None:
+    """The relative error of a description over its calibration points (None without points):
+    ``exp(rms(log(predicted / measured))) - 1``, as the shipped H200 description states its own."""
+    import math
+
+    if not calibration:
+        return None
+    logs = [math.log(c.ratio) for c in calibration]
+    return math.exp(math.sqrt(sum(x * x for x in logs) / len(logs))) - 1
+
+
+def gpu_description(*, name: str, memory_bytes: float | None, peak_flops: dict[str, float],
+                    mem_bandwidth_Bps: float, op_overhead_s: float, stage_overhead_s: float, sync_s: float,
+                    transfer, timed_ops) -> Any:
+    """A GPU's :class:`~placer.costmodel.roofline.DeviceDescription` from what was measured on it.
+
+    ``timed_ops`` are ``(op, size, work, measured_s)`` of the reference ops timed on this GPU.
+    With at least :data:`MIN_FIT_POINTS` of them, the efficiency factors and host factor are
+    this GPU's own (:func:`fit_gpu_factors`); with fewer, they are the shipped H200
+    calibration's, and ``source`` says so. Either way ``rel_error`` is the spread of this
+    description's predictions over this GPU's own timed ops (1.0, unknown, when none were
+    timed), never the H200's, and ``calibration`` lists those ops.
+    """
+    from placer.costmodel.roofline import CalibrationPoint, DeviceDescription, load_description
+
+    measured = "placer describe: measured peaks, device copy bandwidth, launch costs and copies"
+    fixed = dict(op_overhead_s=op_overhead_s, stage_overhead_s=stage_overhead_s, sync_s=sync_s)
+    if len(timed_ops) >= MIN_FIT_POINTS:
+        factors = fit_gpu_factors([(w, m) for _, _, w, m in timed_ops], peak_flops=peak_flops,
+                                  mem_bandwidth_Bps=mem_bandwidth_Bps, **fixed)
+        how = f"; efficiency factors and host factor fitted to {len(timed_ops)} reference ops timed on this GPU"
+    else:
+        ref = load_description("h200")
+        factors = dict(host_factor=ref.host_factor, compute_eff=ref.compute_eff, memory_eff=ref.memory_eff,
+                       irregular_eff=ref.irregular_eff)
+        how = (f"; efficiency factors and host factor ASSUMED from the shipped H200 calibration, not fitted here "
+               f"(only {len(timed_ops)} reference ops timed on this GPU; a larger --budget-s times more)")
+    desc = DeviceDescription(name=name, kind="gpu", memory_bytes=memory_bytes, source=measured + how,
+                             peak_flops=peak_flops, mem_bandwidth_Bps=mem_bandwidth_Bps, transfer=transfer,
+                             **fixed, **factors)
+    cal = [CalibrationPoint(op=o, size=s, work=w, measured_s=m, predicted_s=desc.predict(w))
+           for o, s, w, m in timed_ops]
+    err = spread_error(cal)
+    return desc.model_copy(update={"calibration": cal, "rel_error": 1.0 if err is None else err})
+
+
+def _time_reference_ops(dev, timed, *, budget_s: float) -> list:
+    """``(op, size, work, seconds)`` of the calibration ops on torch device ``dev``, within ``budget_s``."""
+    from placer.costmodel.counts import count_work, dispatch_s
+    from placer.target.ops import CALIBRATION, OPS
+
+    here = dispatch_s()
+    out = []
+    t_end = time.perf_counter() + budget_s
+    for op, size in CALIBRATION:
+        if time.perf_counter() > t_end:
+            break
+        try:
+            seconds = timed(OPS[op](size, device=dev), 0.1)
+            _, work = count_work(OPS[op](size))
+        except Exception:  # noqa: BLE001 - an op this GPU cannot run is left out of the fit
+            continue
+        work.host_s = work.dispatches * here + work.outside_s  # as the cost model charges host time
+        out.append((op, float(size), work, seconds))
+    return out
+
+
 def describe_gpu(device, *, budget_s: float = 10.0, fingerprint: str = ""):
-    """A :class:`~placer.costmodel.roofline.DeviceDescription` of one CUDA GPU, measured here."""
+    """A :class:`~placer.costmodel.roofline.DeviceDescription` of one CUDA GPU, measured here.
+
+    Its peaks, bandwidth, launch costs and copies are measured; its efficiency factors are
+    fitted to the reference ops timed on it (:func:`gpu_description`).
+    """
     import torch
 
-    from placer.costmodel.roofline import DeviceDescription, load_description
     from placer.profile.transfers import measure_transfers
     from placer.timing import measure
 
@@ -168,7 +286,7 @@ def describe_gpu(device, *, budget_s: float = 10.0, fingerprint: str = ""):
     def timed(fn, max_s=0.3):
         return _best(measure(fn, sync=sync, min_reps=3, max_reps=50, min_time_s=0.02, max_time_s=max_s, warn=False))
 
-    n = 4096
+    n = PEAK_N
     peak = {}
     for prec, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
                               ("bf16", torch.bfloat16, False)):
@@ -180,19 +298,14 @@ def describe_gpu(device, *, budget_s: float = 10.0, fingerprint: str = ""):
         finally:
             torch.backends.cuda.matmul.allow_tf32 = old
     peak["fp16"] = peak["bf16"]
-    src = torch.empty(1 << 26, device=dev)  # 256 MiB
+    src = torch.empty(COPY_ELEMENTS, device=dev)
     dst = torch.empty_like(src)
     bw = 2 * src.nbytes / timed(lambda: dst.copy_(src))
     tiny = torch.zeros(1, device=dev)
     one = timed(lambda: tiny.add_(1), 0.1)
     hundred = timed(lambda: [tiny.add_(1) for _ in range(100)], 0.2)
-    ref = load_description("h200")  # the efficiency of real stages, as calibrated on an H200
-    return DeviceDescription(
-        name=device.label, kind="gpu", memory_bytes=float(device.memory_bytes or 0) or None,
-        source=f"placer describe: measured peaks, device copy bandwidth, launch costs and copies; "
-               f"efficiency factors from the shipped H200 calibration",
-        peak_flops=peak, mem_bandwidth_Bps=bw, op_overhead_s=max((hundred - one) / 99, 1e-7),
-        stage_overhead_s=one, host_factor=ref.host_factor, compute_eff=ref.compute_eff,
-        memory_eff=ref.memory_eff, sync_s=one,
-        transfer=measure_transfers(device, budget_s=min(budget_s / 2, 8.0), fingerprint=fingerprint),
-        rel_error=ref.rel_error)
+    transfer = measure_transfers(device, budget_s=min(budget_s / 2, 8.0), fingerprint=fingerprint)
+    ops = _time_reference_ops(dev, timed, budget_s=max(budget_s / 2, 2.0))
+    return gpu_description(name=device.label, memory_bytes=float(device.memory_bytes or 0) or None,
+                           peak_flops=peak, mem_bandwidth_Bps=bw, op_overhead_s=max((hundred - one) / 99, 1e-7),
+                           stage_overhead_s=one, sync_s=one, transfer=transfer, timed_ops=ops)

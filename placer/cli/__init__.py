@@ -14,6 +14,7 @@ from placer.cli import advise as _advise  # noqa: E402,F401
 from placer.cli import schema as _schema  # noqa: E402,F401
 from placer.cli import check as _check  # noqa: E402,F401
 from placer.cli import describe as _describe  # noqa: E402,F401
+from placer.cli import tune as _tune  # noqa: E402,F401
 from placer.cli.app import with_global_options  # noqa: E402
 
 for _info in app.registered_commands:  # --traceback, -v and -q after the command as well

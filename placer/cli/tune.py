@@ -1,0 +1,79 @@
+"""``placer tune [OPTIONS] -- COMMAND [ARGS...]``: loader advice for a script left as it is."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from placer.cli.app import Interrupted, app, fail, output_path, positive_seconds
+
+
+@app.command("tune", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def tune_command(
+    command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS...]",
+                                        help="Your command, unchanged: placer tune -- python train.py --epochs 3 "
+                                             "(or placer tune train.py ARGS)."),
+    budget_s: float = typer.Option(120.0, "--budget-s", callback=positive_seconds,
+                                   help="Seconds all the script's runs may take (about)."),
+    window_s: float = typer.Option(2.0, "--window-s", callback=positive_seconds,
+                                   help="Seconds of your loop each run counts at least (at the script's own speed)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    output: Path = typer.Option(None, "-o", "--output", callback=output_path,
+                                help="Save the result (JSON) here; --apply reads it."),
+    apply: Path = typer.Option(None, "--apply", metavar="FILE",
+                               help="Run the command to its end with the recommendation saved in FILE."),
+) -> None:
+    """Tune the DataLoader of an unchanged script by running it: workers, prefetch, pinning, torch threads.
+
+    The script runs several times, each stopped after enough batches of its loop; PLACER_TUNING=1
+    is set in those runs, so a script may skip checkpoints and uploads while it is tuned.
+    """
+    from placer.tune.runs import TuneError, python_command
+
+    try:
+        cmd = python_command(list(command or []))
+    except TuneError as exc:
+        fail(str(exc))
+    if apply is not None:
+        _apply(cmd, apply)
+        return
+    _tune(cmd, budget_s=budget_s, window_s=window_s, as_json=as_json, output=output)
+
+
+def _apply(cmd: list[str], saved: Path) -> None:
+    from placer.tune.runs import run_script
+    from placer.tune.words import recommendation
+
+    try:
+        site, settings = recommendation(json.loads(saved.read_text()))
+    except OSError as exc:
+        fail(f"--apply: cannot read {saved}: {exc.strerror}")
+    except ValueError as exc:
+        fail(f"--apply: {saved}: {exc}")
+    run = run_script(cmd, {"mode": "apply", "target": site, "settings": settings}, timeout_s=None, trial=False,
+                     capture=False)
+    if not any(r["site"] == site for r in run.loaders):
+        print(f"placer tune: the script built no DataLoader at {site}: the saved settings were not applied",
+              file=sys.stderr)
+    raise typer.Exit(run.returncode or 0)
+
+
+def _tune(cmd: list[str], *, budget_s: float, window_s: float, as_json: bool, output: Path | None) -> None:
+    from placer.tune.runs import TuneError
+    from placer.tune.search import stderr_progress, tune
+    from placer.tune.words import describe, to_json
+
+    try:
+        result = tune(cmd, budget_s=budget_s, window_s=window_s, progress=stderr_progress)
+    except TuneError as exc:
+        fail(str(exc))
+    except Interrupted:
+        print("placer tune: stopped; the runs measured so far are shown above", file=sys.stderr)
+        raise
+    data = to_json(result)
+    if output is not None:
+        output.write_text(json.dumps(data, indent=2) + "\n")
+    print(json.dumps(data, indent=2) if as_json else "\n".join(describe(result)))

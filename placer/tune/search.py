@@ -1,0 +1,312 @@
+"""Tuning a script's loader by running the script: the drop-in's search and decision, over whole-script runs.
+
+May import: placer.tune.runs, placer.stream.dropin (its search space and decision rule),
+placer.data.stream, numpy.
+
+Every measurement is a run of the user's own command (:func:`placer.tune.runs.run_script`),
+stopped by the hook after the same number of counted batches of the loader that holds the
+loop; its start-up (imports, data set-up) is measured and reported, never counted as loader
+time. The settings tried are the drop-in's first candidates
+(:func:`placer.stream.dropin.candidates`), the decision is the drop-in's
+(:func:`placer.stream.dropin.decide`: a setting is recommended only when its repeated,
+interleaved runs beat the script as written by more than their noise), so ``placer tune``
+and ``advise_loader`` answer the same question by the same rule; only the runs differ.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from placer.data.stream import LoaderSettings
+from placer.stream.dropin import (FINALISTS, REPEATS, SETTLE_ROUNDS, Trial, candidates, choose, decide, merged,
+                                  paired, wait_noise, within_reach)
+from placer.tune.runs import ScriptRun, TuneError, run_script
+
+#: counted seconds a trial's loop lasts at least (at the script's own speed): shorter runs measure
+#: the machine's hiccups and the workers' start more than the loader
+WINDOW_S = 2.0
+#: counted batches a trial reads at least, and batches not counted at its start (workers starting)
+MIN_BATCHES, WARMUP = 8, 2
+#: a trial is ended when its loop has taken this many times the script's own time for the same batches
+SLOW_CAP = 4.0
+
+
+@dataclass
+class Tuned:
+    """What ``placer tune`` measured and recommends."""
+
+    command: list[str]
+    site: str
+    others: list[dict[str, Any]]
+    user: Trial
+    recommended: Trial
+    trials: list[Trial]
+    noise: str | None
+    startup_s: float
+    budget_s: float
+    used_s: float
+    batches: int
+    arguments: dict[str, str]
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    iterable: bool = False
+
+    @property
+    def change(self) -> bool:
+        return self.recommended is not self.user
+
+    @property
+    def speedup(self) -> float:
+        return self.recommended.score / max(self.user.score, 1e-12)
+
+    @property
+    def wait_fraction(self) -> float:
+        return self.user.fetch_fraction
+
+    @property
+    def waits(self) -> bool:
+        """Whether the loop waits for data beyond noise (:func:`placer.stream.dropin.wait_noise`)."""
+        return self.user.fetch_fraction > wait_noise(self.user)
+
+    def round_ratios(self) -> list[float]:
+        """The recommendation's samples/s over the script as written's, round by round."""
+        return [a / b for a, b in paired(self.recommended, self.user) if b > 0]
+
+
+def settings_dict(s: LoaderSettings) -> dict[str, Any]:
+    """Settings in DataLoader's terms, as the hook applies them and the JSON shows them."""
+    kind = "none" if not s.num_workers else ("thread" if s.worker_threads else "process")
+    return {"num_workers": s.num_workers, "worker_kind": kind,
+            "prefetch_factor": s.prefetch_factor if s.num_workers else None,
+            "persistent_workers": bool(s.persistent_workers and s.num_workers and not s.worker_threads),
+            "pin_memory": s.pin_memory, "torch_threads": s.torch_threads}
+
+
+def settings_from(d: dict[str, Any]) -> LoaderSettings:
+    """The inverse of :func:`settings_dict` (a saved recommendation)."""
+    w = int(d.get("num_workers") or 0)
+    return LoaderSettings(num_workers=w, prefetch_factor=d.get("prefetch_factor") if w else None,
+                          pin_memory=bool(d.get("pin_memory")), persistent_workers=bool(d.get("persistent_workers")),
+                          torch_threads=d.get("torch_threads"), worker_threads=d.get("worker_kind") == "thread")
+
+
+def user_settings(rec: dict[str, Any]) -> LoaderSettings:
+    """The settings the script built its loader with (its arguments as the hook saw them)."""
+    args = rec.get("arguments", {})
+
+    def arg(name: str, default: Any) -> Any:
+        try:
+            return ast.literal_eval(args[name]) if name in args else default
+        except (ValueError, SyntaxError):
+            return default
+
+    w = int(arg("num_workers", 0) or 0)
+    return LoaderSettings(num_workers=w, prefetch_factor=(arg("prefetch_factor", None) or 2) if w else None,
+                          pin_memory=bool(arg("pin_memory", False)),
+                          persistent_workers=bool(w and arg("persistent_workers", False)),
+                          torch_threads=rec.get("torch_threads"))
+
+
+def trial_of(run: ScriptRun, site: str, settings: LoaderSettings, batches: int | None) -> Trial | None:
+    """A drop-in :class:`Trial` from one run of the script (None where no batch was counted)."""
+    rec = run.loader(site)
+    if rec is None or not rec.get("counted") or rec.get("counted_s", 0) <= 0:
+        return None
+    rate = rec["counted_samples"] / rec["counted_s"]
+    return Trial(settings=settings, samples_per_s=rate, first_batch_s=rec.get("first_batch_s") or 0.0,
+                 fetch_fraction=min(1.0, rec["counted_wait_s"] / rec["counted_s"]), batches=rec["counted"],
+                 samples=rec["counted_samples"], seconds=rec["counted_s"], started=(run.started,),
+                 cut=batches is not None and rec["counted"] < batches)
+
+
+def refuse_unusable(run: ScriptRun, command: list[str]) -> None:
+    """Raise :class:`TuneError` where the script as written gives nothing to tune, saying why."""
+    shown = " ".join(command)
+    if run.report.get("refused"):
+        raise TuneError(run.report["refused"])
+    iterated = [r for r in run.loaders if r["batches"]]
+    if iterated:
+        return
+    if run.timed_out:
+        raise TuneError(f"`{shown}` read no batch of a DataLoader before the time limit ({run.wall_s:.0f} s): "
+                        "raise --budget-s, or make the script reach its loop sooner")
+    if run.returncode not in (0, None) or run.report.get("error"):
+        error = run.report.get("error") or f"exit status {run.returncode}"
+        raise TuneError(f"the script failed before its first batch ({error}); its output ended:\n"
+                        f"{run.output_tail}")
+    built = run.loaders
+    if not built:
+        raise TuneError(f"`{shown}` built no torch DataLoader: placer tune tunes a DataLoader's settings "
+                        "(for a pipeline of your own, declare it and use placer advise)")
+    sites = ", ".join(sorted({r["site"] for r in built}))
+    raise TuneError(f"`{shown}` built {len(built)} DataLoader{'s' if len(built) > 1 else ''} ({sites}) but "
+                    "iterated none: there is no loop to tune")
+
+
+def holding_loader(run: ScriptRun) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The loader the loop spends the longest on, and the others (iterated or not)."""
+    rec = max(run.loaders, key=lambda r: r["iterated_s"])
+    return rec, [r for r in run.loaders if r["site"] != rec["site"]]
+
+
+class _Clock:
+    def __init__(self, budget_s: float):
+        self.budget_s, self.t0 = budget_s, time.perf_counter()
+
+    def used(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.budget_s - self.used()
+
+
+def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDOW_S,
+         progress: Callable[[str], None] | None = None, cores: int | None = None) -> Tuned:
+    """Run ``command`` as written, then with the drop-in's candidate settings, and decide.
+
+    Parameters
+    ----------
+    command : list of str
+        The user's command (``python train.py ARGS``).
+    budget_s : float
+        Seconds all the runs may take (about: a run under way is finished).
+    window_s : float
+        Counted seconds each run's loop lasts at least, at the script's own speed.
+    progress : callable, optional
+        Called with a line of text as each run ends.
+    cores : int, optional
+        CPU cores to plan workers for (default: the cores this process may use).
+    """
+    if not (budget_s > 0 and math.isfinite(budget_s)):
+        raise TuneError(f"--budget-s must be a positive number of seconds, got {budget_s!r}")
+    say = progress or (lambda line: None)
+    clock = _Clock(budget_s)
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    first = run_script(command, {"mode": "trial", "target": None, "settings": None, "warmup": WARMUP,
+                                 "min_batches": MIN_BATCHES, "min_s": window_s, "stop_s": max(budget_s / 2, 10)},
+                       timeout_s=max(clock.left(), 5.0))
+    refuse_unusable(first, command)
+    rec, others = holding_loader(first)
+    site = rec["site"]
+    startup = first.report.get("first_iter_s") or first.wall_s
+    per_batch = rec["iterated_s"] / max(rec["batches"], 1)
+    batches = max(MIN_BATCHES, math.ceil(window_s / max(per_batch, 1e-6)))
+    per_run = startup + (WARMUP + batches) * per_batch + 1.0
+    say(f"as written: {rec['site']}, {rec['batches']} batches, start-up {startup:.1f} s, "
+        f"{per_batch * 1e3:.0f} ms a batch; runs of {batches} counted batches")
+    user_s = user_settings(rec)
+    gpu = bool(first.report.get("cuda"))
+    runs: list[dict[str, Any]] = []
+
+    def once(s: LoaderSettings) -> Trial | None:
+        if clock.left() < per_run:
+            return None
+        run = run_script(command, {"mode": "trial", "target": site, "settings": settings_dict(s), "warmup": WARMUP,
+                                   "batches": batches, "stop_s": SLOW_CAP * batches * per_batch + 5.0},
+                         timeout_s=max(per_run * SLOW_CAP + 30.0, clock.left()))
+        t = trial_of(run, site, s, batches)
+        runs.append({"settings": settings_dict(s), "samples_per_s": None if t is None else round(t.samples_per_s, 2),
+                     "startup_s": run.report.get("first_iter_s"), "wall_s": round(run.wall_s, 3),
+                     "stopped": run.report.get("stopped"), "returncode": run.returncode})
+        say(f"  {_short(s)}: " + ("failed" if t is None else f"{t.samples_per_s:,.0f} samples/s")
+            + f"  ({clock.used():.0f} of {budget_s:.0f} s)")
+        return t
+
+    user = once(user_s)
+    if user is None:
+        raise TuneError("the script as written could not be measured a second time within the budget "
+                        f"({budget_s:.0f} s; one run takes about {per_run:.0f} s): raise --budget-s")
+    trials = [user]
+    for s in candidates(user_s, cores=cores, gpu=gpu, iterable=bool(rec.get("iterable"))):
+        t = once(s)
+        if t is not None:
+            trials.append(t)
+    trials = _rounds(trials, once, clock, per_run)
+    waits = user_of(trials).fetch_fraction > wait_noise(user_of(trials))
+    choice, noise = decide(user_of(trials), trials, waits=waits)
+    return Tuned(command=command, site=site, others=[_other(r) for r in others], user=user_of(trials),
+                 recommended=choice, trials=trials, noise=noise, startup_s=startup, budget_s=budget_s,
+                 used_s=clock.used(), batches=batches, arguments=rec.get("arguments", {}), runs=runs,
+                 iterable=bool(rec.get("iterable")))
+
+
+def user_of(trials: list[Trial]) -> Trial:
+    return trials[0]
+
+
+def _rounds(trials: list[Trial], once: Callable[[LoaderSettings], Trial | None], clock: _Clock,
+            per_run: float) -> list[Trial]:
+    """``REPEATS`` interleaved rounds of the script as written and the fastest few (each round runs the
+    user's first), then up to ``SETTLE_ROUNDS`` more of the user's and a setting whose gain the
+    runs' spread may hide."""
+    user = trials[0]
+    finalists = _finalists(trials)
+    more: dict[int, list[Trial]] = {id(t): [] for t in [user, *finalists]}
+    for _ in range(REPEATS - 1):
+        if clock.left() < per_run * (1 + len(finalists)):
+            break
+        _one_round([user, *finalists], once, more)
+    trials = [merged(t, more.get(id(t), [])) for t in trials]
+    near = within_reach(trials[0], trials)
+    settle: dict[int, list[Trial]] = {id(trials[0]): []}
+    if near is not None:
+        settle[id(near)] = []
+        for _ in range(SETTLE_ROUNDS):
+            if clock.left() < 2 * per_run:
+                break
+            _one_round([trials[0], near], once, settle)
+        trials = [merged(t, settle.get(id(t), [])) for t in trials]
+    return trials
+
+
+def _finalists(trials: list[Trial]) -> list[Trial]:
+    """The settings repeated beside the user's, as the drop-in picks them: the ``FINALISTS`` fastest of the
+    first round, the user's loader at other step threads (a step-bound choice) and the setting the
+    first round alone would choose (:func:`placer.stream.dropin.choose`: the cheapest near the fastest)."""
+    user = trials[0]
+    ranked = sorted(trials[1:], key=lambda t: -t.score)
+    out = ranked[:FINALISTS]
+    same = [t for t in ranked if (t.settings.num_workers, t.settings.prefetch_factor, t.settings.pin_memory)
+            == (user.settings.num_workers, user.settings.prefetch_factor, user.settings.pin_memory)]
+    first_choice = choose(user, trials)
+    for extra in [*same[:1], first_choice]:
+        if extra is not user and extra not in out:
+            out.append(extra)
+    return out
+
+
+def _one_round(which: list[Trial], once: Callable[[LoaderSettings], Trial | None],
+               more: dict[int, list[Trial]]) -> None:
+    """One run of each of ``which``, in turn; a round with a failed run is dropped whole (rounds stay paired)."""
+    got = [once(t.settings) for t in which]
+    if all(g is not None for g in got):
+        for t, g in zip(which, got):
+            more[id(t)].append(g)
+
+
+def _other(rec: dict[str, Any]) -> dict[str, Any]:
+    return {"site": rec["site"], "batches": rec["batches"], "iterated_s": round(rec["iterated_s"], 3)}
+
+
+def _short(s: LoaderSettings) -> str:
+    d = settings_dict(s)
+    text = f"num_workers={d['num_workers']} ({d['worker_kind']})"
+    if d["num_workers"]:
+        text += f", prefetch_factor={d['prefetch_factor']}"
+    if d["persistent_workers"]:
+        text += ", persistent"
+    if d["pin_memory"]:
+        text += ", pinned"
+    return text + f", torch threads {d['torch_threads']}"
+
+
+def stderr_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

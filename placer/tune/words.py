@@ -1,0 +1,109 @@
+"""``placer tune``'s result in words and as JSON.
+
+May import: placer.tune.search, placer.stream.dropin (the settings' label and the noise rule).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from placer.stream.dropin import MIN_GAIN, Trial, label
+from placer.tune.search import Tuned, settings_dict, settings_from
+
+
+def verdict(t: Tuned) -> str:
+    """One sentence: does the loop wait for data, and how much."""
+    waits = f"Your loop waits for data {t.wait_fraction:.0%} of the time (the DataLoader built at {t.site})"
+    if t.waits:
+        return f"{waits}: the loader holds it back."
+    return f"{waits}: within noise, the loop sets the pace."
+
+
+def loader_line(t: Tuned) -> list[str]:
+    """What to paste: the DataLoader call with the recommended settings, and torch's threads."""
+    s = t.recommended.settings
+    d = settings_dict(s)
+    kw = [f"num_workers={d['num_workers']}"]
+    if d["num_workers"]:
+        kw.append(f"prefetch_factor={d['prefetch_factor']}")
+        if d["worker_kind"] == "process":
+            kw.append(f"persistent_workers={d['persistent_workers']}")
+    kw.append(f"pin_memory={d['pin_memory']}")
+    kept = [f"{k}={v if not v.startswith('<') else '...'}" for k, v in t.arguments.items()
+            if k not in ("dataset", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory")]
+    args = ", ".join(["dataset", *kept, *kw])
+    if d["worker_kind"] == "thread":
+        lines = [f"  placer.stream.ThreadLoader({args})",
+                 "  (worker threads, not processes: a Dataset read from several threads must guard state it changes)"]
+    else:
+        lines = [f"  DataLoader({args})"]
+    if s.torch_threads is not None and s.torch_threads != t.user.settings.torch_threads:
+        lines.append(f"  torch.set_num_threads({s.torch_threads})")
+    return lines
+
+
+def describe(t: Tuned) -> list[str]:
+    """The result as lines of text."""
+    lines = [f"placer tune: {len(t.runs) + 1} runs of `{' '.join(t.command)}` in {t.used_s:.0f} s "
+             f"of a {t.budget_s:.0f} s budget; each run's start-up ({t.startup_s:.1f} s as written) is not "
+             f"counted; each counts {t.batches} batches of your loop", verdict(t),
+             f"As written:  {label(t.user.settings)} -> {t.user.samples_per_s:,.0f} samples/s"]
+    if t.change:
+        ratios = t.round_ratios()
+        spread = (f"; round by round {min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else "")
+        lines += [f"Recommended: {label(t.recommended.settings)} -> {t.recommended.samples_per_s:,.0f} samples/s, "
+                  f"{t.speedup:.2f}x as written over {len(t.recommended.rates)} interleaved runs{spread}",
+                  *loader_line(t),
+                  "  or run the script unchanged with it: placer tune --apply FILE -- COMMAND "
+                  "(FILE: this result saved with -o)"]
+    elif t.noise:
+        lines.append(f"Recommended: keep your settings ({t.noise})")
+    else:
+        lines.append(f"Recommended: keep your settings (no setting tried was more than {MIN_GAIN:.0%} faster "
+                     "beyond the noise of repeated runs)")
+    lines.append("Measured (samples/s of the counted batches, the median of the runs; spread: the runs' range "
+                 "over their median):")
+    lines.append(f"  {'settings':<78} {'samples/s':>10} {'runs':>4} {'spread':>6}")
+    for tr in sorted(t.trials, key=lambda x: -x.score):
+        mark = "  (as written)" if tr is t.user else ("  (recommended)" if tr is t.recommended else "")
+        lines.append(f"  {label(tr.settings):<78} {tr.samples_per_s:>10,.0f} {len(tr.rates):>4} "
+                     f"{tr.spread:>6.0%}{mark}")
+    if t.others:
+        lines.append("Other loaders (not tuned): " + "; ".join(
+            f"{o['site']} ({o['batches']} batches, {o['iterated_s']:.2f} s)" for o in t.others))
+    return lines + [f"Note: {n}" for n in t.notes]
+
+
+def _trial(tr: Trial) -> dict[str, Any]:
+    return {**settings_dict(tr.settings), "samples_per_s": round(tr.samples_per_s, 2),
+            "runs": [round(r, 2) for r in tr.rates], "spread": round(tr.spread, 4),
+            "fetch_fraction": round(tr.fetch_fraction, 4), "first_batch_s": round(tr.first_batch_s, 4),
+            **({"cut": True} if tr.cut else {})}
+
+
+def to_json(t: Tuned) -> dict[str, Any]:
+    """The result as plain data (``placer tune --json``; ``--apply`` reads ``recommended``)."""
+    ratios = t.round_ratios()
+    return {"command": t.command, "loader": t.site, "other_loaders": t.others,
+            "verdict": {"wait_fraction": round(t.wait_fraction, 4), "waits_for_data": t.waits,
+                        "sentence": verdict(t)},
+            "recommended": {**settings_dict(t.recommended.settings), "cache": None},
+            "change": t.change, "speedup": round(t.speedup, 4),
+            "speedup_rounds": [round(r, 4) for r in ratios],
+            "speedup_median": round(float(np.median(ratios)), 4) if ratios else None,
+            "as_written": settings_dict(t.user.settings), "within_noise": t.noise,
+            "trials": [_trial(tr) for tr in t.trials], "runs": t.runs, "batches_counted": t.batches,
+            "startup_s": round(t.startup_s, 3), "budget_s": t.budget_s, "used_s": round(t.used_s, 2),
+            "notes": t.notes}
+
+
+def recommendation(saved: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The loader's place and settings from a saved result (``placer tune -o FILE``), checked."""
+    try:
+        site, rec = saved["loader"], saved["recommended"]
+        settings_from(rec)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a placer tune result (needs 'loader' and 'recommended'): {exc}") from None
+    return site, rec

@@ -2,6 +2,8 @@
 
 This folder is put first on the script's ``PYTHONPATH`` by ``placer tune``; the hook is loaded
 from its file, without importing the ``placer`` package (which the script may never import).
+
+May import: the standard library only.
 """
 
 import importlib.machinery

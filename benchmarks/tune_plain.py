@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,7 +90,8 @@ def bench(script: str, a: argparse.Namespace, data_dir: Path, log) -> dict:
     configs: dict[str, Config | None] = {"as written": None, "placer tune": rec if tuned["change"] else None}
     configs |= grid_best(Path(a.grid), script, a.top)
     runs = interleaved(script, configs, a.rounds, base=base, phase="final", timeout_s=a.timeout_s, seed=0, log=log)
-    digests = {r.digest for rs in runs.values() for r in rs if r.ok}
+    written_digest = next((r.digest for r in runs["as written"] if r.ok), ref.digest)
+    mismatch = sorted({k for k, rs in runs.items() for r in rs if r.ok and r.digest != written_digest})
     st = {k: stats(v) for k, v in runs.items()}
     best = max(s["median"] for s in st.values() if s["median"])
     written = st["as written"]["median"]
@@ -100,7 +100,7 @@ def bench(script: str, a: argparse.Namespace, data_dir: Path, log) -> dict:
             "score_vs_best": round(st["placer tune"]["median"] / best, 3),
             "claimed": tuned["speedup"], "measured": round(measured, 3),
             "claimed_vs_measured": round(tuned["speedup"] / measured, 3),
-            "best_vs_written": round(best / written, 3), "digests_agree": len(digests) == 1,
+            "best_vs_written": round(best / written, 3), "digest_mismatch": mismatch,
             "runs": {k: [r.samples_per_s for r in v] for k, v in runs.items()}}
     log(f"  score {out['score_vs_best']}, claimed {out['claimed']}x, measured {out['measured']}x")
     return out
@@ -108,7 +108,7 @@ def bench(script: str, a: argparse.Namespace, data_dir: Path, log) -> dict:
 
 def table(results: list[dict]) -> list[str]:
     lines = ["| script | recommended | tune time | score vs grid's best | claimed | measured | claimed / measured | "
-             "grid's best vs as written | digests |", "|---|---|---|---|---|---|---|---|---|"]
+             "grid's best vs as written | batch digests vs as written |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.get("tune") is None:
             lines.append(f"| {r['script']} | placer tune failed | {r['tune_s']} s | | | | | | |")
@@ -116,7 +116,8 @@ def table(results: list[dict]) -> list[str]:
         rec = flags_of(r["tune"]["recommended"]).label() if r["tune"]["change"] else "keep your settings"
         lines.append(f"| {r['script']} | {rec} | {r['tune_s']:.0f} s | {r['score_vs_best']:.2f} | {r['claimed']:.2f}x | "
                      f"{r['measured']:.2f}x | {r['claimed_vs_measured']:.2f} | {r['best_vs_written']:.2f}x | "
-                     f"{'same' if r['digests_agree'] else 'DIFFER'} |")
+                     f"{'placer tune: same' if 'placer tune' not in r['digest_mismatch'] else 'placer tune: DIFFER'}"
+                     + (f"; differ: {', '.join(r['digest_mismatch'])}" if r['digest_mismatch'] else "") + " |")
     return lines
 
 

@@ -15,6 +15,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
+from placer.data.stream import LoaderSettings
 from placer.tune.runs import TuneError, python_command, run_script
 from placer.tune.search import holding_loader, refuse_unusable, settings_dict, tune
 from placer.tune.words import describe, recommendation, to_json
@@ -141,13 +142,18 @@ def test_commands_that_are_not_python_are_refused_and_a_script_alone_runs_with_t
 def test_tune_recommends_workers_for_a_loop_that_waits_on_slow_samples_and_apply_keeps_its_batches(tmp_path):
     """Every sample sleeps 3 ms (storage), the step is light: workers must win by far, on any load."""
     cmd = python_command([str(SCRIPTS / "sleepy_train.py"), "--epochs", "3"])
-    result = tune(cmd, budget_s=60, window_s=0.3)
+    # two settings besides the script's own keep the test short; the search over the drop-in's whole space
+    # is the same loop (benchmarks/tune_plain.py runs it on the plain scripts)
+    space = [LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True),
+             LoaderSettings(num_workers=2, prefetch_factor=2, worker_threads=True)]
+    result = tune(cmd, budget_s=60, window_s=0.3, space=space)
     data = to_json(result)
     assert data["verdict"]["waits_for_data"] is True
     assert data["change"] is True and data["recommended"]["num_workers"] >= 1
     assert data["speedup"] >= 1.5
     assert len(data["trials"][0]["runs"]) >= 2  # the script as written ran in the interleaved rounds too
     assert data["used_s"] <= 60 + 30  # a run under way at the budget's end is finished, not more
+    assert {(t["num_workers"], t["worker_kind"]) for t in data["trials"]} == {(0, "none"), (2, "process"), (2, "thread")}
     text = "\n".join(describe(result))
     assert "Recommended:" in text and "as written" in text
     saved = tmp_path / "tuned.json"

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from placer.data.stream import LoaderSettings
 from placer.stream.dropin import (FINALISTS, REPEATS, SETTLE_ROUNDS, Trial, candidates, choose, decide, merged,
                                   paired, wait_noise, within_reach)
@@ -36,6 +38,9 @@ WINDOW_S = 2.0
 MIN_BATCHES, WARMUP = 8, 2
 #: a trial is ended when its loop has taken this many times the script's own time for the same batches
 SLOW_CAP = 4.0
+#: runs of one interleaved round (the user's, the finalists and the first round's choice), reserved for each
+#: round after the first while the first round runs
+ROUND_RUNS = 2 + FINALISTS
 
 
 @dataclass
@@ -168,7 +173,8 @@ class _Clock:
 
 
 def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDOW_S,
-         progress: Callable[[str], None] | None = None, cores: int | None = None) -> Tuned:
+         progress: Callable[[str], None] | None = None, cores: int | None = None,
+         space: list[LoaderSettings] | None = None) -> Tuned:
     """Run ``command`` as written, then with the drop-in's candidate settings, and decide.
 
     Parameters
@@ -183,6 +189,9 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
         Called with a line of text as each run ends.
     cores : int, optional
         CPU cores to plan workers for (default: the cores this process may use).
+    space : list of LoaderSettings, optional
+        The settings to try besides the script's own (default: the drop-in's first candidates,
+        :func:`placer.stream.dropin.candidates`).
     """
     if not (budget_s > 0 and math.isfinite(budget_s)):
         raise TuneError(f"--budget-s must be a positive number of seconds, got {budget_s!r}")
@@ -203,66 +212,92 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
     say(f"as written: {rec['site']}, {rec['batches']} batches, start-up {startup:.1f} s, "
         f"{per_batch * 1e3:.0f} ms a batch; runs of {batches} counted batches")
     user_s = user_settings(rec)
-    gpu = bool(first.report.get("cuda"))
-    runs: list[dict[str, Any]] = []
-
-    def once(s: LoaderSettings) -> Trial | None:
-        if clock.left() < per_run:
-            return None
-        run = run_script(command, {"mode": "trial", "target": site, "settings": settings_dict(s), "warmup": WARMUP,
-                                   "batches": batches, "stop_s": SLOW_CAP * batches * per_batch + 5.0},
-                         timeout_s=max(per_run * SLOW_CAP + 30.0, clock.left()))
-        t = trial_of(run, site, s, batches)
-        runs.append({"settings": settings_dict(s), "samples_per_s": None if t is None else round(t.samples_per_s, 2),
-                     "startup_s": run.report.get("first_iter_s"), "wall_s": round(run.wall_s, 3),
-                     "stopped": run.report.get("stopped"), "returncode": run.returncode})
-        say(f"  {_short(s)}: " + ("failed" if t is None else f"{t.samples_per_s:,.0f} samples/s")
-            + f"  ({clock.used():.0f} of {budget_s:.0f} s)")
-        return t
-
-    user = once(user_s)
+    runner = _Runner(command, site, batches, per_batch, per_run, clock, say)
+    user = runner.once(user_s)
     if user is None:
         raise TuneError("the script as written could not be measured a second time within the budget "
                         f"({budget_s:.0f} s; one run takes about {per_run:.0f} s): raise --budget-s")
+    todo = space if space is not None else candidates(user_s, cores=cores, gpu=bool(first.report.get("cuda")),
+                                                      iterable=bool(rec.get("iterable")))
     trials = [user]
-    for s in candidates(user_s, cores=cores, gpu=gpu, iterable=bool(rec.get("iterable"))):
-        t = once(s)
+    for s in todo:
+        # the first round leaves room for the interleaved rounds that decide
+        t = runner.once(s, reserve=ROUND_RUNS * (REPEATS - 1))
         if t is not None:
             trials.append(t)
-    trials = _rounds(trials, once, clock, per_run)
+    notes = []
+    if len(trials) - 1 < len(todo):
+        notes.append(f"{len(todo) - (len(trials) - 1)} of the {len(todo)} settings to try were not run within the "
+                     f"budget ({budget_s:.0f} s; a run of the script takes about {runner.per_run():.0f} s): a larger "
+                     "--budget-s tries them")
+    trials = _rounds(trials, runner, clock)
     waits = user_of(trials).fetch_fraction > wait_noise(user_of(trials))
     choice, noise = decide(user_of(trials), trials, waits=waits)
     return Tuned(command=command, site=site, others=[_other(r) for r in others], user=user_of(trials),
                  recommended=choice, trials=trials, noise=noise, startup_s=startup, budget_s=budget_s,
-                 used_s=clock.used(), batches=batches, arguments=rec.get("arguments", {}), runs=runs,
-                 iterable=bool(rec.get("iterable")))
+                 used_s=clock.used(), batches=batches, arguments=rec.get("arguments", {}), runs=runner.runs,
+                 notes=notes, iterable=bool(rec.get("iterable")))
+
+
+class _Runner:
+    """Runs the script with one setting after another, each stopped after the same counted batches."""
+
+    def __init__(self, command: list[str], site: str, batches: int, per_batch: float, per_run: float, clock: _Clock,
+                 say: Callable[[str], None]):
+        self.command, self.site, self.batches, self.per_batch = command, site, batches, per_batch
+        self.first_guess, self.clock, self.say = per_run, clock, say
+        self.runs: list[dict[str, Any]] = []
+
+    def per_run(self) -> float:
+        """Seconds one run takes: the median of the runs so far (start-up included)."""
+        walls = [r["wall_s"] for r in self.runs]
+        return float(np.median(walls)) if walls else self.first_guess
+
+    def fits(self, runs: int) -> bool:
+        return self.clock.left() >= runs * self.per_run()
+
+    def once(self, s: LoaderSettings, *, reserve: int = 0) -> Trial | None:
+        """One run of the script with ``s`` (None where the budget, less ``reserve`` runs, has no room, or
+        the run counted no batch)."""
+        if not self.fits(1 + reserve):
+            return None
+        run = run_script(self.command, {"mode": "trial", "target": self.site, "settings": settings_dict(s),
+                                        "warmup": WARMUP, "batches": self.batches,
+                                        "stop_s": SLOW_CAP * self.batches * self.per_batch + 5.0},
+                         timeout_s=SLOW_CAP * self.per_run() + 30.0)
+        t = trial_of(run, self.site, s, self.batches)
+        self.runs.append({"settings": settings_dict(s),
+                          "samples_per_s": None if t is None else round(t.samples_per_s, 2),
+                          "startup_s": run.report.get("first_iter_s"), "wall_s": round(run.wall_s, 3),
+                          "stopped": run.report.get("stopped"), "returncode": run.returncode})
+        self.say(f"  {_short(s)}: " + ("failed" if t is None else f"{t.samples_per_s:,.0f} samples/s")
+                 + f"  ({self.clock.used():.0f} of {self.clock.budget_s:.0f} s)")
+        return t
 
 
 def user_of(trials: list[Trial]) -> Trial:
     return trials[0]
 
 
-def _rounds(trials: list[Trial], once: Callable[[LoaderSettings], Trial | None], clock: _Clock,
-            per_run: float) -> list[Trial]:
-    """``REPEATS`` interleaved rounds of the script as written and the fastest few (each round runs the
+def _rounds(trials: list[Trial], runner: _Runner, clock: _Clock) -> list[Trial]:
+    """``REPEATS`` interleaved rounds of the script as written and the finalists (each round runs the
     user's first), then up to ``SETTLE_ROUNDS`` more of the user's and a setting whose gain the
-    runs' spread may hide."""
+    runs' spread may hide (:func:`placer.stream.dropin.within_reach`)."""
     user = trials[0]
     finalists = _finalists(trials)
     more: dict[int, list[Trial]] = {id(t): [] for t in [user, *finalists]}
     for _ in range(REPEATS - 1):
-        if clock.left() < per_run * (1 + len(finalists)):
+        if not runner.fits(1 + len(finalists)):
             break
-        _one_round([user, *finalists], once, more)
+        _one_round([user, *finalists], runner.once, more)
     trials = [merged(t, more.get(id(t), [])) for t in trials]
     near = within_reach(trials[0], trials)
-    settle: dict[int, list[Trial]] = {id(trials[0]): []}
     if near is not None:
-        settle[id(near)] = []
+        settle: dict[int, list[Trial]] = {id(trials[0]): [], id(near): []}
         for _ in range(SETTLE_ROUNDS):
-            if clock.left() < 2 * per_run:
+            if not runner.fits(2):
                 break
-            _one_round([trials[0], near], once, settle)
+            _one_round([trials[0], near], runner.once, settle)
         trials = [merged(t, settle.get(id(t), [])) for t in trials]
     return trials
 

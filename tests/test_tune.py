@@ -184,3 +184,17 @@ def test_the_tuning_environment_is_set_only_in_trials():
     a = run_script([PY, "-c", code], {"mode": "apply"}, timeout_s=60, trial=False)
     assert json.loads(t.output_tail) == "1" and json.loads(a.output_tail) is None
     assert os.environ.get("PLACER_TUNING") is None
+
+
+def test_each_run_measures_the_memory_of_the_script_and_of_its_worker_processes():
+    _, first = trial("sleepy_train.py")
+    site = holding_loader(first)[0]["site"]
+    s = {"num_workers": 2, "worker_kind": "process", "prefetch_factor": 2, "persistent_workers": True,
+         "pin_memory": False, "torch_threads": None}
+    _, run = trial("sleepy_train.py", "--epochs", "20", settings=s, target=site)
+    rec = run.loader(site)
+    end = rec["memory_end"]
+    assert end["processes"] == 2 and end["workers"] > 2**20  # two worker processes, each with its own pages
+    assert end["main"] > 2**20 and rec["memory_start"]["processes"] == 2
+    none = holding_loader(first)[0]
+    assert none["memory_end"]["processes"] == 0 and none["memory_end"]["workers"] == 0

@@ -70,7 +70,7 @@ class _State:
                "samples": 0, "wait_s": 0.0, "between_s": 0.0, "first_batch_s": None, "iterated_s": 0.0,
                "epoch_batches": [], "torch_threads": None, "counted": 0, "counted_samples": 0,
                "counted_s": 0.0, "counted_wait_s": 0.0, "digest": None, "_t_first_counted": None,
-               "_t_last": None, "_hash": None, "_draws": False}
+               "_t_last": None, "_hash": None, "_draws": False, "memory_start": None, "memory_end": None}
         with self.lock:
             self.loaders.append(rec)
         return rec
@@ -120,6 +120,10 @@ class _State:
                 return
             self.done = True
             self.stopped = why
+        end = memory()
+        for rec in self.loaders:
+            if rec["memory_start"] is not None:
+                rec["memory_end"] = end
         self.write()
         for it in list(self.live):
             shutdown = getattr(it, "_shutdown_workers", None)
@@ -137,6 +141,31 @@ class _State:
 
 
 _state: _State | None = None
+
+
+def memory() -> dict | None:
+    """Unique and proportional set sizes (bytes) of this process and of its child processes (the
+    DataLoader's workers), summed; None where psutil is not installed."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+
+    def sizes(p) -> tuple[int, int]:
+        try:
+            m = p.memory_full_info()
+        except (psutil.Error, OSError):
+            return 0, 0
+        return int(m.uss), int(getattr(m, "pss", m.uss))
+
+    me = psutil.Process()
+    try:
+        kids = me.children(recursive=True)
+    except psutil.Error:
+        kids = []
+    main, workers = sizes(me), [sizes(k) for k in kids]
+    return {"main": main[0], "main_pss": main[1], "workers": sum(w[0] for w in workers),
+            "workers_pss": sum(w[1] for w in workers), "processes": len(kids)}
 
 
 def _cuda_used() -> bool:
@@ -264,6 +293,7 @@ class _Timed:
             # counted: from the end of the last warm-up batch, so each counted batch brings its step and wait
             if rec["_t_first_counted"] is None:
                 rec["_t_first_counted"] = rec["_t_last"] if rec["_t_last"] is not None else t0
+                rec["memory_start"] = memory()
             rec["counted"] += 1
             rec["counted_samples"] += n
             rec["counted_wait_s"] += t1 - t0
@@ -478,6 +508,10 @@ def _at_exit() -> None:
     if st is not None and not st.done:
         st.done = True
         st.stopped = st.stopped or "exit"
+        end = memory()
+        for rec in st.loaders:
+            if rec["memory_start"] is not None:
+                rec["memory_end"] = end
         st.write()
 
 

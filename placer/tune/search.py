@@ -80,6 +80,19 @@ class Tuned:
         """Whether the loop waits for data beyond noise (:func:`placer.stream.dropin.wait_noise`)."""
         return self.user.fetch_fraction > wait_noise(self.user)
 
+    def memory(self, t: Trial) -> dict[str, int] | None:
+        """The most memory the runs of ``t``'s settings held at their end (bytes: the main process's
+        and its workers' unique set sizes), and its growth over the counted batches."""
+        ends = [(r["memory_end"], r["memory_start"]) for r in self.runs
+                if r["settings"] == settings_dict(t.settings) and r.get("memory_end")]
+        if not ends:
+            return None
+        end, start = max(ends, key=lambda e: e[0]["main"] + e[0]["workers"])
+        out = {"main": end["main"], "workers": end["workers"], "worker_processes": end["processes"]}
+        if start:
+            out["growth"] = end["main"] + end["workers"] - start["main"] - start["workers"]
+        return out
+
     def round_ratios(self) -> list[float]:
         """The recommendation's samples/s over the script as written's, round by round."""
         return [a / b for a, b in paired(self.recommended, self.user) if b > 0]
@@ -266,7 +279,9 @@ class _Runner:
                                         "stop_s": SLOW_CAP * self.batches * self.per_batch + 5.0},
                          timeout_s=SLOW_CAP * self.per_run() + 30.0)
         t = trial_of(run, self.site, s, self.batches)
-        self.runs.append({"settings": settings_dict(s),
+        rec = run.loader(self.site) or {}
+        self.runs.append({"settings": settings_dict(s), "memory_start": rec.get("memory_start"),
+                          "memory_end": rec.get("memory_end"),
                           "samples_per_s": None if t is None else round(t.samples_per_s, 2),
                           "startup_s": run.report.get("first_iter_s"), "wall_s": round(run.wall_s, 3),
                           "stopped": run.report.get("stopped"), "returncode": run.returncode})

@@ -64,20 +64,26 @@ def describe(t: Tuned) -> list[str]:
         lines.append(f"Recommended: keep your settings (no setting tried was more than {MIN_GAIN:.0%} faster "
                      "beyond the noise of repeated runs)")
     lines.append("Measured (samples/s of the counted batches, the median of the runs; spread: the runs' range "
-                 "over their median):")
-    lines.append(f"  {'settings':<78} {'samples/s':>10} {'runs':>4} {'spread':>6}")
+                 "over their median; memory: the script's process and its workers, unique set sizes, at a run's "
+                 "end):")
+    lines.append(f"  {'settings':<78} {'samples/s':>10} {'runs':>4} {'spread':>6} {'memory':>9}")
     for tr in sorted(t.trials, key=lambda x: -x.score):
         mark = "  (as written)" if tr is t.user else ("  (recommended)" if tr is t.recommended else "")
         lines.append(f"  {label(tr.settings):<78} {tr.samples_per_s:>10,.0f} {len(tr.rates):>4} "
-                     f"{tr.spread:>6.0%}{mark}")
+                     f"{tr.spread:>6.0%} {_mb(t.memory(tr)):>9}{mark}")
     if t.others:
         lines.append("Other loaders (not tuned): " + "; ".join(
             f"{o['site']} ({o['batches']} batches, {o['iterated_s']:.2f} s)" for o in t.others))
     return lines + [f"Note: {n}" for n in t.notes]
 
 
-def _trial(tr: Trial) -> dict[str, Any]:
+def _mb(m: dict[str, int] | None) -> str:
+    return "-" if not m else f"{(m['main'] + m['workers']) / 2**20:,.0f} MB"
+
+
+def _trial(tr: Trial, t: Tuned) -> dict[str, Any]:
     return {**settings_dict(tr.settings), "samples_per_s": round(tr.samples_per_s, 2),
+            "memory_bytes": t.memory(tr),
             "runs": [round(r, 2) for r in tr.rates], "spread": round(tr.spread, 4),
             "fetch_fraction": round(tr.fetch_fraction, 4), "first_batch_s": round(tr.first_batch_s, 4),
             **({"cut": True} if tr.cut else {})}
@@ -94,7 +100,7 @@ def to_json(t: Tuned) -> dict[str, Any]:
             "speedup_rounds": [round(r, 4) for r in ratios],
             "speedup_median": round(float(np.median(ratios)), 4) if ratios else None,
             "as_written": settings_dict(t.user.settings), "within_noise": t.noise,
-            "trials": [_trial(tr) for tr in t.trials], "runs": t.runs, "batches_counted": t.batches,
+            "trials": [_trial(tr, t) for tr in t.trials], "runs": t.runs, "batches_counted": t.batches,
             "startup_s": round(t.startup_s, 3), "budget_s": t.budget_s, "used_s": round(t.used_s, 2),
             "notes": t.notes}
 

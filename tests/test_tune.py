@@ -46,6 +46,22 @@ def last_json(run) -> dict:
     return json.loads(run.output_tail.strip().splitlines()[-1])
 
 
+# each script's run as written, shared by the tests that need its loader's place or its batches
+@pytest.fixture(scope="module")
+def trainer_observed():
+    return trial("trainer_class.py")[1]
+
+
+@pytest.fixture(scope="module")
+def sleepy_observed():
+    return trial("sleepy_train.py")[1]
+
+
+@pytest.fixture(scope="module")
+def sleepy_as_written():
+    return applied("sleepy_train.py", "--epochs", "3")
+
+
 def test_the_loader_that_holds_the_loop_is_picked_and_the_validation_loader_reported():
     cmd, run = trial("train_val.py", "3")
     refuse_unusable(run, cmd)
@@ -57,16 +73,14 @@ def test_the_loader_that_holds_the_loop_is_picked_and_the_validation_loader_repo
     assert rec["counted"] >= 4 and rec["counted_s"] >= 0.2
 
 
-def test_a_loader_built_inside_a_trainer_class_is_found_where_the_class_builds_it():
-    cmd, run = trial("trainer_class.py")
-    rec, _ = holding_loader(run)
+def test_a_loader_built_inside_a_trainer_class_is_found_where_the_class_builds_it(trainer_observed):
+    rec, _ = holding_loader(trainer_observed)
     assert rec["site"].endswith(f"trainer_class.py:{line_of('trainer_class.py', 'return DataLoader(')}")
     assert rec["wait_s"] > 0.5 * rec["iterated_s"]  # every sample sleeps: the loop waits for data
 
 
-def test_a_setting_is_applied_when_the_loader_is_built_and_the_script_does_not_know():
-    _, first = trial("trainer_class.py")
-    site = holding_loader(first)[0]["site"]
+def test_a_setting_is_applied_when_the_loader_is_built_and_the_script_does_not_know(trainer_observed):
+    site = holding_loader(trainer_observed)[0]["site"]
     s = {"num_workers": 2, "worker_kind": "process", "prefetch_factor": 4, "persistent_workers": True,
          "pin_memory": False, "torch_threads": 1}
     _, run = trial("trainer_class.py", settings=s, target=site)
@@ -77,9 +91,8 @@ def test_a_setting_is_applied_when_the_loader_is_built_and_the_script_does_not_k
     assert rec["arguments"]["batch_size"] == "8"
 
 
-def test_a_stopped_trial_leaves_no_process_behind():
-    _, first = trial("sleepy_train.py")
-    site = holding_loader(first)[0]["site"]
+def test_a_stopped_trial_leaves_no_process_behind(sleepy_observed):
+    site = holding_loader(sleepy_observed)[0]["site"]
     s = {"num_workers": 2, "worker_kind": "process", "prefetch_factor": 2, "persistent_workers": True,
          "pin_memory": False, "torch_threads": None}
     _, run = trial("sleepy_train.py", "--epochs", "50", settings=s, target=site)
@@ -97,14 +110,13 @@ def test_the_checkpoint_is_skipped_while_tuned_and_written_when_applied(tmp_path
 
 
 @pytest.mark.parametrize("kind", ["process", "thread"])
-def test_an_applied_run_reads_the_batches_the_script_reads_as_written(kind):
-    as_written = applied("sleepy_train.py")
-    site = holding_loader(as_written)[0]["site"]
+def test_an_applied_run_reads_the_batches_the_script_reads_as_written(kind, sleepy_as_written):
+    site = holding_loader(sleepy_as_written)[0]["site"]
     s = {"num_workers": 2, "worker_kind": kind, "prefetch_factor": 2, "persistent_workers": kind == "process",
          "pin_memory": False, "torch_threads": 1}
-    tuned = applied("sleepy_train.py", site=site, settings=s)
+    tuned = applied("sleepy_train.py", "--epochs", "3", site=site, settings=s)
     assert tuned.loader(site)["applied"]["num_workers"] == 2
-    assert last_json(tuned)["digest"] == last_json(as_written)["digest"]
+    assert last_json(tuned)["digest"] == last_json(sleepy_as_written)["digest"]
 
 
 def test_a_script_that_fails_before_its_first_batch_is_refused_with_its_own_error():
@@ -139,7 +151,8 @@ def test_commands_that_are_not_python_are_refused_and_a_script_alone_runs_with_t
     assert python_command([str(script)]) == [str(script)]
 
 
-def test_tune_recommends_workers_for_a_loop_that_waits_on_slow_samples_and_apply_keeps_its_batches(tmp_path):
+def test_tune_recommends_workers_for_a_loop_that_waits_on_slow_samples_and_apply_keeps_its_batches(tmp_path,
+                                                                                                     sleepy_as_written):
     """Every sample sleeps 3 ms (storage), the step is light: workers must win by far, on any load."""
     cmd = python_command([str(SCRIPTS / "sleepy_train.py"), "--epochs", "3"])
     # two settings besides the script's own keep the test short; the search over the drop-in's whole space
@@ -160,9 +173,8 @@ def test_tune_recommends_workers_for_a_loop_that_waits_on_slow_samples_and_apply
     saved.write_text(json.dumps(data))
     site, settings = recommendation(json.loads(saved.read_text()))
     assert settings == settings_dict(result.recommended.settings) | {"cache": None}
-    as_written = applied("sleepy_train.py")
-    tuned = applied("sleepy_train.py", site=site, settings=settings)
-    assert last_json(tuned)["digest"] == last_json(as_written)["digest"]
+    tuned = applied("sleepy_train.py", "--epochs", "3", site=site, settings=settings)
+    assert last_json(tuned)["digest"] == last_json(sleepy_as_written)["digest"]
 
 
 def test_the_cli_refuses_a_bad_saved_recommendation_and_a_non_python_command(tmp_path):
@@ -186,8 +198,8 @@ def test_the_tuning_environment_is_set_only_in_trials():
     assert os.environ.get("PLACER_TUNING") is None
 
 
-def test_each_run_measures_the_memory_of_the_script_and_of_its_worker_processes():
-    _, first = trial("sleepy_train.py")
+def test_each_run_measures_the_memory_of_the_script_and_of_its_worker_processes(sleepy_observed):
+    first = sleepy_observed
     site = holding_loader(first)[0]["site"]
     s = {"num_workers": 2, "worker_kind": "process", "prefetch_factor": 2, "persistent_workers": True,
          "pin_memory": False, "torch_threads": None}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any

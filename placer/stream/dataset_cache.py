@@ -62,12 +62,10 @@ attribute looks deterministic here: name the epoch in its arguments to keep it f
 from __future__ import annotations
 
 import contextlib
-import copy
 import cProfile
 import os
 import pickle
 import pstats
-import random
 from collections.abc import Callable
 from typing import Any
 
@@ -279,21 +277,8 @@ def find_cache(loader: Any, step: Callable[[Any], Any] | None, *, loader_kwargs:
         if not cands:
             return CacheAdvice(None, reason=f"{cls}.__getitem__ is not the dataset's own code")
         cands[1:] = sorted(cands[1:], key=lambda c: -c.share)
-        found, why = None, []
-        for c in cands:
-            pre = prefixes.get(c.name)
-            reason, values = (pre.reason, pre.values) if pre is not None else check(dataset, c.name, keys)
-            hits = None
-            if reason is None:
-                hits, seen = hit_rate(dataset, c.name, loader, wrappers, Deadline(max(deadline.left() / 6, 0.5)))
-                if hits < MIN_HITS:
-                    reason = (f"its arguments change between epochs: {hits:.0%} of the next epoch's calls repeat "
-                              f"the arguments of the epoch before (measured on {seen} keys of the sampler's next "
-                              "two epochs)")
-            if reason is None:
-                found = (c, values, hits)
-                break
-            why.append(f"{cls}.{c.name.split('[')[0]}: {reason}")
+        found, why = _first_cacheable(dataset, cands, prefixes, keys, loader, wrappers,
+                                      Deadline(max(deadline.left() / 6, 0.5)))
     if found is None:
         return CacheAdvice(None, reason="; ".join(why))
     c, values, hits = found
@@ -311,6 +296,26 @@ def find_cache(loader: Any, step: Callable[[Any], Any] | None, *, loader_kwargs:
         return advice
     _measure(advice, loader, list(fixed), step, loader_kwargs, deadline, sync)
     return advice
+
+
+def _first_cacheable(dataset: Any, cands: list[MethodCandidate], prefixes: dict[str, PrefixCandidate],
+                     keys: list[Any], loader: Any, wrappers: list[Any],
+                     deadline: Deadline) -> tuple[tuple[MethodCandidate, list[Any], float] | None, list[str]]:
+    """The first candidate pure in its arguments (:func:`check`) whose arguments recur
+    (:func:`hit_rate` at least ``MIN_HITS``), with its recorded outputs and hit rate; and why
+    each one before it was passed over."""
+    cls, why = type(dataset).__name__, []
+    for c in cands:
+        pre = prefixes.get(c.name)
+        reason, values = (pre.reason, pre.values) if pre is not None else check(dataset, c.name, keys)
+        if reason is None:
+            hits, seen = hit_rate(dataset, c.name, loader, wrappers, deadline)
+            if hits >= MIN_HITS:
+                return (c, values, hits), why
+            reason = (f"its arguments change between epochs: {hits:.0%} of the next epoch's calls repeat the "
+                      f"arguments of the epoch before (measured on {seen} keys of the sampler's next two epochs)")
+        why.append(f"{cls}.{c.name.split('[')[0]}: {reason}")
+    return None, why
 
 
 def _measure(advice: CacheAdvice, loader: Any, fixed: list[list[Any]], step: Callable[[Any], Any] | None,

@@ -60,7 +60,7 @@ def profile_of(ref: str, size: int, folder: Path, budget_s: float):
     return prof, path
 
 
-def judge(ref: str, sizes, folder: Path, budget_s: float) -> list[dict]:
+def judge(ref: str, sizes, folder: Path, budget_s: float, tables: Path | None = None) -> list[dict]:
     from placer.devices import discover
     from placer.optimize.plan import search
     from placer.optimize.problem import Problem
@@ -73,6 +73,9 @@ def judge(ref: str, sizes, folder: Path, budget_s: float) -> list[dict]:
     for s in sizes:
         costs = costs_from_profile(prof, size=s, describe="h200", inventory=inv)
         table = costs.table(s, target=True)
+        if tables is not None:
+            tables.mkdir(parents=True, exist_ok=True)
+            table.save(tables / f"{Path(ref).stem}-{s}.json")
         plan = costs.plan(size=s, target=True)
         pb = Problem(table)
         chosen = makespan(pb, [pb.devices.index(plan.placement[n]) for n in pb.names])
@@ -99,6 +102,7 @@ def main() -> None:
     ap.add_argument("--profiles", default=str(ROOT / "benchmarks/results/judge-profiles"))
     ap.add_argument("--budget-s", type=float, default=20.0)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--save-tables", default=None, help="also save each H200 cost table planned from here")
     args = ap.parse_args()
     folder = Path(args.profiles)
     rows = []
@@ -106,7 +110,8 @@ def main() -> None:
         if args.only and Path(ref).stem not in args.only:
             continue
         try:
-            rows += judge(ref, sizes, folder, args.budget_s)
+            rows += judge(ref, sizes, folder, args.budget_s,
+                          Path(args.save_tables) if args.save_tables else None)
         except Exception as exc:  # one pipeline's failure is recorded, not fatal to the rest
             rows.append({"pipeline": Path(ref).stem, "error": f"{type(exc).__name__}: {exc}"})
         print(json.dumps(rows[-1], default=str)[:300], flush=True)

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 #: flip every stage and re-score the plan for explanations up to this many stages
 FLIP_LIMIT = 100
+#: a sub-millisecond time: its predicted speed-up is worded as within the error when the spreads cover it
+TINY_S = 1e-3
 #: the crossover search spans this factor around the requested size (1,000x in all)
 SPAN = 10**1.5
 #: relative noise of a cost table without its own (``CostTable.noise``): a hand-written
@@ -123,11 +125,14 @@ def reason(
     pinned: bool,
     blocked: dict[str, str],
     around: dict[int, float] | None = None,
+    spread: list[float] | None = None,
 ) -> str:
     """One plain sentence: why stage ``v`` runs on ``place[v]`` (under ``objective``, worth ``value``).
 
     ``around`` (device -> :func:`copies_around` of ``v`` there) saves recomputing those
-    a caller already has; missing devices are computed.
+    a caller already has; missing devices are computed. ``spread`` (device -> factor,
+    :func:`spread_factors`' row for ``v``): where both times are below :data:`TINY_S` and
+    their ratio is within the factors, the sentence says the choice is within the error.
     """
     d = place[v]
     here, tc = device_word(pb, d), pb.time[v][d]
@@ -154,6 +159,9 @@ def reason(
         ratio = fmt_ratio(ta / tc) if tc > 0 else "much"
         head = (f"loop-carried stage: {ratio} slower on {there}" if loop_carried
                 else f"{here} is {ratio} faster than {there}{at}")
+        if spread is not None and ta < TINY_S and tc > 0 and ta / tc <= spread[d] * spread[alt]:
+            head = (f"{here} is predicted {ratio} faster than {there}{at}, within the error of predictions "
+                    f"this small (±{spread[d] * spread[alt] - 1:.0%}): a close call, not a promised speed-up")
         cin = copies_in(pb, place, v)
         if cin > 0:
             return f"{head}; the copy in costs {fmt_s(cin)}"

@@ -249,6 +249,7 @@ def explain_stages(
     at = f" at {size:,.0f} {unit}" if size else ""
     out = {}
     by_name = {st.name: st for st in table.stages}
+    spread = spread_factors(pb)
     for v, name in enumerate(pb.names):
         st = by_name[name]
         d = place[v]
@@ -263,7 +264,7 @@ def explain_stages(
         text = reason(pb, place, v, objective=objective, value=value,
                       flips=None if flips is None else flips[v], at=at,
                       loop_carried=st.loop_carried, pinned=st.pin is not None, blocked=blocked,
-                      around=around)
+                      around=around, spread=spread[v])
         out[name] = StageChoice(
             name=name,
             kind=st.kind,

@@ -192,7 +192,7 @@ def describe_gpu(device, *, budget_s: float = 10.0, fingerprint: str = ""):
         source=f"placer describe: measured peaks, device copy bandwidth, launch costs and copies; "
                f"efficiency factors from the shipped H200 calibration",
         peak_flops=peak, mem_bandwidth_Bps=bw, op_overhead_s=max((hundred - one) / 99, 1e-7),
-        stage_overhead_s=one, host_factor=ref.host_factor, compute_eff=ref.compute_eff,
+        stage_overhead_s=one, host_factor=ref.host_factor, unhidden=ref.unhidden, compute_eff=ref.compute_eff,
         memory_eff=ref.memory_eff, sync_s=one,
         transfer=measure_transfers(device, budget_s=min(budget_s / 2, 8.0), fingerprint=fingerprint),
         rel_error=ref.rel_error)

@@ -81,6 +81,7 @@ def test_plan_prints_the_tie_and_its_rule(tmp_path):
     out = CliRunner().invoke(app, ["plan", "--costs", str(path)])
     assert out.exit_code == 0, out.output
     assert "tie: work on gpu:0" in out.output and "fewer copies, then more stages on the CPU" in out.output
+    assert "5% slower at the point estimate, wins by" in " ".join(out.output.split())  # which way, and its cost
     doc = json.loads(CliRunner().invoke(app, ["plan", "--costs", str(path), "--json"]).output)
     assert doc["ties"][0]["differs"] == {"work": "gpu:0"} and doc["tie_rule"].startswith("fewer copies")
 

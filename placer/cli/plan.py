@@ -198,8 +198,13 @@ def _print(result, notes: list[str] = ()) -> None:
         c.print(f"  {label}: " + ("impossible" if secs is None else fmt_s(secs)))
     for tie in result.ties:
         moved = ", ".join(f"{n} on {d}" for n, d in tie.differs.items())
-        c.print(f"  tie: {moved} predicted {fmt_s(tie.predicted_makespan_s)}, within the noise "
-                f"({result.noise:.0%}); the plan is chosen by {result.tie_rule}")
+        within = (f"within the noise ({result.noise:.0%}) and the spread of the stage times it moves"
+                  if tie.fits_disagree else f"within the noise ({result.noise:.0%})")
+        mine = result.predicted_makespan_s
+        way = (f"the plan, {mine / tie.predicted_makespan_s - 1:.0%} slower at the point estimate, wins by "
+               f"{result.tie_rule}" if tie.predicted_makespan_s < mine else
+               "the plan is also the faster at the point estimate")
+        c.print(f"  tie: {moved} predicted {fmt_s(tie.predicted_makespan_s)}, {within}; {way}")
     summary = get_objective(result.objective).summary(result)
     if summary is not None:
         c.print(f"  {summary}")

@@ -15,6 +15,7 @@ worsen. Text never calls the simulated test device (kind ``sim``) a GPU.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -336,8 +337,6 @@ def _candidates(pb: Problem, place: list[int], score: Callable,
     placement, the baselines and every single-stage move from it."""
     count = math.prod(len(al) for al in pb.allowed)
     if 0 < count <= ENUMERATE_LIMIT:
-        import itertools
-
         return {p: score(list(p)) for p in itertools.product(*pb.allowed)}
     cands: dict[tuple[int, ...], float] = {tuple(place): score(place)}
     for p in baselines(pb).values():

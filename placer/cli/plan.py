@@ -125,6 +125,18 @@ def plan_command(
             on_target = target is not None
             table = site_costs.table(target=on_target)
             result = site_costs.plan(objective=objective, method=method, deadline_s=deadline_s, target=on_target)
+            if profile_file is None:  # a tie only the spread makes: measure nearer the size, then decide again
+                from placer.decide import note, remeasure
+                from placer.site import LocalSite
+
+                site_costs, said = remeasure(LocalSite(), pipeline, site_costs, size=site_costs.size,
+                                             budget_s=60.0 if budget_s is None else budget_s, plans=[result],
+                                             target=target)
+                if said:
+                    table = site_costs.table(target=on_target)
+                    result = site_costs.plan(objective=objective, method=method, deadline_s=deadline_s,
+                                             target=on_target)
+                    note(result, said)
             if on_target:
                 notes = [f"planned for {site_costs.target.name} (described, not measured)"]
         if costs is not None:

@@ -20,8 +20,9 @@ reference measurements, described in ``benchmarks/reference/README.md``). The sc
    spent outside torch ops here (the Python between ops: the reference timed no pass of
    plain Python, so it is taken as this machine's, as the cost model takes it for a target
    without ``python_s``);
-4. calibrates the roofline's fixed costs (stage, launch, synchronisation, host factor)
-   and efficiency factors by a grid search: the most calibration ops within 2x of
+4. calibrates the roofline's fixed costs (stage, launch, synchronisation, host factor: the
+   host's side overlapping the device's, :meth:`DeviceDescription.predict`) and efficiency
+   factors by a grid search: the most calibration ops within 2x of
    their measured GPU time, then the least mean absolute log ratio;
 5. records every calibration op with its work, measured and predicted seconds;
 6. describes the host CPU (16-core Xeon) by the reference's CPU rows and its tiny-op
@@ -124,20 +125,24 @@ def calibrate(points: list[tuple[str, float, Work, float]], base: dict) -> dict:
     for stage in [0, 5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5]:
         for op in [1e-6, 2e-6, 4e-6, 6e-6, 8e-6, 1.2e-5, 1.6e-5, 2.4e-5]:  # a kernel launch is never free
             for sync in [base["sync_s"], 2e-5, 3e-5, 5e-5]:
-                for hf in [1.0, 1.25, 1.5, 2.0, 2.5, 3.0]:  # a GPU run pays at least its host work
-                    fixed = stage + hf * host + ops * op + syncs * sync
-                    logs = np.abs(np.log((fixed + roof) / meas))
-                    within = np.mean(logs <= math.log(2), axis=-1)
-                    mean = np.mean(logs, axis=-1)
-                    # the most within 2x, then the least mean: one key, within counts in steps of 1/len
-                    key = -within * 1e3 + mean
-                    i = np.unravel_index(int(np.argmin(key)), key.shape)
-                    score = (-float(within[i]), float(mean[i]))
-                    if best is None or score < best[0]:
-                        best = (score, stage, op, sync, hf, float(ces.ravel()[i[0]]), float(mes.ravel()[i[1]]),
-                                float(ies.ravel()[i[2]]))
-    _, stage, op, sync, hf, ce, me, ie = best
-    return dict(stage_overhead_s=stage, op_overhead_s=op, sync_s=float(sync), host_factor=hf,
+                for hf in [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0]:
+                    # DeviceDescription.predict: host and device overlap between synchronisations
+                    fixed = stage + np.minimum(ops, 1) * op + syncs * sync
+                    hosted = (hf * host + np.maximum(ops - 1, 0) * op)[None, None, None, :]
+                    for unhidden in [0.0, 0.25, 0.5, 0.75, 1.0]:
+                        t = fixed + np.maximum(hosted, roof) + unhidden * np.minimum(hosted, roof)
+                        logs = np.abs(np.log(t / meas))
+                        within = np.mean(logs <= math.log(2), axis=-1)
+                        mean = np.mean(logs, axis=-1)
+                        # the most within 2x, then the least mean: one key, within counts in steps of 1/len
+                        key = -within * 1e3 + mean
+                        i = np.unravel_index(int(np.argmin(key)), key.shape)
+                        score = (-float(within[i]), float(mean[i]))
+                        if best is None or score < best[0]:
+                            best = (score, stage, op, sync, hf, unhidden, float(ces.ravel()[i[0]]),
+                                    float(mes.ravel()[i[1]]), float(ies.ravel()[i[2]]))
+    _, stage, op, sync, hf, unhidden, ce, me, ie = best
+    return dict(stage_overhead_s=stage, op_overhead_s=op, sync_s=float(sync), host_factor=hf, unhidden=unhidden,
                 compute_eff=ce, memory_eff=me, irregular_eff=ie)
 
 

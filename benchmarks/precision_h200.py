@@ -38,7 +38,9 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 TRANSFORMER = [  # (d_model, sequences per batch, seq)
     (512, 16, 128), (1024, 32, 64), (1024, 128, 128), (2048, 64, 128), (4096, 32, 256),
 ]
-MLP = [(4096, 4096), (8192, 8192)]  # (width, batch)
+#: (width, batch): matmul-bound steps (width 4096 at batch 512 is the bar: bf16 >= 2.5x, tf32 >= 1.8x),
+#: and a launch-bound one (width 256 at batch 16: a lower precision must not pay there)
+MLP = [(4096, 512), (4096, 4096), (8192, 8192), (256, 16)]
 
 
 def _desc():

@@ -348,6 +348,17 @@ def advise_on(site: LocalSite | ClusterSite, pipeline: str | Pipeline, *, size: 
                   lambda: site.costs(pipeline, size=size, budget_s=budget_s, describe=t, **shown))
     chosen = timed("plan", lambda: costs.plan(objective=objective, size=size))
     tgt = timed("target", lambda: target_step(costs, t, objective)) if t else None
+    if local:  # a tie that only the spread makes: measure nearer the planned size, then decide again
+        from placer.decide import note, remeasure
+
+        costs, said = timed("measure where it decides", lambda: remeasure(
+            site, pipeline, costs, size=size, budget_s=budget_s, plans=[chosen, tgt], target=t))
+        if said:
+            chosen = timed("plan", lambda: costs.plan(objective=objective, size=size))
+            tgt = timed("target", lambda: target_step(costs, t, objective)) if t else None
+            note(chosen, said)
+            if tgt is not None:
+                tgt["notes"] = [*tgt.get("notes", []), *(f"{n}: {why}" for n, why in sorted(said.items()))]
 
     def run(placement: Mapping[str, str], precision: Mapping[str, str] | None = None) -> Any:
         if precision:

@@ -81,5 +81,24 @@ def test_plan_prints_the_tie_and_its_rule(tmp_path):
     out = CliRunner().invoke(app, ["plan", "--costs", str(path)])
     assert out.exit_code == 0, out.output
     assert "tie: work on gpu:0" in out.output and "fewer copies, then more stages on the CPU" in out.output
+    assert "5% slower at the point estimate, wins by" in " ".join(out.output.split())  # which way, and its cost
     doc = json.loads(CliRunner().invoke(app, ["plan", "--costs", str(path), "--json"]).output)
     assert doc["ties"][0]["differs"] == {"work": "gpu:0"} and doc["tie_rule"].startswith("fewer copies")
+
+
+def test_a_margin_among_sub_millisecond_stages_is_worded_as_within_the_error():
+    """infer: 0.22 ms on the CPU, 0.15 ms on the GPU, each prediction off by up to 34 %."""
+    doc = {"devices": {"cpu": {"kind": "cpu", "workers": 2}, "gpu:0": {"kind": "gpu"}},
+           "link": {"h2d": {"latency_s": 1e-6, "bandwidth_Bps": 5e10}, "d2h": {"latency_s": 1e-6, "bandwidth_Bps": 5e10}},
+           "noise": 0.05,
+           "stages": [{"name": "request", "output_bytes": 1e3, "seconds": {"cpu": 1e-5}, "pin": "cpu"},
+                      {"name": "infer", "inputs": ["request"], "output_bytes": 1e2, "kind": "inference",
+                       "seconds": {"cpu": 2.2e-4, "gpu:0": 1.5e-4},
+                       "uncertainty": {"cpu": 0.34, "gpu:0": 0.34}}]}
+    p = plan(CostTable.model_validate(doc))
+    infer = next(s for s in p.stages if s.name == "infer")
+    assert "within the error of predictions this small" in infer.reason and "a close call" in infer.reason
+    doc["stages"][1]["seconds"] = {"cpu": 2.2e-2, "gpu:0": 1.5e-2}  # the same margin at 20 ms: a plain speed-up
+    p = plan(CostTable.model_validate(doc))
+    infer = next(s for s in p.stages if s.name == "infer")
+    assert "within the error" not in infer.reason and infer.reason.startswith("GPU is 1.5× faster")

@@ -32,7 +32,8 @@ def progress_steps(show: bool):
               "run plan": "running the plan", "repeat options": "running the plan and the baselines again, interleaved",
               "repeat plan and plain loop": "running the plan and one batch at a time again, where their rounds "
                                             "disagree",
-              "facts": "gathering the report's facts"}
+              "facts": "gathering the report's facts",
+              "measure where it decides": "measuring again where a tie rests on the spread of a stage's time"}
 
     @contextlib.contextmanager
     def step(name: str):

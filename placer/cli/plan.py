@@ -125,6 +125,18 @@ def plan_command(
             on_target = target is not None
             table = site_costs.table(target=on_target)
             result = site_costs.plan(objective=objective, method=method, deadline_s=deadline_s, target=on_target)
+            if profile_file is None:  # a tie only the spread makes: measure nearer the size, then decide again
+                from placer.decide import note, remeasure
+                from placer.site import LocalSite
+
+                site_costs, said = remeasure(LocalSite(), pipeline, site_costs, size=site_costs.size,
+                                             budget_s=60.0 if budget_s is None else budget_s, plans=[result],
+                                             target=target)
+                if said:
+                    table = site_costs.table(target=on_target)
+                    result = site_costs.plan(objective=objective, method=method, deadline_s=deadline_s,
+                                             target=on_target)
+                    note(result, said)
             if on_target:
                 notes = [f"planned for {site_costs.target.name} (described, not measured)"]
         if costs is not None:
@@ -198,8 +210,13 @@ def _print(result, notes: list[str] = ()) -> None:
         c.print(f"  {label}: " + ("impossible" if secs is None else fmt_s(secs)))
     for tie in result.ties:
         moved = ", ".join(f"{n} on {d}" for n, d in tie.differs.items())
-        c.print(f"  tie: {moved} predicted {fmt_s(tie.predicted_makespan_s)}, within the noise "
-                f"({result.noise:.0%}); the plan is chosen by {result.tie_rule}")
+        within = (f"within the noise ({result.noise:.0%}) and the spread of the stage times it moves"
+                  if tie.fits_disagree else f"within the noise ({result.noise:.0%})")
+        mine = result.predicted_makespan_s
+        way = (f"the plan, {mine / tie.predicted_makespan_s - 1:.0%} slower at the point estimate, wins by "
+               f"{result.tie_rule}" if tie.predicted_makespan_s < mine else
+               "the plan is also the faster at the point estimate")
+        c.print(f"  tie: {moved} predicted {fmt_s(tie.predicted_makespan_s)}, {within}; {way}")
     summary = get_objective(result.objective).summary(result)
     if summary is not None:
         c.print(f"  {summary}")

@@ -79,6 +79,9 @@ def fit_value(p: Point) -> float:
 
 #: the least relative noise a cost table's times are taken to have
 NOISE_FLOOR = 0.02
+#: a stage whose every device's time is below this is "tiny": its predictions' own error is part of
+#: its spread (launch, dispatch and copy costs, predicted from a description, dominate such times)
+TINY_S = 1e-3
 
 
 class CostModel:
@@ -178,9 +181,9 @@ class CostModel:
         its host time included, for a fit over size.
 
         With work counted at one size only, a line through one point would split the time
-        between a fixed and a per-item part at random; a second point at twice the size is
-        added as a batched stage does it (the same calls, launches and host time; twice the
-        FLOPs and bytes), so that host and launch costs stay fixed and the work grows.
+        between a fixed and a per-item part at random; points at 2, 4 and 16 times the size are
+        added as a batched stage does it (the same calls, launches and host time; that many
+        times the FLOPs and bytes), so that host and launch costs stay fixed and the work grows.
 
         With work counted at several sizes, the time at each is a sum of parts that grow
         differently: FLOPs and bytes in proportion to the batch, the calls, launches and host
@@ -201,8 +204,11 @@ class CostModel:
                for w, (wk, h) in zip(sp.work, works)]
         if len(sp.work) == 1 and sp.work[0].size > 0:
             w, h = works[0]
-            twice = w.model_copy(update={"host_s": h, **{k: 2 * getattr(w, k) for k in _GROWS if hasattr(w, k)}})
-            pts.append((2.0 * sp.work[0].size, desc.predict(twice, precision=precision)))
+            # host and device overlap (DeviceDescription.predict), so the time bends where the growing
+            # work overtakes the fixed host time: points at 4 and 16 times too let the fit follow it
+            for times in (2.0, *BEYOND):
+                grown_w = w.model_copy(update={"host_s": h, **{k: times * getattr(w, k) for k in _GROWS if hasattr(w, k)}})
+                pts.append((times * sp.work[0].size, desc.predict(grown_w, precision=precision)))
         elif len({w.size for w in sp.work if w.size > 0}) >= 2:
             for times in BEYOND:
                 size, work, h = self._beyond(stage, host, times)
@@ -528,6 +534,12 @@ class CostModel:
             peak = {d: b for d in secs if (b := self.peak_bytes(name, d, size)) is not None}
             # where the fit forms disagree by more than the noise, a flip within that is a tie
             unsure = {d: p.fit_spread for d, p in preds.items() if p.fit_spread > noise}
+            if len(secs) > 1 and max(secs.values()) < TINY_S:
+                # every candidate sub-millisecond: the prediction's own error (a roofline's over its
+                # calibration ops, a scaled CPU time's) decides as much as the times, so it is spread too
+                for d, p in preds.items():
+                    if p.rel_error > max(noise, unsure.get(d, 0.0)):
+                        unsure[d] = p.rel_error
             entry = {"name": name, "kind": sp.kind, "inputs": sp.inputs, "input_bytes": 0.0,
                      "output_bytes": self.output_bytes(name, size), "seconds": secs, "peak_bytes": peak,
                      "loop_carried": self.loop_carried(name), "pin": _pin(sp.pin, devs),

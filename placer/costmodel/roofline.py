@@ -9,10 +9,23 @@ per stage) and its host link, plus efficiency factors calibrated from measuremen
 :meth:`DeviceDescription.predict` turns a :class:`~placer.costmodel.counts.Work`
 into seconds::
 
-    t = stage_overhead_s + host_factor * host_s + ops * op_overhead_s + syncs * sync_s
-        + max(flops / (peak_flops[precision] * compute_eff),
-              (bytes - irregular_bytes) / (mem_bandwidth_Bps * memory_eff)
-              + irregular_bytes / (mem_bandwidth_Bps * irregular_eff))
+    host   = host_factor * host_s + (ops - 1) * op_overhead_s
+    device = max(flops / (peak_flops[precision] * compute_eff),
+                 (bytes - irregular_bytes) / (mem_bandwidth_Bps * memory_eff)
+                 + irregular_bytes / (mem_bandwidth_Bps * irregular_eff))
+    t = stage_overhead_s + op_overhead_s + syncs * sync_s
+        + max(host, device) + unhidden * min(host, device)
+
+Host and device overlap: a GPU runs asynchronously, so between synchronisations the host's
+Python, dispatch and launches run while the device computes the kernels already issued,
+and the time is about the larger of the two, not their sum. What cannot overlap is paid on
+top: the stage's fixed cost, the first launch (nothing runs on the device before it), each
+synchronisation's wait, and ``unhidden`` (0 to 1) of the smaller side: the device cannot
+start a kernel before the host issues it, so work issued last (a step's backward pass and
+update) runs after the host is done. ``unhidden`` is calibrated with the other constants
+(0.5 against the H200 reference rows; 1, the sum, for a description without it). The sum
+would make a lower precision look weak exactly where it pays: a matmul-bound step whose
+device time shrinks 7-14x in TF32 or bf16 would keep its whole host time on top.
 
 Ops that reach memory through an index, a mask or a sort (``Work.irregular_bytes``: a
 boolean-mask compaction, a scatter-add's group sums, a radix sort) run far below the
@@ -33,12 +46,11 @@ elements of fp32 work); TF32 reads fp32 from memory, so its bytes are as counted
 else keeps its bytes (autocast keeps reductions and losses in fp32), so a stage whose memory
 traffic outside its products bounds it gains little from a lower precision, as on a GPU.
 
-The host pays its own Python and dispatch (``host_s``), then a launch per kernel
-and a wait per synchronisation, before the device's work hides any of it: ``ops``
-are the kernel launches the stage makes per call and ``syncs`` the times it waits
-for the device (``.item()``, a boolean-mask compaction), both counted by
-:func:`~placer.costmodel.counts.count_work`: a loop of many small steps is never
-predicted faster than its launches and synchronisations allow. ``host_s`` is the
+The host pays its own Python and dispatch (``host_s``) and a launch per kernel while the
+device works, and a wait per synchronisation: ``ops`` are the kernel launches the stage
+makes per call and ``syncs`` the times it waits for the device (``.item()``, a boolean-mask
+compaction), both counted by :func:`~placer.costmodel.counts.count_work`: a loop of many
+small steps is never predicted faster than its launches and synchronisations allow. ``host_s`` is the
 stage's host time, measured (:meth:`placer.costmodel.model.CostModel.host_seconds`: the
 ops it issues times a tiny op's cost, plus its time outside torch ops, scaled to the
 target's CPU when the target describes one): a stage whose time is host-side Python
@@ -110,7 +122,11 @@ class DeviceDescription(BaseModel):
     stage_overhead_s : float
         Fixed cost of running a stage there at all (launch plus synchronise).
     host_factor : float
-        GPU host-side cost relative to a stage's dispatch-bound CPU time.
+        GPU host-side cost relative to a stage's host time (its Python and dispatch), overlapped
+        with the device's work (see the module's docstring).
+    unhidden : float
+        Share (0 to 1) of the smaller of the host's and the device's time not hidden by the
+        larger (1: their sum, as a description calibrated without overlap assumes).
     compute_eff, memory_eff : float
         Fractions of peak reached by real stages (calibrated).
     irregular_eff : float or None
@@ -134,6 +150,8 @@ class DeviceDescription(BaseModel):
     sync_s: float = Field(default=0.0, ge=0)
     stage_overhead_s: float = Field(ge=0)
     host_factor: float = Field(default=0.0, ge=0)
+    #: share of the smaller of the host's and the device's time that the larger does not hide
+    unhidden: float = Field(default=1.0, ge=0, le=1)
     compute_eff: float = Field(gt=0, le=1.5)
     memory_eff: float = Field(gt=0, le=1.5)
     irregular_eff: float | None = Field(default=None, gt=0, le=1.5)
@@ -164,8 +182,11 @@ class DeviceDescription(BaseModel):
         irregular = min(work.irregular_bytes, nbytes)
         memory = ((nbytes - irregular) / self.memory_eff
                   + irregular / (self.irregular_eff or self.memory_eff)) / self.mem_bandwidth_Bps
-        fixed = self.host_factor * work.host_s + work.ops * self.op_overhead_s + work.syncs * self.sync_s
-        return self.stage_overhead_s + fixed + max(compute, memory)
+        first = min(work.ops, 1) * self.op_overhead_s
+        host = self.host_factor * work.host_s + max(work.ops - 1, 0) * self.op_overhead_s
+        device = max(compute, memory)
+        return (self.stage_overhead_s + first + work.syncs * self.sync_s
+                + max(host, device) + self.unhidden * min(host, device))
 
     def prediction(self, work: Work, **kw) -> Prediction:
         """:meth:`predict` wrapped with its error and the ``roofline`` label."""

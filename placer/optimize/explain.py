@@ -4,9 +4,10 @@ May import: placer.devices (kind titles), placer.optimize.{costs,problem,simulat
 type hints (it imports the wording helpers here). Never torch, dask or numba.
 
 A reason compares the chosen device with the best other device the stage could
-use, holding every other stage where the plan put it; placements predicted
-within the noise of the best are ties (:func:`ties`), decided by the tie-break
-rule (fewer copies, then the CPU); the objective may give a
+use, holding every other stage where the plan put it; placements whose predicted
+intervals overlap are ties (:func:`ties`: a time's uncertainty is a factor, never a number
+of seconds), decided by the tie-break rule (fewer copies, then the CPU) only within
+:data:`TIE_CAP` of the fastest; the objective may give a
 reason of its own first (:meth:`Objective.reason
 <placer.optimize.objectives.Objective.reason>`) and names what a move would
 worsen. Text never calls the simulated test device (kind ``sim``) a GPU.
@@ -14,6 +15,7 @@ worsen. Text never calls the simulated test device (kind ``sim``) a GPU.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 
 #: flip every stage and re-score the plan for explanations up to this many stages
 FLIP_LIMIT = 100
+#: a sub-millisecond time: its predicted speed-up is worded as within the error when the spreads cover it
+TINY_S = 1e-3
 #: the crossover search spans this factor around the requested size (1,000x in all)
 SPAN = 10**1.5
 #: relative noise of a cost table without its own (``CostTable.noise``): a hand-written
@@ -122,11 +126,14 @@ def reason(
     pinned: bool,
     blocked: dict[str, str],
     around: dict[int, float] | None = None,
+    spread: list[float] | None = None,
 ) -> str:
     """One plain sentence: why stage ``v`` runs on ``place[v]`` (under ``objective``, worth ``value``).
 
     ``around`` (device -> :func:`copies_around` of ``v`` there) saves recomputing those
-    a caller already has; missing devices are computed.
+    a caller already has; missing devices are computed. ``spread`` (device -> factor,
+    :func:`spread_factors`' row for ``v``): where both times are below :data:`TINY_S` and
+    their ratio is within the factors, the sentence says the choice is within the error.
     """
     d = place[v]
     here, tc = device_word(pb, d), pb.time[v][d]
@@ -153,6 +160,9 @@ def reason(
         ratio = fmt_ratio(ta / tc) if tc > 0 else "much"
         head = (f"loop-carried stage: {ratio} slower on {there}" if loop_carried
                 else f"{here} is {ratio} faster than {there}{at}")
+        if spread is not None and ta < TINY_S and tc > 0 and ta / tc <= spread[d] * spread[alt]:
+            head = (f"{here} is predicted {ratio} faster than {there}{at}, within the error of predictions "
+                    f"this small (±{spread[d] * spread[alt] - 1:.0%}): a close call, not a promised speed-up")
         cin = copies_in(pb, place, v)
         if cin > 0:
             return f"{head}; the copy in costs {fmt_s(cin)}"
@@ -256,20 +266,45 @@ def _refine(at, name, dev, same: float, other: float, steps: int) -> float:
     return math.sqrt(same * other)
 
 
-def uncertainty_slack(pb: Problem, place: list[int]) -> Callable[[list[int]], float] | None:
-    """Seconds by which a placement's time could move against ``place``'s within the stage
-    times' uncertainty (``StageCost.uncertainty``: fit forms that disagree): for each stage
-    placed differently, its uncertain share on both devices. None when no stage is uncertain."""
+def spread_factors(pb: Problem) -> list[list[float]]:
+    """``k[v][d] >= 1``: the factor by which stage ``v``'s time on device ``d`` may be off beyond the
+    noise (``1 + StageCost.uncertainty[d]``: fit forms that disagree, distance from the measured
+    sizes, a tiny stage's model error). A time ``t`` is the interval ``[t / k, t * k]``: times are
+    positive and their errors are factors, so a spread never makes a time negative or tiny."""
     by_name = {st.name: st for st in pb.table.stages}
-    unc = [[by_name[n].uncertainty.get(d, 0.0) for d in pb.devices] for n in pb.names]
-    if not any(any(row) for row in unc):
-        return None
+    return [[1.0 + by_name[n].uncertainty.get(d, 0.0) for d in pb.devices] for n in pb.names]
 
-    def slack(p: list[int]) -> float:
-        return sum(unc[v][p[v]] * pb.time[v][p[v]] + unc[v][place[v]] * pb.time[v][place[v]]
-                   for v in range(pb.n) if p[v] != place[v] and pb.time[v][p[v]] < INF)
 
-    return slack
+def interval_factor(pb: Problem, k: list[list[float]], place: list[int], other: list[int], value: float) -> float:
+    """The factor ``W`` of ``place``'s interval ``[value / W, value * W]`` against ``other``.
+
+    Only the stages placed differently count: a stage both placements run on the same device
+    moves both alike, so it never separates them. Stage ``v`` of time ``t`` and spread ``k``
+    can move the objective by the factor ``1 + (t / value) * (k - 1)`` (all of it when ``v`` is
+    the whole critical path, less as it is a smaller share); the stages' factors combine as
+    the root of the sum of their squared logarithms. Their spreads come from separate fits of
+    separate stages, not known to move together: adding every stage's worst case would treat
+    them as one error and let any two placements with uncertain stages tie.
+    """
+    if value <= 0 or not math.isfinite(value):
+        return 1.0
+    sq = 0.0
+    for v in range(pb.n):
+        if place[v] != other[v]:
+            t = pb.time[v][place[v]]
+            if math.isfinite(t) and t > 0:
+                sq += math.log1p(min(1.0, t / value) * (k[v][place[v]] - 1.0)) ** 2
+    return math.exp(math.sqrt(sq))
+
+
+def overlap(pb: Problem, k: list[list[float]], a: list[int], va: float, b: list[int], vb: float,
+            noise: float) -> bool:
+    """Whether placements ``a`` and ``b`` (objective ``va`` and ``vb``) tie: their intervals
+    (:func:`interval_factor`), widened by the noise, overlap."""
+    if not (math.isfinite(va) and math.isfinite(vb)) or va <= 0 or vb <= 0:
+        return va == vb
+    width = math.log1p(noise) + math.log(interval_factor(pb, k, a, b, va)) + math.log(interval_factor(pb, k, b, a, vb))
+    return abs(math.log(va / vb)) <= width + 1e-12
 
 
 def tie_key(pb: Problem, place: list[int]) -> tuple[int, int]:
@@ -277,26 +312,33 @@ def tie_key(pb: Problem, place: list[int]) -> tuple[int, int]:
     return len(schedule(pb, place).transfers), -sum(1 for d in place if pb.loc[d] == 0)
 
 
-def ties(pb: Problem, place: list[int], score: Callable, *, noise: float,
-         flips: list[dict[int, float]] | None = None,
-         slack: Callable[[list[int]], float] | None = None) -> tuple[list[int], list[tuple[list[int], float]]]:
-    """The placement chosen among those within ``noise`` of the best, and the others tied with it.
+#: the tie rule never chooses a placement predicted more than this factor slower than the fastest
+TIE_CAP = 1.1
+#: every placement is weighed (not just the searched one's neighbours) up to this many of them
+ENUMERATE_LIMIT = 256
 
-    Candidates are the searched placement, the baselines and every single-stage move
-    (``flips``, as :func:`flip_values` computes them). A candidate ties when its
-    objective is within ``noise`` (relative) of the best candidate's, plus ``slack(p)``
-    (the objective's own units: how far the uncertain stage times it moves could shift
-    it, :func:`uncertainty_slack`); among ties the tie-break rule (:func:`tie_key`) chooses.
 
-    Returns
-    -------
-    (chosen, others)
-        The chosen placement, and ``(placement, value)`` of each other tie.
+def tie_weight(pb: Problem, k: list[list[float]], place: list[int], noise: float, rank: float) -> float:
+    """The factor by which the tie rule weighs ``place``'s objective up: ``1 + (w - 1) * rank``.
+
+    ``rank`` (0 to 1) is the placement's place in the tie rule's order (0: fewest copies, most
+    stages on the CPU); ``w`` is how far its time may be off, ``(1 + noise)`` times the largest
+    spread factor of a stage with a choice, never above :data:`TIE_CAP`. A weight that depends
+    only on where stages run (never on their times) keeps the choice monotone: making a stage
+    faster on its device never moves it off, and scaling every time leaves the plan as it is.
     """
-    best = score(place)
-    if noise <= 0 and slack is None:
-        return place, []
-    cands: dict[tuple[int, ...], float] = {tuple(place): best}
+    spread = max((k[v][d] for v, d in enumerate(place) if len(pb.allowed[v]) > 1), default=1.0)
+    return 1.0 + (min(TIE_CAP, (1.0 + noise) * spread) - 1.0) * rank
+
+
+def _candidates(pb: Problem, place: list[int], score: Callable,
+                flips: list[dict[int, float]] | None) -> dict[tuple[int, ...], float]:
+    """Every allowed placement when there are at most :data:`ENUMERATE_LIMIT`; else the searched
+    placement, the baselines and every single-stage move from it."""
+    count = math.prod(len(al) for al in pb.allowed)
+    if 0 < count <= ENUMERATE_LIMIT:
+        return {p: score(list(p)) for p in itertools.product(*pb.allowed)}
+    cands: dict[tuple[int, ...], float] = {tuple(place): score(place)}
     for p in baselines(pb).values():
         if p is not None and all(d in pb.allowed[v] for v, d in enumerate(p)):
             cands.setdefault(tuple(p), score(p))
@@ -305,11 +347,69 @@ def ties(pb: Problem, place: list[int], score: Callable, *, noise: float,
             p = list(place)
             p[v] = d
             cands.setdefault(tuple(p), value)
-    low = min(cands.values())
-    if not math.isfinite(low):
+    return cands
+
+
+def ties(pb: Problem, place: list[int], score: Callable, *, noise: float,
+         flips: list[dict[int, float]] | None = None,
+         spread: list[list[float]] | None = None) -> tuple[list[int], list[tuple[list[int], float]]]:
+    """The placement chosen under the tie rule, and the placements tied with it.
+
+    Candidates: every allowed placement when there are at most :data:`ENUMERATE_LIMIT`, else
+    the searched placement, the baselines and every single-stage move (``flips``, as
+    :func:`flip_values` computes them). The chosen one minimises the objective weighed by
+    :func:`tie_weight`: a placement with fewer copies, then more stages on the CPU, wins over
+    a faster one only when that one is faster by less than its own spread and the noise, and
+    never by more than :data:`TIE_CAP`. So a placement predicted 1.5x (or even 1.1x) slower
+    is never chosen because of a tie, however uncertain the faster one's times are.
+
+    A candidate is reported as tied when its interval overlaps the chosen one's
+    (:func:`overlap`, with ``spread`` from :func:`spread_factors`); the chosen one's
+    single-stage moves, the baselines and the fastest placement are the ones reported.
+
+    Returns
+    -------
+    (chosen, others)
+        The chosen placement, and ``(placement, value)`` of each placement tied with it.
+    """
+    k = spread if spread is not None else spread_factors(pb)
+    unsure = noise > 0 or any(f > 1.0 for row in k for f in row)
+    if not unsure:
         return place, []
-    tied = [(list(p), val) for p, val in cands.items()
-            if val <= low * (1 + noise) + 1e-12 or (slack is not None and val <= low * (1 + noise) + slack(list(p)))]
-    tied.sort(key=lambda pv: (*tie_key(pb, pv[0]), pv[1]))
-    chosen = tied[0][0]
-    return chosen, [(p, val) for p, val in tied[1:]]
+    cands = _candidates(pb, place, score, flips)
+    cands.setdefault(tuple(place), score(place))
+    finite = {p: v for p, v in cands.items() if math.isfinite(v)}
+    if not finite:
+        return place, []
+    keys = {p: tie_key(pb, list(p)) for p in finite}
+    order = sorted(set(keys.values()))
+    rank = {key: (i / (len(order) - 1) if len(order) > 1 else 0.0) for i, key in enumerate(order)}
+
+    def weighed(p: tuple[int, ...]) -> tuple[float, tuple[int, int], float, tuple[int, ...]]:
+        val = finite[p]
+        return val * tie_weight(pb, k, list(p), noise, rank[keys[p]]), keys[p], val, p
+
+    chosen = min(finite, key=weighed)
+    value = finite[chosen]
+    fastest = min(finite, key=lambda p: (finite[p], keys[p]))
+    shown: set[tuple[int, ...]] = {fastest}
+    for p in baselines(pb).values():
+        if p is not None and tuple(p) in finite:
+            shown.add(tuple(p))
+    for v in range(pb.n):
+        for d in pb.allowed[v]:
+            p = list(chosen)
+            p[v] = d
+            if tuple(p) in finite:
+                shown.add(tuple(p))
+            elif d != chosen[v]:
+                val = score(p)
+                if math.isfinite(val):
+                    finite[tuple(p)] = val
+                    keys[tuple(p)] = tie_key(pb, p)
+                    shown.add(tuple(p))
+    shown.discard(chosen)
+    tied = [(list(p), finite[p]) for p in shown
+            if overlap(pb, k, list(chosen), value, list(p), finite[p], noise)]
+    tied.sort(key=lambda pv: (*keys[tuple(pv[0])], pv[1]))
+    return list(chosen), tied

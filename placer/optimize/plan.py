@@ -31,9 +31,10 @@ from placer.optimize.explain import (
     device_word,
     flip_values,
     reason,
+    overlap,
+    spread_factors,
     tie_key,
     ties,
-    uncertainty_slack,
 )
 from placer.optimize.heuristic import heuristic, polish
 from placer.optimize.objectives import get_objective, loads, money
@@ -156,11 +157,11 @@ def plan(
         )
     noise = TIE_NOISE if costs.noise is None else costs.noise
     flips = flip_values(pb, place, lambda p: objective.evaluate(pb, p, deadline_s)) if pb.n <= FLIP_LIMIT else None
-    # stage times the fit forms disagree on widen the ties by what they could move (objectives in seconds)
-    slack = uncertainty_slack(pb, place) if objective.name in ("makespan", "throughput") else None
+    # a stage time's uncertainty is a factor on it: placements tie when their intervals overlap
+    spread = spread_factors(pb)
     place, tied = ties(pb, place, lambda p: objective.evaluate(pb, p, deadline_s), noise=noise, flips=flips,
-                       slack=slack)
-    value = objective.evaluate(pb, place, deadline_s) if tied else value
+                       spread=spread)
+    value = objective.evaluate(pb, place, deadline_s)
     sched = schedule(pb, place)
     if deadline_s is not None and sched.makespan_s > deadline_s * (1 + 1e-9):
         warnings.append(
@@ -171,7 +172,7 @@ def plan(
                              deadline_s, size, costs.size_unit)
     if cost_at is not None and size:
         _add_crossovers(choices, cost_at, size, objective, method, deadline_s, costs.size_unit, pb)
-    tie_list = _ties(pb, place, tied, choices, noise, value)
+    tie_list = _ties(pb, place, tied, choices, noise, value, objective)
     return Plan(
         placement=pb.placement(place),
         objective=objective.name,
@@ -196,24 +197,37 @@ def plan(
 
 
 def _ties(pb: Problem, place: list[int], tied: list, choices: list[StageChoice], noise: float,
-          value: float | None = None) -> list[Tie]:
-    """The ties as plan data; each stage they place elsewhere says so in its reason."""
+          value: float, objective: objectives.Objective) -> list[Tie]:
+    """The ties as plan data; each stage they place elsewhere says so in its reason, with which way
+    the tie went and what it costs (or saves) at the point estimate."""
     mine = pb.placement(place)
     out = []
     for p, val in tied:
         other = pb.placement(p)
         differs = {n: d for n, d in other.items() if d != mine[n]}
+        key = tie_key(pb, p)
         out.append(Tie(placement=other, differs=differs, objective_value=val,
-                       predicted_makespan_s=makespan(pb, p), copies=tie_key(pb, p)[0],
-                       on_cpu=-tie_key(pb, p)[1],
-                       fits_disagree=value is not None and max(val, value) > min(val, value) * (1 + noise) + 1e-12))
+                       predicted_makespan_s=makespan(pb, p), copies=key[0], on_cpu=-key[1],
+                       fits_disagree=not overlap(pb, [[1.0] * len(pb.devices)] * pb.n, place, value, p, val, noise)))
     for c in choices:
-        alts = sorted({t.differs[c.name] for t in out if c.name in t.differs})
-        if alts:
-            spread = any(t.fits_disagree for t in out if c.name in t.differs)
-            why = (f"predicted within {noise:.0%}, the noise, or within how far fit forms that match the "
-                   "measurements as well disagree at this size") if spread else f"predicted within {noise:.0%}, the noise"
-            c.reason += f"; a tie with {' or '.join(alts)} ({why}): chosen by {TIE_RULE}"
+        mine_ties = [t for t in out if c.name in t.differs]
+        if not mine_ties:
+            continue
+        alts = sorted({t.differs[c.name] for t in mine_ties})
+        spread = any(t.fits_disagree for t in mine_ties)
+        why = (f"predicted within {noise:.0%}, the noise, and the factor by which the stage times they differ in "
+               "may be off (fit forms that match the measurements as well disagree)"
+               if spread else f"predicted within {noise:.0%}, the noise")
+        best_tie = min(mine_ties, key=lambda t: t.objective_value)
+        if best_tie.objective_value < value:
+            cost = (f"the {objective.what} is predicted {value / best_tie.objective_value - 1:.0%} longer than "
+                    f"with {' or '.join(alts)}, within the tie") if objective.name != "cost" else (
+                    f"predicted {value / best_tie.objective_value - 1:.0%} dearer, within the tie")
+        else:
+            cost = (f"at the point estimate it is also the faster (the other is predicted "
+                    f"{best_tie.objective_value / value:.2f}× as long)") if objective.name != "cost" else (
+                    "at the point estimate it is also the cheaper")
+        c.reason += f"; a tie with {' or '.join(alts)} ({why}): went to {mine[c.name]} by {TIE_RULE}; {cost}"
     return out
 
 
@@ -235,6 +249,7 @@ def explain_stages(
     at = f" at {size:,.0f} {unit}" if size else ""
     out = {}
     by_name = {st.name: st for st in table.stages}
+    spread = spread_factors(pb)
     for v, name in enumerate(pb.names):
         st = by_name[name]
         d = place[v]
@@ -249,7 +264,7 @@ def explain_stages(
         text = reason(pb, place, v, objective=objective, value=value,
                       flips=None if flips is None else flips[v], at=at,
                       loop_carried=st.loop_carried, pinned=st.pin is not None, blocked=blocked,
-                      around=around)
+                      around=around, spread=spread[v])
         out[name] = StageChoice(
             name=name,
             kind=st.kind,

@@ -115,6 +115,10 @@ def loop_rules(facts: ReportFacts) -> list[Advice]:
         if _is_gpu_like(facts, r.device):
             text = (f"Stage {r.name!r} is loop-carried (each step needs the previous one) but runs on "
                     f"{r.device}; move it to the CPU, where sequential work is fastest at any size.")
+        elif facts.target is not None and _on_target_gpu(facts, facts.target.placement.get(r.name, "cpu")):
+            text = (f"Stage {r.name!r} is loop-carried (each step needs the previous one); here it runs on the "
+                    f"CPU, and the plan for {facts.target.label} runs it on the GPU all the same: its steps "
+                    "are few or wide enough there to beat the CPU.")
         else:
             text = (f"Stage {r.name!r} is loop-carried (each step needs the previous one); "
                     "keep it on the CPU at any size: a GPU runs it on one thread.")
@@ -172,13 +176,23 @@ def bottleneck_rules(facts: ReportFacts) -> list[Advice]:
             f"place {data!r} and its consumers on the same device, or pin and overlap the copy."))]
     row = next((r for r in facts.stages if r.name == bn.name), None)
     text = f"Stage {bn.name!r} is the bottleneck: {bn.share:.0%} of the {bn.source} makespan on {bn.device}."
-    if row is not None and _faster_elsewhere(facts, row):
-        dev, secs = _faster_elsewhere(facts, row)
-        text += f" It is predicted at {secs:.3g} s on {dev}; that device would pay if it were available."
+    found = _faster_elsewhere(facts, row) if row is not None else None
+    if found is not None:
+        title, secs, dev = found
+        t = facts.target
+        if t is not None and dev == t.device and t.placement.get(bn.name) != dev:
+            # the target's plan is the one decision about that device: never "it would pay" where it does not
+            text += (f" It is predicted at {secs:.3g} s on {title}, yet the plan for {t.label} keeps it on "
+                     f"{t.placement.get(bn.name, 'the CPU')}: the copies and the stages around it cost more there.")
+        elif t is not None and dev == t.device:
+            text += f" It is predicted at {secs:.3g} s on {title}; the plan for {t.label} runs it there."
+        else:
+            text += f" It is predicted at {secs:.3g} s on {title}; that device would pay if it were available."
     return [Advice(topic="bottleneck", subject=bn.name, text=text)]
 
 
-def _faster_elsewhere(facts: ReportFacts, row: StageRow) -> tuple[str, float] | None:
+def _faster_elsewhere(facts: ReportFacts, row: StageRow) -> tuple[str, float, str] | None:
+    """``(title, seconds, device)`` of an absent device predicted at least twice as fast, or None."""
     here = row.measured_s.get(row.device) or row.predicted_s.get(row.device)
     best = None
     for dev, secs in row.predicted_s.items():
@@ -186,7 +200,7 @@ def _faster_elsewhere(facts: ReportFacts, row: StageRow) -> tuple[str, float] | 
         if dev == row.device or secs is None or here is None or d is None or d.present or secs >= here / 2:
             continue
         if best is None or secs < best[1]:
-            best = (d.title, secs)
+            best = (d.title, secs, dev)
     return best
 
 

@@ -165,9 +165,11 @@ def fit_gpu_factors(points, *, peak_flops: dict[str, float], mem_bandwidth_Bps: 
     ``points`` are ``(work, measured_s)`` pairs: an op's counted
     :class:`~placer.costmodel.counts.Work` (its ``host_s`` set to this host's time for it) and its
     measured seconds on the GPU. The fixed costs (per stage, launch, synchronisation) are the
-    GPU's measured ones; a grid search picks ``compute_eff``, ``memory_eff``, ``irregular_eff``
-    and ``host_factor``: the most ops predicted within 2x, then the least mean
-    ``|log(predicted / measured)|`` (as ``benchmarks/make_h200_description.py`` fits the H200's).
+    GPU's measured ones; predictions follow :meth:`~placer.costmodel.roofline.DeviceDescription.predict`
+    (host and device overlap: the larger of the two plus ``unhidden`` of the smaller); a grid search
+    picks ``compute_eff``, ``memory_eff``, ``irregular_eff``, ``host_factor`` and ``unhidden``: the
+    most ops predicted within 2x, then the least mean ``|log(predicted / measured)|`` (as
+    ``benchmarks/make_h200_description.py`` fits the H200's).
     """
     import math
 
@@ -179,7 +181,8 @@ def fit_gpu_factors(points, *, peak_flops: dict[str, float], mem_bandwidth_Bps: 
     irr = np.array([min(w.irregular_bytes, w.bytes) for w in works])
     stream = np.array([w.bytes for w in works]) - irr
     peak = np.array([peak_flops.get(w.precision, peak_flops.get("fp32", min(peak_flops.values()))) for w in works])
-    fixed0 = stage_overhead_s + np.array([w.ops * op_overhead_s + w.syncs * sync_s for w in works])
+    fixed0 = stage_overhead_s + np.array([min(w.ops, 1) * op_overhead_s + w.syncs * sync_s for w in works])
+    launches = np.array([max(w.ops - 1, 0) * op_overhead_s for w in works])
     host = np.array([w.host_s for w in works])
     ces = np.geomspace(0.05, 1.0, 27)[:, None, None, None]
     mes = np.geomspace(0.02, 1.0, 33)[None, :, None, None]
@@ -187,15 +190,17 @@ def fit_gpu_factors(points, *, peak_flops: dict[str, float], mem_bandwidth_Bps: 
     roof = np.maximum(flops / (peak * ces), stream / (mem_bandwidth_Bps * mes) + irr / (mem_bandwidth_Bps * ies))
     best = None
     for hf in (1.0, 1.25, 1.5, 2.0, 2.5, 3.0):  # a GPU run pays at least its host work
-        logs = np.abs(np.log((fixed0 + hf * host + roof) / meas))
-        within = np.mean(logs <= math.log(2), axis=-1)
-        key = -within * 1e3 + np.mean(logs, axis=-1)
-        i = np.unravel_index(int(np.argmin(key)), key.shape)
-        score = float(key[i])
-        if best is None or score < best[0]:
-            best = (score, hf, float(ces.ravel()[i[0]]), float(mes.ravel()[i[1]]), float(ies.ravel()[i[2]]))
-    _, hf, ce, me, ie = best
-    return dict(host_factor=hf, compute_eff=ce, memory_eff=me, irregular_eff=ie)
+        for un in (0.0, 0.25, 0.5, 0.75, 1.0):
+            h = hf * host + launches
+            logs = np.abs(np.log((fixed0 + np.maximum(h, roof) + un * np.minimum(h, roof)) / meas))
+            within = np.mean(logs <= math.log(2), axis=-1)
+            key = -within * 1e3 + np.mean(logs, axis=-1)
+            i = np.unravel_index(int(np.argmin(key)), key.shape)
+            score = float(key[i])
+            if best is None or score < best[0]:
+                best = (score, hf, un, float(ces.ravel()[i[0]]), float(mes.ravel()[i[1]]), float(ies.ravel()[i[2]]))
+    _, hf, un, ce, me, ie = best
+    return dict(host_factor=hf, unhidden=un, compute_eff=ce, memory_eff=me, irregular_eff=ie)
 
 
 def spread_error(calibration) -> float | None:
@@ -231,8 +236,8 @@ def gpu_description(*, name: str, memory_bytes: float | None, peak_flops: dict[s
         how = f"; efficiency factors and host factor fitted to {len(timed_ops)} reference ops timed on this GPU"
     else:
         ref = load_description("h200")
-        factors = dict(host_factor=ref.host_factor, compute_eff=ref.compute_eff, memory_eff=ref.memory_eff,
-                       irregular_eff=ref.irregular_eff)
+        factors = dict(host_factor=ref.host_factor, unhidden=ref.unhidden, compute_eff=ref.compute_eff,
+                       memory_eff=ref.memory_eff, irregular_eff=ref.irregular_eff)
         how = (f"; efficiency factors and host factor ASSUMED from the shipped H200 calibration, not fitted here "
                f"(only {len(timed_ops)} reference ops timed on this GPU; a larger --budget-s times more)")
     desc = DeviceDescription(name=name, kind="gpu", memory_bytes=memory_bytes, source=measured + how,

@@ -94,6 +94,14 @@ class InputFileError(PlacerError, ValueError):
     """An input file (JSON) cannot be read: missing, not UTF-8, not JSON, nested too deeply."""
 
 
+class ArgumentError(PlacerError, ValueError):
+    """An argument of a public call has a value it cannot take: the message names the argument and the fix."""
+
+
+class ArgumentTypeError(PlacerError, TypeError):
+    """An argument of a public call is of a type it cannot take: the message names the argument and the fix."""
+
+
 def validation_line(exc: BaseException) -> str | None:
     """A pydantic ``ValidationError`` as one line naming every bad field; None for other exceptions.
 

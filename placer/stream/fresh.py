@@ -20,8 +20,9 @@ torch's OpenMP threads do not survive a fork of a process that has used them (a 
 user's process hangs at its first parallel operation): the helper is a new interpreter, not a fork.
 
 Where that cannot be (not Linux, a step on a GPU, a loader or step that does not pickle, a helper
-that fails or a run that outlasts :data:`RUN_TIMEOUT_S` past its budget), the runs stay in this
-process and :func:`start` or :meth:`FreshRuns.run` says why.
+that fails to start or to answer), the runs stay in this process and :func:`start` or
+:meth:`FreshRuns.run` says why. A run that outlasts its share of the budget by far (:func:`stuck_after`)
+is ended alone: :class:`RunStuck` names it, and the other runs go on in fresh processes.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ from typing import Any
 
 #: seconds a run may last past its own deadline before its process is stopped and the runs go on here
 RUN_TIMEOUT_S = 120.0
+#: a run outlasting ``STUCK_TIMES`` x (its share of the budget + the warm-up it may take) + ``STUCK_MARGIN_S``
+#: is stuck (a step or a batch that blocks): its process is ended and its setting reported unmeasured, so
+#: that one call that hangs does not hold the advice for the whole of it. A run with no bound on its warm-up
+#: (the user's own settings, whose first runs set the others' bound, or a loader without a length) keeps
+#: ``RUN_TIMEOUT_S`` past its share: its workers' start-up is not known yet (two numpy-augmenting worker
+#: processes took 4-6 s to their first batch on 2 cores)
+STUCK_TIMES = 2.0
+STUCK_MARGIN_S = 5.0
 #: seconds the helper may take to start (an interpreter, torch, the loader and step unpickled)
 START_TIMEOUT_S = 120.0
 
@@ -50,6 +59,19 @@ _BOOT = ("import os, pickle, sys; f = os.fdopen(int(sys.argv[1]), 'rb'); sys.pat
 
 class FreshUnavailable(RuntimeError):
     """The runs cannot be made in fresh processes; the message says why."""
+
+
+class RunStuck(RuntimeError):
+    """One run outlasted its limit (:func:`stuck_after`) and its process was ended; the helper serves on."""
+
+
+def stuck_after(kw: dict[str, Any]) -> float:
+    """Seconds after which a run with :func:`~placer.stream.dropin.run_loader`'s ``kw`` is stuck."""
+    give_up = kw.get("give_up_s")
+    share = max(kw["deadline"].left(), 0.0)
+    if give_up is None:
+        return share + RUN_TIMEOUT_S
+    return STUCK_TIMES * (share + give_up) + STUCK_MARGIN_S
 
 
 def why_not(device_kind: str) -> str | None:
@@ -192,10 +214,22 @@ class FreshRuns:
         out = os.path.join(self.dir, f"run{self._n}.pkl")
         req = {"out": out, "settings": settings, "step": step, "threads": threads, "kw": kw,
                "rng": (torch.get_rng_state(), np.random.get_state(), random.getstate())}
+        limit = stuck_after(kw)
         try:
             pickle.dump(req, self._w)
             self._w.flush()
-            answer = self._recv(kw["deadline"].left() + RUN_TIMEOUT_S)
+            started = self._recv(START_TIMEOUT_S)  # ("started", the run's pid): its process group to end
+            try:
+                answer = self._recv(limit)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(started[1], signal.SIGKILL)  # the run and its workers; the helper reaps it
+                self._recv(START_TIMEOUT_S)
+                with contextlib.suppress(OSError):
+                    os.unlink(out)
+                raise RunStuck(f"its run did not end in {limit:.0f} s (twice its share of the budget and its "
+                               "warm-up, and a margin), so it was stopped: a step or a batch that blocks for "
+                               "long (a lock, a read that hangs) holds your script too") from None
         except (OSError, EOFError, TimeoutError) as e:
             self.close(kill=True)
             raise FreshUnavailable(f"a run in a fresh process did not end ({type(e).__name__}: {e})") from e
@@ -282,6 +316,7 @@ def _serve(read: Any, write_fd: int) -> None:
         pid = os.fork()
         if pid == 0:
             _child(loader, step, req, threads)
+        answer("started", pid)
         _, status = os.waitpid(pid, 0)
         answer("done", status)
 
@@ -313,6 +348,7 @@ def _child(loader: Any, step: Any, req: dict[str, Any], threads: int) -> None:
     """One run, its result written to ``req["out"]`` whole (a temporary file renamed), then exit."""
     code = 0
     try:
+        os.setpgid(0, 0)  # a group of its own, with its workers: a stuck run is ended whole (RunStuck)
         import random
 
         import numpy as np

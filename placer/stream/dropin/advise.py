@@ -1,6 +1,6 @@
 """The drop-in's entry point: :func:`advise_loader`, its phases in order, and the advice they make.
 
-May import: placer.devices, placer.timing, placer.stream.dropin.{advice,caching,deciding,guards,measuring,phases,
+May import: placer.devices, placer.timing, placer.stream.keep, placer.stream.dropin.{advice,caching,deciding,guards,measuring,phases,
 space,trial,whole,words}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
 
 How it decides
@@ -45,9 +45,11 @@ from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.runs import runs_where
 from placer.stream.dropin.trial import Trial, label, merged
 from placer.stream.dropin.words import UNKNOWN_COUNT
+from placer.stream.keep import keeps_the_process
 from placer.timing import allocator_as_is
 
 
+@keeps_the_process  # arguments checked; the step's model, optimizer, generators put back (placer.stream.keep)
 @allocator_as_is()  # the user's process: the script runs on in it (placer.timing.allocator_as_is)
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
                   device: Any = None, target: Any = None, cache_bytes: int | None = None,
@@ -128,6 +130,7 @@ def written(a: Advising, runs_in: str) -> LoaderAdvice:
     if a.budget.where["here"] is not None:
         advice.notes.append(f"measured in this process, not in fresh ones as your script starts: "
                             f"{a.budget.where['here']}")
+    advice.notes += [f"could not be measured: {s}" for s in a.budget.where.get("stuck", [])]
     advice.budget_s, advice.within_noise, advice.cache = a.budget_s, a.noise, a.cache
     advice.whole_run, advice.confirmed = a.run, a.confirmed
     advice.knobs = decided_by(mine, best, a.trials, a.run)

@@ -1,6 +1,6 @@
 """The phases of :func:`~placer.stream.dropin.advise_loader`, each a function of one :class:`Advising`.
 
-May import: placer.data.stream, placer.devices, placer.timing, placer.stream.rounds,
+May import: placer.data.stream, placer.devices, placer.timing, placer.stream.keep, placer.stream.rounds,
 placer.stream.dropin.{caching,deciding,explore,measuring,repeats,runs,space,trial,whole}.
 
 In order: measure the user's settings (:func:`measure_yours`), search the space
@@ -25,6 +25,7 @@ from placer.stream.dropin.repeats import (CONFIRM_LENGTH, CONFIRM_ROUNDS, CONFIR
 from placer.stream.dropin.runs import Budget, loader_length, must, run_length, run_trial
 from placer.stream.dropin.trial import Trial, label, span
 from placer.stream.dropin.whole import cache_over_the_run, confirmed_gain, over_faster, whole_run
+from placer.stream.keep import between_runs
 from placer.stream.rounds import MIN_GAIN, REPEATS
 from placer.timing import Deadline
 
@@ -89,6 +90,7 @@ def start(loader: Any, step: Any, *, device: Any, batches: int, budget_s: float,
 def look_for_cache(a: Advising, cache_bytes: int | None) -> None:
     """Caching inside the dataset, searched with the user's settings within :data:`CACHE_SHARE` more of the budget."""
     a.cache = caching.find_cache(a.loader, a.step, a.user, a.batches, a.budget_s * CACHE_SHARE, cache_bytes, a.dev)
+    between_runs()  # the cache's passes ran the step here
     a.cache_s = a.took.spent()  # the cache search is on top of budget_s
 
 
@@ -118,6 +120,7 @@ def measure_yours(a: Advising) -> None:
             + max(0.0, (mine.read_s or 0.0) - mine.seconds)
     a.step_rate = measuring.step_alone(step, a.kept, batches=mine.batches, device=a.dev, deadline=budget.deadline(),
                                        count=a.count)
+    between_runs()  # the step ran here
     a.alone = run_trial(loader, a.user, None, a.batches, a.dev, budget, count=a.count) if budget.allows() else None
 
 

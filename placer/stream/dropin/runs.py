@@ -1,6 +1,6 @@
 """Where and how long the drop-in's runs happen: in this process or fresh ones, each within its share of the budget.
 
-May import: placer.data.stream, placer.devices, placer.timing, placer.stream.wholerun,
+May import: placer.data.stream, placer.devices, placer.timing, placer.stream.keep, placer.stream.wholerun,
 placer.stream.dropin.{guards,measuring,trial,whole}; placer.stream.fresh inside functions.
 """
 
@@ -20,8 +20,9 @@ from placer.devices import Device
 from placer.stream.dropin import measuring
 from placer.stream.dropin.guards import past_the_cores
 from placer.stream.dropin.measuring import SampleCount, counter_of
-from placer.stream.dropin.trial import Trial
+from placer.stream.dropin.trial import Trial, label
 from placer.stream.dropin.whole import run_costs
+from placer.stream.keep import between_runs
 from placer.stream.wholerun import run_seconds
 from placer.timing import Clock, Deadline, torch_threads
 
@@ -124,9 +125,12 @@ def run_trial(loader: Any, settings: LoaderSettings, step: Any, batches: int, de
               give_up_s=budget.give_up_s(settings))
     with Clock() as wall:
         trial = _fresh_run(budget, measured, step, settings.torch_threads, kw)
-        if trial is _HERE:
+        here = trial is _HERE
+        if here:
             with torch_threads(settings.torch_threads), past_the_cores():
                 trial = measuring.run_loader(measuring.rebuild(loader, measured), step, **kw)
+    if here and step is not None:
+        between_runs()  # the step trained the user's model here: the next run starts from it as it was
     budget.ran(wall.wall, trial.seconds if trial is not None else 0.0, cut=trial is not None and trial.cut)
     if trial is None:
         return None
@@ -145,11 +149,14 @@ def _fresh_run(budget: Budget, settings: LoaderSettings, step: Any, threads: int
     where = budget.where
     if where["fresh"] is None:
         return _HERE
-    from placer.stream.fresh import FreshUnavailable
+    from placer.stream.fresh import FreshUnavailable, RunStuck
 
     try:
         return where["fresh"].run(settings, step is not None, threads, kw)
-    except FreshUnavailable as e:
+    except (RunStuck, FreshUnavailable) as e:
+        if isinstance(e, RunStuck) and budget.user is not None:  # that run's process was ended alone; the
+            where.setdefault("stuck", []).append(f"{label(settings)}: {e}")  # others go on in fresh ones
+            return None
         where["fresh"].close()
         where["fresh"], where["here"] = None, str(e)
         log.warning("placer: the loader's runs go on in this process: %s", e)

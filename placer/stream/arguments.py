@@ -1,0 +1,54 @@
+"""The drop-in's arguments, checked before anything runs.
+
+May import: placer.errors; torch inside functions.
+
+:func:`check` refuses what :func:`placer.stream.advise_loader` cannot measure with, before
+it spends any of the budget: each error names the argument, what it got and the fix
+(a ``ValueError`` or ``TypeError`` that is also a :class:`~placer.errors.PlacerError`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from placer.errors import ArgumentError, ArgumentTypeError
+
+#: the fewest batches a run can measure: one of warm-up, then one counted
+MIN_BATCHES = 2
+
+
+def _what(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else type(value).__name__
+
+
+def check(loader: Any, step: Any, *, batches: Any, budget_s: Any, epochs: Any) -> None:
+    """Raise :class:`ArgumentTypeError` or :class:`ArgumentError` for the first argument that cannot be used."""
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        raise ArgumentTypeError(
+            f"advise_loader: loader must be a torch.utils.data.DataLoader (got {type(loader).__name__}); "
+            "wrap your data in one: DataLoader(dataset, batch_size=...)")
+    if not callable(step):
+        raise ArgumentTypeError(
+            f"advise_loader: step must be callable, step(batch) as your loop calls it "
+            f"(got {type(step).__name__}); pass the function, not its result")
+    # bool is an int to Python, but True batches or epochs is a slip, not a count
+    if isinstance(budget_s, bool) or not isinstance(budget_s, numbers.Real):
+        raise ArgumentTypeError(f"advise_loader: budget_s must be a number of seconds (got "
+                                f"{type(budget_s).__name__} {_what(budget_s)}); e.g. budget_s=60")
+    if not math.isfinite(budget_s) or budget_s <= 0:
+        raise ArgumentError(f"advise_loader: budget_s must be a finite number of seconds above 0 (got "
+                            f"{budget_s!r}); e.g. budget_s=60")
+    for name, value, least, fix in (
+            ("batches", batches, MIN_BATCHES, "a run reads one batch of warm-up, then counts at least one; "
+                                              "e.g. batches=20"),
+            ("epochs", epochs, 1, "your script's run has at least one epoch; e.g. epochs=10")):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ArgumentTypeError(f"advise_loader: {name} must be a whole number (got {type(value).__name__} "
+                                    f"{_what(value)}); {fix}")
+        if value < least:
+            raise ArgumentError(f"advise_loader: {name} must be at least {least} (got {value}); {fix}")

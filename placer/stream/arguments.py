@@ -38,17 +38,17 @@ def check(loader: Any, step: Any, *, batches: Any, budget_s: Any, epochs: Any) -
             f"(got {type(step).__name__}); pass the function, not its result")
     # bool is an int to Python, but True batches or epochs is a slip, not a count
     if isinstance(budget_s, bool) or not isinstance(budget_s, numbers.Real):
-        raise ArgumentTypeError(f"advise_loader: budget_s must be a number of seconds (got "
-                                f"{type(budget_s).__name__} {_what(budget_s)}); e.g. budget_s=60")
+        raise ArgumentTypeError(f"advise_loader: budget_s={_what(budget_s)}: budget_s must be a number of seconds "
+                                f"(got {type(budget_s).__name__}); e.g. budget_s=60")
     if not math.isfinite(budget_s) or budget_s <= 0:
-        raise ArgumentError(f"advise_loader: budget_s must be a finite number of seconds above 0 (got "
-                            f"{budget_s!r}); e.g. budget_s=60")
+        raise ArgumentError(f"advise_loader: budget_s={budget_s!r}: budget_s must be a finite number of seconds "
+                            "above 0; e.g. budget_s=60")
     for name, value, least, fix in (
             ("batches", batches, MIN_BATCHES, "a run reads one batch of warm-up, then counts at least one; "
                                               "e.g. batches=20"),
             ("epochs", epochs, 1, "your script's run has at least one epoch; e.g. epochs=10")):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise ArgumentTypeError(f"advise_loader: {name} must be a whole number (got {type(value).__name__} "
-                                    f"{_what(value)}); {fix}")
+            raise ArgumentTypeError(f"advise_loader: {name}={_what(value)}: {name} must be a whole number "
+                                    f"(got {type(value).__name__}); {fix}")
         if value < least:
-            raise ArgumentError(f"advise_loader: {name} must be at least {least} (got {value}); {fix}")
+            raise ArgumentError(f"advise_loader: {name}={value!r}: {name} must be at least {least}; {fix}")

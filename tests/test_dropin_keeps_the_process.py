@@ -3,7 +3,10 @@ the random generators, torch's threads, the dataset's attributes (placer.stream.
 
 from __future__ import annotations
 
+import copy
+import functools
 import random
+import time
 
 import numpy as np
 import pytest
@@ -161,3 +164,43 @@ def test_what_cannot_be_put_back_is_said():
     a = advise_loader(loader, lambda b: None, batches=4, budget_s=2, cache_bytes=0, fresh=False,
                       state={"model": torch.nn.Linear(8, 1), "counter": hidden})
     assert any("state['counter']['n'] (int)" in n for n in a.notes) and "Note: " in str(a)
+
+
+def test_restoring_twice_starts_each_time_from_the_snapshot():
+    """load_state_dict keeps the tensors it is given where they fit: each restore loads a fresh copy, or the
+    next run's training would move the snapshot itself."""
+    model, opt, sched, loader = _script()
+    step = _train_step(model, opt, sched)
+    batch = next(iter(loader))
+    step(batch)  # Adam has moments and a step count to put back
+    model.register_buffer("seen", torch.zeros(1), persistent=False)
+    before = ({k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(opt.state_dict()))
+    kept = keep.Kept(loader, step, (model, opt, sched))
+    for _ in range(2):
+        for _ in range(3):
+            step(batch)
+            model.seen += 1
+        kept.restore()
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, before[0][k]), k
+        for i, s in opt.state_dict()["state"].items():
+            for name, v in s.items():
+                assert torch.equal(torch.as_tensor(v), torch.as_tensor(before[1]["state"][i][name])), name
+        assert float(model.seen) == 0 and sched.last_epoch == 1
+
+
+def test_the_search_follows_partials_objects_and_containers_and_stops_at_a_bound():
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    class Holder:
+        def __init__(self):
+            self.parts = {"net": [model], "opt": opt}
+
+    def train(holder, batch):
+        return holder
+
+    assert keep.reachable(functools.partial(train, Holder())) == [model, opt]
+    big = [[list(range(100)) for _ in range(100)] for _ in range(100)]
+    t = time.perf_counter()
+    assert keep.reachable(lambda b: big) == [] and time.perf_counter() - t < 2

@@ -48,6 +48,8 @@ from placer.stream import arguments
 DEPTH = 4
 #: how many items of one container :func:`reachable` looks at (a dataset's list is not walked whole)
 ITEMS = 64
+#: how many objects :func:`reachable` looks at in all: a step that reaches a large graph costs no more
+VISITS = 20_000
 
 _CURRENT: contextvars.ContextVar[Kept | None] = contextvars.ContextVar("placer_stream_kept", default=None)
 
@@ -67,7 +69,11 @@ def _kind(obj: Any) -> str | None:
         return "optimizer"
     if isinstance(obj, torch.Tensor):
         return "tensor"
-    if isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer) and _loads(obj):
+    try:  # an attribute of the user's object may be a property that raises
+        steps = isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer)
+    except Exception:  # noqa: BLE001
+        steps = False
+    if steps and _loads(obj):
         return "scheduler"  # an LR scheduler (ReduceLROnPlateau too): it steps an optimizer
     if type(obj).__name__ == "GradScaler" and _loads(obj):
         return "scaler"
@@ -104,7 +110,8 @@ def reachable(step: Callable[..., Any]) -> list[Any]:
     seen: set[int] = set()
 
     def visit(obj: Any, depth: int) -> None:
-        if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool, complex)):
+        if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool, complex)) \
+                or len(seen) >= VISITS:
             return
         seen.add(id(obj))
         kind = _kind(obj)
@@ -216,6 +223,7 @@ class Kept:
 
         torch = _torch()
         self.given = state is not None
+        self.failed: dict[int, str] = {}  # what refused to be put back, by id
         objects, self.unknown = given(state) if self.given else (reachable(step), [])
         self.objects = objects
         self.dicts: list[tuple[Any, Any]] = []  # (object, its state_dict on the host)
@@ -251,7 +259,10 @@ class Kept:
 
         torch = _torch()
         for obj, saved in self.dicts:
-            obj.load_state_dict(copy.deepcopy(saved))
+            try:
+                obj.load_state_dict(copy.deepcopy(saved))
+            except Exception as e:  # noqa: BLE001 - the user's object refuses: said in the advice, not raised
+                self.failed.setdefault(id(obj), f"{type(obj).__name__} ({type(e).__name__}: {e})")
         for t in self.tensors.values():
             t.restore()
         for m, training in self.modes:
@@ -273,15 +284,18 @@ class Kept:
 
     def notes(self) -> list[str]:
         """What the advice could not put back, in words (none where it put back all it ran)."""
+        out = []
+        if self.failed:
+            out.append(f"could not put back what the step trained in this process: {', '.join(self.failed.values())}")
         if self.unknown:
-            return [f"the batches the step ran in this process changed what state= holds but could not be put "
-                    f"back: {', '.join(self.unknown)} (give modules, optimizers, schedulers or tensors: "
-                    "objects with state_dict and load_state_dict)"]
-        if not self.objects:
-            return ["found no model, optimizer or scheduler that the step holds (in its closure, the globals it "
-                    "names or its object), and none was given as state=: if it trains one, the batches it ran "
-                    "in this process trained it; pass state=(model, optimizer, scheduler) to have them put back"]
-        return []
+            out.append(f"the batches the step ran in this process changed what state= holds but could not be put "
+                       f"back: {', '.join(self.unknown)} (give modules, optimizers, schedulers or tensors: "
+                       "objects with state_dict and load_state_dict)")
+        if not self.objects and not self.unknown:
+            out.append("found no model, optimizer or scheduler that the step holds (in its closure, the globals it "
+                       "names or its object), and none was given as state=: if it trains one, the batches it ran "
+                       "in this process trained it; pass state=(model, optimizer, scheduler) to have them put back")
+        return out
 
 
 _MISSING = object()

@@ -4,6 +4,7 @@ advice names the setting it could not measure (placer.stream.fresh.stuck_after).
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import time
 
@@ -60,3 +61,18 @@ def test_the_limit_is_twice_the_share_and_warm_up_and_a_margin():
 
     assert fresh.stuck_after({"deadline": Left(), "give_up_s": 2.0}) == 2 * 3.5 + fresh.STUCK_MARGIN_S
     assert fresh.stuck_after({"deadline": Left(), "give_up_s": None}) == 1.5 + fresh.RUN_TIMEOUT_S
+
+
+def test_two_answers_read_at_once_are_both_received():
+    """The helper answers "started" and "done" for each run: a quick run's two answers arrive in one read."""
+    r, w = os.pipe()
+    runs = fresh.FreshRuns.__new__(fresh.FreshRuns)
+    runs._r, runs._rest = r, b""
+    try:
+        os.write(w, pickle.dumps(("started", 1)) + pickle.dumps(("done", 0)))
+        assert runs._recv(1) == ("started", 1) and runs._recv(1) == ("done", 0)
+        with pytest.raises(TimeoutError):
+            runs._recv(0.05)
+    finally:
+        os.close(r)
+        os.close(w)

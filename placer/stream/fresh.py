@@ -28,6 +28,7 @@ is ended alone: :class:`RunStuck` names it, and the other runs go on in fresh pr
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import select
@@ -171,6 +172,7 @@ class FreshRuns:
         os.close(from_w)
         self._w = os.fdopen(to_w, "wb")
         self._r = from_r
+        self._rest = b""
         self._n = 0
         try:
             pickle.dump([p for p in sys.path if p], self._w)
@@ -185,19 +187,27 @@ class FreshRuns:
             raise FreshUnavailable(f"the fresh process could not load the loader and step ({answer[1]})")
 
     def _recv(self, timeout_s: float) -> Any:
-        data = b""
+        # the helper answers twice a run ("started", then "done"), and one read may hold both: what follows
+        # the first answer stays in ``_rest`` for the next call
+        data, self._rest = self._rest, b""
         while True:  # one pickled answer, read whole before it is unpickled
+            if data:
+                f = io.BytesIO(data)
+                try:
+                    answer = pickle.load(f)
+                except (EOFError, pickle.UnpicklingError):
+                    pass
+                else:
+                    self._rest = data[f.tell():]
+                    return answer
             ready, _, _ = select.select([self._r], [], [], timeout_s)
             if not ready:
+                self._rest = data
                 raise TimeoutError(f"no answer in {timeout_s:.0f} s")
             chunk = os.read(self._r, 1 << 16)
             if not chunk:
                 raise EOFError("the fresh process ended")
             data += chunk
-            try:
-                return pickle.loads(data)
-            except (EOFError, pickle.UnpicklingError):
-                continue
 
     def run(self, settings: Any, step: bool, threads: int | None, kw: dict[str, Any]) -> Any:
         """:func:`~placer.stream.dropin.measuring.run_loader` of the loader rebuilt with ``settings`` (with the step

@@ -204,3 +204,21 @@ def test_the_search_follows_partials_objects_and_containers_and_stops_at_a_bound
     big = [[list(range(100)) for _ in range(100)] for _ in range(100)]
     t = time.perf_counter()
     assert keep.reachable(lambda b: big) == [] and time.perf_counter() - t < 2
+
+
+def test_a_schedulers_optimizer_is_put_back_with_it():
+    model, opt, sched, loader = _script()
+
+    def step(batch):  # reaches the optimizer only through its scheduler
+        x, y = batch
+        sched.optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        sched.optimizer.step()
+        sched.step()
+
+    kept = keep.Kept(loader, step)
+    lr = opt.param_groups[0]["lr"]
+    for batch in loader:
+        step(batch)
+    kept.restore()
+    assert opt.param_groups[0]["lr"] == lr and not opt.state and sched.last_epoch == 0

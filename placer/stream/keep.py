@@ -211,8 +211,8 @@ class _Tensor:
                 t.copy_(self.value)
         if t.is_leaf and t.requires_grad != self.requires_grad:
             t.requires_grad_(self.requires_grad)
-        # a copy, not the snapshot: the next backward accumulates into .grad in place
-        t.grad = None if self.grad is None else self.grad.to(device=t.device, dtype=t.dtype, copy=True)
+        if t.is_leaf:  # a copy, not the snapshot: the next backward accumulates into .grad in place
+            t.grad = None if self.grad is None else self.grad.to(device=t.device, dtype=t.dtype, copy=True)
 
 
 class Kept:
@@ -225,6 +225,9 @@ class Kept:
         self.given = state is not None
         self.failed: dict[int, str] = {}  # what refused to be put back, by id
         objects, self.unknown = given(state) if self.given else (reachable(step), [])
+        # a scheduler's state_dict leaves out its optimizer, whose groups' learning rates it sets
+        objects += [o.optimizer for o in objects if _kind(o) == "scheduler"
+                    and all(o.optimizer is not x for x in objects)]
         self.objects = objects
         self.dicts: list[tuple[Any, Any]] = []  # (object, its state_dict on the host)
         self.tensors: dict[int, _Tensor] = {}

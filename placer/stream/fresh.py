@@ -213,8 +213,10 @@ class FreshRuns:
         """:func:`~placer.stream.dropin.measuring.run_loader` of the loader rebuilt with ``settings`` (with the step
         when
         ``step``), at ``threads`` intra-op threads, in a child forked for it; ``kw`` as ``run_loader`` takes it.
-        Fills ``kw["keep"]`` and updates ``kw["count"]`` as the run did; raises what the run raised, and
-        :class:`FreshUnavailable` where the child died or outlasted its deadline by :data:`RUN_TIMEOUT_S`."""
+        Fills ``kw["keep"]`` and updates ``kw["count"]`` as the run did; raises what the run raised,
+        :class:`RunStuck` where the run outlasted :func:`stuck_after` (its process group ended: the child and
+        its workers; the helper serves the next run), and :class:`FreshUnavailable` where the child died
+        without its result or the helper stopped answering."""
         import random
 
         import numpy as np

@@ -21,7 +21,8 @@ def _never(batch):
 
 @pytest.mark.parametrize("budget", [-1, 0, math.nan, math.inf, -math.inf])
 def test_a_budget_that_is_not_a_finite_positive_number_is_refused(budget):
-    with pytest.raises(ArgumentError, match=r"budget_s=.*: budget_s must be a finite number of seconds above 0; e.g. budget_s=60"):
+    with pytest.raises(ArgumentError,
+                       match=r"budget_s=.*: budget_s must be a finite number of seconds above 0; e.g. budget_s=60"):
         advise_loader(LOADER, _never, budget_s=budget)
 
 

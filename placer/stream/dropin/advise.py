@@ -63,7 +63,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         The script's own loader; it is not changed (its settings are rebuilt for each run).
     step : callable
         ``step(batch)``: the script's train step. It runs for real on the measured batches (it trains
-        the model on them: a copy of it, where the runs are in fresh processes).
+        the model on them: a copy of it, where the runs are in fresh processes; in this process, what it
+        trains is put back after each run, :mod:`placer.stream.keep`).
     batches : int
         Batches per measured run (the first, or ``num_workers``, are warm-up); more where a run of them
         lasts under ``MIN_RUN_S``, up to an epoch and half a run's share of the budget (:func:`run_length`).
@@ -87,8 +88,10 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         Lower precisions the step may run in (``"bf16"``, ``("tf32", "bf16")``, ``"auto"``): each is
         checked here and, with a ``target``, planned there (:mod:`placer.stream.precision_advice`).
     state : object or tuple, optional
-        What the step trains (model, optimizer: objects with ``state_dict``), put back between the
-        precision checks' runs; without it no lower precision is chosen.
+        What the step trains (model, optimizer, scheduler: objects with ``state_dict``), put back after
+        every run of the step in this process and at the end (without it, what the step reaches:
+        :mod:`placer.stream.keep`) and between the precision checks' runs; without it no lower
+        precision is chosen.
     fresh : bool, optional
         Make each run in a fresh process, as the script starts (:mod:`placer.stream.fresh`). Default:
         so where it can be (Linux, a step on the CPU, a loader and step that pickle), else in this

@@ -1,6 +1,6 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
-May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log}, placer.data;
+May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log,decide}, placer.data;
 placer.executor.distributed's errors, placer.target, placer.stream.{planner,precision,rounds,target,work,cluster}
 inside functions.
 torch, dask and numba are

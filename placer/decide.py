@@ -20,7 +20,7 @@ from typing import Any
 #: left of the budget: profiling one size runs each stage warm-up and repeats on every device, once
 #: more on one thread (to scale it to a target's CPU) and once to count its work; on a 2-core VM
 #: one size of ``branches`` took about 20 times the pipeline's predicted time
-REPEATS = 20
+SIZE_COST_TIMES = 20
 
 
 def deciding_stages(*plans: Any) -> set[str]:
@@ -59,16 +59,16 @@ def merge(profile: Any, more: Any) -> list[int]:
 
 def next_size(measured: list[int], size: float, predicted_s: float, left_s: float) -> int | None:
     """The size to measure for a decision at ``size``: ``size`` itself when ``predicted_s`` (its time here)
-    fits ``left_s`` :data:`REPEATS` times over, else the geometric middle between the largest measured
+    fits ``left_s`` :data:`SIZE_COST_TIMES` times over, else the geometric middle between the largest measured
     size and it; None when that is already measured or nothing fits."""
     top = max(measured, default=0)
     if not measured or size <= top:
         return None
-    if predicted_s * REPEATS <= left_s:
+    if predicted_s * SIZE_COST_TIMES <= left_s:
         return int(size)
     mid = int(round(math.sqrt(top * size)))
     scale = mid / size  # times grow at most in proportion to the size above the measured ones
-    if mid <= top or predicted_s * scale * REPEATS > left_s:
+    if mid <= top or predicted_s * scale * SIZE_COST_TIMES > left_s:
         return None
     return mid
 

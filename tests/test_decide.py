@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from placer.data.plan import Plan, Schedule, StageChoice, Tie
 from placer.data.profile import DeviceProfile, Point, Profile, StageProfile
-from placer.decide import REPEATS, deciding_stages, merge, next_size, note
+from placer.decide import SIZE_COST_TIMES, deciding_stages, merge, next_size, note
 
 
 def _plan(ties):
@@ -24,9 +24,9 @@ def test_only_ties_the_spread_makes_name_deciding_stages():
 
 
 def test_the_next_size_is_the_planned_one_when_it_fits_else_nearer_it():
-    assert next_size([100, 200, 400], 4000, predicted_s=1.0, left_s=REPEATS * 1.0) == 4000
-    assert next_size([100, 200, 400], 4000, predicted_s=1.0, left_s=REPEATS * 0.5) == 1265  # sqrt(400 * 4000)
-    assert next_size([100, 200, 400], 4000, predicted_s=1.0, left_s=0.1 * REPEATS) is None
+    assert next_size([100, 200, 400], 4000, predicted_s=1.0, left_s=SIZE_COST_TIMES * 1.0) == 4000
+    assert next_size([100, 200, 400], 4000, predicted_s=1.0, left_s=SIZE_COST_TIMES * 0.5) == 1265  # sqrt(400 * 4000)
+    assert next_size([100, 200, 400], 4000, predicted_s=1.0, left_s=0.1 * SIZE_COST_TIMES) is None
     assert next_size([100, 200, 400], 300, predicted_s=0.0, left_s=10.0) is None  # within the measured sizes
 
 

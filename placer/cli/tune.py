@@ -63,11 +63,14 @@ def _apply(cmd: list[str], saved: Path) -> None:
 
 def _tune(cmd: list[str], *, budget_s: float, window_s: float, as_json: bool, output: Path | None) -> None:
     from placer.tune.runs import TuneError
-    from placer.tune.search import stderr_progress, tune
+    from placer.tune.search import tune
     from placer.tune.words import describe, to_json
 
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     try:
-        result = tune(cmd, budget_s=budget_s, window_s=window_s, progress=stderr_progress)
+        result = tune(cmd, budget_s=budget_s, window_s=window_s, progress=progress)
     except TuneError as exc:
         fail(str(exc))
     except Interrupted:

@@ -357,6 +357,3 @@ def _short(s: LoaderSettings) -> str:
         text += ", pinned"
     return text + f", torch threads {d['torch_threads']}"
 
-
-def stderr_progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 BUCKETS = 2 ** 14
 CATEGORICAL = ["site", "app", "device_model", "country"]
@@ -143,15 +143,18 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     dataset = ColumnTable(path)
+    # the shuffle's generator sits on the sampler: a DataLoader draws its workers' base seed from its own
+    # generator at every pass (once in all with persistent workers), which would reorder later epochs
+    shuffled = RandomSampler(dataset, generator=torch.Generator().manual_seed(args.seed))
     if args.worker_kind == "thread" and args.num_workers > 0:
         from placer.stream import ThreadLoader
 
-        loader = ThreadLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                              generator=torch.Generator().manual_seed(args.seed), num_workers=args.num_workers,
+        loader = ThreadLoader(dataset, batch_size=args.batch_size, sampler=shuffled,
+                              num_workers=args.num_workers,
                               prefetch_factor=args.prefetch_factor or 2, pin_memory=args.pin_memory)
     else:
-        loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                            generator=torch.Generator().manual_seed(args.seed), num_workers=args.num_workers,
+        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=shuffled,
+                            num_workers=args.num_workers,
                             prefetch_factor=args.prefetch_factor if args.num_workers else None,
                             persistent_workers=args.persistent_workers and args.num_workers > 0,
                             pin_memory=args.pin_memory)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, random_split
+from torch.utils.data import DataLoader, Dataset, RandomSampler, random_split
 
 CLASSES = 6
 SIDE = 40
@@ -165,14 +165,17 @@ def main() -> None:
     val_set = torch.utils.data.Subset(val_full, val_indices.indices)
 
     def make_loader(dataset, shuffle):
+        # the shuffle's generator sits on the sampler: a DataLoader draws its workers' base seed from its own
+        # generator at every pass (once in all with persistent workers), which would reorder later epochs
+        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(args.seed)) if shuffle else None
         if args.worker_kind == "thread" and args.num_workers > 0:
             from placer.stream import ThreadLoader
 
-            return ThreadLoader(dataset, batch_size=args.batch_size, shuffle=shuffle,
-                                generator=torch.Generator().manual_seed(args.seed), num_workers=args.num_workers,
+            return ThreadLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                                num_workers=args.num_workers,
                                 prefetch_factor=args.prefetch_factor or 2, pin_memory=args.pin_memory)
-        return DataLoader(dataset, batch_size=args.batch_size, shuffle=shuffle,
-                          generator=torch.Generator().manual_seed(args.seed), num_workers=args.num_workers,
+        return DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                          num_workers=args.num_workers,
                           prefetch_factor=args.prefetch_factor if args.num_workers else None,
                           persistent_workers=args.persistent_workers and args.num_workers > 0,
                           pin_memory=args.pin_memory)

@@ -113,7 +113,7 @@ class WideDeep(nn.Module):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=int, default=4096, help="rows in the table")
+    ap.add_argument("--size", type=int, default=32768, help="rows in the table")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--num-workers", type=int, default=0)

@@ -96,9 +96,9 @@ class CsvParts(Dataset):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=int, default=9600, help="rows over all parts")
+    ap.add_argument("--size", type=int, default=128000, help="rows over all parts")
     ap.add_argument("--parts", type=int, default=16, help="CSV part files")
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=256, help="rows per minibatch, cut from each part")
     ap.add_argument("--num-workers", type=int, default=0)
     ap.add_argument("--worker-kind", choices=["process", "thread"], default="process",

@@ -1,4 +1,4 @@
-"""Train a CNN on a packed record file whose random crops are seeded by ``(epoch, index)`` keys from a custom ``Sampler``.
+"""Train a CNN on a packed record file, its random crops seeded by ``(epoch, index)`` keys from a custom ``Sampler``.
 
 An ordinary script in the shape of the reproducible-augmentation recipes (a
 ``Sampler`` with ``set_epoch``, as ``DistributedSampler`` has, that yields keys
@@ -40,7 +40,7 @@ SHORT_SIDE, CROP = 48, 40
 
 
 def write_records(folder: Path, n: int) -> None:
-    """``data.rec`` (JPEG records back to back) and ``data.idx`` (offset, length, label per record), renamed into place."""
+    """``data.rec`` (JPEG records back to back) and ``data.idx`` (offset, length, label each), renamed into place."""
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
     index = []
     with open(tmp / "data.rec", "wb") as rec:

@@ -207,7 +207,7 @@ def main() -> None:
     start = time.perf_counter()
     for epoch in range(args.epochs):
         model.train()
-        total, correct = 0.0, 0
+        total = 0.0
         for x, y in loader:
             if first_batch_s is None:
                 first_batch_s = time.perf_counter() - start

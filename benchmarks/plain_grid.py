@@ -46,8 +46,12 @@ compared with the one the final rounds measured. ``--score`` adds any other flag
 Every run's digest is checked against the run as written: a setting must not change
 the batches a script reads.
 
+``--set judge`` runs the scripts of ``benchmarks/judge/`` instead (twelve scripts of other shapes,
+split into a tuning and a judging half: see ``benchmarks/judge/README.md``), with the same conventions.
+
 Results: ``benchmarks/results/plain-<machine>.json`` (every run) and ``.md`` (the
-tables), naming the machine and its load average at the start and the end.
+tables; ``judge-<machine>`` with ``--set judge``), naming the machine and its load average at the
+start and the end.
 
 Usage
 -----
@@ -55,6 +59,7 @@ Usage
     python benchmarks/plain_grid.py --few-cells --advise --final-rounds 3   # the scripts' own sizes, a few cells
     python benchmarks/plain_grid.py --scripts audio_cache_train --advise
     python benchmarks/plain_grid.py --quick --pipeline --scripts table_train   # the pipeline form's plan
+    python benchmarks/plain_grid.py --set judge --quick --scripts memmap_train,hf_map_infer   # judge scripts
     python benchmarks/plain_grid.py --advise --repeats 3 --final-rounds 5   # the full grid: hours on 2 cores
     python benchmarks/plain_grid.py --advise --pipeline --screen 10 --final-rounds 3   # every cell once, 10 repeated
 """
@@ -95,6 +100,24 @@ SCRIPTS = {
     "mlp_big_train": dict(thread=True, cache=False, quick=["--size", "256", "--epochs", "2"]),
     "numpy_augment_infer": dict(thread=True, cache=False, quick=["--size", "64", "--epochs", "1"]),
 }
+#: the scripts of ``benchmarks/judge/`` (``--set judge``), as :data:`SCRIPTS`; none has ``--cache``, and the
+#: IterableDataset script has no thread-pool loader. benchmarks/judge/README.md names its tuning and judging halves.
+JUDGE_SCRIPTS = {
+    "imagefolder_train": dict(thread=True, cache=False, quick=["--size", "96", "--epochs", "2"]),
+    "tar_shards_train": dict(thread=True, cache=False, quick=["--size", "192", "--epochs", "2"]),
+    "memmap_train": dict(thread=True, cache=False, quick=["--size", "256", "--epochs", "2"]),
+    "csv_parts_train": dict(thread=True, cache=False, quick=["--size", "1600", "--parts", "8", "--epochs", "2"]),
+    "columnar_train": dict(thread=True, cache=False, quick=["--size", "768", "--epochs", "2"]),
+    "hf_map_infer": dict(thread=True, cache=False, quick=["--size", "256", "--epochs", "1"]),
+    "audio_stft_train": dict(thread=True, cache=False, quick=["--size", "64", "--epochs", "2"]),
+    "varsize_pad_train": dict(thread=True, cache=False, quick=["--size", "96", "--epochs", "2"]),
+    "lines_iterable_train": dict(thread=False, cache=False, quick=["--size", "1536", "--epochs", "2"]),
+    "split_compose_train": dict(thread=True, cache=False, quick=["--size", "320", "--epochs", "2"]),
+    "epoch_index_train": dict(thread=True, cache=False, quick=["--size", "128", "--epochs", "2"]),
+    "model_bound_infer": dict(thread=True, cache=False, quick=["--size", "128", "--epochs", "1"]),
+}
+#: ``--set``: the folder of the scripts and their registry
+SETS = {"plain": (PLAIN, SCRIPTS), "judge": (HERE / "judge", JUDGE_SCRIPTS)}
 PREFETCH = (1, 2, 4, 8)
 
 
@@ -571,7 +594,9 @@ def markdown(doc: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scripts", default=",".join(SCRIPTS), help="comma-separated names")
+    ap.add_argument("--set", choices=sorted(SETS), default="plain",
+                    help="which scripts: benchmarks/plain/ (the default) or benchmarks/judge/")
+    ap.add_argument("--scripts", default=None, help="comma-separated names (default: all of the --set)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, a few cells, 2 rounds")
     ap.add_argument("--few-cells", action="store_true",
                     help="the --quick grid's few cells, at 1 torch thread and at the cores, at the scripts' own "
@@ -597,6 +622,9 @@ def main() -> None:
     ap.add_argument("--machine", default="vm", help="names the result files")
     ap.add_argument("--out", default=str(HERE / "results"))
     a = ap.parse_args()
+    global PLAIN, SCRIPTS
+    PLAIN, SCRIPTS = SETS[a.set]
+    a.scripts = a.scripts or ",".join(SCRIPTS)
     a.repeats = a.repeats or (2 if a.quick else 3)
     a.final_rounds = a.final_rounds or (2 if a.quick else 5)
     a.final_min_s = (0.0 if a.quick else 8.0) if a.final_min_s is None else a.final_min_s
@@ -625,7 +653,7 @@ def main() -> None:
     mode = ("quick" if a.quick else "few cells" if a.few_cells
             else f"full, screened: every configuration once, the best {a.screen} to {a.repeats} rounds"
             if a.screen else "full")
-    stem = f"plain-{a.machine}" + ("-quick" if a.quick else "-few-cells" if a.few_cells
+    stem = f"{a.set}-{a.machine}" + ("-quick" if a.quick else "-few-cells" if a.few_cells
                                    else "-screened" if a.screen else "")
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="plain_grid_") as data:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field

@@ -265,7 +265,10 @@ def test_advise_plans_and_runs_every_pipeline(name, tmp_path, monkeypatch):
     for n, s in p.stages.items():
         if s.pin == "cpu":
             assert advice.run.stage(n).device == "cpu", f"{name}: pinned stage {n} left the CPU"
-    assert advice.run.outputs_digest == execute(mod.build(size, **(small or {})), "all=cpu").outputs_digest
+    # the same answer as all on the CPU in the precisions the plan chose (a lower one only where its accuracy was
+    # checked here first: the transformer's train step may be planned in bf16, which the CPU runs too)
+    same = execute(mod.build(size, **(small or {})), "all=cpu", precision=dict(advice.plan.precision) or None)
+    assert advice.run.outputs_digest == same.outputs_digest
     assert advice.facts.summary.digests_agree is not False
 
 

@@ -14,6 +14,7 @@ from placer.advisor import advise
 from placer.cli.advise import summary_document
 from placer.report import render_markdown
 from test_stream_plan import slow_stream
+from warm_cli import run as run_placer
 
 
 def test_advise_plans_runs_and_reports_a_stream(tmp_path):
@@ -78,7 +79,7 @@ def test_placer_advise_json_on_the_stream_gallery(tmp_path, sim_env):
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "report.html"
-    res = subprocess.run([sys.executable, "-m", "placer", "advise", "pipelines/stream_images.py", "--size", "128",
+    res = run_placer(["advise", "pipelines/stream_images.py", "--size", "128",
                           "--budget-s", "8", "--json", "-o", str(out)], capture_output=True, text=True,
                          cwd=root, env=sim_env, timeout=600)
     assert res.returncode == 0, res.stderr

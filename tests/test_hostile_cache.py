@@ -28,6 +28,7 @@ import pytest
 from placer.devices import discover
 from placer.profile import Profile, ProfileCache, ProfileCacheWarning, profile
 from placer.profile.keys import source_id
+from warm_cli import run as run_placer
 
 PIPE = """\
 import numpy as np
@@ -68,8 +69,7 @@ def _cli(args, env, cache: Path | None):
     env = dict(env)
     if cache is not None:
         env["PLACER_CACHE_DIR"] = str(cache)
-    return subprocess.run([sys.executable, "-c", "from placer.cli import main; main()", *args],
-                          capture_output=True, text=True, env=env, timeout=180)
+    return run_placer(args, via="-c", capture_output=True, text=True, env=env, timeout=180)
 
 
 def _profile_args(pipe: Path, *extra: str) -> list[str]:

@@ -29,6 +29,7 @@ import pytest
 from placer.errors import StageFailedError
 from placer.executor import execute
 from placer.loader import load_pipeline
+from warm_cli import run as run_placer
 
 distributed = pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
@@ -145,7 +146,7 @@ def placer_cmd(*args: str) -> list[str]:
 
 
 def run_cli(*args: str, env=None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(placer_cmd(*args), capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+    return run_placer(args, via="-c", capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
 
 
 def invoke(*args: str):

@@ -11,6 +11,7 @@ import torch
 from placer import Pipeline
 from placer.precision import emulated_autocast, emulated_tf32, round_to_tf32
 from placer.profile.precision import check_precisions, relative_difference
+from warm_cli import run as run_placer
 
 
 def test_tf32_rounding_keeps_ten_mantissa_bits():
@@ -179,7 +180,7 @@ def test_a_saved_profile_carries_the_checks_and_plans_precisions(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root), "PLACER_CACHE_DIR": str(tmp_path / "cache")}
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, text=True, env=env,
+        return run_placer([*args], capture_output=True, text=True, env=env,
                               cwd=tmp_path, timeout=300)
 
     saved = tmp_path / "profile.json"

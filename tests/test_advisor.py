@@ -12,11 +12,12 @@ from placer.errors import PlacerError
 from placer.loader import load_pipeline
 from placer.site import LocalSite
 from warm_cli import run as run_placer
+from seeded_cache import seeded_cache
 
 
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PLACER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PLACER_CACHE_DIR", str(seeded_cache(tmp_path / "cache")))
     return tmp_path / "cache"
 
 

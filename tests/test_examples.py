@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from seeded_cache import seeded_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -19,7 +20,7 @@ def user_env(tmp_path):
     """The environment of a user's shell: real devices only, a private profile cache."""
     env = dict(os.environ)
     env.pop("PLACER_TEST_DEVICES", None)
-    env["PLACER_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PLACER_CACHE_DIR"] = str(seeded_cache(tmp_path / "cache"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 

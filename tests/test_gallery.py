@@ -22,6 +22,7 @@ import pytest
 from placer.digest import assert_outputs_close
 from placer.executor import execute
 from warm_cli import run as run_placer
+from seeded_cache import seeded_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -254,7 +255,7 @@ ADVISE_PARAMS = {"transformer": {"d_model": 64, "heads": 4, "vocab": 128, "seq":
 def test_advise_plans_and_runs_every_pipeline(name, tmp_path, monkeypatch):
     from placer.advisor import advise
 
-    monkeypatch.setenv("PLACER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PLACER_CACHE_DIR", str(seeded_cache(tmp_path)))
     size = ADVISE_SIZES[name]
     mod = importlib.import_module(f"pipelines.{name}")
     small = ADVISE_PARAMS.get(name)
@@ -270,7 +271,7 @@ def test_advise_plans_and_runs_every_pipeline(name, tmp_path, monkeypatch):
 
 
 def test_placer_advise_cli_writes_a_report(tmp_path, sim_env):
-    env = {**sim_env, "PLACER_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**sim_env, "PLACER_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
     out = tmp_path / "report.md"
     proc = run_placer(["advise", "pipelines.branches:build",
          "--size", "100", "--budget-s", "1.5", "--target", "none", "-o", str(out), "--json"], via="-c",
@@ -319,7 +320,7 @@ def test_advisor_benchmark_records_the_machine_and_never_calls_the_simulator_a_g
     import torch
 
     env = {k: v for k, v in os.environ.items() if k != "PLACER_TEST_DEVICES"}
-    env["PLACER_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PLACER_CACHE_DIR"] = str(seeded_cache(tmp_path / "cache"))
     text, doc = _benchmark(tmp_path, env)
     assert f"{os.cpu_count()} cores" in text and "torch " + torch.__version__ in text
     assert "gpu-sim" not in doc["meta"]["devices"]

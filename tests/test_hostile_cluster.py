@@ -30,6 +30,7 @@ from placer.errors import StageFailedError
 from placer.executor import execute
 from placer.loader import load_pipeline
 from warm_cli import run as run_placer
+from seeded_cache import seeded_cache
 
 distributed = pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
@@ -578,7 +579,7 @@ def test_stage_timeout_on_the_cluster_cancels_the_task(client, files, monkeypatc
 
 def test_profile_honours_the_stage_timeout(files, tmp_path):
     env, _ = sleepy_env(tmp_path)
-    env["PLACER_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PLACER_CACHE_DIR"] = str(seeded_cache(tmp_path / "cache"))
     out = run_cli("profile", str(files / "sleepy.py"), "--budget-s", "2", "--fresh", "--stage-timeout", "2",
                   env=env, timeout=90)
     assert out.returncode == 1

@@ -29,6 +29,7 @@ from placer.errors import StageFailedError
 from placer.executor import execute
 from placer.executor.stagecall import STOP_WAIT_S
 from placer.stream import StreamConfig
+from seeded_cache import seeded_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 #: seconds allowed past the limit and STOP_WAIT_S (a loaded machine, the interpreter's exit)
@@ -163,7 +164,7 @@ def test_profile_ends_a_stuck_stage_at_its_documented_bound_naming_it(files, tmp
     from placer.profile.profiler import MIN_BOUND_S
 
     out, after = _placer(["profile", str(files / "stuck.py"), "--budget-s", "5", "--fresh", "--describe", "none"],
-                         tmp_path / "marker", timeout=240, PLACER_CACHE_DIR=str(tmp_path / "cache"))
+                         tmp_path / "marker", timeout=240, PLACER_CACHE_DIR=str(seeded_cache(tmp_path / "cache")))
     assert out.returncode == 1
     line = _error_line(out)
     assert f"stage 'hang' did not finish within {MIN_BOUND_S:g} s" in line

@@ -11,6 +11,7 @@ import pytest
 from placer import Pipeline
 from placer.profile import Profile, ProfileCache, ProfileCacheWarning, plan_sizes, profile
 from warm_cli import run as run_placer
+from seeded_cache import seeded_cache
 
 SIZES = [200, 400, 800, 1600]
 
@@ -194,7 +195,7 @@ def test_cli_profile_json(tmp_path, sim_env):
         "    p.add(name='double', fn=lambda make, device: make * 2, inputs=['make'])\n"
         "    return p\n"
     )
-    env = {**sim_env, "PLACER_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**sim_env, "PLACER_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
     out = run_placer(["profile", str(mod), "--size", "8000",
          "--budget-s", "60", "--devices", "cpu", "--json", "-o", str(tmp_path / "saved.json")], via="-c",
         capture_output=True, text=True, env=env, timeout=120,
@@ -227,7 +228,7 @@ def test_cli_profile_says_what_was_extrapolated(tmp_path, sim_env):
         "    p.add(name='double', fn=lambda make, device: make * 2, inputs=['make'])\n"
         "    return p\n"
     )
-    env = {**sim_env, "PLACER_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**sim_env, "PLACER_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
     base = ["profile", str(mod), "--size", "8000", "--max-size", "800", "--budget-s", "60", "--devices", "cpu"]
     out = run_placer([*base, "--json"], via="-c", capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr

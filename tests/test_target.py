@@ -271,17 +271,11 @@ def test_a_one_op_compaction_is_predicted_near_the_reference_h200():
 
 # -- the commands -------------------------------------------------------------------------------
 def fresh_cache(tmp_path):
-    """An empty profile cache, holding only this machine's CPU calibration when one is cached
-    (measuring it again would only cost time)."""
-    import shutil
+    """An empty profile cache, holding only this machine's CPU calibration (measuring it again would
+    only cost time)."""
+    from seeded_cache import seeded_cache
 
-    from placer.profile.cache import cache_dir
-
-    root = tmp_path / "cache"
-    root.mkdir()
-    for f in cache_dir().glob("cpu-*.json"):
-        shutil.copy(f, root / f.name)
-    return root
+    return seeded_cache(tmp_path / "cache")
 
 
 def test_plan_from_a_profile_for_the_h200_machine(tmp_path):

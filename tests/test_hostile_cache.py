@@ -318,6 +318,8 @@ def test_a_read_only_cache_with_its_files_intact_means_no_cache_for_profile_plan
     assert all(sp.devices["cpu"].points for sp in Profile.load(saved).stages.values())
 
 
+@pytest.mark.slow  # calibrating the CPU takes its 15 s budget; the read-only cache's warning is also checked by
+# test_a_read_only_cache_with_its_files_intact_means_no_cache_for_profile_plan_and_advise
 def test_a_read_only_empty_cache_with_fresh_still_writes_o_and_calibrates_the_cpu(tmp_path, pipe, env):
     """``--target`` scales this CPU's times, which calibrates the CPU and would keep that in the cache."""
     root = tmp_path / "cache"

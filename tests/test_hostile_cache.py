@@ -73,7 +73,7 @@ def _cli(args, env, cache: Path | None):
 
 
 def _profile_args(pipe: Path, *extra: str) -> list[str]:
-    return ["profile", str(pipe), "--size", "2000", "--budget-s", "5", "--devices", "cpu", "--describe", "none",
+    return ["profile", str(pipe), "--size", "2000", "--budget-s", "2", "--devices", "cpu", "--describe", "none",
             *extra]
 
 

@@ -5,7 +5,8 @@ its own process, as ``subprocess.run([sys.executable, "-m", "placer", ...])`` gi
 directory, environment, stdin, stdout and stderr, exit status and interpreter exit (atexit handlers,
 flushed streams), and a timeout that kills it. Only the imports of torch and numpy are done once, in a
 server process forked for every call. A call whose environment differs from the server's in what
-those imports or the interpreter's start-up read (``PYTHON*``, thread counts, CUDA's devices) runs as
+those imports or the interpreter's start-up read (``PYTHON*`` but ``PYTHONPATH``, which the child puts
+on ``sys.path`` as start-up would, thread counts, CUDA's devices) runs as
 a fresh subprocess instead, and so does every call when ``PLACER_TEST_FRESH_CLI=1``.
 """
 
@@ -31,6 +32,18 @@ import json, os, sys
 import numpy, torch  # the imports every call would otherwise repeat
 
 
+def pythonpath(value, cwd):
+    # sys.path's entries from a PYTHONPATH, as the interpreter's start-up makes them (absolute, once each)
+    out = []
+    for p in value.split(os.pathsep):
+        if p and os.path.abspath(os.path.join(cwd, p)) not in out:
+            out.append(os.path.abspath(os.path.join(cwd, p)))
+    return out
+
+
+OWN = pythonpath(os.environ.get("PYTHONPATH", ""), os.getcwd())  # this server's, in sys.path after [0]
+
+
 def serve():
     requests = sys.stdin.buffer
     while True:
@@ -50,6 +63,11 @@ req = serve()
 # this is the forked child: it becomes `python -m placer ARGS` in the caller's folder and environment
 os.setsid() if req["new_session"] else None
 os.chdir(req["cwd"])
+if req["env"].get("PYTHONPATH", "") != os.environ.get("PYTHONPATH", ""):
+    # the caller's PYTHONPATH instead of the server's: first after sys.path[0], before the standard library
+    theirs = pythonpath(req["env"].get("PYTHONPATH", ""), req["cwd"])
+    rest = [p for p in sys.path[1:] if p not in OWN]
+    sys.path[1:] = theirs + [p for p in rest if p not in theirs]
 os.environ.clear()
 os.environ.update(req["env"])
 for fd, path, flags in ((0, req["stdin"], os.O_RDONLY), (1, req["stdout"], os.O_WRONLY),
@@ -104,7 +122,8 @@ _SERVER_ENV = dict(os.environ)  # the tests' environment as conftest.py set it
 
 
 def _startup(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(_STARTUP)}
+    """What start-up reads of ``env``, less PYTHONPATH (the server puts the caller's on sys.path)."""
+    return {k: v for k, v in env.items() if k.startswith(_STARTUP) and k != "PYTHONPATH"}
 
 
 def _start() -> subprocess.Popen:

@@ -14,6 +14,7 @@ from placer.advisor import advise
 from placer.cli.advise import summary_document
 from placer.report import render_markdown
 from test_stream_plan import slow_stream
+from warm_cli import run as run_placer
 
 
 def test_advise_plans_runs_and_reports_a_stream(tmp_path):
@@ -72,15 +73,12 @@ def test_each_option_runs_three_times_interleaved_and_the_median_run_is_shown(mo
 
 
 def test_placer_advise_json_on_the_stream_gallery(tmp_path, sim_env):
-    import subprocess
-    import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "report.html"
-    res = subprocess.run([sys.executable, "-m", "placer", "advise", "pipelines/stream_images.py", "--size", "128",
-                          "--budget-s", "8", "--json", "-o", str(out)], capture_output=True, text=True,
-                         cwd=root, env=sim_env, timeout=600)
+    res = run_placer(["advise", "pipelines/stream_images.py", "--size", "64", "--budget-s", "3", "--json",
+                      "-o", str(out)], capture_output=True, text=True, cwd=root, env=sim_env, timeout=600)
     assert res.returncode == 0, res.stderr
     stream = json.loads(res.stdout)["streams"][0]
     assert stream["bottleneck"] in ("batches", "augment", "train") and stream["bottleneck"] in stream["bottleneck_sentence"]

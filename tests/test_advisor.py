@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -13,11 +11,13 @@ from placer.devices import Device, Inventory, discover
 from placer.errors import PlacerError
 from placer.loader import load_pipeline
 from placer.site import LocalSite
+from warm_cli import run as run_placer
+from seeded_cache import seeded_cache
 
 
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PLACER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PLACER_CACHE_DIR", str(seeded_cache(tmp_path / "cache")))
     return tmp_path / "cache"
 
 
@@ -86,7 +86,7 @@ def test_advise_runs_plan_and_baselines_and_plans_for_the_absent_gpu():
 def test_advise_and_report_commands(tmp_path, sim_env, cache_dir):
     env = {**sim_env, "PLACER_CACHE_DIR": str(cache_dir)}
     out, saved = tmp_path / "r.html", tmp_path / "saved"
-    res = subprocess.run([sys.executable, "-m", "placer", "advise", "pipelines/requests.py", "--size", "8",
+    res = run_placer(["advise", "pipelines/requests.py", "--size", "8",
                           "--budget-s", "4", "-o", str(out), "--save", str(saved), "--json"],
                          capture_output=True, text=True, env=env, timeout=240)
     assert res.returncode == 0, res.stderr
@@ -95,11 +95,11 @@ def test_advise_and_report_commands(tmp_path, sim_env, cache_dir):
     assert "<svg" in out.read_text()
     assert {p.name for p in saved.iterdir()} >= {"plan.json", "run.json", "profile.json", "report.json"}
     md = tmp_path / "again.md"
-    res = subprocess.run([sys.executable, "-m", "placer", "report", "--from", str(saved / "report.json"),
+    res = run_placer(["report", "--from", str(saved / "report.json"),
                           "-o", str(md)], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "| preprocess |" in md.read_text()
-    res = subprocess.run([sys.executable, "-m", "placer", "report", "--plan", str(saved / "plan.json"),
+    res = run_placer(["report", "--plan", str(saved / "plan.json"),
                           "--run", str(saved / "run.json"), "--baseline", "all_cpu=" + str(saved / "run-all_cpu.json"),
                           "-o", str(tmp_path / "from-saved.json")], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -108,9 +108,9 @@ def test_advise_and_report_commands(tmp_path, sim_env, cache_dir):
 
 
 def test_report_command_errors_name_the_fix(tmp_path, sim_env):
-    res = subprocess.run([sys.executable, "-m", "placer", "report", "-o", str(tmp_path / "x.html")],
+    res = run_placer(["report", "-o", str(tmp_path / "x.html")],
                          capture_output=True, text=True, env=sim_env, timeout=60)
     assert res.returncode != 0 and "give exactly one of" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "placer", "advise", "pipelines/requests.py",
+    res = run_placer(["advise", "pipelines/requests.py",
                           "-o", str(tmp_path / "x.txt")], capture_output=True, text=True, env=sim_env, timeout=60)
     assert res.returncode != 0 and "--format" in res.stderr

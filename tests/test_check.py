@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from placer.check import BaselineError, compare, compare_stage, load_baseline
 from placer.data.profile import DeviceProfile, Point, Profile, StageProfile
+from warm_cli import run as run_placer
+from seeded_cache import seeded_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,8 +106,8 @@ def test_a_missing_baseline_names_the_fix(tmp_path):
 
 # -- the command -----------------------------------------------------------------------------------
 def placer(*args, cwd, **env):
-    full = {**os.environ, "PLACER_CACHE_DIR": str(cwd / "cache"), **env}
-    return subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, text=True, cwd=cwd,
+    full = {**os.environ, "PLACER_CACHE_DIR": str(seeded_cache(cwd / "cache")), **env}
+    return run_placer([*args], capture_output=True, text=True, cwd=cwd,
                           env=full, timeout=300)
 
 

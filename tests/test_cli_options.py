@@ -6,19 +6,19 @@ import ast
 import io
 import json
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from placer.cli.options import convert, parse_params
+from warm_cli import run as run_placer
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def placer(*args, env=None, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, text=True,
+    return run_placer([*args], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=300)
 
 

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from warm_cli import run as run_placer
 
 
 def placer(*args, env=None, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "placer", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
-    )
+    return run_placer([*args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,6 @@ import json
 import math
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ from placer.optimize import CostTable, plan, simulate
 from placer.optimize.exact import branch_and_bound, chain_dp, exhaustive
 from placer.optimize.problem import Problem
 from tests.synthetic import random_table
+from warm_cli import run as run_placer
 
 ROOT = Path(__file__).resolve().parents[1]
 NET = {"latency_s": 0.002, "bandwidth_Bps": 5e8}
@@ -300,10 +299,9 @@ def test_the_network_is_measured_between_a_cpu_and_a_gpu_worker_and_charged(clie
 @needs_dask
 def test_plan_cli_for_the_cluster_prints_json_and_saves_the_costs(cluster, client, sim_env, tmp_path):
     saved = tmp_path / "costs.json"
-    out = subprocess.run(
-        [sys.executable, "-c", "from placer.cli import main; main()", "plan", "pipelines/tabular.py",
+    out = run_placer(["plan", "pipelines/tabular.py",
          "--size", "2000", "--scheduler", cluster.scheduler_address, "--budget-s", "3", "--json",
-         "--save-costs", str(saved)],
+         "--save-costs", str(saved)], via="-c",
         cwd=ROOT, env=sim_env, capture_output=True, text=True, timeout=180,
     )
     assert out.returncode == 0, out.stderr

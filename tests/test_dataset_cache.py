@@ -304,7 +304,7 @@ def test_the_drop_in_offers_to_cache_the_audio_decode_and_its_loader_gives_the_s
             model(batch[0])
 
     random.seed(0)
-    advice = advise_loader(loader, step, batches=8, budget_s=16, epochs=3)
+    advice = advise_loader(loader, step, batches=8, budget_s=8, epochs=3)
     assert advice.cache is not None and advice.cache.method == "Clips.features", advice.cache
     assert advice.cache.recommended, advice.cache.reason
     assert "`Clips.features` is" in str(advice) and "makes epochs 2+" in str(advice)

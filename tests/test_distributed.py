@@ -17,8 +17,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ import pytest
 from placer.errors import StageFailedError
 from placer.executor import execute
 from test_executor import GPU_STAGES, diamond
+from warm_cli import run as run_placer
 
 distributed = pytest.importorskip("distributed")
 
@@ -106,9 +105,8 @@ def test_placer_run_cli_on_the_cluster(cluster, client, sim_env):
     from placer.loader import load_pipeline
 
     expected = execute(load_pipeline(str(ROOT / "pipelines" / "tabular.py"), 2000), "all=cpu")
-    out = subprocess.run(
-        [sys.executable, "-c", "from placer.cli import main; main()", "run", "pipelines/tabular.py", "--size", "2000",
-         "--scheduler", cluster.scheduler_address, "--placement", "all=cpu", "--json"],
+    out = run_placer(["run", "pipelines/tabular.py", "--size", "2000",
+         "--scheduler", cluster.scheduler_address, "--placement", "all=cpu", "--json"], via="-c",
         cwd=ROOT, env=sim_env, capture_output=True, text=True, timeout=180,
     )
     assert out.returncode == 0, out.stderr

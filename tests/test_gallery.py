@@ -21,6 +21,8 @@ import pytest
 
 from placer.digest import assert_outputs_close
 from placer.executor import execute
+from warm_cli import run as run_placer
+from seeded_cache import seeded_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,9 +227,8 @@ def test_placer_run_cli_gives_the_in_process_digest(name, placement, sim_env):
     small, _ = GALLERY[name]
     mod = importlib.import_module(f"pipelines.{name}")
     expected = execute(mod.build(small), "all=cpu").outputs_digest
-    proc = subprocess.run(
-        [sys.executable, "-c", "from placer.cli import main; main()", "run", f"pipelines.{name}:build",
-         "--size", str(small), "--placement", placement, "--json"],
+    proc = run_placer(["run", f"pipelines.{name}:build",
+         "--size", str(small), "--placement", placement, "--json"], via="-c",
         capture_output=True, text=True, env=sim_env, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
@@ -254,7 +255,7 @@ ADVISE_PARAMS = {"transformer": {"d_model": 64, "heads": 4, "vocab": 128, "seq":
 def test_advise_plans_and_runs_every_pipeline(name, tmp_path, monkeypatch):
     from placer.advisor import advise
 
-    monkeypatch.setenv("PLACER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PLACER_CACHE_DIR", str(seeded_cache(tmp_path)))
     size = ADVISE_SIZES[name]
     mod = importlib.import_module(f"pipelines.{name}")
     small = ADVISE_PARAMS.get(name)
@@ -273,11 +274,10 @@ def test_advise_plans_and_runs_every_pipeline(name, tmp_path, monkeypatch):
 
 
 def test_placer_advise_cli_writes_a_report(tmp_path, sim_env):
-    env = {**sim_env, "PLACER_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**sim_env, "PLACER_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
     out = tmp_path / "report.md"
-    proc = subprocess.run(
-        [sys.executable, "-c", "from placer.cli import main; main()", "advise", "pipelines.branches:build",
-         "--size", "100", "--budget-s", "1.5", "--target", "none", "-o", str(out), "--json"],
+    proc = run_placer(["advise", "pipelines.branches:build",
+         "--size", "100", "--budget-s", "1.5", "--target", "none", "-o", str(out), "--json"], via="-c",
         capture_output=True, text=True, env=env, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
@@ -323,7 +323,7 @@ def test_advisor_benchmark_records_the_machine_and_never_calls_the_simulator_a_g
     import torch
 
     env = {k: v for k, v in os.environ.items() if k != "PLACER_TEST_DEVICES"}
-    env["PLACER_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PLACER_CACHE_DIR"] = str(seeded_cache(tmp_path / "cache"))
     text, doc = _benchmark(tmp_path, env)
     assert f"{os.cpu_count()} cores" in text and "torch " + torch.__version__ in text
     assert "gpu-sim" not in doc["meta"]["devices"]

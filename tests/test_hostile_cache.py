@@ -28,6 +28,7 @@ import pytest
 from placer.devices import discover
 from placer.profile import Profile, ProfileCache, ProfileCacheWarning, profile
 from placer.profile.keys import source_id
+from warm_cli import run as run_placer
 
 PIPE = """\
 import numpy as np
@@ -68,12 +69,11 @@ def _cli(args, env, cache: Path | None):
     env = dict(env)
     if cache is not None:
         env["PLACER_CACHE_DIR"] = str(cache)
-    return subprocess.run([sys.executable, "-c", "from placer.cli import main; main()", *args],
-                          capture_output=True, text=True, env=env, timeout=180)
+    return run_placer(args, via="-c", capture_output=True, text=True, env=env, timeout=180)
 
 
 def _profile_args(pipe: Path, *extra: str) -> list[str]:
-    return ["profile", str(pipe), "--size", "2000", "--budget-s", "5", "--devices", "cpu", "--describe", "none",
+    return ["profile", str(pipe), "--size", "2000", "--budget-s", "2", "--devices", "cpu", "--describe", "none",
             *extra]
 
 
@@ -318,6 +318,8 @@ def test_a_read_only_cache_with_its_files_intact_means_no_cache_for_profile_plan
     assert all(sp.devices["cpu"].points for sp in Profile.load(saved).stages.values())
 
 
+@pytest.mark.slow  # calibrating the CPU takes its 15 s budget; the read-only cache's warning is also checked by
+# test_a_read_only_cache_with_its_files_intact_means_no_cache_for_profile_plan_and_advise
 def test_a_read_only_empty_cache_with_fresh_still_writes_o_and_calibrates_the_cpu(tmp_path, pipe, env):
     """``--target`` scales this CPU's times, which calibrates the CPU and would keep that in the cache."""
     root = tmp_path / "cache"

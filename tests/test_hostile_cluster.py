@@ -29,6 +29,8 @@ import pytest
 from placer.errors import StageFailedError
 from placer.executor import execute
 from placer.loader import load_pipeline
+from warm_cli import run as run_placer
+from seeded_cache import seeded_cache
 
 distributed = pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
@@ -145,7 +147,7 @@ def placer_cmd(*args: str) -> list[str]:
 
 
 def run_cli(*args: str, env=None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(placer_cmd(*args), capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+    return run_placer(args, via="-c", capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
 
 
 def invoke(*args: str):
@@ -577,7 +579,7 @@ def test_stage_timeout_on_the_cluster_cancels_the_task(client, files, monkeypatc
 
 def test_profile_honours_the_stage_timeout(files, tmp_path):
     env, _ = sleepy_env(tmp_path)
-    env["PLACER_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PLACER_CACHE_DIR"] = str(seeded_cache(tmp_path / "cache"))
     out = run_cli("profile", str(files / "sleepy.py"), "--budget-s", "2", "--fresh", "--stage-timeout", "2",
                   env=env, timeout=90)
     assert out.returncode == 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +28,8 @@ from placer.errors import StageFailedError
 from placer.executor import execute
 from placer.executor.stagecall import STOP_WAIT_S
 from placer.stream import StreamConfig
+from seeded_cache import seeded_cache
+from warm_cli import run as run_placer
 
 ROOT = Path(__file__).resolve().parents[1]
 #: seconds allowed past the limit and STOP_WAIT_S (a loaded machine, the interpreter's exit)
@@ -105,8 +106,7 @@ def _placer(args: list[str], marker: Path, timeout: float, **env: str) -> tuple[
     """Run ``placer ARGS``; return the result and the seconds from the stuck stage's start to the exit."""
     marker.unlink(missing_ok=True)
     full = {**os.environ, "STUCK_MARKER": str(marker), **env}
-    out = subprocess.run([sys.executable, "-c", "from placer.cli import main; main()", *args],
-                         capture_output=True, text=True, env=full, cwd=ROOT, timeout=timeout)
+    out = run_placer(args, via="-c", capture_output=True, text=True, env=full, cwd=ROOT, timeout=timeout)
     ended = time.time()
     assert marker.exists(), f"the stuck stage never started: {out.stderr}"
     return out, ended - float(marker.read_text())
@@ -156,6 +156,7 @@ def test_a_stream_stage_stuck_in_one_sleep_ends_the_run_at_the_timeout_naming_it
     assert after <= 3.0 + STOP_WAIT_S + SLACK_S
 
 
+@pytest.mark.slow  # the bound is 30 s: the run cannot end sooner
 def test_profile_ends_a_stuck_stage_at_its_documented_bound_naming_it(files, tmp_path):
     """Without --stage-timeout, profiling bounds a stage call by twice the budget, at least 30 s
     (docs/timeouts.md): `placer profile stuck.py --budget-s 5` ends 30 s after the stage started, plus
@@ -163,7 +164,7 @@ def test_profile_ends_a_stuck_stage_at_its_documented_bound_naming_it(files, tmp
     from placer.profile.profiler import MIN_BOUND_S
 
     out, after = _placer(["profile", str(files / "stuck.py"), "--budget-s", "5", "--fresh", "--describe", "none"],
-                         tmp_path / "marker", timeout=240, PLACER_CACHE_DIR=str(tmp_path / "cache"))
+                         tmp_path / "marker", timeout=240, PLACER_CACHE_DIR=str(seeded_cache(tmp_path / "cache")))
     assert out.returncode == 1
     line = _error_line(out)
     assert f"stage 'hang' did not finish within {MIN_BOUND_S:g} s" in line

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from placer.optimize import CostTable, Plan, plan
+from warm_cli import run as run_placer
 
 TABLE = {
     "devices": {"cpu": {"kind": "cpu", "workers": 2, "price_per_hour": 0.2},
@@ -30,7 +31,7 @@ TABLE = {
 
 
 def placer(*args):
-    return subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, text=True,
+    return run_placer([*args], capture_output=True, text=True,
                           timeout=120)
 
 

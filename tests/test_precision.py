@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from placer import Pipeline, execute
 from placer.errors import PipelineError, PlacementError, StageFailedError
 from placer.precision import parse_precision_option, running_in, state
 from placer.stream import StreamConfig
+from warm_cli import run as run_placer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,7 +214,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     import os
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, text=True, env=env,
+    return run_placer([*args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=300)
 
 

@@ -11,6 +11,8 @@ import torch
 from placer import Pipeline
 from placer.precision import emulated_autocast, emulated_tf32, round_to_tf32
 from placer.profile.precision import check_precisions, relative_difference
+from warm_cli import run as run_placer
+from seeded_cache import seeded_cache
 
 
 def test_tf32_rounding_keeps_ten_mantissa_bits():
@@ -111,7 +113,7 @@ def test_the_plan_refuses_bf16_to_the_summing_stage_and_says_why(tmp_path, monke
     device, and its reason names the measured difference and the tolerance."""
     from placer.site import LocalSite
 
-    monkeypatch.setenv("PLACER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PLACER_CACHE_DIR", str(seeded_cache(tmp_path)))
     costs = LocalSite(cache=False).costs(summing_pipeline(), size=None, budget_s=2.0, describe="h200")
     checks = {c.precision: c for c in costs.profile.stages["total"].precision_checks}
     assert not checks["bf16"].ok and checks["tf32"].ok
@@ -176,10 +178,10 @@ def test_a_saved_profile_carries_the_checks_and_plans_precisions(tmp_path):
     mod.write_text("import torch\nfrom placer import Pipeline\n\n" + src[start:end]
                    + "\n\ndef build(size=None):\n    return summing_pipeline()\n")
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root), "PLACER_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHONPATH": str(root), "PLACER_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, text=True, env=env,
+        return run_placer([*args], capture_output=True, text=True, env=env,
                               cwd=tmp_path, timeout=300)
 
     saved = tmp_path / "profile.json"

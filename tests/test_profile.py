@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -12,6 +10,8 @@ import pytest
 
 from placer import Pipeline
 from placer.profile import Profile, ProfileCache, ProfileCacheWarning, plan_sizes, profile
+from warm_cli import run as run_placer
+from seeded_cache import seeded_cache
 
 SIZES = [200, 400, 800, 1600]
 
@@ -195,10 +195,9 @@ def test_cli_profile_json(tmp_path, sim_env):
         "    p.add(name='double', fn=lambda make, device: make * 2, inputs=['make'])\n"
         "    return p\n"
     )
-    env = {**sim_env, "PLACER_CACHE_DIR": str(tmp_path / "cache")}
-    out = subprocess.run(
-        [sys.executable, "-c", "from placer.cli import main; main()", "profile", str(mod), "--size", "8000",
-         "--budget-s", "60", "--devices", "cpu", "--json", "-o", str(tmp_path / "saved.json")],
+    env = {**sim_env, "PLACER_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
+    out = run_placer(["profile", str(mod), "--size", "8000",
+         "--budget-s", "60", "--devices", "cpu", "--json", "-o", str(tmp_path / "saved.json")], via="-c",
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert out.returncode == 0, out.stderr
@@ -229,10 +228,9 @@ def test_cli_profile_says_what_was_extrapolated(tmp_path, sim_env):
         "    p.add(name='double', fn=lambda make, device: make * 2, inputs=['make'])\n"
         "    return p\n"
     )
-    env = {**sim_env, "PLACER_CACHE_DIR": str(tmp_path / "cache")}
-    base = [sys.executable, "-c", "from placer.cli import main; main()", "profile", str(mod), "--size", "8000",
-            "--max-size", "800", "--budget-s", "60", "--devices", "cpu"]
-    out = subprocess.run([*base, "--json"], capture_output=True, text=True, env=env, timeout=120)
+    env = {**sim_env, "PLACER_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
+    base = ["profile", str(mod), "--size", "8000", "--max-size", "800", "--budget-s", "60", "--devices", "cpu"]
+    out = run_placer([*base, "--json"], via="-c", capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     cov = doc["coverage"]["double"]["cpu"]
@@ -241,14 +239,14 @@ def test_cli_profile_says_what_was_extrapolated(tmp_path, sim_env):
     assert cov["rel_error"] > 0
     assert doc["stages"]["double"]["cpu"]["prediction"]["label"] == "predicted"
     assert any("size 8000 was not measured" in n and "double" in n for n in doc["notes"])
-    text = subprocess.run(base, capture_output=True, text=True, env=env, timeout=120)
+    text = run_placer(base, via="-c", capture_output=True, text=True, env=env, timeout=120)
     assert text.returncode == 0, text.stderr
     assert "extrapolated" in text.stdout and "load average" in text.stdout
 
 
 def test_cli_rejects_bad_budget(sim_env):
-    out = subprocess.run([sys.executable, "-c", "from placer.cli import main; main()", "profile", "x.py",
-                          "--budget-s", "0"], capture_output=True, text=True, env=sim_env, timeout=60)
+    out = run_placer(["profile", "x.py",
+                          "--budget-s", "0"], via="-c", capture_output=True, text=True, env=sim_env, timeout=60)
     assert out.returncode != 0 and "--budget-s" in out.stderr
 
 

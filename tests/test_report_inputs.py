@@ -20,6 +20,7 @@ from placer.data.run import Run, StageRecord, TransferRecord
 from placer.devices import Device, Inventory, discover
 from placer.executor import execute
 from placer.report import MismatchedInputsError, ReportInputError, collect, load_facts, report
+from warm_cli import run as run_placer
 
 REPORT_CODE = str(Path(collect.__code__.co_filename).parent)
 #: every model a report reads, nested ones included
@@ -54,7 +55,7 @@ def saved(tmp_path_factory):
 
 
 def placer_report(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "placer", "report", *map(str, args)],
+    return run_placer(["report", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from placer.report.advice import stream_rules, workers_needed
 from placer.report.inputs import ReportInputError
 from placer.report.streams import stage_facts, stream_facts
 from placer.stream import StreamConfig
+from warm_cli import run as run_placer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -302,17 +301,17 @@ def test_a_saved_run_summary_must_repeat_its_stream(tmp_path):
 
 def test_cli_reports_a_saved_stream_run(tmp_path):
     saved = tmp_path / "run.json"
-    env_run = subprocess.run([sys.executable, "-m", "placer", "run", "pipelines/stream_images.py", "--size", "64",
+    env_run = run_placer(["run", "pipelines/stream_images.py", "--size", "64",
                               "--placement", "all=cpu", "--workers", "2", "-o", str(saved)],
                              cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert env_run.returncode == 0, env_run.stderr
     out = tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-m", "placer", "report", "--run", str(saved), "-o", str(out)],
+    done = run_placer(["report", "--run", str(saved), "-o", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     html = out.read_text()
     assert '<section id="streams">' in html and "batches → train" in html and 'id="fig-stream0"' in html
     md = tmp_path / "report.md"
-    subprocess.run([sys.executable, "-m", "placer", "report", "--run", str(saved), "-o", str(md), "--pictures"],
+    run_placer(["report", "--run", str(saved), "-o", str(md), "--pictures"],
                    cwd=ROOT, check=True, capture_output=True, timeout=300)
     assert "## Streams" in md.read_text() and (tmp_path / "report_files" / "stream0.svg").exists()

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from placer.data.documents import DOCUMENTS, json_schema
+from warm_cli import run as run_placer
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def placer(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, text=True, cwd=ROOT,
+    return run_placer([*args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=300)
 
 

@@ -10,8 +10,6 @@ import functools
 import importlib
 import itertools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from placer.digest import assert_outputs_close
 from placer.errors import PlacerError
 from placer.executor import execute
 from placer.stream import StreamConfig
+from warm_cli import run as run_placer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +69,7 @@ def test_pure_python_augmentation_equals_the_numpy_one():
 
 def test_placer_run_json_reports_the_stream(sim_env):
     def run(*extra):
-        res = subprocess.run([sys.executable, "-m", "placer", "run", "pipelines/stream_images.py", "--size", "64",
+        res = run_placer(["run", "pipelines/stream_images.py", "--size", "64",
                               "--placement", "all=cpu", "--json", *extra], capture_output=True, text=True,
                              cwd=ROOT, env=sim_env, timeout=300)
         assert res.returncode == 0, res.stderr

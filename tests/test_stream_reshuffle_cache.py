@@ -169,9 +169,9 @@ def test_a_declared_key_cache_after_a_stage_in_worker_processes_gives_the_uncach
 def test_the_profile_counts_stages_before_a_keyed_cache_point_as_cacheable():
     from placer.stream import profile_stream
 
-    keyed = {s.name: s.cacheable for s in profile_stream(keyed_stream(epochs=2), budget_s=3, batches=4).stages}
+    keyed = {s.name: s.cacheable for s in profile_stream(keyed_stream(epochs=2), budget_s=1, batches=4).stages}
     assert keyed == {"names": False, "decode": True, "scale": False, "seen": False}
-    plain = {s.name: s.cacheable for s in profile_stream(keyed_stream(epochs=2, key=None), budget_s=3,
+    plain = {s.name: s.cacheable for s in profile_stream(keyed_stream(epochs=2, key=None), budget_s=1,
                                                          batches=4).stages}
     assert not any(plain.values())  # a reshuffling source without a key: nothing after it replays
 

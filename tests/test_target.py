@@ -22,6 +22,7 @@ from placer.data.profile import DeviceProfile, Point, Profile, StageProfile, Wor
 from placer.site import costs_from_profile
 from placer.target import CpuDescription, CpuScale, OpRow, TargetError, load_target
 from placer.target.description import parse_target
+from warm_cli import run as run_placer
 
 H200 = load_target("h200")
 
@@ -273,17 +274,11 @@ def test_a_one_op_compaction_is_predicted_near_the_reference_h200():
 
 # -- the commands -------------------------------------------------------------------------------
 def fresh_cache(tmp_path):
-    """An empty profile cache, holding only this machine's CPU calibration when one is cached
-    (measuring it again would only cost time)."""
-    import shutil
+    """An empty profile cache, holding only this machine's CPU calibration (measuring it again would
+    only cost time)."""
+    from seeded_cache import seeded_cache
 
-    from placer.profile.cache import cache_dir
-
-    root = tmp_path / "cache"
-    root.mkdir()
-    for f in cache_dir().glob("cpu-*.json"):
-        shutil.copy(f, root / f.name)
-    return root
+    return seeded_cache(tmp_path / "cache")
 
 
 def test_plan_from_a_profile_for_the_h200_machine(tmp_path):
@@ -386,7 +381,7 @@ def test_advise_for_the_h200_machine_names_its_cpu_in_the_json(tmp_path):
     import sys
 
     env = {**os.environ, "PLACER_CACHE_DIR": str(fresh_cache(tmp_path))}
-    res = subprocess.run([sys.executable, "-m", "placer", "advise", "pipelines/requests.py", "--size", "16",
+    res = run_placer(["advise", "pipelines/requests.py", "--size", "16",
                           "--budget-s", "4", "--target", "h200", "--no-baselines", "-o", str(tmp_path / "r.html"),
                           "--json"], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr
@@ -403,7 +398,7 @@ def test_profile_with_a_target_reports_the_targets_cpu(tmp_path):
     import sys
 
     env = {**os.environ, "PLACER_CACHE_DIR": str(fresh_cache(tmp_path))}
-    res = subprocess.run([sys.executable, "-m", "placer", "profile", "pipelines/requests.py", "--size", "16",
+    res = run_placer(["profile", "pipelines/requests.py", "--size", "16",
                           "--budget-s", "3", "--target", "h200", "--json", "-o", str(tmp_path / "p.json")],
                          capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr

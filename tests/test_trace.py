@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from placer.data.run import Run, StageRecord, TransferRecord
 from placer.trace import chrome_trace, write_trace
+from warm_cli import run as run_placer
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = {"X": {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"}, "M": {"name", "ph", "pid", "tid", "args"}}
@@ -92,7 +91,7 @@ def test_several_runs_are_several_processes_in_order(tmp_path):
 
 def test_placer_run_trace_writes_one_complete_event_per_stage(tmp_path):
     out = tmp_path / "t.json"
-    r = subprocess.run([sys.executable, "-m", "placer", "run", "pipelines/tabular.py", "--size", "2000",
+    r = run_placer(["run", "pipelines/tabular.py", "--size", "2000",
                         "--placement", "all=cpu", "--trace", str(out), "--json"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -117,7 +116,7 @@ def test_a_failed_run_traces_the_stages_up_to_the_failure(tmp_path):
         "    p.add(name='boom', kind='other', fn=boom, inputs=['make'])\n"
         "    return p\n")
     out = tmp_path / "t.json"
-    r = subprocess.run([sys.executable, "-m", "placer", "run", str(tmp_path / "fails.py"), "--placement", "all=cpu",
+    r = run_placer(["run", str(tmp_path / "fails.py"), "--placement", "all=cpu",
                         "--trace", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode != 0 and "boom" in r.stderr
     events = {e["name"]: e for e in check_format(json.loads(out.read_text()))}
@@ -127,7 +126,7 @@ def test_a_failed_run_traces_the_stages_up_to_the_failure(tmp_path):
 
 def test_a_run_with_copies_traces_them_on_a_link(tmp_path, sim_env):
     out = tmp_path / "t.json"
-    r = subprocess.run([sys.executable, "-m", "placer", "run", "pipelines/tabular.py", "--size", "2000",
+    r = run_placer(["run", "pipelines/tabular.py", "--size", "2000",
                         "--placement", "load=cpu,clean=gpu-sim,features=gpu-sim,train=cpu,predict=cpu",
                         "--trace", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT, env=sim_env)
     assert r.returncode == 0, r.stderr

@@ -138,6 +138,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="placer-tune-bench-") as data:
         for s in a.scripts.split(","):
             results.append(bench(s, a, Path(data) / s, lambda m: print(m, file=sys.stderr, flush=True)))
+            write(a, t0, load0, results)  # after each script: a stopped run keeps what it measured
+    print("\n".join(table(results)))
+
+
+def write(a: argparse.Namespace, t0: float, load0: tuple, results: list[dict]) -> None:
     head = {"machine": describe(), "load_start": [round(x, 2) for x in load0],
             "load_end": [round(x, 2) for x in os.getloadavg()], "seconds": round(time.time() - t0),
             "command": " ".join(["python", "benchmarks/tune_plain.py", *sys.argv[1:]]), "grid": Path(a.grid).name}
@@ -148,7 +153,6 @@ def main() -> None:
           f"Command: `{head['command']}`. The grid's best: the recorded grid `{head['grid']}`'s best configurations, "
           f"re-measured in the same interleaved rounds.", "", *table(results), ""]
     (out / f"tune-plain-{a.machine}.md").write_text("\n".join(md))
-    print("\n".join(table(results)))
 
 
 if __name__ == "__main__":

@@ -264,7 +264,7 @@ def test_the_fresh_runs_start_after_the_scripts_first_batch_its_first_call_costs
         calls["n"] += 1
         return float(batch.sum())
 
-    a = advise_loader(DataLoader(torch.arange(256.0), batch_size=8), step, batches=6, budget_s=6, cache_bytes=0,
+    a = advise_loader(DataLoader(torch.arange(256.0), batch_size=8), step, batches=6, budget_s=10, cache_bytes=0,
                       fresh=True)
     assert a.runs_in == "fresh processes" and len(a.trials) >= 3
     assert all(t.read_s - t.seconds < 0.5 for t in a.trials), [(t.read_s, t.seconds) for t in a.trials]

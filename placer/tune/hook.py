@@ -24,7 +24,8 @@ processes nor in other Pythons the script starts):
 The run's instructions come from the JSON file named by ``PLACER_TUNE``: ``mode``
 (``trial``: time and stop; ``apply``: apply and run to the end), ``report`` (where to write
 the measurements), ``target`` (a place ``file:line``, or null: time every loader),
-``settings`` (or null: as written), ``warmup`` (batches not counted), ``batches`` (counted
+``settings`` (or null: as written), ``warmup`` (batches not counted; default none: a run is counted
+from the loader's first ``iter()``, its workers' start included), ``batches`` (counted
 batches after which a trial stops), ``min_s`` (counted seconds a trial lasts at least when
 ``batches`` is null), ``stop_s`` (seconds after which a trial stops anyway) and ``digest``
 (hash every batch of the timed loader).
@@ -242,9 +243,9 @@ def _hash_into(h, x) -> None:
 class _Timed:
     """An iterator over a loader's batches that times each ``next()`` and the time between them."""
 
-    def __init__(self, it, rec: dict, state: _State):
+    def __init__(self, it, rec: dict, state: _State, t_iter: float):
         self.it, self.rec, self.state = it, rec, state
-        self.t_iter = time.perf_counter()
+        self.t_iter = t_iter  # before ``iter(loader)``: the workers' start is the iteration's
         self.n = 0
         self.last_end: float | None = None
         state.live.add(it) if _weakable(it) else None
@@ -289,10 +290,11 @@ class _Timed:
             return
         if rec["_hash"] is not None:
             _hash_into(rec["_hash"], batch)
-        if rec["batches"] > cfg.get("warmup", 2):
-            # counted: from the end of the last warm-up batch, so each counted batch brings its step and wait
+        if rec["batches"] > cfg.get("warmup", 0):
+            # counted: from the end of the last warm-up batch, so each counted batch brings its step and wait;
+            # without warm-up, from the loader's first ``iter()``: the workers' start is counted, as the script pays it
             if rec["_t_first_counted"] is None:
-                rec["_t_first_counted"] = rec["_t_last"] if rec["_t_last"] is not None else t0
+                rec["_t_first_counted"] = rec["_t_last"] if rec["_t_last"] is not None else self.t_iter
                 rec["memory_start"] = memory()
             rec["counted"] += 1
             rec["counted_samples"] += n
@@ -354,6 +356,7 @@ def _patch(dataloader_module) -> None:
         self._placer_rec = rec
 
     def __iter__(self):
+        t_iter = time.perf_counter()
         rec = getattr(self, "_placer_rec", None)
         if rec is not None and rec["_draws"] and getattr(self, "_iterator", None) is not None:
             # persistent workers reuse one iterator, which draws its workers' base seed once: draw it at
@@ -363,7 +366,7 @@ def _patch(dataloader_module) -> None:
         it = iter_(self)
         if state is None or rec is None:
             return it
-        return _started(self, rec, it)
+        return _started(self, rec, it, t_iter)
 
     __init__.__wrapped__ = init
     __iter__.__wrapped__ = iter_
@@ -372,7 +375,7 @@ def _patch(dataloader_module) -> None:
     DataLoader._placer_tuned = True
 
 
-def _started(loader, rec: dict, it):
+def _started(loader, rec: dict, it, t_iter: float | None = None):
     """A timed iterator over ``it``; the first iteration of a timed loader sets torch's threads."""
     state = _state
     rec["iters"] += 1
@@ -384,7 +387,7 @@ def _started(loader, rec: dict, it):
         torch.set_num_threads(int(threads))
     if torch is not None and rec["torch_threads"] is None:
         rec["torch_threads"] = torch.get_num_threads()
-    return _Timed(it, rec, state)
+    return _Timed(it, rec, state, time.perf_counter() if t_iter is None else t_iter)
 
 
 def _describe(v) -> str:
@@ -426,6 +429,7 @@ def _as_thread_loader(loader, settings: dict) -> None:
 
 
 def _thread_iter(self):
+    t_iter = time.perf_counter()
     workers, prefetch = self._placer_threads
     if self.batch_size is not None:
         order = dict(batch_size=self.batch_size, sampler=self.sampler, drop_last=self.drop_last)
@@ -437,7 +441,7 @@ def _thread_iter(self):
                                       num_workers=workers, prefetch_factor=prefetch, pin_memory=self.pin_memory)
     it = iter(pool)
     rec = getattr(self, "_placer_rec", None)
-    return it if rec is None or _state is None else _started(self, rec, it)
+    return it if rec is None or _state is None else _started(self, rec, it, t_iter)
 
 
 def _refuse_spawn(module) -> None:

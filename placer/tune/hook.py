@@ -1,7 +1,7 @@
 """Inside a script run by ``placer tune``: see its DataLoaders, apply a setting, time its loop, stop it.
 
 May import: the standard library at load time; torch only once the script has imported it;
-placer's thread-pool loader only when a run applies thread workers. This file is loaded by
+placer.executor.stream.source (the one loader rebuilder) only when a run applies thread workers. This file is loaded by
 the ``sitecustomize`` that ``placer tune`` puts first on the script's ``PYTHONPATH``, before
 the script's first line, so it imports nothing the script would not: the script's own import
 order (and what it sets before ``import torch``, such as ``OMP_NUM_THREADS``) holds.
@@ -418,27 +418,22 @@ def _apply(bound, settings: dict) -> tuple[dict, bool]:
 
 
 def _as_thread_loader(loader, settings: dict) -> None:
-    """Make ``loader`` iterate through placer's thread-pool loader (same batches, same order)."""
-    from placer.executor.stream.threadloader import ThreadLoader
+    """Make ``loader`` iterate through placer's thread-pool loader (same batches, same order), rebuilt by
+    placer's one loader rebuilder at each ``iter()``."""
+    from placer.executor.stream.source import rebuild_loader
 
     cls = type(loader)
     sub = type(cls.__name__, (cls,), {"__iter__": _thread_iter, "__module__": cls.__module__})
-    loader._placer_threads = (int(settings["num_workers"]), int(settings.get("prefetch_factor") or 2))
-    loader._placer_thread_loader = ThreadLoader
+    loader._placer_threads = {"num_workers": int(settings["num_workers"]),
+                              "prefetch_factor": int(settings.get("prefetch_factor") or 2),
+                              "pin_memory": bool(settings.get("pin_memory", False))}
+    loader._placer_rebuild = rebuild_loader
     object.__setattr__(loader, "__class__", sub)
 
 
 def _thread_iter(self):
     t_iter = time.perf_counter()
-    workers, prefetch = self._placer_threads
-    if self.batch_size is not None:
-        order = dict(batch_size=self.batch_size, sampler=self.sampler, drop_last=self.drop_last)
-    elif self.batch_sampler is not None:
-        order = dict(batch_sampler=self.batch_sampler)
-    else:
-        order = dict(batch_size=None, sampler=self.sampler)
-    pool = self._placer_thread_loader(self.dataset, **order, collate_fn=self.collate_fn, generator=self.generator,
-                                      num_workers=workers, prefetch_factor=prefetch, pin_memory=self.pin_memory)
+    pool = self._placer_rebuild(self, self._placer_threads, threads=True)
     it = iter(pool)
     rec = getattr(self, "_placer_rec", None)
     return it if rec is None or _state is None else _started(self, rec, it, t_iter)

@@ -1,7 +1,7 @@
 """Inside a script run by ``placer tune``: see its DataLoaders, apply a setting, time its loop, stop it.
 
 May import: the standard library at load time; torch only once the script has imported it;
-placer's thread-pool loader only when a run applies thread workers. This file is loaded by
+placer.executor.stream.source (the one loader rebuilder) only when a run applies thread workers. This file is loaded by
 the ``sitecustomize`` that ``placer tune`` puts first on the script's ``PYTHONPATH``, before
 the script's first line, so it imports nothing the script would not: the script's own import
 order (and what it sets before ``import torch``, such as ``OMP_NUM_THREADS``) holds.
@@ -24,7 +24,8 @@ processes nor in other Pythons the script starts):
 The run's instructions come from the JSON file named by ``PLACER_TUNE``: ``mode``
 (``trial``: time and stop; ``apply``: apply and run to the end), ``report`` (where to write
 the measurements), ``target`` (a place ``file:line``, or null: time every loader),
-``settings`` (or null: as written), ``warmup`` (batches not counted), ``batches`` (counted
+``settings`` (or null: as written), ``warmup`` (batches not counted; default none: a run is counted
+from the loader's first ``iter()``, its workers' start included), ``batches`` (counted
 batches after which a trial stops), ``min_s`` (counted seconds a trial lasts at least when
 ``batches`` is null), ``stop_s`` (seconds after which a trial stops anyway) and ``digest``
 (hash every batch of the timed loader).
@@ -242,9 +243,9 @@ def _hash_into(h, x) -> None:
 class _Timed:
     """An iterator over a loader's batches that times each ``next()`` and the time between them."""
 
-    def __init__(self, it, rec: dict, state: _State):
+    def __init__(self, it, rec: dict, state: _State, t_iter: float):
         self.it, self.rec, self.state = it, rec, state
-        self.t_iter = time.perf_counter()
+        self.t_iter = t_iter  # before ``iter(loader)``: the workers' start is the iteration's
         self.n = 0
         self.last_end: float | None = None
         state.live.add(it) if _weakable(it) else None
@@ -289,10 +290,11 @@ class _Timed:
             return
         if rec["_hash"] is not None:
             _hash_into(rec["_hash"], batch)
-        if rec["batches"] > cfg.get("warmup", 2):
-            # counted: from the end of the last warm-up batch, so each counted batch brings its step and wait
+        if rec["batches"] > cfg.get("warmup", 0):
+            # counted: from the end of the last warm-up batch, so each counted batch brings its step and wait;
+            # without warm-up, from the loader's first ``iter()``: the workers' start is counted, as the script pays it
             if rec["_t_first_counted"] is None:
-                rec["_t_first_counted"] = rec["_t_last"] if rec["_t_last"] is not None else t0
+                rec["_t_first_counted"] = rec["_t_last"] if rec["_t_last"] is not None else self.t_iter
                 rec["memory_start"] = memory()
             rec["counted"] += 1
             rec["counted_samples"] += n
@@ -354,6 +356,7 @@ def _patch(dataloader_module) -> None:
         self._placer_rec = rec
 
     def __iter__(self):
+        t_iter = time.perf_counter()
         rec = getattr(self, "_placer_rec", None)
         if rec is not None and rec["_draws"] and getattr(self, "_iterator", None) is not None:
             # persistent workers reuse one iterator, which draws its workers' base seed once: draw it at
@@ -363,7 +366,7 @@ def _patch(dataloader_module) -> None:
         it = iter_(self)
         if state is None or rec is None:
             return it
-        return _started(self, rec, it)
+        return _started(self, rec, it, t_iter)
 
     __init__.__wrapped__ = init
     __iter__.__wrapped__ = iter_
@@ -372,7 +375,7 @@ def _patch(dataloader_module) -> None:
     DataLoader._placer_tuned = True
 
 
-def _started(loader, rec: dict, it):
+def _started(loader, rec: dict, it, t_iter: float | None = None):
     """A timed iterator over ``it``; the first iteration of a timed loader sets torch's threads."""
     state = _state
     rec["iters"] += 1
@@ -384,7 +387,7 @@ def _started(loader, rec: dict, it):
         torch.set_num_threads(int(threads))
     if torch is not None and rec["torch_threads"] is None:
         rec["torch_threads"] = torch.get_num_threads()
-    return _Timed(it, rec, state)
+    return _Timed(it, rec, state, time.perf_counter() if t_iter is None else t_iter)
 
 
 def _describe(v) -> str:
@@ -415,29 +418,25 @@ def _apply(bound, settings: dict) -> tuple[dict, bool]:
 
 
 def _as_thread_loader(loader, settings: dict) -> None:
-    """Make ``loader`` iterate through placer's thread-pool loader (same batches, same order)."""
-    from placer.executor.stream.threadloader import ThreadLoader
+    """Make ``loader`` iterate through placer's thread-pool loader (same batches, same order), rebuilt by
+    placer's one loader rebuilder at each ``iter()``."""
+    from placer.executor.stream.source import rebuild_loader
 
     cls = type(loader)
     sub = type(cls.__name__, (cls,), {"__iter__": _thread_iter, "__module__": cls.__module__})
-    loader._placer_threads = (int(settings["num_workers"]), int(settings.get("prefetch_factor") or 2))
-    loader._placer_thread_loader = ThreadLoader
+    loader._placer_threads = {"num_workers": int(settings["num_workers"]),
+                              "prefetch_factor": int(settings.get("prefetch_factor") or 2),
+                              "pin_memory": bool(settings.get("pin_memory", False))}
+    loader._placer_rebuild = rebuild_loader
     object.__setattr__(loader, "__class__", sub)
 
 
 def _thread_iter(self):
-    workers, prefetch = self._placer_threads
-    if self.batch_size is not None:
-        order = dict(batch_size=self.batch_size, sampler=self.sampler, drop_last=self.drop_last)
-    elif self.batch_sampler is not None:
-        order = dict(batch_sampler=self.batch_sampler)
-    else:
-        order = dict(batch_size=None, sampler=self.sampler)
-    pool = self._placer_thread_loader(self.dataset, **order, collate_fn=self.collate_fn, generator=self.generator,
-                                      num_workers=workers, prefetch_factor=prefetch, pin_memory=self.pin_memory)
+    t_iter = time.perf_counter()
+    pool = self._placer_rebuild(self, self._placer_threads, threads=True)
     it = iter(pool)
     rec = getattr(self, "_placer_rec", None)
-    return it if rec is None or _state is None else _started(self, rec, it)
+    return it if rec is None or _state is None else _started(self, rec, it, t_iter)
 
 
 def _refuse_spawn(module) -> None:

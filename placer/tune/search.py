@@ -33,8 +33,12 @@ from placer.tune.runs import ScriptRun, TuneError, run_script
 #: counted seconds a trial's loop lasts at least (at the script's own speed): shorter runs measure
 #: the machine's hiccups and the workers' start more than the loader
 WINDOW_S = 2.0
-#: counted batches a trial reads at least, and batches not counted at its start (workers starting)
-MIN_BATCHES, WARMUP = 8, 2
+#: counted batches a trial reads at least, and batches not counted at its start: none, so that a run counts what
+#: the script pays for its loader from its first ``iter()`` (the workers' start, an epoch's end), not a steady state
+MIN_BATCHES, WARMUP = 8, 0
+#: a trial reads past the end of the loader's first epoch (where that is at most this many windows), so that it pays
+#: an epoch boundary as the script does (workers restarting without ``persistent_workers``, the script's own work there)
+EPOCH_WINDOWS = 4
 #: a trial is ended when its loop has taken this many times the script's own time for the same batches
 SLOW_CAP = 4.0
 #: runs of one interleaved round (the user's, the finalists and the first round's choice), reserved for each
@@ -220,6 +224,8 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
     startup = first.report.get("first_iter_s") or first.wall_s
     per_batch = rec["iterated_s"] / max(rec["batches"], 1)
     batches = max(MIN_BATCHES, math.ceil(window_s / max(per_batch, 1e-6)))
+    if rec.get("length"):
+        batches = max(batches, min(rec["length"] + 1, EPOCH_WINDOWS * batches))
     per_run = startup + (WARMUP + batches) * per_batch + 1.0
     say(f"as written: {rec['site']}, {rec['batches']} batches, start-up {startup:.1f} s, "
         f"{per_batch * 1e3:.0f} ms a batch; runs of {batches} counted batches")

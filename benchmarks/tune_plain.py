@@ -148,7 +148,7 @@ def write(a: argparse.Namespace, t0: float, load0: tuple, results: list[dict]) -
             "command": " ".join(["python", "benchmarks/tune_plain.py", *sys.argv[1:]]), "grid": Path(a.grid).name}
     out = Path(a.out)
     (out / f"tune-plain-{a.machine}.json").write_text(json.dumps({**head, "scripts": results}, indent=1) + "\n")
-    md = [f"# placer tune on the plain scripts ({a.machine})", "", f"machine: {head['machine']}", "",
+    md = [f"# placer tune on the plain scripts ({a.machine})", "", head["machine"], "",
           f"Load average at the start {head['load_start']}, at the end {head['load_end']}; {head['seconds']} s in all. "
           f"Command: `{head['command']}`. The grid's best: the recorded grid `{head['grid']}`'s best configurations, "
           f"re-measured in the same interleaved rounds.", "", *table(results), ""]

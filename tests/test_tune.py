@@ -210,3 +210,15 @@ def test_each_run_measures_the_memory_of_the_script_and_of_its_worker_processes(
     assert end["main"] > 2**20 and rec["memory_start"]["processes"] == 2
     none = holding_loader(first)[0]
     assert none["memory_end"]["processes"] == 0 and none["memory_end"]["workers"] == 0
+
+
+def test_recommending_persistent_workers_beside_a_generator_says_what_it_changes_in_the_batches():
+    from placer.tune.search import persistent_note
+
+    chosen = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True)
+    user = LoaderSettings(num_workers=0)
+    note = persistent_note(chosen, user, {"generator": "<torch._C.Generator object at 0x1>"})
+    assert len(note) == 1 and "second epoch" in note[0] and "--apply" in note[0]
+    assert persistent_note(chosen, user, {}) == []  # no generator of its own: nothing drawn from one
+    assert persistent_note(chosen.model_copy(update={"persistent_workers": False}), user,
+                           {"generator": "<g>"}) == []

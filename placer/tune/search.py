@@ -251,6 +251,7 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
     trials = _rounds(trials, runner, clock)
     waits = user_of(trials).fetch_fraction > wait_noise(user_of(trials))
     choice, noise = decide(user_of(trials), trials, waits=waits)
+    notes += persistent_note(choice.settings, user_s, rec.get("arguments", {}))
     return Tuned(command=command, site=site, others=[_other(r) for r in others], user=user_of(trials),
                  recommended=choice, trials=trials, noise=noise, startup_s=startup, budget_s=budget_s,
                  used_s=clock.used(), batches=batches, arguments=rec.get("arguments", {}), runs=runner.runs,
@@ -293,6 +294,18 @@ class _Runner:
         self.say(f"  {_short(s)}: " + ("failed" if t is None else f"{t.samples_per_s:,.0f} samples/s")
                  + f"  ({self.clock.used():.0f} of {self.clock.budget_s:.0f} s)")
         return t
+
+
+def persistent_note(chosen: LoaderSettings, user: LoaderSettings, arguments: dict[str, str]) -> list[str]:
+    """What recommending ``persistent_workers`` changes in a script whose loader has a generator: torch draws the
+    workers' base seed from it at each ``iter()``, once with persistent workers, so a shuffle on that generator
+    reads other batches from the second epoch on (``placer tune --apply`` draws it each epoch, as written)."""
+    if not (chosen.persistent_workers and chosen.num_workers and not chosen.worker_threads
+            and not user.persistent_workers and arguments.get("generator") not in (None, "None")):
+        return []
+    return ["with persistent_workers=True and your DataLoader's generator, torch draws the workers' seed once "
+            "instead of each epoch, so a shuffle on that generator reads other batches from the second epoch on; "
+            "`placer tune --apply` keeps your batches, and so does persistent_workers=False at the measured cost"]
 
 
 def user_of(trials: list[Trial]) -> Trial:

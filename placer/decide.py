@@ -18,8 +18,8 @@ from typing import Any
 
 #: a size is profiled again only when its predicted time here, this many times over, fits what is
 #: left of the budget: profiling one size runs each stage warm-up and repeats on every device, once
-#: more on one thread (to scale it to a target's CPU) and once to count its work; on a 2-core VM
-#: one size of ``branches`` took about 20 times the pipeline's predicted time
+#: more on one thread (to scale it to a target's CPU) and once to count its work, so one size costs
+#: about twenty runs of the pipeline at that size
 SIZE_COST_TIMES = 20
 
 

@@ -24,7 +24,7 @@ def _what(value: Any) -> str:
     return text if len(text) <= 40 else type(value).__name__
 
 
-def check(loader: Any, step: Any, *, batches: Any, budget_s: Any, epochs: Any) -> None:
+def check(loader: Any, step: Any, *, batches: Any, budget_s: Any, epochs: Any, allow_reorder: Any = False) -> None:
     """Raise :class:`ArgumentTypeError` or :class:`ArgumentError` for the first argument that cannot be used."""
     from torch.utils.data import DataLoader
 
@@ -52,3 +52,7 @@ def check(loader: Any, step: Any, *, batches: Any, budget_s: Any, epochs: Any) -
                                     f"(got {type(value).__name__}); {fix}")
         if value < least:
             raise ArgumentError(f"advise_loader: {name}={value!r}: {name} must be at least {least}; {fix}")
+    if not isinstance(allow_reorder, bool):
+        raise ArgumentTypeError(f"advise_loader: allow_reorder={_what(allow_reorder)}: allow_reorder must be True "
+                                f"or False (got {type(allow_reorder).__name__}); True lets the advice recommend "
+                                "in_order=False, which hands batches over in another order each run")

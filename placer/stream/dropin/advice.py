@@ -68,6 +68,12 @@ class LoaderAdvice:
     user_speeds: dict[str, Any] | None = None
     #: where the runs were made: ``fresh processes`` (as the script starts) or ``this process``
     runs_in: str = "this process"
+    #: slow samples and ``in_order=False``: the timed samples, the predicted and measured gain, whether
+    #: recommended (:func:`placer.stream.dropin.reorder.consider`)
+    reorder: dict[str, Any] | None = None
+    #: the threads inside each worker process and one per worker measured
+    #: (:func:`placer.stream.dropin.worker_threads.consider`)
+    per_worker_threads: dict[str, Any] | None = None
 
     @property
     def steady_speedup(self) -> float:
@@ -115,6 +121,7 @@ class LoaderAdvice:
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
             "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
             "user_speeds": self.user_speeds, "runs_in": self.runs_in,
+            "reorder": self.reorder, "per_worker_threads": self.per_worker_threads,
             **_target_dict(self.target),
             "cache": None if self.cache is None else self.cache.as_dict(),
         }

@@ -1,7 +1,7 @@
 """The drop-in's entry point: :func:`advise_loader`, its phases in order, and the advice they make.
 
 May import: placer.devices, placer.timing, placer.stream.keep, placer.stream.dropin.{advice,caching,deciding,guards,measuring,phases,
-space,trial,whole,words}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
+reorder,samples,space,trial,whole,words,worker_threads}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
 
 How it decides
 --------------
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from placer.devices import Device
-from placer.stream.dropin import phases, space
+from placer.stream.dropin import phases, reorder, samples, space, worker_threads
 from placer.stream.dropin.advice import LoaderAdvice
 from placer.stream.dropin.deciding import decided_by, user_speeds
 from placer.stream.dropin.guards import draws_unseeded, random_state_kept
@@ -46,7 +46,7 @@ from placer.stream.dropin.runs import runs_where
 from placer.stream.dropin.trial import Trial, label, merged
 from placer.stream.dropin.words import UNKNOWN_COUNT
 from placer.stream.keep import keeps_the_process
-from placer.timing import allocator_as_is
+from placer.timing import Deadline, allocator_as_is
 
 
 @keeps_the_process  # arguments checked; the step's model, optimizer, generators put back (placer.stream.keep)
@@ -54,7 +54,7 @@ from placer.timing import allocator_as_is
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
                   device: Any = None, target: Any = None, cache_bytes: int | None = None,
                   epochs: int = 1, precision: Any = None, state: Any = None,
-                  fresh: bool | None = None) -> LoaderAdvice:
+                  fresh: bool | None = None, allow_reorder: bool = False) -> LoaderAdvice:
     """Measure a DataLoader with a train step and recommend DataLoader settings (how: the module's docstring).
 
     Parameters
@@ -96,6 +96,10 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         Make each run in a fresh process, as the script starts (:mod:`placer.stream.fresh`). Default:
         so where it can be (Linux, a step on the CPU, a loader and step that pickle), else in this
         process, as ``PLACER_FRESH_RUNS=0`` asks; the advice's notes say which, and why.
+    allow_reorder : bool
+        Whether the advice may recommend ``in_order=False`` (batches handed over as the workers finish them, in
+        an order that varies from run to run) where slow samples hold batches back
+        (:mod:`~placer.stream.dropin.reorder`); without it the advice says what it would gain.
 
     Returns
     -------
@@ -116,9 +120,15 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         phases.search(a, cands)
         phases.decide_by_rounds(a)
         phases.confirm_longer(a)
-    phases.conclude(a)
+        phases.conclude(a)
+        # two changes the search does not vary, each against the recommendation in rounds of its own
+        timed = samples.time_samples(loader, a.batches, Deadline(budget_s * samples.TIME_SHARE))
+        checked = {"per_worker_threads": worker_threads.consider(a, timed),
+                   "reorder": reorder.consider(a, timed, allow_reorder)}
     phases.weigh_cache(a)
     advice = written(a, runs_in["where"])
+    advice.reorder, advice.per_worker_threads = checked["reorder"], checked["per_worker_threads"]
+    advice.notes += a.notes
     with random_state_kept(loader):
         extras(advice, a, target=target, precision=precision, state=state)
     return advice

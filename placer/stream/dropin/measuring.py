@@ -39,10 +39,12 @@ def settings_of(loader: Any) -> LoaderSettings:
 def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
     """A DataLoader with ``settings`` that reads what ``loader`` reads, in the same order
     (:func:`~placer.executor.stream.source.rebuild_loader`: every other argument kept; ``dataset``, the same
-    with a cache); a thread-pool loader for thread workers, one that draws as without persistent workers."""
+    with a cache); a thread-pool loader for thread workers, one that draws as without persistent workers; the
+    threads each worker process computes with set where ``settings`` say (``threads_per_worker``)."""
     workers = bool(settings.num_workers)
     return rebuild_loader(loader, settings.kwargs(), threads=settings.worker_threads and workers, dataset=dataset,
-                          same_draws=settings.persistent_workers and workers)
+                          same_draws=settings.persistent_workers and workers,
+                          threads_per_worker=settings.threads_per_worker)
 
 
 class SampleCount:

@@ -67,6 +67,9 @@ class Advising:
     confirmed: dict[str, Any] | None = None
     cache: Any = None
     swapped: str | None = None
+    #: what the checks after the search say (:mod:`~placer.stream.dropin.reorder`,
+    #: :mod:`~placer.stream.dropin.worker_threads`), for the advice's notes
+    notes: list[str] = field(default_factory=list)
 
     @property
     def mine(self) -> Trial:

@@ -113,6 +113,10 @@ def label(s: LoaderSettings) -> str:
         parts.append(f"prefetch_factor={s.prefetch_factor}")
         if not s.worker_threads:
             parts.append(f"persistent_workers={s.persistent_workers}")
+        if not s.in_order:
+            parts.append("in_order=False")
+        if s.threads_per_worker is not None:
+            parts.append(f"{s.threads_per_worker} thread{'s' if s.threads_per_worker > 1 else ''} per worker")
     return ", ".join([*parts, f"pin_memory={s.pin_memory}", f"torch threads {s.torch_threads}"])
 
 

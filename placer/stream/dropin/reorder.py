@@ -1,0 +1,166 @@
+"""Slow samples that hold batches back: whether ``DataLoader(in_order=False)`` would gain, and by how much.
+
+May import: itertools, numpy, placer.stream.rounds, placer.executor.stream.source,
+placer.stream.dropin.{headtohead,phases,samples,trial,whole}.
+
+The rule
+--------
+DataLoader hands batches over in the order the sampler made them: batch ``k`` goes to worker
+``k mod W`` and at most ``prefetch_factor x W`` batches are outstanding; a new one is sent only when
+one is handed over. With ``in_order=True`` the loop waits for batch ``k`` even when later ones are
+done, so while one worker reads a slow batch the others finish what they were sent and then sit idle:
+nothing new is sent until the slow batch is handed over. With ``in_order=False`` the first finished
+batch is handed over and the next one goes to a worker with room.
+
+Each sample's ``dataset[key]`` is timed in this process (the keys of the loader's first batches,
+:func:`~placer.stream.dropin.samples.time_samples`); summed into those batches
+(repeated to fill several windows), the two ways of handing them over are replayed with the step's
+own time per batch (:func:`delivery_s`). Their ratio is the predicted gain: where it reaches
+``1 + MIN_GAIN`` the tail holds batches back, and the recommended settings with ``in_order=False``
+are measured against them in interleaved rounds (:mod:`~placer.stream.dropin.headtohead`).
+
+``in_order=False`` is recommended only where the user allows it (``allow_reorder=True``) and the
+rounds measure it faster by the drop-in's rule: each epoch's batches are the same (the sampler still
+makes them in the main process), but the order they reach the step varies from run to run. Without
+the permission the advice says what it would gain: measured where the rounds ran, else estimated
+from the replay and labelled so.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from placer.executor.stream.source import loader_arguments
+from placer.stream.dropin.headtohead import outcome, side_by_side
+from placer.stream.dropin.phases import Advising
+from placer.stream.dropin.samples import Timed
+from placer.stream.dropin.trial import label
+from placer.stream.dropin.whole import whole_run
+from placer.stream.rounds import MIN_GAIN
+
+#: the batches replayed: the timed ones repeated to fill this many windows of outstanding batches
+WINDOWS = 8
+
+#: what the advice says the user accepts with ``in_order=False``
+ORDER_VARIES = ("each epoch still reads the same batches, but the order they reach your step then varies "
+                "from run to run (as the workers finish them)")
+
+
+def delivery_s(costs: Sequence[float], workers: int, depth: int, step_s: float, *, in_order: bool) -> float:
+    """Seconds to hand over batches costing ``costs`` seconds each, as DataLoader does, with a step of ``step_s``.
+
+    ``workers`` processes, at most ``depth x workers`` batches outstanding, each worker reading its batches
+    one after another. In order, batch ``k`` goes to the next worker in turn and the loop waits for
+    batch ``k``; out of order, a batch goes to the next worker in turn with fewer than ``depth``
+    outstanding and the loop takes the first finished.
+
+    Examples
+    --------
+    >>> slow = [0.02] + [0.001] * 19
+    >>> round(delivery_s(slow * 4, 2, 2, 0.0, in_order=True) / delivery_s(slow * 4, 2, 2, 0.0, in_order=False), 2)
+    1.43
+    >>> delivery_s([0.01] * 8, 2, 2, 0.0, in_order=True) == delivery_s([0.01] * 8, 2, 2, 0.0, in_order=False)
+    True
+    """
+    window, free, load = depth * workers, [0.0] * workers, [0] * workers
+    turn, pending, sent = itertools.cycle(range(workers)), {}, 0
+
+    def send(t: float) -> None:
+        nonlocal sent
+        if sent >= len(costs):
+            return
+        for _ in range(workers):
+            w = next(turn)
+            if in_order or load[w] < depth:
+                break
+        else:
+            return
+        free[w] = max(free[w], t) + costs[sent]
+        pending[sent], load[w], sent = (free[w], w), load[w] + 1, sent + 1
+
+    for _ in range(window):
+        send(0.0)
+    t = 0.0
+    for k in range(len(costs)):
+        idx = k if in_order else min(pending, key=lambda i: pending[i][0])
+        finish, w = pending.pop(idx)
+        t, load[w] = max(t, finish), load[w] - 1
+        send(t)
+        t += step_s
+    return t
+
+
+def predicted(costs: Sequence[Sequence[float]], workers: int, depth: int, step_s: float) -> dict[str, Any]:
+    """The timed samples in numbers, and the gain the replay of both ways of handing batches over predicts."""
+    flat = np.array([c for b in costs for c in b])
+    per_batch = [sum(b) for b in costs]
+    replay = per_batch * max(1, -(-WINDOWS * workers * depth // len(per_batch)))
+    ordered = delivery_s(replay, workers, depth, step_s, in_order=True)
+    free = delivery_s(replay, workers, depth, step_s, in_order=False)
+    return {"samples_timed": int(flat.size), "median_ms": round(float(np.median(flat)) * 1e3, 3),
+            "p95_ms": round(float(np.percentile(flat, 95)) * 1e3, 3), "max_ms": round(float(flat.max()) * 1e3, 3),
+            "slowest_batch_over_median": round(max(per_batch) / max(float(np.median(per_batch)), 1e-12), 2),
+            "predicted_gain": round(ordered / max(free, 1e-12), 3)}
+
+
+def why_not_tried(a: Advising) -> str | None:
+    """Why ``in_order`` cannot matter for the recommended settings (None: it can)."""
+    s = a.best.settings
+    if "in_order" not in loader_arguments():
+        return "the installed torch's DataLoader has no in_order argument"
+    if s.worker_threads:
+        return "in_order is DataLoader's: the recommended settings read with a pool of threads"
+    if s.num_workers < 2:
+        return "in_order changes nothing with fewer than two worker processes"
+    if not s.in_order:
+        return "your loader already hands batches over out of order (in_order=False)"
+    return None
+
+
+def consider(a: Advising, timed: Timed | None, allow: bool) -> dict[str, Any]:
+    """From the ``timed`` samples, predict the gain of ``in_order=False``; measure it where the prediction
+    clears ``MIN_GAIN``, and recommend it where ``allow`` and the rounds say it is faster. Returns what the
+    advice reports (``advice.reorder``); a note says what it would gain where it is not recommended."""
+    out: dict[str, Any] = {"allowed": bool(allow), "recommended": False}
+    why = why_not_tried(a)
+    if why or timed is None:
+        out["why_not"] = why or "the loader has no keys to time its samples by (an iterable dataset)"
+        return out
+    s = a.best.settings
+    per_batch_s = (a.best.samples / max(a.best.batches, 1)) / max(a.step_rate, 1e-12) if a.step_rate else 0.0
+    out.update(predicted(timed.costs, s.num_workers, s.prefetch_factor or 2, per_batch_s))
+    if out["predicted_gain"] < 1 + MIN_GAIN:
+        return out
+    pair = side_by_side(a, s, s.model_copy(update={"in_order": False}))
+    out.update(outcome(pair))
+    gain = out["measured_gain"]
+    if allow and out["faster"]:
+        base, other = pair
+        a.best = replace(other, settings=s.model_copy(update={"in_order": False}))
+        a.trials.append(a.best)
+        a.run = whole_run(a.mine, a.best, a.trials, None, epochs=a.epochs, batches=a.per_epoch)
+        a.longer = a.confirmed = None
+        out["recommended"] = True
+        a.notes.append(f"in_order=False: {gain:.2f}x {label(s)} in {out['rounds']} interleaved rounds (a sample "
+                       f"{out['max_ms']:.1f} ms where the median is {out['median_ms']:.1f} ms held batches back); "
+                       + ORDER_VARIES)
+    elif allow:
+        a.notes.append(f"in_order=False was measured {_gain(out)} and is not recommended: "
+                       "not faster than the recommended settings beyond the noise of their runs")
+    else:
+        a.notes.append(f"slow samples hold batches back (the slowest {out['max_ms']:.1f} ms, the median "
+                       f"{out['median_ms']:.1f} ms): in_order=False would be {_gain(out)}; pass "
+                       f"allow_reorder=True to have it recommended: {ORDER_VARIES}")
+    return out
+
+
+def _gain(out: dict[str, Any]) -> str:
+    if out.get("measured_gain") is None:
+        return f"{out['predicted_gain']:.2f}x (estimated from the timed samples, not measured)"
+    return (f"{out['measured_gain']:.2f}x (measured in {out['rounds']} interleaved rounds"
+            f"{'' if out['faster'] else ', within their noise'})")

@@ -1,8 +1,8 @@
 """A stream's source: what its function returns, turned into batches for each epoch.
 
-May import: placer.pipeline, placer.errors, placer.data.stream, placer.executor.stream.{config,nodes,worker_init}; placer.attrs,
-placer.executor.stream.threadloader and torch inside functions (only when
-the source returns a ``Dataset`` or a ``DataLoader``).
+May import: placer.pipeline, placer.errors, placer.data.stream, placer.executor.stream.{config,nodes,worker_init};
+placer.attrs, placer.executor.stream.threadloader and torch inside functions (only when the source returns a
+``Dataset`` or a ``DataLoader``).
 
 A source function returns an iterable of batches (a generator, a list), a
 ``torch.utils.data.Dataset`` (batched here by a ``DataLoader`` with the stage's

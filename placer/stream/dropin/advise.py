@@ -1,7 +1,8 @@
 """The drop-in's entry point: :func:`advise_loader`, its phases in order, and the advice they make.
 
-May import: placer.devices, placer.timing, placer.stream.keep, placer.stream.dropin.{advice,caching,deciding,guards,measuring,phases,
-reorder,samples,space,trial,whole,words,worker_threads}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
+May import: placer.devices, placer.timing, placer.stream.keep,
+placer.stream.dropin.{advice,caching,deciding,guards,measuring,phases,reorder,samples,space,trial,whole,words,
+worker_threads}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
 
 How it decides
 --------------
@@ -121,10 +122,7 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         phases.decide_by_rounds(a)
         phases.confirm_longer(a)
         phases.conclude(a)
-        # two changes the search does not vary, each against the recommendation in rounds of its own
-        timed = samples.time_samples(loader, a.batches, Deadline(budget_s * samples.TIME_SHARE))
-        checked = {"per_worker_threads": worker_threads.consider(a, timed),
-                   "reorder": reorder.consider(a, timed, allow_reorder)}
+        checked = after_search(a, allow_reorder)
     phases.weigh_cache(a)
     advice = written(a, runs_in["where"])
     advice.reorder, advice.per_worker_threads = checked["reorder"], checked["per_worker_threads"]
@@ -132,6 +130,15 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     with random_state_kept(loader):
         extras(advice, a, target=target, precision=precision, state=state)
     return advice
+
+
+def after_search(a: Advising, allow_reorder: bool) -> dict[str, Any]:
+    """Two changes the search does not vary, each measured against the recommendation in rounds of its own:
+    one thread per worker process (:mod:`~placer.stream.dropin.worker_threads`), then ``in_order=False``
+    (:mod:`~placer.stream.dropin.reorder`), both from the loader's samples timed one by one."""
+    timed = samples.time_samples(a.loader, a.batches, Deadline(a.budget_s * samples.TIME_SHARE))
+    return {"per_worker_threads": worker_threads.consider(a, timed),
+            "reorder": reorder.consider(a, timed, allow_reorder)}
 
 
 def written(a: Advising, runs_in: str) -> LoaderAdvice:

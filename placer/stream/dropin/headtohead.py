@@ -83,3 +83,13 @@ def outcome(pair: tuple[Trial, Trial] | None) -> dict[str, Any]:
             "base_samples_per_s": [round(r, 2) for r in base.rates],
             "samples_per_s": [round(r, 2) for r in other.rates],
             "faster": len(other.rates) >= REPEATS and beats(other, base)}
+
+
+def measured(out: dict[str, Any]) -> str:
+    """What the rounds measured, in words: the gain, the rounds, and why it is not faster where it is not."""
+    text = f"{out['measured_gain']:.2f}x in {out['rounds']} interleaved round{'s' if out['rounds'] != 1 else ''}"
+    if out["faster"]:
+        return text
+    if out["rounds"] < REPEATS:
+        return text + f", fewer than the {REPEATS} a decision needs (the check's share of the budget ran out)"
+    return text + ", not beyond the noise of their runs"

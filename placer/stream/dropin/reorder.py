@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from placer.executor.stream.source import loader_arguments
-from placer.stream.dropin.headtohead import outcome, side_by_side
+from placer.stream.dropin.headtohead import measured, outcome, side_by_side
 from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.samples import Timed
 from placer.stream.dropin.trial import label
@@ -150,17 +150,16 @@ def consider(a: Advising, timed: Timed | None, allow: bool) -> dict[str, Any]:
                        f"{out['max_ms']:.1f} ms where the median is {out['median_ms']:.1f} ms held batches back); "
                        + ORDER_VARIES)
     elif allow:
-        a.notes.append(f"in_order=False was measured {_gain(out)} and is not recommended: "
-                       "not faster than the recommended settings beyond the noise of their runs")
+        a.notes.append(f"in_order=False was measured against {label(s)}: {measured(out)}; it is not recommended")
     else:
+        would = "would be" if out["measured_gain"] is None or out["faster"] else "measured"
         a.notes.append(f"slow samples hold batches back (the slowest {out['max_ms']:.1f} ms, the median "
-                       f"{out['median_ms']:.1f} ms): in_order=False would be {_gain(out)}; pass "
-                       f"allow_reorder=True to have it recommended: {ORDER_VARIES}")
+                       f"{out['median_ms']:.1f} ms): in_order=False {would} {_gain(out)}; pass "
+                       f"allow_reorder=True to have it recommended where faster: {ORDER_VARIES}")
     return out
 
 
 def _gain(out: dict[str, Any]) -> str:
     if out.get("measured_gain") is None:
         return f"{out['predicted_gain']:.2f}x (estimated from the timed samples, not measured)"
-    return (f"{out['measured_gain']:.2f}x (measured in {out['rounds']} interleaved rounds"
-            f"{'' if out['faster'] else ', within their noise'})")
+    return f"{measured(out)} (measured)"

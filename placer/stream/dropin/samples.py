@@ -1,18 +1,26 @@
-"""The loader's samples timed one by one, as a worker process reads them: what each costs, and the CPU it keeps busy.
+"""The loader's samples timed one by one, as a worker process reads them: what each costs, and the threads it keeps
+busy.
 
-May import: placer.timing, placer.stream.dataset_cache, placer.stream.purity; torch inside functions.
+May import: threading, psutil, placer.timing, placer.stream.dataset_cache, placer.stream.purity; torch inside
+functions.
 
 The checks after the search read them: the spread of the samples' costs (a heavy tail that holds
-batches back, :mod:`~placer.stream.dropin.reorder`) and the CPU seconds a sample takes per second of
-its wall time (above one, reading it runs several threads at once, :mod:`~placer.stream.dropin.worker_threads`).
+batches back, :mod:`~placer.stream.dropin.reorder`) and the CPU seconds all of this process's threads
+spent while the samples were read, over those of the thread that read them (above one, reading a
+sample runs work in other threads too, a BLAS pool's: :mod:`~placer.stream.dropin.worker_threads`).
+Per thread, not per process: on a machine shared with other work the process gets fewer cores than
+its threads ask for, and CPU over wall seconds would read as one thread.
 Each ``dataset[key]`` runs in this process at torch's one intra-op thread, as torch's worker loop sets
 it in each worker (the BLAS pools as a worker inherits them), with the global random generators put back.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from placer.stream.dataset_cache import key_batches
 from placer.stream.purity import global_random_state_kept
@@ -26,16 +34,20 @@ TIME_SHARE = 0.05
 @dataclass(frozen=True)
 class Timed:
     """Samples of the loader's first batches, each timed: ``costs[b][i]`` the wall seconds of batch ``b``'s
-    ``i``-th sample; ``cpu_s`` and ``wall_s`` over all of them (process CPU seconds, every thread's)."""
+    ``i``-th sample; over all of them, the CPU seconds of the thread that read them (``own_cpu_s``) and
+    of the process's other threads (``other_cpu_s``)."""
 
     costs: tuple[tuple[float, ...], ...]
-    cpu_s: float
-    wall_s: float
+    own_cpu_s: float
+    other_cpu_s: float
 
     @property
-    def cores_busy(self) -> float:
-        """CPU seconds per wall second while the samples were read: above one, several threads at once."""
-        return self.cpu_s / max(self.wall_s, 1e-12)
+    def threads_busy(self) -> float:
+        """CPU seconds of all threads per CPU second of the reading thread: above one, reading runs work in
+        other threads too (1.0 where the reading took no measurable CPU)."""
+        if self.own_cpu_s <= 0:
+            return 1.0
+        return (self.own_cpu_s + self.other_cpu_s) / self.own_cpu_s
 
     @property
     def samples(self) -> int:
@@ -45,18 +57,30 @@ class Timed:
 def time_samples(loader: Any, batches: int, deadline: Deadline) -> Timed | None:
     """The samples of the loader's first ``batches`` batches timed (at most :data:`TIMED_SAMPLES`, and only
     the first batch past ``deadline``); None where the loader has no keys to read them by (an iterable dataset)."""
+    from torch.utils.data import IterableDataset
+
+    if isinstance(loader.dataset, IterableDataset) or not hasattr(loader.dataset, "__getitem__"):
+        return None
     with global_random_state_kept(), torch_threads(1):
         keys = key_batches(loader, batches) or []
         out: list[tuple[float, ...]] = []
-        cpu = wall = 0.0
+        before = _thread_cpu()
         for batch in keys:
             if sum(map(len, out)) >= TIMED_SAMPLES or (out and deadline.passed()):
                 break
             each = []
             for key in batch:
-                with Clock(settle=False) as c:
+                with Clock(cpu_clock=None, settle=False) as c:
                     loader.dataset[key]
                 each.append(c.wall)
-                cpu, wall = cpu + c.cpu, wall + c.wall
             out.append(tuple(each))
-    return Timed(tuple(out), cpu, wall) if out else None
+        after = _thread_cpu()
+    me = threading.get_native_id()
+    spent = {t: s - before.get(t, 0.0) for t, s in after.items()}
+    own = spent.pop(me, 0.0)
+    return Timed(tuple(out), own, sum(spent.values())) if out else None
+
+
+def _thread_cpu() -> dict[int, float]:
+    """CPU seconds (user and system) of each thread of this process, by its native id."""
+    return {t.id: t.user_time + t.system_time for t in psutil.Process().threads()}

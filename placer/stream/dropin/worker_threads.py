@@ -8,8 +8,8 @@ Each DataLoader worker process runs torch at one intra-op thread (torch's worker
 but the BLAS library numpy loaded keeps a pool of threads per process, sized to the cores: ``W``
 workers doing matrix work start ``W x T`` threads. Where that passes the cores (``T``: the BLAS
 pool's threads as this process holds them, which a worker starts with) and reading a sample keeps
-more than :data:`BUSY` cores busy (its CPU seconds over its wall seconds, timed as a worker reads it:
-:func:`~placer.stream.dropin.samples.time_samples`), the recommended settings
+other threads busy (all threads' CPU seconds over the reading thread's pass :data:`BUSY`, timed as a
+worker reads it: :func:`~placer.stream.dropin.samples.time_samples`), the recommended settings
 with one thread per worker (``threads_per_worker=1``: a ``worker_init_fn`` that sets torch's
 threads and the BLAS pools, :class:`~placer.executor.stream.worker_init.WorkerThreads`, then calls
 the user's own) are measured against them in interleaved rounds
@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from placer.executor.stream.worker_init import blas_control, blas_threads
-from placer.stream.dropin.headtohead import outcome, side_by_side
+from placer.stream.dropin.headtohead import measured, outcome, side_by_side
 from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.samples import Timed
 from placer.stream.dropin.trial import label
@@ -35,8 +35,8 @@ from placer.stream.dropin.whole import whole_run
 
 #: the threads each worker is given in the check
 ONE = 1
-#: a sample whose reading keeps more than this many cores busy (CPU over wall seconds) runs several threads
-#: at once (one thread reads at most 1; the margin is for the spin-wait and the clocks' noise)
+#: reading a sample runs work in several threads where all threads' CPU seconds pass the reading thread's by
+#: this factor (one thread reads 1; the margin is for the process's other threads and the clocks' ticks)
 BUSY = 1.2
 
 
@@ -60,7 +60,7 @@ def consider(a: Advising, timed: Timed | None) -> dict[str, Any]:
     threads = blas_threads()
     out: dict[str, Any] = {"workers": s.num_workers, "blas_threads": threads, "cores": a.cores,
                            "blas_control": control, "recommended": False,
-                           "cores_busy": None if timed is None else round(timed.cores_busy, 2)}
+                           "threads_busy": None if timed is None else round(timed.threads_busy, 2)}
     if s.worker_threads or not s.num_workers:
         out["why_not"] = "no worker processes in the recommended settings"
         return out
@@ -73,8 +73,8 @@ def consider(a: Advising, timed: Timed | None) -> dict[str, Any]:
                           "(threadpoolctl is not installed and no OpenBLAS is loaded): torch's worker threads are "
                           "one already")
         return out
-    if timed is None or timed.cores_busy <= BUSY:
-        out["why_not"] = ("reading a sample kept one core busy at most: it runs no threads of its own"
+    if timed is None or timed.threads_busy <= BUSY:
+        out["why_not"] = ("reading a sample kept no other thread busy: it runs no threads of its own"
                           if timed is not None else "the loader has no keys to time its samples by")
         return out
     pair = side_by_side(a, s, s.model_copy(update={"threads_per_worker": ONE}))
@@ -92,6 +92,5 @@ def consider(a: Advising, timed: Timed | None) -> dict[str, Any]:
                        f"(placer.executor.stream.worker_init.WorkerThreads({ONE}, your_fn))")
     elif out["measured_gain"] is not None:
         a.notes.append(f"one thread per worker ({s.num_workers} workers x {threads} BLAS threads on {a.cores} "
-                       f"cores) measured {out['measured_gain']:.2f}x in {out['rounds']} interleaved rounds: "
-                       "not faster beyond their noise, so your workers' threads are kept")
+                       f"cores) measured {measured(out)}: your workers' threads are kept")
     return out

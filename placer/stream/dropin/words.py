@@ -71,6 +71,10 @@ def describe(a: LoaderAdvice) -> list[str]:
                   if a.recommended.settings.worker_threads else f"  DataLoader(..., {kw})"]
         if a.recommended.settings.torch_threads != a.user.settings.torch_threads:
             lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")
+        if a.recommended.settings.threads_per_worker is not None:
+            lines.append(f"  DataLoader(..., worker_init_fn=placer.executor.stream.worker_init.WorkerThreads("
+                         f"{a.recommended.settings.threads_per_worker}, your_worker_init_fn))  (advice.loader() "
+                         "builds it: each worker's torch and BLAS threads set, then your worker_init_fn called)")
     elif a.within_noise:
         lines.append(f"Recommended:   keep your settings ({a.within_noise})")
     elif len(a.trials) > 1 and a.bottleneck == "step" and a.wait_fraction <= wait_noise(a.user):

@@ -379,7 +379,8 @@ class LoaderSettings(BaseModel):
     #: the workers are threads of the main process (:class:`placer.executor.stream.threadloader.ThreadLoader`)
     worker_threads: bool = False
     #: batches are handed over in the order they were asked for (DataLoader's ``in_order``); False: as
-    #: worker processes finish them, so a slow batch does not hold the ones behind it back
+    #: worker processes finish them, so a slow batch does not hold the ones behind it back. True keeps
+    #: what the loader was built with (a loader rebuilt keeps its ``in_order``: ``kwargs`` names only False)
     in_order: bool = True
     #: intra-op threads each worker process runs torch and BLAS work with, set by a ``worker_init_fn``
     #: composed with the user's own (:class:`placer.executor.stream.worker_init.WorkerThreads`); None: as
@@ -392,8 +393,7 @@ class LoaderSettings(BaseModel):
         w = int(loader.num_workers)
         return cls(num_workers=w, prefetch_factor=(loader.prefetch_factor or 2) if w else None,
                    pin_memory=bool(loader.pin_memory), persistent_workers=bool(w and loader.persistent_workers),
-                   worker_threads=bool(w and getattr(loader, "worker_threads", False)),
-                   in_order=bool(getattr(loader, "in_order", True)))
+                   worker_threads=bool(w and getattr(loader, "worker_threads", False)))
 
     @property
     def worker_kind(self) -> str:

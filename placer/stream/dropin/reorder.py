@@ -120,7 +120,7 @@ def why_not_tried(a: Advising) -> str | None:
         return "in_order is DataLoader's: the recommended settings read with a pool of threads"
     if s.num_workers < 2:
         return "in_order changes nothing with fewer than two worker processes"
-    if not s.in_order:
+    if not getattr(a.loader, "in_order", True):
         return "your loader already hands batches over out of order (in_order=False)"
     return None
 

@@ -77,12 +77,14 @@ def test_in_order_false_is_recommended_where_allowed_with_its_measured_gain():
 def test_without_permission_in_order_false_is_not_recommended_and_its_gain_is_said():
     loader = DataLoader(Skewed(), batch_size=1, num_workers=2)
     a, timed = _advising(loader, 8)
+    trials = list(a.trials)
     out = reorder.consider(a, timed, allow=False)
     assert not out["recommended"] and a.best is a.mine and a.best.settings.in_order is True
-    gain = out["measured_gain"] if out.get("measured_gain") is not None else out["predicted_gain"]
-    assert gain > 1.0
+    assert a.trials == trials and "measured_gain" not in out  # no rounds run: they could not change the advice
+    assert out["predicted_gain"] >= 1.2
     note = next(n for n in a.notes if "allow_reorder=True" in n)
-    assert "in_order=False" in note and f"{gain:.2f}x" in note and "varies from run to run" in note
+    assert f"in_order=False would be {out['predicted_gain']:.2f}x (estimated from the timed samples, not measured)" \
+        in note and "varies from run to run" in note
 
 
 def test_the_advice_applies_in_order_false_only_when_it_recommends_it():

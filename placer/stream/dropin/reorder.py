@@ -19,11 +19,11 @@ own time per batch (:func:`delivery_s`). Their ratio is the predicted gain: wher
 ``1 + MIN_GAIN`` the tail holds batches back, and the recommended settings with ``in_order=False``
 are measured against them in interleaved rounds (:mod:`~placer.stream.dropin.headtohead`).
 
-``in_order=False`` is recommended only where the user allows it (``allow_reorder=True``) and the
-rounds measure it faster by the drop-in's rule: each epoch's batches are the same (the sampler still
-makes them in the main process), but the order they reach the step varies from run to run. Without
-the permission the advice says what it would gain: measured where the rounds ran, else estimated
-from the replay and labelled so.
+``in_order=False`` is measured and recommended only where the user allows it (``allow_reorder=True``)
+and the rounds measure it faster by the drop-in's rule: each epoch's batches are the same (the sampler
+still makes them in the main process), but the order they reach the step varies from run to run.
+Without the permission the advice says what it would gain, estimated from the replay and labelled so:
+the rounds take up to a quarter of the budget more, and their result could not change the advice.
 """
 
 from __future__ import annotations
@@ -139,10 +139,15 @@ def consider(a: Advising, timed: Timed | None, allow: bool) -> dict[str, Any]:
     out.update(predicted(timed.costs, s.num_workers, s.prefetch_factor or 2, per_batch_s))
     if out["predicted_gain"] < 1 + MIN_GAIN:
         return out
+    if not allow:  # the rounds could not change the advice: the gain is the replay's, and said to be
+        a.notes.append(f"slow samples hold batches back (the slowest {out['max_ms']:.1f} ms, the median "
+                       f"{out['median_ms']:.1f} ms): in_order=False would be {_gain(out)}; pass "
+                       f"allow_reorder=True to have it measured and, where faster, recommended: {ORDER_VARIES}")
+        return out
     pair = side_by_side(a, s, s.model_copy(update={"in_order": False}))
     out.update(outcome(pair))
     gain = out["measured_gain"]
-    if allow and out["faster"]:
+    if out["faster"]:
         base, other = pair
         a.best = replace(other, settings=s.model_copy(update={"in_order": False}))
         a.trials.append(a.best)
@@ -152,17 +157,10 @@ def consider(a: Advising, timed: Timed | None, allow: bool) -> dict[str, Any]:
         a.notes.append(f"in_order=False: {gain:.2f}x {label(s)} in {out['rounds']} interleaved rounds (a sample "
                        f"{out['max_ms']:.1f} ms where the median is {out['median_ms']:.1f} ms held batches back); "
                        + ORDER_VARIES)
-    elif allow:
-        a.notes.append(f"in_order=False was measured against {label(s)}: {measured(out)}; it is not recommended")
     else:
-        would = "would be" if out["measured_gain"] is None or out["faster"] else "measured"
-        a.notes.append(f"slow samples hold batches back (the slowest {out['max_ms']:.1f} ms, the median "
-                       f"{out['median_ms']:.1f} ms): in_order=False {would} {_gain(out)}; pass "
-                       f"allow_reorder=True to have it recommended where faster: {ORDER_VARIES}")
+        a.notes.append(f"in_order=False was measured against {label(s)}: {measured(out)}; it is not recommended")
     return out
 
 
 def _gain(out: dict[str, Any]) -> str:
-    if out.get("measured_gain") is None:
-        return f"{out['predicted_gain']:.2f}x (estimated from the timed samples, not measured)"
-    return f"{measured(out)} (measured)"
+    return f"{out['predicted_gain']:.2f}x (estimated from the timed samples, not measured)"

@@ -68,6 +68,8 @@ class LoaderAdvice:
     user_speeds: dict[str, Any] | None = None
     #: where the runs were made: ``fresh processes`` (as the script starts) or ``this process``
     runs_in: str = "this process"
+    #: the run's epochs were not given: the sentence saying what was assumed (:mod:`.epochs`)
+    epochs_assumed: str | None = None
 
     @property
     def steady_speedup(self) -> float:
@@ -114,7 +116,7 @@ class LoaderAdvice:
             "confirmed": self.confirmed, "decided_by": list(self.knobs),
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
             "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
-            "user_speeds": self.user_speeds, "runs_in": self.runs_in,
+            "user_speeds": self.user_speeds, "runs_in": self.runs_in, "epochs_assumed": self.epochs_assumed,
             **_target_dict(self.target),
             "cache": None if self.cache is None else self.cache.as_dict(),
         }

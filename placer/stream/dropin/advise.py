@@ -133,8 +133,10 @@ def written(a: Advising, runs_in: str) -> LoaderAdvice:
     if a.epochs_assumed is not None:
         advice.notes.append(a.epochs_assumed)
     if a.budget.where["here"] is not None:
-        advice.notes.append(f"measured in this process, not in fresh ones as your script starts: "
-                            f"{a.budget.where['here']}")
+        advice.notes.append(f"measured in this process, not in fresh ones as your script starts "
+                            f"({a.budget.where['here']}): each run started from the heap and allocator the runs "
+                            "before it left, not from a script's start, so settings that differ in your script can "
+                            "measure closer together or further apart here")
     advice.notes += [f"could not be measured: {s}" for s in a.budget.where.get("stuck", [])]
     advice.budget_s, advice.within_noise, advice.cache = a.budget_s, a.noise, a.cache
     advice.whole_run, advice.confirmed = a.run, a.confirmed

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from placer.data.costs import StageCost
+from placer.data.cost_table import StageCost
 from placer.data.plan import Schedule, StageChoice
 from placer.data.report import (
     Bar,

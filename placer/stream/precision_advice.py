@@ -11,8 +11,9 @@ batches kept from the measured runs in fp32, puts the state back, runs them agai
 allowed precision (CPU autocast with CUDA's fp32 list, emulated where this CPU has no native
 bf16 products; TF32 emulated: :func:`placer.profile.precision.as_on_gpu`), puts the state back
 again, and compares what the step returned (its loss) batch by batch by the one accuracy check of
-every stage and stream step (:func:`placer.profile.precision.measured_check`). Without ``state`` (or when the step returns nothing) the difference
-is not measured and no lower precision is chosen: the advice says what to pass.
+every stage and stream step (:func:`placer.profile.precision.measured_check`). Without ``state``
+(or when the step returns nothing) the difference is not measured and no lower precision is
+chosen: the advice says what to pass.
 
 For a described target (``target=``) the step's work is counted in fp32 and under autocast,
 the step predicted on the target's GPU in each precision (:func:`placer.stream.precision.step_times`),

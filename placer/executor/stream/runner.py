@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from placer.data.run import StreamStageStats, StreamStats
-from placer.devices import Device, host_device
+from placer.devices import HOST, Device, host_device
 from placer.errors import PlacerError
 from placer.executor.stream.chain import build_nodes
 from placer.executor.stream.config import BatchInfo, StreamConfig
@@ -168,7 +168,7 @@ class StreamRun:
                 if kept is not None:
                     b = Bundle(seq, info, {k: dict(v) for k, v in kept.values.items()}, kept.start)
                 else:
-                    b = Bundle(seq, info, {self.source: {"host": cur}}, last_of_epoch=nxt is _END and error is None)
+                    b = Bundle(seq, info, {self.source: {HOST: cur}}, last_of_epoch=nxt is _END and error is None)
                     self.cache.offer(self.nodes[0], b)  # a cache point at the source keeps what it read
                 yield b
                 if error is not None:

@@ -366,7 +366,7 @@ def _other(rec: dict[str, Any]) -> dict[str, Any]:
 
 def _short(s: LoaderSettings) -> str:
     d = settings_dict(s)
-    text = f"num_workers={d['num_workers']} ({d['worker_kind']})"
+    text = f"num_workers={d['num_workers']} ({s.worker_kind})"  # DataLoader's words, as the drop-in says them
     if d["num_workers"]:
         text += f", prefetch_factor={d['prefetch_factor']}"
     if d["persistent_workers"]:

@@ -7,10 +7,10 @@ on 127.0.0.1, and per pipeline:
 1. profiles the stream here (:func:`placer.stream.profile.profile_stream`, each CPU batch
    stage also timed on a worker of the cluster against here: its ``remote_ratio``, what the
    model prices its batches there at) and measures the cluster
-   (:func:`placer.stream.cluster.probe_cluster`: per-task overhead, a batch's round
+   (:func:`placer.stream.offload.probe_cluster`: per-task overhead, a batch's round
    trip; cached per address and batch size);
 2. plans it twice from that profile: this machine's workers only (the stream planner), and
-   with the cluster in the search (:func:`placer.stream.cluster.plan_offload`), whose best
+   with the cluster in the search (:func:`placer.stream.offload.plan_offload`), whose best
    candidate using the cluster is "the offload option" (remote workers and batches per task
    per stage) — every case's objective is steady-state samples per second (one epoch);
 3. runs both options ``--rounds`` times, interleaved (local, offload, local, ...), and keeps
@@ -64,7 +64,7 @@ def load() -> list[float]:
 def measure_case(label: str, client, rounds: int, budget_s: float) -> dict:
     from placer.executor import execute
     from placer.loader import load_pipeline
-    from placer.stream.cluster import plan_offload, probe_bytes, probe_cluster
+    from placer.stream.offload import plan_offload, probe_bytes, probe_cluster
     from placer.stream.planner import plan_from_profile
     from placer.stream.profile import profile_stream
 

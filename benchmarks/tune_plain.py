@@ -46,7 +46,7 @@ GRID = HERE / "results" / "plain-vm-epyc-quiet-v40-screened.json"
 def flags_of(rec: dict) -> Config:
     """``placer tune``'s recommendation (its JSON) as the plain scripts' flags."""
     w = rec["num_workers"]
-    return Config(num_workers=w, worker_kind="thread" if rec["worker_kind"] == "thread" else "process",
+    return Config(num_workers=w, worker_kind="thread" if rec["worker_kind"] in ("threads", "thread") else "process",
                   prefetch_factor=rec["prefetch_factor"] if w else None,
                   persistent_workers=bool(rec["persistent_workers"]), pin_memory=bool(rec["pin_memory"]),
                   threads=rec["torch_threads"])

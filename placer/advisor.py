@@ -1,7 +1,7 @@
 """The advise flow, the one orchestration: costs → plan → run (plan and baselines) → report facts.
 
 May import: placer.{pipeline,devices,loader,errors,files,site,report,digest,log,decide}, placer.data;
-placer.executor.distributed's errors, placer.target, placer.stream.{planner,precision,rounds,target,work,cluster}
+placer.executor.distributed's errors, placer.target, placer.stream.{planner,precision,rounds,target,work,offload}
 inside functions.
 torch, dask and numba are
 reached only through the site (its profiler and executor).
@@ -618,12 +618,12 @@ def _offload_streams(site: ClusterSite, p: Pipeline, plans: list, profiles: list
     keep it only when the model predicted it faster and it measured faster; the other run is shown as an
     alternative. Each plan gets the offload's facts (``StreamPlan.offload``). Returns the plan's run.
 
-    The cluster is measured once (:func:`placer.stream.cluster.probe_cluster`: per-task overhead, a
+    The cluster is measured once (:func:`placer.stream.offload.probe_cluster`: per-task overhead, a
     batch's round trip, its threads); each stream is planned again with it in the search
-    (:func:`placer.stream.cluster.plan_offload`), and the best candidate that uses the cluster runs.
+    (:func:`placer.stream.offload.plan_offload`), and the best candidate that uses the cluster runs.
     """
     from placer.data.stream import Alternative
-    from placer.stream.cluster import plan_offload, probe_bytes, probe_cluster
+    from placer.stream.offload import plan_offload, probe_bytes, probe_cluster
     from placer.stream.planner import stream_config
 
     info = site.client.scheduler_info(n_workers=-1)["workers"]
@@ -749,7 +749,7 @@ def _best_for_streams_on_cluster(pipeline: Pipeline, site: ClusterSite) -> Chose
     """Plan every stream here, then again with the cluster's workers in the search (the cluster measured
     once): a stream whose offload the model predicts faster runs its chosen stages as grouped tasks there,
     the others keep this machine's workers (named ``thread`` so the cluster run leaves them here)."""
-    from placer.stream.cluster import plan_offload, probe_bytes, probe_cluster
+    from placer.stream.offload import plan_offload, probe_bytes, probe_cluster
     from placer.stream.planner import plan_streams, stream_config
 
     try:

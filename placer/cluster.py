@@ -1,7 +1,7 @@
 """Planning for a dask.distributed cluster: its devices, its network, its plan.
 
 May import: placer.executor.distributed, placer.executor.shipping, placer.devices, placer.errors, placer.pipeline,
-placer.costs, pydantic;
+placer.site_facts, pydantic;
 distributed, placer.loader, placer.profile, placer.costmodel and placer.optimize inside
 functions.
 
@@ -37,7 +37,7 @@ from placer.executor.distributed import (
 from placer.executor.shipping import by_reference, ship_modules
 from placer.errors import validation_line
 from placer.pipeline import Pipeline
-from placer.costs import Costs
+from placer.site_facts import Costs
 
 
 # -- measuring the network between workers -------------------------------------------------
@@ -211,7 +211,7 @@ def _remote_profile(payload: bytes, devices: list[str], size: int | None, budget
 class ClusterCosts(Costs):
     """What planning knows about a pipeline on a cluster: its devices, measurements and network.
 
-    A :class:`~placer.costs.Costs` whose devices are the cluster's (each ``gpu:N`` a GPU
+    A :class:`~placer.site_facts.Costs` whose devices are the cluster's (each ``gpu:N`` a GPU
     worker's) and whose network was measured between two workers.
 
     Attributes

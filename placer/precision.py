@@ -1,6 +1,7 @@
 """Precisions a stage may run in, and running a block of code in one.
 
-May import: placer.errors; torch inside functions (planning and validation never load it).
+May import: placer.errors, placer.devices (its registry reads a device's name); torch inside functions
+(planning and validation never load it).
 
 A stage runs in ``fp32`` (torch's default: nothing changes numerics) unless its
 declaration allows a lower precision (``precision=("tf32", "bf16")`` on the stage,
@@ -99,7 +100,10 @@ def parse_precision_option(text: str | None, stages: Iterable[str]) -> tuple[boo
 
 
 def device_type(device: object) -> str:
-    """The torch device type (``cpu``, ``cuda``) of a placer device, a torch device or a name."""
+    """The torch device type (``cpu``, ``cuda``) of a placer device, a torch device or a name.
+
+    A name is read by the device registry, placer's (``gpu:1``) or torch's (``cuda:1``): a real GPU's
+    type is ``cuda``; every other device (the CPU, the simulated test device) computes on the CPU."""
     dt = getattr(device, "type", None)
     if isinstance(dt, str):
         return dt
@@ -109,8 +113,10 @@ def device_type(device: object) -> str:
             return torch_device().type
         except Exception:  # noqa: BLE001 - a device kind without a torch device
             return "cpu"
-    name = str(device)
-    return "cpu" if name.startswith("cpu") else "cuda"
+    from placer.devices import is_real_gpu, torch_device_name
+
+    name = str(device).strip().lower()
+    return "cuda" if is_real_gpu(torch_device_name(name) or name) else "cpu"
 
 
 @contextlib.contextmanager

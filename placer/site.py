@@ -1,6 +1,6 @@
 """Where work happens: this machine, or a dask.distributed cluster.
 
-May import: placer.{costs,devices,errors,pipeline,data}; placer.profile, placer.costmodel,
+May import: placer.{site_facts,devices,errors,pipeline,data}; placer.profile, placer.costmodel,
 placer.target, placer.executor, placer.loader, placer.precision and placer.cluster inside methods, so that importing a site
 stays cheap.
 
@@ -25,7 +25,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from placer.costs import Costs
+from placer.site_facts import Costs
 from placer.devices import Inventory, discover
 from placer.pipeline import Pipeline
 

@@ -1,6 +1,6 @@
 """Random cost tables, for tests and benchmarks of the optimizer.
 
-Test and benchmark helper (not part of placer). May import: placer.data.costs. Never torch, dask or numba.
+Test and benchmark helper (not part of placer). May import: placer.data.cost_table. Never torch, dask or numba.
 
 Examples
 --------
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 
 KINDS = ("cleaning", "preprocessing", "training", "inference", "other")
 

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from placer import Pipeline
 from placer.costmodel.model import CostModel
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.data.profile import DeviceProfile
 from placer.devices import (
     SIM,

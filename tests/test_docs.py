@@ -180,7 +180,7 @@ def test_json_blocks_parse(block):
     if _named(ABRIDGED_JSON, block):
         return
     if block[0].name == "costs.md" and '"stages"' in body:
-        from placer.data.costs import CostTable
+        from placer.data.cost_table import CostTable
 
         CostTable.model_validate(data)
 

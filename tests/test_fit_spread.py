@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from placer.costmodel.fit import fit_size_model
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.optimize import plan
 
 N = np.array([100, 200, 400, 800])

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from placer import Pipeline, execute
 from placer.cli import app
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.digest import assert_outputs_close, compare_outputs, outputs_digest
 from placer.errors import CostTableError, OutputPathError
 from placer.files import check_output, check_output_folder, write_text_atomic

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.optimize import plan
 from placer.optimize.explain import TIE_CAP
 from placer.optimize.plan import search

@@ -12,7 +12,7 @@ import pytest
 
 import test_report_fixtures as fx
 from placer import Pipeline
-from placer.data.costs import CostTable, DeviceSpec, StageCost
+from placer.data.cost_table import CostTable, DeviceSpec, StageCost
 from placer.data.measures import Prediction
 from placer.data.plan import Plan, Schedule, StageChoice, StageEvent, TransferEvent
 from placer.data.report import TargetPlan

@@ -16,7 +16,7 @@ import pytest
 from placer.data.stream import ClusterLink, ScalingRow, StreamStageProfile as StageProfile, StreamProfile, StreamSettings
 from placer.errors import PlacerError
 from placer.stream import remote
-from placer.stream.cluster import (ClusterDescription, describe_link, load_cluster, parse_cluster, plan_offload,
+from placer.stream.offload import (ClusterDescription, describe_link, load_cluster, parse_cluster, plan_offload,
                                    probe_cluster)
 from placer.stream.model import predict
 
@@ -276,7 +276,7 @@ def build(size=None):
 
 
 def test_advise_on_a_cluster_never_keeps_a_slower_measured_offload(client, monkeypatch, tmp_path):
-    import placer.stream.cluster as cluster
+    import placer.stream.offload as cluster
     from placer.advisor import advise
     from placer.loader import load_pipeline
 
@@ -352,7 +352,7 @@ def test_the_report_shows_the_cluster_option():
 
 def test_placer_run_at_a_cluster_runs_the_modelled_offload_grouped_or_keeps_the_stages_here(
         client, monkeypatch, tmp_path):
-    import placer.stream.cluster as cluster
+    import placer.stream.offload as cluster
     from placer.advisor import best_placement
     from placer.executor import execute
     from placer.loader import load_pipeline

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from placer.cli import app
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.optimize import plan
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from placer.costmodel.roofline import load_description
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.data.measures import PIN_THRESHOLD, Link, TransferModel, copy_mode, curve_seconds
 from placer.devices import CopyState
 from placer.optimize.simulate import simulate

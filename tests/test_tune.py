@@ -81,7 +81,7 @@ def test_a_loader_built_inside_a_trainer_class_is_found_where_the_class_builds_i
 
 def test_a_setting_is_applied_when_the_loader_is_built_and_the_script_does_not_know(trainer_observed):
     site = holding_loader(trainer_observed)[0]["site"]
-    s = {"num_workers": 2, "worker_kind": "process", "prefetch_factor": 4, "persistent_workers": True,
+    s = {"num_workers": 2, "worker_kind": "processes", "prefetch_factor": 4, "persistent_workers": True,
          "pin_memory": False, "torch_threads": 1}
     _, run = trial("trainer_class.py", settings=s, target=site)
     rec = run.loader(site)
@@ -93,7 +93,7 @@ def test_a_setting_is_applied_when_the_loader_is_built_and_the_script_does_not_k
 
 def test_a_stopped_trial_leaves_no_process_behind(sleepy_observed):
     site = holding_loader(sleepy_observed)[0]["site"]
-    s = {"num_workers": 2, "worker_kind": "process", "prefetch_factor": 2, "persistent_workers": True,
+    s = {"num_workers": 2, "worker_kind": "processes", "prefetch_factor": 2, "persistent_workers": True,
          "pin_memory": False, "torch_threads": None}
     _, run = trial("sleepy_train.py", "--epochs", "50", settings=s, target=site)
     assert run.report["stopped"] == "batches"
@@ -109,10 +109,10 @@ def test_the_checkpoint_is_skipped_while_tuned_and_written_when_applied(tmp_path
     assert run.returncode == 0 and out.exists()
 
 
-@pytest.mark.parametrize("kind", ["process", "thread"])
+@pytest.mark.parametrize("kind", ["processes", "threads"])
 def test_an_applied_run_reads_the_batches_the_script_reads_as_written(kind, sleepy_as_written):
     site = holding_loader(sleepy_as_written)[0]["site"]
-    s = {"num_workers": 2, "worker_kind": kind, "prefetch_factor": 2, "persistent_workers": kind == "process",
+    s = {"num_workers": 2, "worker_kind": kind, "prefetch_factor": 2, "persistent_workers": kind == "processes",
          "pin_memory": False, "torch_threads": 1}
     tuned = applied("sleepy_train.py", "--epochs", "3", site=site, settings=s)
     assert tuned.loader(site)["applied"]["num_workers"] == 2
@@ -166,7 +166,7 @@ def test_tune_recommends_workers_for_a_loop_that_waits_on_slow_samples_and_apply
     assert data["speedup"] >= 1.5
     assert len(data["trials"][0]["runs"]) >= 2  # the script as written ran in the interleaved rounds too
     assert data["used_s"] <= 60 + 30  # a run under way at the budget's end is finished, not more
-    assert {(t["num_workers"], t["worker_kind"]) for t in data["trials"]} == {(0, "none"), (2, "process"), (2, "thread")}
+    assert {(t["num_workers"], t["worker_kind"]) for t in data["trials"]} == {(0, "main process"), (2, "processes"), (2, "threads")}
     text = "\n".join(describe(result))
     assert "Recommended:" in text and "as written" in text
     saved = tmp_path / "tuned.json"
@@ -201,7 +201,7 @@ def test_the_tuning_environment_is_set_only_in_trials():
 def test_each_run_measures_the_memory_of_the_script_and_of_its_worker_processes(sleepy_observed):
     first = sleepy_observed
     site = holding_loader(first)[0]["site"]
-    s = {"num_workers": 2, "worker_kind": "process", "prefetch_factor": 2, "persistent_workers": True,
+    s = {"num_workers": 2, "worker_kind": "processes", "prefetch_factor": 2, "persistent_workers": True,
          "pin_memory": False, "torch_threads": None}
     _, run = trial("sleepy_train.py", "--epochs", "20", settings=s, target=site)
     rec = run.loader(site)

@@ -1,7 +1,7 @@
 """``placer plan``: the best placement of a pipeline, with the reason for every choice.
 
 May import: typer, rich, placer.cli.app; the library (placer.site, placer.optimize, placer.loader,
-placer.stream.planner, placer.stream.target, placer.stream.cluster, placer.target) lazily, inside the command.
+placer.stream.planner, placer.stream.target, placer.stream.offload, placer.target) lazily, inside the command.
 
 A pipeline with streams is planned by the stream planner: devices, workers, prefetch and a
 cache point per stream, from a profile of its first batches (``--json``: the plan as JSON);
@@ -96,7 +96,7 @@ def plan_command(
               "PIPELINE with streams and drop --costs, --profile, --scheduler and --target")
     if cluster is not None:
         from placer.errors import PlacerError
-        from placer.stream.cluster import load_cluster
+        from placer.stream.offload import load_cluster
 
         try:
             described = load_cluster(cluster)  # a clear error now, naming the field, rather than after profiling
@@ -247,7 +247,7 @@ def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool,
                   precision: str | None = None, cluster=None) -> None:
     """Plan every stream of ``p`` here (:func:`placer.stream.planner.plan_streams`), or for ``target`` from a
     profile taken here (:func:`placer.stream.target.plan_streams_for_target`), or with a described
-    ``cluster``'s workers in the search (:func:`placer.stream.cluster.plan_offload`); print or save it."""
+    ``cluster``'s workers in the search (:func:`placer.stream.offload.plan_offload`); print or save it."""
     import json
 
     from placer.errors import PlacerError
@@ -261,7 +261,7 @@ def _plan_streams(p, budget_s: float | None, output: Path | None, as_json: bool,
 
             plans = plan_streams_for_target(p, load_target(target), budget_s=budget, precision=precision)
         elif cluster is not None:
-            from placer.stream.cluster import describe_link, plan_offload
+            from placer.stream.offload import describe_link, plan_offload
             from placer.stream.planner import plan_streams
 
             profiles: list = []

@@ -1,7 +1,7 @@
 """The cost model: predicted stage and transfer costs at any size, from a profile.
 
 May import: numpy, pydantic, placer.costmodel.*, placer.data (it reads a
-:class:`~placer.data.profile.Profile` and writes a :class:`~placer.data.costs.CostTable`),
+:class:`~placer.data.profile.Profile` and writes a :class:`~placer.data.cost_table.CostTable`),
 placer.devices (device names and kinds), placer.errors. Never torch, the profiler, the optimizer
 or placer.target (a target's CPU scale and CPU arrive as arguments).
 
@@ -40,7 +40,7 @@ import numpy as np
 from placer.costmodel import precision as precision_model
 from placer.costmodel.fit import SizeFit, fit_size_model
 from placer.costmodel.roofline import DeviceDescription, load_gpus
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.data.measures import Prediction, TransferModel, Work
 from placer.data.profile import DeviceProfile, Point, Profile, StageProfile
 from placer.devices import canonical_name, is_device_name, kind_of, kinds
@@ -503,7 +503,7 @@ class CostModel:
         return out
 
     def table(self, size: float, devices: list[str] | None = None):
-        """The optimizer's :class:`~placer.data.costs.CostTable` at ``size``.
+        """The optimizer's :class:`~placer.data.cost_table.CostTable` at ``size``.
 
         Parameters
         ----------

@@ -13,7 +13,7 @@ module                                 models
 =====================================  ===================================================
 :mod:`placer.data.measures`            ``Prediction``, ``Work``, ``Link``, ``TransferModel``
 :mod:`placer.data.profile`             ``Profile`` (what was measured, per stage and device)
-:mod:`placer.data.costs`               ``CostTable`` (what the optimizer knows at one size)
+:mod:`placer.data.cost_table`          ``CostTable`` (what the optimizer knows at one size)
 :mod:`placer.data.plan`                ``Plan``, ``StageChoice``, ``Schedule``
 :mod:`placer.data.run`                 ``Run``, ``StageRecord``, ``TransferRecord``
 :mod:`placer.data.report`              ``ReportFacts`` (what a report shows)

@@ -10,7 +10,7 @@ name            file                                            model
 ==============  ==============================================  =====================================
 ``profile``     ``placer profile -o``, ``--json``; read by      :class:`ProfileDocument`
                 ``placer plan --profile``
-``costs``       ``placer plan --save-costs``; read by           :class:`~placer.data.costs.CostTable`
+``costs``       ``placer plan --save-costs``; read by           :class:`~placer.data.cost_table.CostTable`
                 ``placer plan --costs``
 ``plan``        ``placer plan -o``, ``--json``                  :class:`~placer.data.plan.Plan`
 ``run``         ``placer run -o``, ``--json``                   :class:`~placer.data.run.Run`
@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.data.plan import Plan
 from placer.data.profile import Profile
 from placer.data.report import ReportFacts

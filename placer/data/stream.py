@@ -451,7 +451,7 @@ class LoaderSettings(BaseModel):
 
 class ClusterLink(BaseModel):
     """What running a stage's batches as tasks on a dask cluster costs: measured once per cluster
-    (:func:`placer.stream.cluster.probe_cluster`) or taken from a description of one that is not running.
+    (:func:`placer.stream.offload.probe_cluster`) or taken from a description of one that is not running.
 
     Attributes
     ----------

@@ -51,7 +51,7 @@ from placer.devices.registry import (
     unregister_kind,
     valid_names,
 )
-from placer.devices.device import Device, Inventory  # noqa: E402 - after the registry it validates against
+from placer.devices.device import Device, Inventory, host_device  # noqa: E402 - after the registry it validates against
 from placer.devices.cpu import CpuKind, cpu_workers  # noqa: E402
 from placer.devices.cuda import CudaKind, numba_cuda_status  # noqa: E402
 from placer.devices.sim import SIM, SimKind, test_devices_enabled  # noqa: E402
@@ -77,6 +77,7 @@ __all__ = [
     "cpu_workers",
     "discover",
     "get_kind",
+    "host_device",
     "implementation_class",
     "is_accelerator",
     "is_device_name",

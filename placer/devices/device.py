@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from placer.devices.kinds import DeviceKind, MemoryProbe
+from placer.devices.kinds import HOST, DeviceKind, MemoryProbe
 from placer.devices.registry import canonical_name, check_kind, get_kind, kind_for
 from placer.errors import DeviceError, DeviceUnavailableError
 
@@ -93,6 +93,11 @@ class Device(BaseModel):
         """A context in which this thread's work on the device goes to a queue of its own (a CUDA stream)."""
         return self.driver.work_stream(self)
 
+
+def host_device() -> Device:
+    """The device that stands for host memory (:data:`~placer.devices.kinds.HOST`): this machine's CPU,
+    labelled ``host``; where a value is copied to when it leaves an accelerator."""
+    return Device(name="cpu", kind="cpu", label=HOST)
 
 class Inventory(BaseModel):
     """The devices of this machine and the reasons any GPU backend is unavailable.

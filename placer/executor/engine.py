@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from placer.devices import HOST, Device
+from placer.devices import HOST, Device, host_device
 from placer.data.run import StageRecord, TransferRecord
 from placer.executor.stagecall import (STOP_WAIT_S, StageTimeoutError, StopStage, abandon_thread, call_stage,
                                       stop_thread, timeout_message)
@@ -238,7 +238,7 @@ class Engine:
         self.order = dispatch_order(list(self.stages), {n: st.inputs.values() for n, st in self.stages.items()})
         self.prio = {n: i for i, n in enumerate(self.order)}
         loc = self.loc = {n: d.location for n, d in devices.items()}
-        self.loc_device: dict[str, Device] = {HOST: Device(name="cpu", kind="cpu", label="host")}
+        self.loc_device: dict[str, Device] = {HOST: host_device()}
         for d in devices.values():
             self.loc_device.setdefault(d.location, d)
             if not d.is_accelerator:

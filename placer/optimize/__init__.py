@@ -1,6 +1,6 @@
 """Placement optimization: simulate a placement, search for the best, explain it.
 
-May import: networkx, pydantic, placer.errors, placer.data.costs and its own modules. Never torch,
+May import: networkx, pydantic, placer.errors, placer.data.cost_table and its own modules. Never torch,
 dask or numba: planning stays fast and importable anywhere.
 
 Modules
@@ -35,7 +35,7 @@ Examples
 
 from __future__ import annotations
 
-from placer.data.costs import CostTable, DeviceSpec, Direction, Link, StageCost
+from placer.data.cost_table import CostTable, DeviceSpec, Direction, Link, StageCost
 from placer.errors import CostTableError, InfeasibleError
 from placer.optimize.objectives import Objective, UnknownObjectiveError, get_objective, register
 from placer.optimize.plan import Plan, StageChoice, plan

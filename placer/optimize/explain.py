@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from placer.devices import get_kind, kinds
-from placer.optimize.problem import INF, Problem
+from placer.optimize.problem import Problem
 from placer.optimize.simulate import makespan, schedule
 
 if TYPE_CHECKING:

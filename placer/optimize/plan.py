@@ -1,6 +1,7 @@
 """The plan: the best placement for an objective, its predicted schedule, and why.
 
-May import: pydantic, placer.errors, placer.files, placer.data.{costs,plan}, placer.optimize.*. Never torch, dask or numba.
+May import: pydantic, placer.errors, placer.files, placer.data.{cost_table,plan}, placer.optimize.*.
+Never torch, dask or numba.
 
 :func:`plan` chooses the search by size: a dynamic program for a chain (when the
 objective allows, as makespan does), branch and bound when at most
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.data.plan import TIE_RULE, Plan, Schedule, StageChoice, Tie  # noqa: F401
 from placer.errors import InfeasibleError, PlacerError
 from placer.optimize import objectives

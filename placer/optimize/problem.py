@@ -1,6 +1,6 @@
 """A cost table compiled to plain lists, indexed by dispatch priority, for fast search.
 
-May import: placer.data.costs, placer.devices (device names), placer.schedule (the
+May import: placer.data.cost_table, placer.devices (device names), placer.schedule (the
 dispatch order). Never torch, dask or numba.
 
 Stage ``i`` of a :class:`Problem` is the ``i``-th stage in dispatch priority: the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import math
 
-from placer.data.costs import CostTable, resolve_pin
+from placer.data.cost_table import CostTable, resolve_pin
 from placer.devices import same_device
 from placer.schedule import dispatch_order
 

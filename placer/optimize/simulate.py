@@ -25,7 +25,7 @@ which ready stage starts next, and where outputs are copied, is decided by
 
 Examples
 --------
->>> from placer.data.costs import CostTable
+>>> from placer.data.cost_table import CostTable
 >>> t = CostTable.model_validate({
 ...     "devices": {"cpu": {"kind": "cpu"}, "gpu": {"kind": "gpu"}},
 ...     "link": {"h2d": {"latency_s": 0.0, "bandwidth_Bps": 1e9},
@@ -42,7 +42,7 @@ from __future__ import annotations
 import copy
 from heapq import heapify, heappop, heappush
 
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.data.plan import Schedule, StageEvent, TransferEvent
 from placer.devices import same_device
 from placer.errors import InfeasibleError

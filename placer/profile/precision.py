@@ -134,7 +134,7 @@ def check_precisions(pipeline: Pipeline, precisions: Mapping[str, tuple[str, ...
             for prec in precs:
                 variant = _variant(st, prec)
                 got, secs = _timed(lambda s=variant: call_stage(s, cpu, ins, workers=cpu.workers))
-                c = _check(prec, base, got, tol, secs, base_s, p.size)
+                c = measured_check(prec, base, got, tol, secs, base_s, p.size)
                 if prec in ("bf16", "fp16"):
                     if base_work is None:
                         base_work = counted_under(lambda: call_stage(st, cpu, ins), "fp32")
@@ -147,13 +147,8 @@ def check_precisions(pipeline: Pipeline, precisions: Mapping[str, tuple[str, ...
                 variant_p = _with_stage(p, _variant(p.stages[name], prec))
                 with seeded():
                     run = execute(variant_p, "all=cpu")
-                checks.append(_check(prec, base, _stream_output(run, name), tol, run.stage(name).seconds, base_s,
-                                     p.size))
-        for i, c in enumerate(checks):
-            slow = cpu_slowdown(c.precision)
-            if slow is not None:
-                checks[i] = c.model_copy(update={"seconds": c.fp32_seconds * slow, "method": EMULATED.format(
-                    "bfloat16" if c.precision == "bf16" else "float16", c.precision, c.precision, slow)})
+                checks.append(measured_check(prec, base, _stream_output(run, name), tol, run.stage(name).seconds,
+                                             base_s, p.size))
         for c in checks:
             log.info("stage %r in %s: %s (%s)", name, c.precision, c.words(), c.method)
         out[name] = checks
@@ -167,13 +162,7 @@ def counted_under(call, prec: str):
     above the emulation), so each op's tensors have the type autocast gives them."""
     from placer.costmodel.counts import count_work
 
-    if prec == "fp32":
-        ctx: Any = contextlib.nullcontext()
-    elif cpu_slowdown(prec) is not None:
-        ctx = emulated_autocast(prec)
-    else:
-        ctx = native_autocast(prec)
-    with seeded(), ctx:
+    with seeded(), as_on_gpu(prec):
         return count_work(call, repeats=1)[1]
 
 
@@ -222,10 +211,21 @@ def count_precisions(pipeline: Pipeline, todo: Mapping[str, tuple[str, ...]]) ->
     return out
 
 
-def _check(prec: str, base: Any, got: Any, tol: float, secs: float, base_s: float, size: int | None) -> PrecisionCheck:
+def measured_check(prec: str, base: Any, got: Any, tol: float, secs: float, base_s: float,
+                   size: int | None) -> PrecisionCheck:
+    """The one accuracy check of a lower precision: ``got`` (a run in ``prec``) against ``base`` (fp32's).
+
+    The difference is :func:`relative_difference` (the loss when ``base`` has one); the time is the run's
+    own ``secs``, except where this CPU has no native products in ``prec`` (:func:`cpu_slowdown`): there the
+    run was emulated, so the time charged is fp32's ``base_s`` times the measured slowdown and the method
+    says so. Every check of a stage, of a stream's step and of a plain script's step is made here.
+    """
     metric, diff = relative_difference(got, base)
-    return PrecisionCheck(precision=prec, metric=metric, rel_error=diff, tolerance=tol, method=METHODS[prec],
-                          seconds=secs, fp32_seconds=base_s, size=size)
+    slow = cpu_slowdown(prec)
+    method = METHODS[prec] if slow is None else EMULATED.format(
+        "bfloat16" if prec == "bf16" else "float16", prec, prec, slow)
+    return PrecisionCheck(precision=prec, metric=metric, rel_error=diff, tolerance=tol, method=method,
+                          seconds=base_s * slow if slow is not None else secs, fp32_seconds=base_s, size=size)
 
 
 def _variant(st: Stage, prec: str) -> Stage:
@@ -252,16 +252,22 @@ def emulating(fn, prec: str):
     :func:`native_autocast`, or :func:`placer.precision.emulated_autocast` on a CPU without native products)."""
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        if prec == "tf32":
-            ctx: Any = emulated_tf32()
-        elif cpu_slowdown(prec) is not None:
-            ctx = emulated_autocast(prec)
-        else:
-            ctx = native_autocast(prec)
-        with ctx:
+        with as_on_gpu(prec):
             return fn(*args, **kwargs)
 
     return run
+
+
+def as_on_gpu(prec: str) -> contextlib.AbstractContextManager:
+    """The block run here as a GPU runs it in ``prec``, the one choice of how: ``fp32`` as it is; ``tf32``
+    emulated (:func:`placer.precision.emulated_tf32`); ``bf16`` and ``fp16`` by :func:`native_autocast`, or
+    :func:`placer.precision.emulated_autocast` on a CPU without native products in that type
+    (:func:`cpu_slowdown`)."""
+    if prec == "fp32":
+        return contextlib.nullcontext()
+    if prec == "tf32":
+        return emulated_tf32()
+    return emulated_autocast(prec) if cpu_slowdown(prec) is not None else native_autocast(prec)
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ from typing import Any
 
 from placer.costmodel.bus import fit_link
 from placer.data.measures import TransferModel, copy_mode
-from placer.devices import Device
+from placer.devices import Device, host_device
 from placer.timing import Measurement, measure
 
 #: transfer sizes measured (bytes), KB to hundreds of MB
@@ -37,7 +37,7 @@ def measure_transfers(device: Device, *, budget_s: float = 10.0, sizes: Iterable
 
     from placer.executor.transfer import PIN_THRESHOLD, to_location
 
-    cpu = Device(name="cpu", kind="cpu", label="host")
+    cpu = host_device()
     t_end = time.perf_counter() + budget_s
     pts: dict[str, dict[str, list]] = {"h2d": {}, "d2h": {}}
 

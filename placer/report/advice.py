@@ -1,7 +1,8 @@
 """Concrete advice drawn from a report's facts: what to move, pin, batch or keep.
 
-May import: placer.data.report, placer.report.{streams,kinds}. Each rule is a small function of the facts that
-returns zero or more :class:`Advice`; :func:`advise` runs them all in order.
+May import: placer.data.report, placer.devices (the host's location name), placer.report.{streams,kinds}.
+Each rule is a small function of the facts that returns zero or more :class:`Advice`; :func:`advise`
+runs them all in order.
 Every sentence names the stage or edge and the number it rests on.
 """
 
@@ -11,6 +12,7 @@ import math
 from collections.abc import Callable
 
 from placer.data.report import Advice, ReportFacts, StageRow, StreamFacts, StreamStageFacts
+from placer.devices import HOST
 from placer.report.kinds import is_accelerator, is_real_gpu, is_simulated
 from placer.report.streams import has_headroom, slowest_upstream, workers_text
 
@@ -133,7 +135,7 @@ def pin_rules(facts: ReportFacts) -> list[Advice]:
         d = facts.device(b.device)
         if b.kind != "transfer" or b.pinned or (b.bytes or 0) < PIN_BYTES or d is None or not is_real_gpu(d.kind):
             continue
-        if b.src != "host" or b.label in said:
+        if b.src != HOST or b.label in said:
             continue
         said.add(b.label)
         gbps = (b.bytes or 0) / max(b.end_s - b.start_s, 1e-12) / 1e9

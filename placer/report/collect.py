@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from placer.data.costs import StageCost
+from placer.data.cost_table import StageCost
 from placer.data.plan import Schedule, StageChoice
 from placer.data.report import (
     Bar,
@@ -38,7 +38,7 @@ from placer.data.report import (
 )
 from placer.data.run import Run
 from placer.data.stream import StreamPlan
-from placer.devices import kind_for
+from placer.devices import HOST, kind_for
 from placer.report.advice import advise
 from placer.report.check import check
 from placer.report.critical import bottleneck
@@ -278,7 +278,7 @@ class _Context:
 
     def location(self, device: str) -> str:
         """Where a device's data lives: ``host`` for the CPU, else the device itself."""
-        return alias_of(device) if is_accelerator(self.kind(device)) else "host"
+        return alias_of(device) if is_accelerator(self.kind(device)) else HOST
 
     # -- seconds --------------------------------------------------------------------------
     def measured_seconds(self) -> dict[str, dict[str, float]]:
@@ -402,7 +402,7 @@ class _Context:
                                       start_s=rec.start_s, end_s=rec.end_s))
             for tr in self.run.transfers:
                 t.measured.append(Bar(lane=f"link {tr.src}→{tr.dst}", label=tr.data, kind="transfer",
-                                      device=tr.dst if tr.src == "host" else tr.src,
+                                      device=tr.dst if tr.src == HOST else tr.src,
                                       start_s=tr.start_s, end_s=tr.end_s, bytes=tr.bytes,
                                       pinned=tr.pinned, src=tr.src, dst=tr.dst))
             t.measured_makespan_s = float(self.run.makespan_s)
@@ -547,7 +547,7 @@ def predicted_bars(schedule: Schedule, cpu_workers: int, kind: Callable[[str], s
                         start_s=ev.start_s, end_s=ev.end_s))
     for tr in schedule.transfers:
         bars.append(Bar(lane=f"link {tr.src}→{tr.dst}", label=tr.data, kind="transfer",
-                        device=tr.dst if tr.src == "host" else tr.src,
+                        device=tr.dst if tr.src == HOST else tr.src,
                         start_s=tr.start_s, end_s=tr.end_s, bytes=tr.bytes,
                         src=tr.src, dst=tr.dst))
     return bars

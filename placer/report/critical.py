@@ -1,6 +1,6 @@
 """The critical path of a timeline and its bottleneck.
 
-May import: placer.data.report. Pure functions over a :class:`ReportFacts`.
+May import: placer.data.report, placer.devices (the host's location name). Pure functions over a :class:`ReportFacts`.
 
 The critical path is found backwards from the event that ends last: a stage waited
 for the latest of its inputs to arrive (a copy, or its producer on the same
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from placer.data.report import Bar, Bottleneck, PathStep, ReportFacts
+from placer.devices import HOST
 
 #: gaps shorter than this (seconds) are not reported as waits
 WAIT_EPS = 1e-6
@@ -55,7 +56,7 @@ def _step(b: Bar) -> PathStep:
 def _predecessor(cur: Bar, bars, stage_bar, copies, inputs, kinds) -> Bar | None:
     if cur.kind == "transfer":
         return stage_bar.get(cur.label)
-    here = "host" if kinds.get(cur.device, "gpu") == "cpu" else cur.device
+    here = HOST if kinds.get(cur.device, "gpu") == "cpu" else cur.device
     cands = []
     for src in inputs.get(cur.label, []):
         b = copies.get((src, here)) or stage_bar.get(src)

@@ -4,7 +4,7 @@ May import: json, pathlib, pydantic, placer.data, placer.devices (``Inventory`` 
 placer.errors, placer.files.
 
 Every input becomes its typed model (:class:`~placer.data.plan.Plan`,
-:class:`~placer.data.run.Run`, :class:`~placer.data.costs.CostTable`,
+:class:`~placer.data.run.Run`, :class:`~placer.data.cost_table.CostTable`,
 :class:`~placer.devices.Inventory`, :class:`~placer.data.measures.Prediction`,
 :class:`~placer.data.report.TargetPlan`). A live model is used as it is; a mapping,
 JSON text or JSON file is validated with pydantic, so a wrong, missing or renamed
@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.data.measures import Prediction
 from placer.data.plan import Plan
 from placer.data.report import TargetPlan

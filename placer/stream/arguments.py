@@ -47,6 +47,8 @@ def check(loader: Any, step: Any, *, batches: Any, budget_s: Any, epochs: Any, a
             ("batches", batches, MIN_BATCHES, "a run reads one batch of warm-up, then counts at least one; "
                                               "e.g. batches=20"),
             ("epochs", epochs, 1, "your script's run has at least one epoch; e.g. epochs=10")):
+        if name == "epochs" and value is None:
+            continue  # not given: one epoch assumed, and said (placer.stream.dropin.epochs)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise ArgumentTypeError(f"advise_loader: {name}={_what(value)}: {name} must be a whole number "
                                     f"(got {type(value).__name__}); {fix}")

@@ -155,6 +155,10 @@ class CacheAdvice:
     hit_rate: float | None = None
     #: the loader's own dataset (``dataset`` inside its wrappers)
     outer: Any = field(default=None, repr=False)
+    #: where the run it is weighed over does not pay for it: the fewest epochs that do (None: none within
+    #: a thousand), and the run's speed-up with it over some epoch counts
+    pays_from_epochs: int | None = None
+    by_epochs: dict[int, float] = field(default_factory=dict)
 
     @property
     def attribute(self) -> str | None:
@@ -198,6 +202,11 @@ class CacheAdvice:
             what = f"`{self.method}` is {self.share:.0%} of loading and depends only on the index: caching its output"
         if not self.recommended:
             return f"Caching: not offered: {self.reason}"
+        if self.pays_from_epochs is not None and self.by_epochs:
+            over = "; ".join(f"over {k} epoch{'s' if k != 1 else ''} {v:.2f}x" for k, v in self.by_epochs.items())
+            return (f"{what} ({fmt_bytes(self.bytes)}) makes epochs 2+ {self.epoch_speedup:.1f}x faster; your run, "
+                    f"as one epoch, fills it and gains nothing; it pays from {self.pays_from_epochs} epochs ({over}; "
+                    "advice.loader() applies it: pass epochs= to have it weighed over your run)")
         return (f"{what} ({fmt_bytes(self.bytes)}) makes epochs 2+ {self.epoch_speedup:.1f}x faster "
                 f"(two epochs {self.two_epoch_speedup:.2f}x; advice.loader() applies it)")
 
@@ -221,7 +230,9 @@ class CacheAdvice:
                 "two_epoch_speedup": r(self.two_epoch_speedup), "recommended": self.recommended,
                 "reason": self.reason, "steps": list(self.steps),
                 "hit_rate": None if self.hit_rate is None else round(self.hit_rate, 4),
-                "inside": [type(w).__name__ for w in self.wrappers]}
+                "inside": [type(w).__name__ for w in self.wrappers],
+                "pays_from_epochs": self.pays_from_epochs,
+                "by_epochs": {str(k): v for k, v in self.by_epochs.items()}}
 
 
 def fmt_bytes(n: int) -> str:

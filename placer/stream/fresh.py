@@ -1,7 +1,7 @@
 """The drop-in's runs, each in a fresh process: the state the user's script starts in.
 
-May import: placer.timing; cloudpickle, torch, placer.data.stream, placer.stream.dropin.{guards,measuring}
-inside functions.
+May import: placer.timing; cloudpickle, torch, placer.data.stream, placer.stream.reopen,
+placer.stream.dropin.{guards,measuring} inside functions.
 
 A script the user runs starts in a fresh process; the drop-in's runs otherwise all share the
 user's long-lived one, whose history moves them: placer settles glibc's allocator there
@@ -11,7 +11,8 @@ setting can read a quarter faster or slower there than in the script.
 
 :class:`FreshRuns` starts one helper interpreter that loads a copy of the user's loader and step
 (pickled with cloudpickle by a child forked for it, :func:`pickled_apart`, so the user's heap is left as it
-was: a ``__main__`` Dataset or step goes by value), reads one batch through
+was: a ``__main__`` Dataset or step goes by value; open files, arrays mapped from files, SQLite
+connections and locks are opened again by name, :mod:`placer.stream.reopen`), reads one batch through
 the step at one intra-op thread (:func:`_prime`: the script's first batch, its first-call costs
 paid), then forks one child per run: each run starts from the same fresh state, with the
 allocator as the script's first batch leaves it, unsettled, and the step trains a copy of the
@@ -93,11 +94,11 @@ def pickled_apart(path: str, obj: Any, timeout_s: float = START_TIMEOUT_S) -> No
     Where it cannot fork, fails to start or outlasts ``timeout_s``, the pickling is done here.
     Raises what pickling raises (in the child: :class:`FreshUnavailable` with its message).
     """
-    import cloudpickle
+    from placer.stream.reopen import dump
 
     def here() -> None:
         with open(path, "wb") as f:
-            cloudpickle.dump(obj, f)
+            dump(obj, f)
 
     if not hasattr(os, "fork"):
         return here()
@@ -111,7 +112,7 @@ def pickled_apart(path: str, obj: Any, timeout_s: float = START_TIMEOUT_S) -> No
         code = 0
         try:
             with open(path + ".part", "wb") as f:
-                cloudpickle.dump(obj, f)
+                dump(obj, f)
             os.replace(path + ".part", path)
         except BaseException as e:  # noqa: BLE001 - carried to the parent
             code = 1

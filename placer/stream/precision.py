@@ -27,7 +27,6 @@ plan, with a reason that states both numbers.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,19 +107,14 @@ def count_step(pipeline: Any, source: str, precisions: list[str], *, inventory: 
                consts: dict | None = None) -> dict[str, Work]:
     """One batch of the step's work counted in fp32 and in each of ``precisions`` (under autocast, with
     CUDA's fp32 list; emulated where this CPU has no native products in that type)."""
-    from placer.profile.precision import native_autocast, cpu_slowdown
-    from placer.precision import emulated_autocast
+    from placer.profile.precision import as_on_gpu
     from placer.stream.work import count_stream_work
 
     p = pipeline.validate()
     step = p.streams()[source][-1]
     out: dict[str, Work] = {}
     for prec in ["fp32", *precisions]:
-        if prec == "fp32":
-            ctx: Any = contextlib.nullcontext()
-        else:
-            ctx = emulated_autocast(prec) if cpu_slowdown(prec) is not None else native_autocast(prec)
-        with ctx:
+        with as_on_gpu(prec):
             got = count_stream_work(p, source, inventory=inventory, consts=consts).get(step)
         if got is not None:
             out[prec] = got

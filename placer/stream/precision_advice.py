@@ -9,9 +9,11 @@ model in place, so its accuracy in a lower precision can be checked only where t
 ``load_state_dict``: the model, the optimizer), :func:`check_script_step` runs the step over the
 batches kept from the measured runs in fp32, puts the state back, runs them again in each
 allowed precision (CPU autocast with CUDA's fp32 list, emulated where this CPU has no native
-bf16 products; TF32 emulated), puts the state back again, and compares what the step returned
-(its loss) batch by batch. Without ``state`` (or when the step returns nothing) the difference
-is not measured and no lower precision is chosen: the advice says what to pass.
+bf16 products; TF32 emulated: :func:`placer.profile.precision.as_on_gpu`), puts the state back
+again, and compares what the step returned (its loss) batch by batch by the one accuracy check of
+every stage and stream step (:func:`placer.profile.precision.measured_check`). Without ``state``
+(or when the step returns nothing) the difference is not measured and no lower precision is
+chosen: the advice says what to pass.
 
 For a described target (``target=``) the step's work is counted in fp32 and under autocast,
 the step predicted on the target's GPU in each precision (:func:`placer.stream.precision.step_times`),
@@ -56,7 +58,7 @@ def check_script_step(step: Callable[[Any], Any], kept: list, precisions: tuple[
     difference is marked unmeasurable and its method says why, so it is never chosen.
     """
     from placer.precision import DEFAULT_TOLERANCE
-    from placer.profile.precision import UNMEASURABLE, emulating, seeded, cpu_slowdown, relative_difference
+    from placer.profile.precision import UNMEASURABLE, emulating, measured_check, seeded
 
     tol = tolerance or DEFAULT_TOLERANCE
     objs = [] if state is None else (list(state) if isinstance(state, (list, tuple)) else [state])
@@ -89,25 +91,12 @@ def check_script_step(step: Callable[[Any], Any], kept: list, precisions: tuple[
                 c = PrecisionCheck(precision=p, metric="loss", rel_error=UNMEASURABLE, tolerance=tol,
                                    method="not measured: the step returns nothing; return the loss from it")
             else:
-                _, diff = relative_difference({"loss": got}, {"loss": base})
-                slow = cpu_slowdown(p)
-                c = PrecisionCheck(precision=p, metric="loss", rel_error=diff, tolerance=tol,
-                                   method=_method(p, slow), seconds=base_s * slow if slow else secs,
-                                   fp32_seconds=base_s, size=len(kept))
+                c = measured_check(p, {"loss": base}, {"loss": got}, tol, secs, base_s, len(kept))
             out.checks[p] = c
     finally:
         for o, s in zip(objs, saved):
             o.load_state_dict(s)
     return out
-
-
-def _method(p: str, slow: float | None) -> str:
-    from placer.profile.precision import EMULATED, METHODS
-
-    if slow is None or p == "tf32":
-        return METHODS[p]
-    low = "bfloat16" if p == "bf16" else "float16"
-    return EMULATED.format(low, p, p, slow)
 
 
 def _detached(x: Any) -> Any:
@@ -121,8 +110,7 @@ def count_script_step(step: Callable[[Any], Any], batch: Any, precisions: tuple[
     """The step's work on ``batch`` counted in fp32 and under autocast in each of ``precisions`` (bf16, fp16),
     the state put back after each count when given."""
     from placer.costmodel.counts import count_work
-    from placer.profile.precision import native_autocast, cpu_slowdown
-    from placer.precision import emulated_autocast
+    from placer.profile.precision import as_on_gpu
 
     objs = [] if state is None else (list(state) if isinstance(state, (list, tuple)) else [state])
     saved = [copy.deepcopy(o.state_dict()) for o in objs]
@@ -131,10 +119,7 @@ def count_script_step(step: Callable[[Any], Any], batch: Any, precisions: tuple[
         for p in ("fp32", *[q for q in precisions if q in ("bf16", "fp16")]):
             for o, s in zip(objs, saved):
                 o.load_state_dict(copy.deepcopy(s))
-            if p == "fp32":
-                out[p] = count_work(lambda: step(batch), repeats=1)[1]
-                continue
-            with emulated_autocast(p) if cpu_slowdown(p) is not None else native_autocast(p):
+            with as_on_gpu(p):
                 out[p] = count_work(lambda: step(batch), repeats=1)[1]
     finally:
         for o, s in zip(objs, saved):

@@ -51,17 +51,15 @@ count, and the step's re-runs take a few calls.
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 
-from placer.data.stream import CopyProfile, ScalingRow, StreamStageProfile, StreamProfile
+from placer.data.stream import CopyProfile, StreamStageProfile, StreamProfile
 from placer.devices import Inventory, discover
 from placer.errors import PlacerError
 from placer.log import get_logger
 from placer.timing import Clock, Deadline, Measurement, Timings, settle, torch_threads
 from placer.pipeline import BATCH_INFO, Pipeline
-from placer.executor.stream.config import StreamConfig
 from placer.executor.stream.nodes import Bundle, Node, takes
 from placer.executor.stream.runner import StreamRun
 from placer.executor.stream.source import workers_key

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from typing import Any
 
 import networkx as nx
 
-from placer.devices import Device, Inventory, same_device
+from placer.devices import HOST, Inventory, host_device, same_device
 from placer.log import get_logger
 from placer.profile.transfers import value_copies
 from placer.timing import Clock, Deadline, Measurement, Timings
@@ -38,7 +37,7 @@ IN_TURN_ERROR = 0.04
 STEP_KEPT = 3
 #: a leading batch this many times the median in a sweep is warm-up (left out of the mean in turn)
 WARM_UP = 1.5
-HOST_DEVICE = Device(name="cpu", kind="cpu", label="host")
+HOST_DEVICE = host_device()
 
 
 def one_shot_inputs(pipeline: Pipeline, source: str, inventory: Inventory) -> dict[str, Any]:
@@ -146,7 +145,7 @@ class Profiler:
         self.out_bytes.setdefault(value_of, {})[loc] = nbytes(value)
         if not self._read_later(value_of) or index >= max(3, self.batches // 2):
             return
-        targets = self.accel if loc == "host" else [HOST_DEVICE]
+        targets = self.accel if loc == HOST else [HOST_DEVICE]
         for dev in targets:
             if dev.location == loc:
                 continue

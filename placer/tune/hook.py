@@ -399,7 +399,7 @@ def _apply(bound, settings: dict) -> tuple[dict, bool]:
     """Set the loader's arguments to ``settings``; returns what was set and whether the workers are threads."""
     a = bound.arguments
     workers = int(settings.get("num_workers", 0))
-    threads = settings.get("worker_kind") == "thread" and workers > 0
+    threads = settings.get("worker_kind") in ("threads", "thread") and workers > 0
     applied = {"num_workers": workers, "pin_memory": bool(settings.get("pin_memory", False))}
     a["num_workers"] = 0 if threads else workers
     a["pin_memory"] = applied["pin_memory"]
@@ -413,7 +413,7 @@ def _apply(bound, settings: dict) -> tuple[dict, bool]:
         a.pop("multiprocessing_context", None)
         a.pop("timeout", None)
         if threads:
-            applied |= {"prefetch_factor": settings.get("prefetch_factor") or 2, "worker_kind": "thread"}
+            applied |= {"prefetch_factor": settings.get("prefetch_factor") or 2, "worker_kind": "threads"}
     return applied, threads
 
 

@@ -102,20 +102,20 @@ class Tuned:
 
 
 def settings_dict(s: LoaderSettings) -> dict[str, Any]:
-    """Settings in DataLoader's terms, as the hook applies them and the JSON shows them."""
-    kind = "none" if not s.num_workers else ("thread" if s.worker_threads else "process")
-    return {"num_workers": s.num_workers, "worker_kind": kind,
+    """Settings in DataLoader's terms, as the hook applies them and the JSON shows them (``worker_kind`` in the
+    drop-in's words: ``main process``, ``processes`` or ``threads``)."""
+    return {"num_workers": s.num_workers, "worker_kind": s.worker_kind,
             "prefetch_factor": s.prefetch_factor if s.num_workers else None,
             "persistent_workers": bool(s.persistent_workers and s.num_workers and not s.worker_threads),
             "pin_memory": s.pin_memory, "torch_threads": s.torch_threads}
 
 
 def settings_from(d: dict[str, Any]) -> LoaderSettings:
-    """The inverse of :func:`settings_dict` (a saved recommendation)."""
+    """The inverse of :func:`settings_dict` (a saved recommendation; ``thread``, as earlier versions saved it, too)."""
     w = int(d.get("num_workers") or 0)
     return LoaderSettings(num_workers=w, prefetch_factor=d.get("prefetch_factor") if w else None,
                           pin_memory=bool(d.get("pin_memory")), persistent_workers=bool(d.get("persistent_workers")),
-                          torch_threads=d.get("torch_threads"), worker_threads=d.get("worker_kind") == "thread")
+                          torch_threads=d.get("torch_threads"), worker_threads=d.get("worker_kind") in ("threads", "thread"))
 
 
 def user_settings(rec: dict[str, Any]) -> LoaderSettings:
@@ -366,7 +366,7 @@ def _other(rec: dict[str, Any]) -> dict[str, Any]:
 
 def _short(s: LoaderSettings) -> str:
     d = settings_dict(s)
-    text = f"num_workers={d['num_workers']} ({d['worker_kind']})"
+    text = f"num_workers={d['num_workers']} ({s.worker_kind})"  # DataLoader's words, as the drop-in says them
     if d["num_workers"]:
         text += f", prefetch_factor={d['prefetch_factor']}"
     if d["persistent_workers"]:

@@ -28,13 +28,13 @@ def loader_line(t: Tuned) -> list[str]:
     kw = [f"num_workers={d['num_workers']}"]
     if d["num_workers"]:
         kw.append(f"prefetch_factor={d['prefetch_factor']}")
-        if d["worker_kind"] == "process":
+        if d["worker_kind"] == "processes":
             kw.append(f"persistent_workers={d['persistent_workers']}")
     kw.append(f"pin_memory={d['pin_memory']}")
     kept = [f"{k}={v if not v.startswith('<') else '...'}" for k, v in t.arguments.items()
             if k not in ("dataset", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory")]
     args = ", ".join(["dataset", *kept, *kw])
-    if d["worker_kind"] == "thread":
+    if d["worker_kind"] == "threads":
         lines = [f"  placer.stream.ThreadLoader({args})",
                  "  (worker threads, not processes: a Dataset read from several threads must guard state it changes)"]
     else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from placer.devices import Device
+from placer.devices import HOST, Device
 from placer.errors import PlacerError
 from placer.executor.stream.config import StreamConfig
 from placer.executor.stream.nodes import Node, takes
@@ -46,7 +46,7 @@ def build_nodes(pipeline: Pipeline, members: list[str], devices: dict[str, Devic
                           "gets worker processes from stage_workers", stage=src)
     nodes = [Node(name=src, kind="source", device=devices[src], index=0, stage=source,
                   consts={a: consts[s] for a, s in source.inputs.items()})]
-    avail: dict[str, set[str]] = {src: {"host"}}
+    avail: dict[str, set[str]] = {src: {HOST}}
     for m in members[1:]:
         st, dev = stages[m], devices[m]
         reads = {a: s for a, s in st.inputs.items() if s in inside}

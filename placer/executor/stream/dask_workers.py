@@ -260,7 +260,7 @@ def dask_config(pipeline: Any, devices: dict[str, Any], config: StreamConfig | N
     config leaves workers at the default; a sequential config (``workers=0``) is
     left as it is (the reference run stays here), and so is a config that already
     names stages with ``dask`` workers (a plan that chose which stages go to the
-    cluster, :mod:`placer.stream.cluster`): its other stages run here.
+    cluster, :mod:`placer.stream.offload`): its other stages run here.
     """
     cfg = config or StreamConfig()
     if cfg.sequential or "dask" in cfg.worker_kind.values():

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from placer.data.run import StreamStageStats, StreamStats
-from placer.devices import Device
+from placer.devices import HOST, Device, host_device
 from placer.errors import PlacerError
 from placer.executor.stream.chain import build_nodes
 from placer.executor.stream.config import BatchInfo, StreamConfig
@@ -168,7 +168,7 @@ class StreamRun:
                 if kept is not None:
                     b = Bundle(seq, info, {k: dict(v) for k, v in kept.values.items()}, kept.start)
                 else:
-                    b = Bundle(seq, info, {self.source: {"host": cur}}, last_of_epoch=nxt is _END and error is None)
+                    b = Bundle(seq, info, {self.source: {HOST: cur}}, last_of_epoch=nxt is _END and error is None)
                     self.cache.offer(self.nodes[0], b)  # a cache point at the source keeps what it read
                 yield b
                 if error is not None:
@@ -276,7 +276,7 @@ class StreamRun:
             raise KeyboardInterrupt(f"stream {self.source!r} interrupted")
         if self.failure is not None:
             self._raise()
-        result, _, _ = to_location(self.step.result(), _host())
+        result, _, _ = to_location(self.step.result(), host_device())
         return result, self.stats()
 
     def _start_pools(self) -> None:
@@ -839,6 +839,3 @@ def _get(q: queue.Queue, stop: threading.Event) -> Any:
             if stop.is_set():
                 return None
 
-
-def _host() -> Device:
-    return Device(name="cpu", kind="cpu", label="host")

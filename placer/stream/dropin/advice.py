@@ -68,6 +68,8 @@ class LoaderAdvice:
     user_speeds: dict[str, Any] | None = None
     #: where the runs were made: ``fresh processes`` (as the script starts) or ``this process``
     runs_in: str = "this process"
+    #: the run's epochs were not given: the sentence saying what was assumed (:mod:`.epochs`)
+    epochs_assumed: str | None = None
     #: slow samples and ``in_order=False``: the timed samples, the predicted and measured gain, whether
     #: recommended (:func:`placer.stream.dropin.reorder.consider`)
     reorder: dict[str, Any] | None = None
@@ -120,7 +122,7 @@ class LoaderAdvice:
             "confirmed": self.confirmed, "decided_by": list(self.knobs),
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
             "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
-            "user_speeds": self.user_speeds, "runs_in": self.runs_in,
+            "user_speeds": self.user_speeds, "runs_in": self.runs_in, "epochs_assumed": self.epochs_assumed,
             "reorder": self.reorder, "per_worker_threads": self.per_worker_threads,
             **_target_dict(self.target),
             "cache": None if self.cache is None else self.cache.as_dict(),

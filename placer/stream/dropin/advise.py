@@ -54,7 +54,7 @@ from placer.timing import Deadline, allocator_as_is
 @allocator_as_is()  # the user's process: the script runs on in it (placer.timing.allocator_as_is)
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
                   device: Any = None, target: Any = None, cache_bytes: int | None = None,
-                  epochs: int = 1, precision: Any = None, state: Any = None,
+                  epochs: int | None = None, precision: Any = None, state: Any = None,
                   fresh: bool | None = None, allow_reorder: bool = False) -> LoaderAdvice:
     """Measure a DataLoader with a train step and recommend DataLoader settings (how: the module's docstring).
 
@@ -82,9 +82,11 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     cache_bytes : int, optional
         The memory a cache inside the dataset may take (default: a quarter of the memory available);
         ``0`` looks for no cache.
-    epochs : int
+    epochs : int, optional
         Epochs of the script's run: with the loader's length, the whole run is predicted (worker start-up,
-        epoch ends, the steady state) and :attr:`LoaderAdvice.speedup` is the whole run's.
+        epoch ends, the steady state) and :attr:`LoaderAdvice.speedup` is the whole run's. Not given: one
+        epoch, said in the advice (:mod:`placer.stream.dropin.epochs`); a cache that pays over more
+        epochs is then offered with the epochs it needs.
     precision : str or tuple of str, optional
         Lower precisions the step may run in (``"bf16"``, ``("tf32", "bf16")``, ``"auto"``): each is
         checked here and, with a ``target``, planned there (:mod:`placer.stream.precision_advice`).
@@ -109,8 +111,6 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     from torch.utils.data import IterableDataset
 
     a = phases.start(loader, step, device=device, batches=batches, budget_s=budget_s, epochs=epochs)
-    if epochs < 1:
-        raise ValueError(f"advise_loader: epochs={epochs}: the script's run has at least one epoch")
     cands = space.candidates(a.user, cores=a.cores, gpu=a.dev.is_gpu,
                              iterable=isinstance(loader.dataset, IterableDataset))
     with random_state_kept(loader):
@@ -146,10 +146,14 @@ def written(a: Advising, runs_in: str) -> LoaderAdvice:
     mine, best, longer = a.mine, a.best, a.longer
     advice = _first_advice(mine, best, a.trials, a.step_rate, a.alone, a.dev, a.threads, a.loader, a.took.spent(),
                            cores=a.cores)
-    advice.runs_in = runs_in
+    advice.runs_in, advice.epochs_assumed = runs_in, a.epochs_assumed
+    if a.epochs_assumed is not None:
+        advice.notes.append(a.epochs_assumed)
     if a.budget.where["here"] is not None:
-        advice.notes.append(f"measured in this process, not in fresh ones as your script starts: "
-                            f"{a.budget.where['here']}")
+        advice.notes.append(f"measured in this process, not in fresh ones as your script starts "
+                            f"({a.budget.where['here']}): each run started from the heap and allocator the runs "
+                            "before it left, not from a script's start, so settings that differ in your script can "
+                            "measure closer together or further apart here")
     advice.notes += [f"could not be measured: {s}" for s in a.budget.where.get("stuck", [])]
     advice.budget_s, advice.within_noise, advice.cache = a.budget_s, a.noise, a.cache
     advice.whole_run, advice.confirmed = a.run, a.confirmed

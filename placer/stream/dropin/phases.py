@@ -1,7 +1,7 @@
 """The phases of :func:`~placer.stream.dropin.advise_loader`, each a function of one :class:`Advising`.
 
 May import: placer.data.stream, placer.devices, placer.timing, placer.stream.keep, placer.stream.rounds,
-placer.stream.dropin.{caching,deciding,explore,measuring,repeats,runs,space,trial,whole}.
+placer.stream.dropin.{caching,deciding,epochs,explore,measuring,repeats,runs,space,trial,whole}.
 
 In order: measure the user's settings (:func:`measure_yours`), search the space
 (:func:`search`), decide by repeated runs (:func:`decide_by_rounds`), confirm by longer runs
@@ -19,6 +19,7 @@ from placer.devices import Device
 from placer.stream.dropin import caching, deciding, explore, measuring, space
 from placer.stream.dropin.caching import CACHE_SHARE, without_workers
 from placer.stream.dropin.deciding import WAIT_NOISE, choose, contender, decide, persistent, wait_noise
+from placer.stream.dropin.epochs import run_epochs
 from placer.stream.dropin.measuring import SampleCount
 from placer.stream.dropin.repeats import (CONFIRM_LENGTH, CONFIRM_ROUNDS, CONFIRM_SHARE, FINALISTS, confirm, race,
                                           repeat, settle)
@@ -67,6 +68,8 @@ class Advising:
     confirmed: dict[str, Any] | None = None
     cache: Any = None
     swapped: str | None = None
+    #: the run's epochs were not given: what was assumed, in a sentence (:func:`.epochs.run_epochs`)
+    epochs_assumed: str | None = None
     #: what the checks after the search say (:mod:`~placer.stream.dropin.reorder`,
     #: :mod:`~placer.stream.dropin.worker_threads`), for the advice's notes
     notes: list[str] = field(default_factory=list)
@@ -82,12 +85,14 @@ class Advising:
             self.threads["helped"] = self.best.settings.torch_threads != self.mine.settings.torch_threads
 
 
-def start(loader: Any, step: Any, *, device: Any, batches: int, budget_s: float, epochs: int) -> Advising:
-    """The advice's inputs read: the step's device, the user's settings, the cores, the batches per epoch."""
-    took = Deadline(None)
+def start(loader: Any, step: Any, *, device: Any, batches: int, budget_s: float, epochs: int | None) -> Advising:
+    """The advice's inputs read: the step's device, the user's settings, the cores, the batches per epoch, the
+    epochs (one where not given, :func:`.epochs.run_epochs`)."""
+    took, per_epoch = Deadline(None), loader_length(loader)
+    epochs, assumed = run_epochs(loader, epochs, per_epoch)
     return Advising(loader, step, measuring.step_device(device), batches, budget_s, epochs,
                     user=measuring.settings_of(loader), cores=measuring.cores(), count=measuring.counter_of(loader),
-                    per_epoch=loader_length(loader), took=took)
+                    per_epoch=per_epoch, took=took, epochs_assumed=assumed)
 
 
 def look_for_cache(a: Advising, cache_bytes: int | None) -> None:
@@ -226,7 +231,7 @@ def weigh_cache(a: Advising) -> None:
     found, mine, share = a.cache, a.mine, a.budget_s * CACHE_SHARE
     if found is not None and found.recommended and a.best is not mine and not a.best.settings.worker_threads:
         a.cache = caching.cache_at(found, a.loader, a.step, a.best.settings, a.batches, share, a.dev)
-    a.run, a.cache = cache_over_the_run(a.run, a.cache)
+    a.run, a.cache = cache_over_the_run(a.run, a.cache, assumed=a.epochs_assumed is not None)
     lighter = without_workers(mine, a.best, a.trials, a.longer, found, a.run, a.loader, a.step, a.batches, share,
                               a.dev, epochs=a.epochs, per_epoch=a.per_epoch, at_best=a.cache)
     if lighter is None:

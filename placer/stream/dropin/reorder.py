@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -126,9 +125,9 @@ def why_not_tried(a: Advising) -> str | None:
 
 
 def consider(a: Advising, timed: Timed | None, allow: bool) -> dict[str, Any]:
-    """From the ``timed`` samples, predict the gain of ``in_order=False``; measure it where the prediction
-    clears ``MIN_GAIN``, and recommend it where ``allow`` and the rounds say it is faster. Returns what the
-    advice reports (``advice.reorder``); a note says what it would gain where it is not recommended."""
+    """From the ``timed`` samples, predict the gain of ``in_order=False``; where the prediction clears
+    ``MIN_GAIN``, measure it where ``allow`` and recommend it where the rounds say it is faster, else say
+    what it would gain (estimated). Returns what the advice reports (``advice.reorder``)."""
     out: dict[str, Any] = {"allowed": bool(allow), "recommended": False}
     why = why_not_tried(a)
     if why or timed is None:
@@ -148,8 +147,7 @@ def consider(a: Advising, timed: Timed | None, allow: bool) -> dict[str, Any]:
     out.update(outcome(pair))
     gain = out["measured_gain"]
     if out["faster"]:
-        base, other = pair
-        a.best = replace(other, settings=s.model_copy(update={"in_order": False}))
+        a.best = pair[1]  # its settings: the recommended ones with in_order=False (persistent workers kept)
         a.trials.append(a.best)
         a.run = whole_run(a.mine, a.best, a.trials, None, epochs=a.epochs, batches=a.per_epoch)
         a.longer = a.confirmed = None

@@ -73,7 +73,11 @@ def time_samples(loader: Any, batches: int, deadline: Deadline) -> Timed | None:
                 with Clock(cpu_clock=None, settle=False) as c:
                     loader.dataset[key]
                 each.append(c.wall)
-            out.append(tuple(each))
+                if deadline.passed():
+                    break
+            if len(each) < len(batch) and out:  # a batch cut short would read cheaper than it is
+                break
+            out.append(tuple(each))  # (the first batch is kept cut short: it is all there is)
         after = _thread_cpu()
     me = threading.get_native_id()
     spent = {t: s - before.get(t, 0.0) for t, s in after.items()}

@@ -117,15 +117,47 @@ def cached_passes_s(cache: Any, epochs: int) -> float | None:
     return cache.fill_s + (epochs - 1) * float(np.median(cache.cached_s))
 
 
-def cache_over_the_run(run: dict[str, Any] | None, cache: Any) -> tuple[dict[str, Any] | None, Any]:
+def cache_over_epochs(run: dict[str, Any], cache: Any, epochs: int) -> float | None:
+    """The run's speed-up with the cache over ``epochs`` epochs of its batches, its recommended settings
+    kept (:func:`with_cache` on the run's costs); None where the cache has no measured passes."""
+    cached = with_cache({**run, "epochs": epochs, "user_s": 1.0, "user_samples_per_s": 1.0}, cache)
+    if cached is None or "cache" not in cached:
+        return None
+    at_best = RunCosts(**{k: run["recommended_costs"][k] for k in
+                        ("start_s", "per_batch_s", "close_s", "refill_s", "persistent")})
+    return run_seconds(at_best, epochs=epochs, batches=run["batches"]) / max(cached["recommended_s"], 1e-12)
+
+
+def cache_pays_from(run: dict[str, Any], cache: Any, *, most: int = 1000) -> int | None:
+    """The fewest epochs over which the cache makes the run ``MIN_GAIN`` faster; None within ``most``."""
+    gain = cache_over_epochs(run, cache, most)
+    if gain is None or gain < 1 + MIN_GAIN:
+        return None
+    lo, hi = 1, most  # the gain rises with the epochs (each later epoch reads the cache), so bisect
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if cache_over_epochs(run, cache, mid) >= 1 + MIN_GAIN else (mid + 1, hi)
+    return lo
+
+
+def cache_over_the_run(run: dict[str, Any] | None, cache: Any, *,
+                       assumed: bool = False) -> tuple[dict[str, Any] | None, Any]:
     """The whole run with the cache (:func:`with_cache`), when the cache makes it ``MIN_GAIN`` faster;
     otherwise the cache is not offered (``recommended`` False, and why): over a run of one epoch, or
-    of a few short ones, filling the cache costs more than reading it saves."""
+    of a few short ones, filling the cache costs more than reading it saves.
+
+    Where the run's epochs were ``assumed`` (not given), a cache that pays over more epochs is still
+    offered, outside the run's prediction, with the epochs it needs (``pays_from_epochs``) and its
+    gain over them (``by_epochs``): the user knows their epochs, the advice does not."""
     cached = with_cache(run, cache)
     if cached is run or cached["recommended_s"] * (1 + MIN_GAIN) <= cached["settings_recommended_s"]:
         return cached, cache
-    n = run["epochs"]
+    n, pays = run["epochs"], cache_pays_from(run, cache)
+    by_epochs = {} if pays is None else {k: round(cache_over_epochs(run, cache, k), 3)
+                                          for k in sorted({n, pays, max(pays, 10)})}
+    if assumed and pays is not None:
+        return run, replace(cache, pays_from_epochs=pays, by_epochs=by_epochs)
     why = (f"over your run ({n} epoch{'s' if n != 1 else ''} x {run['batches']} batches) it would take "
            f"{cached['recommended_s']:.2f} s against {run['recommended_s']:.2f} s without it: filling it costs "
-           "more than reading it saves")
-    return run, replace(cache, recommended=False, reason=why)
+           "more than reading it saves" + (f"; it pays from {pays} epochs" if pays is not None else ""))
+    return run, replace(cache, recommended=False, reason=why, pays_from_epochs=pays, by_epochs=by_epochs)

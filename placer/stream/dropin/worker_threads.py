@@ -23,7 +23,6 @@ says so (:func:`~placer.executor.stream.worker_init.blas_control`).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from placer.executor.stream.worker_init import blas_control, blas_threads
@@ -80,8 +79,7 @@ def consider(a: Advising, timed: Timed | None) -> dict[str, Any]:
     pair = side_by_side(a, s, s.model_copy(update={"threads_per_worker": ONE}))
     out.update(outcome(pair))
     if out["faster"]:
-        base, other = pair
-        a.best = replace(other, settings=s.model_copy(update={"threads_per_worker": ONE}))
+        a.best = pair[1]  # its settings: the recommended ones with one thread per worker
         a.trials.append(a.best)
         a.run = whole_run(a.mine, a.best, a.trials, None, epochs=a.epochs, batches=a.per_epoch)
         a.longer = a.confirmed = None

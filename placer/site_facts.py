@@ -4,7 +4,7 @@ May import: placer.data, placer.devices; placer.optimize inside :meth:`Costs.pla
 
 A site (:mod:`placer.site`: this machine; :mod:`placer.cluster`: a dask cluster)
 measures a pipeline and fits a cost model; :class:`Costs` holds the result, builds
-the :class:`~placer.data.costs.CostTable` at any size (with the network between
+the :class:`~placer.data.cost_table.CostTable` at any size (with the network between
 machines when there is one) and plans over it. It sits below both sites, so that
 neither imports the other to share it.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from placer.data.costs import CostTable
+from placer.data.cost_table import CostTable
 from placer.devices import Inventory
 
 
@@ -65,7 +65,7 @@ class Costs:
 
     def table(self, size: float | None = None, devices: list[str] | None = None, *,
               target: bool = False) -> CostTable:
-        """The :class:`~placer.data.costs.CostTable` at ``size`` (default :attr:`size`) over ``devices``
+        """The :class:`~placer.data.cost_table.CostTable` at ``size`` (default :attr:`size`) over ``devices``
         (default :attr:`devices`; with ``target``, the target's CPU and GPUs), with the network when
         there is one."""
         if target:

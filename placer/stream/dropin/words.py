@@ -72,7 +72,7 @@ def describe(a: LoaderAdvice) -> list[str]:
         if a.recommended.settings.torch_threads != a.user.settings.torch_threads:
             lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")
         if a.recommended.settings.threads_per_worker is not None:
-            lines.append(f"  DataLoader(..., worker_init_fn=placer.executor.stream.worker_init.WorkerThreads("
+            lines.append(f"  DataLoader(..., worker_init_fn=placer.stream.WorkerThreads("
                          f"{a.recommended.settings.threads_per_worker}, your_worker_init_fn))  (advice.loader() "
                          "builds it: each worker's torch and BLAS threads set, then your worker_init_fn called)")
     elif a.within_noise:

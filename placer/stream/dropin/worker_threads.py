@@ -87,7 +87,7 @@ def consider(a: Advising, timed: Timed | None) -> dict[str, Any]:
         a.notes.append(f"one thread per worker: {out['measured_gain']:.2f}x {label(s)} in {out['rounds']} "
                        f"interleaved rounds ({s.num_workers} workers x {threads} BLAS threads on {a.cores} cores "
                        "took turns); advice.loader() sets it with a worker_init_fn that calls yours after it "
-                       f"(placer.executor.stream.worker_init.WorkerThreads({ONE}, your_fn))")
+                       f"(placer.stream.WorkerThreads({ONE}, your_worker_init_fn))")
     elif out["measured_gain"] is not None:
         a.notes.append(f"one thread per worker ({s.num_workers} workers x {threads} BLAS threads on {a.cores} "
                        f"cores) measured {measured(out)}: your workers' threads are kept")

@@ -164,7 +164,7 @@ def written(a: Advising, runs_in: str) -> LoaderAdvice:
     if a.swapped is not None and best is not mine:
         advice.notes.append(a.swapped + f"; {label(best.settings)} was measured in the search's repeated runs and "
                             "the cache's passes, not in longer runs")
-    elif best is not mine and longer is None:
+    elif best is not mine and longer is None and not a.changed_after:  # (a check's note says how it measured)
         advice.notes.append("not confirmed by longer runs: the budget was spent first (a larger budget_s "
                             "leaves room for them)")
     basis = longer[0] if longer is not None else mine  # the user's runs the whole run was predicted from

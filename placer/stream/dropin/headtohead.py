@@ -1,7 +1,7 @@
 """One change to the recommended settings measured against them: interleaved rounds of both, decided by the rule of
 :mod:`placer.stream.rounds`.
 
-May import: placer.data.stream, placer.stream.rounds, placer.stream.dropin.{deciding,phases,runs,trial}.
+May import: placer.data.stream, placer.stream.rounds, placer.stream.dropin.{deciding,phases,runs,trial,whole}.
 
 The checks made after the search (:mod:`~placer.stream.dropin.reorder`,
 :mod:`~placer.stream.dropin.worker_threads`) each change one thing the search does not vary
@@ -22,6 +22,7 @@ from placer.stream.dropin.deciding import beats
 from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.runs import Budget, run_length, run_trial
 from placer.stream.dropin.trial import Trial, merged
+from placer.stream.dropin.whole import whole_run
 from placer.stream.rounds import REPEATS
 
 #: the share of ``budget_s`` each check may take more (its rounds run on top of the budget, as the cache's)
@@ -83,6 +84,17 @@ def outcome(pair: tuple[Trial, Trial] | None) -> dict[str, Any]:
             "base_samples_per_s": [round(r, 2) for r in base.rates],
             "samples_per_s": [round(r, 2) for r in other.rates],
             "faster": len(other.rates) >= REPEATS and beats(other, base)}
+
+
+def adopt(a: Advising, pair: tuple[Trial, Trial]) -> None:
+    """The change its rounds measured faster becomes the recommendation: the whole run predicted anew from
+    its runs; the longer runs that confirmed the settings without it, and what they overturned, no longer
+    speak for it."""
+    a.best = pair[1]
+    a.trials.append(a.best)
+    a.run = whole_run(a.mine, a.best, a.trials, None, epochs=a.epochs, batches=a.per_epoch)
+    a.longer = a.confirmed = a.overturned = None
+    a.changed_after = True
 
 
 def measured(out: dict[str, Any]) -> str:

@@ -73,6 +73,8 @@ class Advising:
     #: what the checks after the search say (:mod:`~placer.stream.dropin.reorder`,
     #: :mod:`~placer.stream.dropin.worker_threads`), for the advice's notes
     notes: list[str] = field(default_factory=list)
+    #: a check after the search changed the recommendation (measured in its own rounds, not in longer runs)
+    changed_after: bool = False
 
     @property
     def mine(self) -> Trial:

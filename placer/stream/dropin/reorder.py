@@ -1,7 +1,7 @@
 """Slow samples that hold batches back: whether ``DataLoader(in_order=False)`` would gain, and by how much.
 
 May import: itertools, numpy, placer.stream.rounds, placer.executor.stream.source,
-placer.stream.dropin.{headtohead,phases,samples,trial,whole}.
+placer.stream.dropin.{headtohead,phases,samples,trial}.
 
 The rule
 --------
@@ -16,7 +16,8 @@ Each sample's ``dataset[key]`` is timed in this process (the keys of the loader'
 :func:`~placer.stream.dropin.samples.time_samples`); summed into those batches
 (repeated to fill several windows), the two ways of handing them over are replayed with the step's
 own time per batch (:func:`delivery_s`). Their ratio is the predicted gain: where it reaches
-``1 + MIN_GAIN`` the tail holds batches back, and the recommended settings with ``in_order=False``
+``1 + MIN_GAIN`` and the slowest batch costs :data:`HEAVY` times the median one, the tail holds batches
+back, and the recommended settings with ``in_order=False``
 are measured against them in interleaved rounds (:mod:`~placer.stream.dropin.headtohead`).
 
 ``in_order=False`` is measured and recommended only where the user allows it (``allow_reorder=True``)
@@ -35,13 +36,16 @@ from typing import Any
 import numpy as np
 
 from placer.executor.stream.source import loader_arguments
-from placer.stream.dropin.headtohead import measured, outcome, side_by_side
+from placer.stream.dropin.headtohead import adopt, measured, outcome, side_by_side
 from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.samples import Timed
 from placer.stream.dropin.trial import label
-from placer.stream.dropin.whole import whole_run
 from placer.stream.rounds import MIN_GAIN
 
+#: a tail holds batches back only where the slowest batch timed costs this many times the median batch: on a
+#: machine shared with other work a hiccup doubles a sample's time now and then, which the replay alone would
+#: read as a tail
+HEAVY = 3.0
 #: the batches replayed: the timed ones repeated to fill this many windows of outstanding batches
 WINDOWS = 8
 
@@ -136,7 +140,7 @@ def consider(a: Advising, timed: Timed | None, allow: bool) -> dict[str, Any]:
     s = a.best.settings
     per_batch_s = (a.best.samples / max(a.best.batches, 1)) / max(a.step_rate, 1e-12) if a.step_rate else 0.0
     out.update(predicted(timed.costs, s.num_workers, s.prefetch_factor or 2, per_batch_s))
-    if out["predicted_gain"] < 1 + MIN_GAIN:
+    if out["predicted_gain"] < 1 + MIN_GAIN or out["slowest_batch_over_median"] < HEAVY:
         return out
     if not allow:  # the rounds could not change the advice: the gain is the replay's, and said to be
         a.notes.append(f"slow samples hold batches back (the slowest {out['max_ms']:.1f} ms, the median "
@@ -147,10 +151,7 @@ def consider(a: Advising, timed: Timed | None, allow: bool) -> dict[str, Any]:
     out.update(outcome(pair))
     gain = out["measured_gain"]
     if out["faster"]:
-        a.best = pair[1]  # its settings: the recommended ones with in_order=False (persistent workers kept)
-        a.trials.append(a.best)
-        a.run = whole_run(a.mine, a.best, a.trials, None, epochs=a.epochs, batches=a.per_epoch)
-        a.longer = a.confirmed = None
+        adopt(a, pair)  # the recommended settings with in_order=False (persistent workers kept)
         out["recommended"] = True
         a.notes.append(f"in_order=False: {gain:.2f}x {label(s)} in {out['rounds']} interleaved rounds (a sample "
                        f"{out['max_ms']:.1f} ms where the median is {out['median_ms']:.1f} ms held batches back); "

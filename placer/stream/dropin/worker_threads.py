@@ -1,6 +1,6 @@
 """Threads inside worker processes: whether one thread per worker is faster, where workers x threads pass the cores.
 
-May import: placer.executor.stream.worker_init, placer.stream.dropin.{headtohead,phases,samples,trial,whole}.
+May import: placer.executor.stream.worker_init, placer.stream.dropin.{headtohead,phases,samples,trial}.
 
 The rule
 --------
@@ -26,11 +26,10 @@ from __future__ import annotations
 from typing import Any
 
 from placer.executor.stream.worker_init import blas_control, blas_threads
-from placer.stream.dropin.headtohead import measured, outcome, side_by_side
+from placer.stream.dropin.headtohead import adopt, measured, outcome, side_by_side
 from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.samples import Timed
 from placer.stream.dropin.trial import label
-from placer.stream.dropin.whole import whole_run
 
 #: the threads each worker is given in the check
 ONE = 1
@@ -79,10 +78,7 @@ def consider(a: Advising, timed: Timed | None) -> dict[str, Any]:
     pair = side_by_side(a, s, s.model_copy(update={"threads_per_worker": ONE}))
     out.update(outcome(pair))
     if out["faster"]:
-        a.best = pair[1]  # its settings: the recommended ones with one thread per worker
-        a.trials.append(a.best)
-        a.run = whole_run(a.mine, a.best, a.trials, None, epochs=a.epochs, batches=a.per_epoch)
-        a.longer = a.confirmed = None
+        adopt(a, pair)  # the recommended settings with one thread per worker
         out["recommended"] = True
         a.notes.append(f"one thread per worker: {out['measured_gain']:.2f}x {label(s)} in {out['rounds']} "
                        f"interleaved rounds ({s.num_workers} workers x {threads} BLAS threads on {a.cores} cores "

@@ -5,8 +5,9 @@ May import: placer.data.stream, placer.stream.rounds, placer.stream.dropin.{deci
 
 The checks made after the search (:mod:`~placer.stream.dropin.reorder`,
 :mod:`~placer.stream.dropin.worker_threads`) each change one thing the search does not vary
-(``in_order``, the threads inside each worker) and run :data:`~placer.stream.rounds.REPEATS`
-rounds of the settings without and with it, the settings without it first in each round, within
+(``in_order``, the threads inside each worker) in the recommended settings, or in the user's where
+only theirs have worker processes (:func:`with_processes`), and run :data:`~placer.stream.rounds.REPEATS`
+rounds of the recommended settings and the changed ones, the recommended first in each round, within
 :data:`CHECK_SHARE` of the budget more. The change is faster when all those rounds ran and its runs
 beat the others' by :func:`~placer.stream.dropin.deciding.beats`: the rule every recommendation of the
 drop-in passes (fewer rounds decide nothing: one run each always has a slowest faster than a fastest).
@@ -84,6 +85,17 @@ def outcome(pair: tuple[Trial, Trial] | None) -> dict[str, Any]:
             "base_samples_per_s": [round(r, 2) for r in base.rates],
             "samples_per_s": [round(r, 2) for r in other.rates],
             "faster": len(other.rates) >= REPEATS and beats(other, base)}
+
+
+def with_processes(a: Advising, least: int) -> LoaderSettings | None:
+    """The settings a change to worker processes is tried on: the recommendation's where it has at least
+    ``least`` worker processes, else the user's where theirs do (a change the search does not vary can make
+    the user's workers beat a recommendation without worker processes), else None. Either way it is
+    measured against the recommendation."""
+    for s in (a.best.settings, a.mine.settings):
+        if not s.worker_threads and s.num_workers >= least:
+            return s
+    return None
 
 
 def adopt(a: Advising, pair: tuple[Trial, Trial]) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from placer.executor.stream.source import loader_arguments
-from placer.stream.dropin.headtohead import adopt, measured, outcome, side_by_side
+from placer.stream.dropin.headtohead import adopt, measured, outcome, side_by_side, with_processes
 from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.samples import Timed
 from placer.stream.dropin.trial import label
@@ -115,14 +115,12 @@ def predicted(costs: Sequence[Sequence[float]], workers: int, depth: int, step_s
 
 
 def why_not_tried(a: Advising) -> str | None:
-    """Why ``in_order`` cannot matter for the recommended settings (None: it can)."""
-    s = a.best.settings
+    """Why ``in_order`` cannot matter for the recommended settings nor the user's (None: it can)."""
     if "in_order" not in loader_arguments():
         return "the installed torch's DataLoader has no in_order argument"
-    if s.worker_threads:
-        return "in_order is DataLoader's: the recommended settings read with a pool of threads"
-    if s.num_workers < 2:
-        return "in_order changes nothing with fewer than two worker processes"
+    if with_processes(a, 2) is None:
+        return ("in_order changes nothing without two or more worker processes (DataLoader's, not a pool of "
+                "threads), in the recommended settings or yours")
     if not getattr(a.loader, "in_order", True):
         return "your loader already hands batches over out of order (in_order=False)"
     return None
@@ -137,27 +135,28 @@ def consider(a: Advising, timed: Timed | None, allow: bool) -> dict[str, Any]:
     if why or timed is None:
         out["why_not"] = why or "the loader has no keys to time its samples by (an iterable dataset)"
         return out
-    s = a.best.settings
+    s, base = with_processes(a, 2), a.best.settings
     per_batch_s = (a.best.samples / max(a.best.batches, 1)) / max(a.step_rate, 1e-12) if a.step_rate else 0.0
     out.update(predicted(timed.costs, s.num_workers, s.prefetch_factor or 2, per_batch_s))
     if out["predicted_gain"] < 1 + MIN_GAIN or out["slowest_batch_over_median"] < HEAVY:
         return out
     if not allow:  # the rounds could not change the advice: the gain is the replay's, and said to be
         a.notes.append(f"slow samples hold batches back (the slowest {out['max_ms']:.1f} ms, the median "
-                       f"{out['median_ms']:.1f} ms): in_order=False would be {_gain(out)}; pass "
+                       f"{out['median_ms']:.1f} ms): in_order=False would be {_gain(out)} with {label(s)}; pass "
                        f"allow_reorder=True to have it measured and, where faster, recommended: {ORDER_VARIES}")
         return out
-    pair = side_by_side(a, s, s.model_copy(update={"in_order": False}))
+    reordered = s.model_copy(update={"in_order": False})
+    pair = side_by_side(a, base, reordered)
     out.update(outcome(pair))
-    gain = out["measured_gain"]
     if out["faster"]:
-        adopt(a, pair)  # the recommended settings with in_order=False (persistent workers kept)
+        adopt(a, pair)
         out["recommended"] = True
-        a.notes.append(f"in_order=False: {gain:.2f}x {label(s)} in {out['rounds']} interleaved rounds (a sample "
-                       f"{out['max_ms']:.1f} ms where the median is {out['median_ms']:.1f} ms held batches back); "
-                       + ORDER_VARIES)
+        a.notes.append(f"in_order=False: {label(reordered)} measured {out['measured_gain']:.2f}x {label(base)} in "
+                       f"{out['rounds']} interleaved rounds (a sample {out['max_ms']:.1f} ms where the median is "
+                       f"{out['median_ms']:.1f} ms held batches back); " + ORDER_VARIES)
     else:
-        a.notes.append(f"in_order=False was measured against {label(s)}: {measured(out)}; it is not recommended")
+        a.notes.append(f"in_order=False ({label(reordered)}) was measured against {label(base)}: {measured(out)}; "
+                       "it is not recommended")
     return out
 
 

@@ -10,7 +10,8 @@ workers doing matrix work start ``W x T`` threads. Where that passes the cores (
 pool's threads as this process holds them, which a worker starts with) and reading a sample keeps
 other threads busy (all threads' CPU seconds over the reading thread's pass :data:`BUSY`, timed as a
 worker reads it: :func:`~placer.stream.dropin.samples.time_samples`), the recommended settings
-with one thread per worker (``threads_per_worker=1``: a ``worker_init_fn`` that sets torch's
+(or the user's, where only theirs have worker processes) with one thread per worker
+(``threads_per_worker=1``: a ``worker_init_fn`` that sets torch's
 threads and the BLAS pools, :class:`~placer.executor.stream.worker_init.WorkerThreads`, then calls
 the user's own) are measured against them in interleaved rounds
 (:mod:`~placer.stream.dropin.headtohead`), and recommended when faster by the drop-in's rule.
@@ -26,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from placer.executor.stream.worker_init import blas_control, blas_threads
-from placer.stream.dropin.headtohead import adopt, measured, outcome, side_by_side
+from placer.stream.dropin.headtohead import adopt, measured, outcome, side_by_side, with_processes
 from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.samples import Timed
 from placer.stream.dropin.trial import label
@@ -51,16 +52,16 @@ def oversubscribed(workers: int, threads: int, cores: int) -> bool:
 
 
 def consider(a: Advising, timed: Timed | None) -> dict[str, Any]:
-    """Measure the recommended settings with one thread per worker where workers x threads pass the cores and
-    the ``timed`` samples kept several cores busy; recommend it where faster. Returns what the advice
-    reports (``advice.per_worker_threads``)."""
-    s, control = a.best.settings, blas_control()
-    threads = blas_threads()
-    out: dict[str, Any] = {"workers": s.num_workers, "blas_threads": threads, "cores": a.cores,
+    """Measure one thread per worker (in the recommended settings, or the user's where only theirs have worker
+    processes: :func:`~placer.stream.dropin.headtohead.with_processes`) against the recommendation where
+    workers x threads pass the cores and the ``timed`` samples kept several threads busy; recommend it where
+    faster. Returns what the advice reports (``advice.per_worker_threads``)."""
+    s, control, threads = with_processes(a, 1), blas_control(), blas_threads()
+    out: dict[str, Any] = {"workers": 0 if s is None else s.num_workers, "blas_threads": threads, "cores": a.cores,
                            "blas_control": control, "recommended": False,
                            "threads_busy": None if timed is None else round(timed.threads_busy, 2)}
-    if s.worker_threads or not s.num_workers:
-        out["why_not"] = "no worker processes in the recommended settings"
+    if s is None:
+        out["why_not"] = "no worker processes in the recommended settings nor in yours"
         return out
     if s.threads_per_worker is not None:
         out["why_not"] = f"the threads per worker are set already ({s.threads_per_worker})"
@@ -75,15 +76,16 @@ def consider(a: Advising, timed: Timed | None) -> dict[str, Any]:
         out["why_not"] = ("reading a sample kept no other thread busy: it runs no threads of its own"
                           if timed is not None else "the loader has no keys to time its samples by")
         return out
-    pair = side_by_side(a, s, s.model_copy(update={"threads_per_worker": ONE}))
+    base, one = a.best.settings, s.model_copy(update={"threads_per_worker": ONE})
+    pair = side_by_side(a, base, one)
     out.update(outcome(pair))
     if out["faster"]:
-        adopt(a, pair)  # the recommended settings with one thread per worker
+        adopt(a, pair)
         out["recommended"] = True
-        a.notes.append(f"one thread per worker: {out['measured_gain']:.2f}x {label(s)} in {out['rounds']} "
-                       f"interleaved rounds ({s.num_workers} workers x {threads} BLAS threads on {a.cores} cores "
-                       "took turns); advice.loader() sets it with a worker_init_fn that calls yours after it "
-                       f"(placer.stream.WorkerThreads({ONE}, your_worker_init_fn))")
+        a.notes.append(f"one thread per worker: {label(one)} measured {out['measured_gain']:.2f}x {label(base)} in "
+                       f"{out['rounds']} interleaved rounds ({s.num_workers} workers x {threads} BLAS threads on "
+                       f"{a.cores} cores took turns); advice.loader() sets it with a worker_init_fn that calls yours "
+                       f"after it (placer.stream.WorkerThreads({ONE}, your_worker_init_fn))")
     elif out["measured_gain"] is not None:
         a.notes.append(f"one thread per worker ({s.num_workers} workers x {threads} BLAS threads on {a.cores} "
                        f"cores) measured {measured(out)}: your workers' threads are kept")

@@ -43,9 +43,9 @@ from placer.stream.dropin.trial import label
 from placer.stream.rounds import MIN_GAIN
 
 #: a tail holds batches back only where the slowest batch timed costs this many times the median batch: on a
-#: machine shared with other work a hiccup doubles a sample's time now and then, which the replay alone would
-#: read as a tail
-HEAVY = 3.0
+#: machine shared with other work, its load multiplies a sample's time now and then (by up to several times
+#: on a loaded 2-core machine, even as the least of three timings), which the replay alone would read as a tail
+HEAVY = 4.0
 #: the batches replayed: the timed ones repeated to fill this many windows of outstanding batches
 WINDOWS = 8
 

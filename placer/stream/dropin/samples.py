@@ -85,16 +85,16 @@ def time_samples(loader: Any, batches: int, deadline: Deadline) -> Timed | None:
     return Timed(tuple(map(tuple, out)), own, sum(spent.values())) if out else None
 
 
-#: the slowest samples timed again: this share of them, at least :data:`AGAIN_LEAST`
-AGAIN_SHARE, AGAIN_LEAST = 0.05, 4
+#: the slowest samples timed again: this share of them, at least :data:`AGAIN_LEAST`, :data:`AGAIN` times more
+AGAIN_SHARE, AGAIN_LEAST, AGAIN = 0.05, 4, 2
 
 
 def _again(dataset: Any, keys: list[list[Any]], costs: list[list[float]]) -> None:
-    """Time the slowest samples once more and keep the lesser time of each: a machine shared with other work
-    only ever adds to a sample's time, so a sample slow twice is slow, one slow once met a hiccup."""
+    """Time the slowest samples again and keep the least time of each: a machine shared with other work only
+    ever adds to a sample's time, so a sample slow every time is slow, one slow once met a hiccup."""
     timed = sorted(((c, b, i) for b, each in enumerate(costs) for i, c in enumerate(each)), reverse=True)
     for _, b, i in timed[:max(AGAIN_LEAST, int(AGAIN_SHARE * len(timed)))]:
-        costs[b][i] = min(costs[b][i], _seconds(dataset, keys[b][i]))
+        costs[b][i] = min([costs[b][i], *(_seconds(dataset, keys[b][i]) for _ in range(AGAIN))])
 
 
 def _seconds(dataset: Any, key: Any) -> float:

@@ -52,3 +52,15 @@ def check(loader: Any, step: Any, *, batches: Any, budget_s: Any, epochs: Any) -
                                     f"(got {type(value).__name__}); {fix}")
         if value < least:
             raise ArgumentError(f"advise_loader: {name}={value!r}: {name} must be at least {least}; {fix}")
+
+
+def check_memory(memory_bytes: Any) -> None:
+    """Refuse a ``memory_bytes`` that is not a whole number of bytes above 0 (None: the default budget)."""
+    if memory_bytes is None:
+        return
+    fix = "e.g. memory_bytes=8 * 2**30 for 8 GiB, or leave it out for the memory available less a margin"
+    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, numbers.Integral):
+        raise ArgumentTypeError(f"advise_loader: memory_bytes={_what(memory_bytes)}: memory_bytes must be a whole "
+                                f"number of bytes (got {type(memory_bytes).__name__}); {fix}")
+    if memory_bytes <= 0:
+        raise ArgumentError(f"advise_loader: memory_bytes={memory_bytes!r}: memory_bytes must be above 0; {fix}")

@@ -68,6 +68,9 @@ class LoaderAdvice:
     user_speeds: dict[str, Any] | None = None
     #: where the runs were made: ``fresh processes`` (as the script starts) or ``this process``
     runs_in: str = "this process"
+    #: the memory budget and each setting's memory over the run (:mod:`placer.stream.dropin.fits`): ``budget_bytes``,
+    #: ``budget_from``, ``user`` and ``recommended`` (projected: ``main``, ``workers``, ``total``), ``over_budget``
+    memory: dict[str, Any] | None = None
 
     @property
     def steady_speedup(self) -> float:
@@ -115,6 +118,8 @@ class LoaderAdvice:
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
             "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
             "user_speeds": self.user_speeds, "runs_in": self.runs_in,
+            "projected_memory_bytes": None if self.memory is None else self.memory["recommended"],
+            "memory": self.memory,
             **_target_dict(self.target),
             "cache": None if self.cache is None else self.cache.as_dict(),
         }

@@ -1,7 +1,8 @@
 """The drop-in's entry point: :func:`advise_loader`, its phases in order, and the advice they make.
 
-May import: placer.devices, placer.timing, placer.stream.keep, placer.stream.dropin.{advice,caching,deciding,guards,measuring,phases,
-space,trial,whole,words}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
+May import: placer.devices, placer.timing, placer.stream.arguments, placer.stream.keep,
+placer.stream.dropin.{advice,caching,deciding,fits,guards,measuring,phases,space,trial,whole,words}; torch,
+placer.stream.target_loader and placer.stream.precision_advice inside functions.
 
 How it decides
 --------------
@@ -20,6 +21,8 @@ otherwise the advice keeps the user's settings and says the difference is within
 Before that, settings run once that read faster than every repeated one are repeated with the
 user's (:func:`rivals`): a single run's lead is often luck, and so is a finalist's.
 A cache the advice offers is in the whole run it claims (:func:`with_cache`).
+Settings whose memory over the user's run would pass ``memory_bytes`` are not recommended
+(:mod:`~placer.stream.dropin.fits`; each run's memory: :mod:`~placer.stream.dropin.memory`).
 
 The space: worker processes 0, 1, 2 and the cores, thread workers 1, 2 and the cores
 (a :class:`~placer.executor.stream.threadloader.ThreadLoader`), then more workers of each kind
@@ -37,7 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 from placer.devices import Device
-from placer.stream.dropin import phases, space
+from placer.stream import arguments
+from placer.stream.dropin import fits, phases, space
 from placer.stream.dropin.advice import LoaderAdvice
 from placer.stream.dropin.deciding import decided_by, user_speeds
 from placer.stream.dropin.guards import draws_unseeded, random_state_kept
@@ -54,7 +58,7 @@ from placer.timing import allocator_as_is
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
                   device: Any = None, target: Any = None, cache_bytes: int | None = None,
                   epochs: int = 1, precision: Any = None, state: Any = None,
-                  fresh: bool | None = None) -> LoaderAdvice:
+                  fresh: bool | None = None, memory_bytes: int | None = None) -> LoaderAdvice:
     """Measure a DataLoader with a train step and recommend DataLoader settings (how: the module's docstring).
 
     Parameters
@@ -96,6 +100,12 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         Make each run in a fresh process, as the script starts (:mod:`placer.stream.fresh`). Default:
         so where it can be (Linux, a step on the CPU, a loader and step that pickle), else in this
         process, as ``PLACER_FRESH_RUNS=0`` asks; the advice's notes say which, and why.
+    memory_bytes : int, optional
+        The memory the script's process and its loader's workers may hold together over the whole run
+        (bytes). A setting whose projected memory passes it is not recommended (the advice says why, what it
+        would take, and the fix where workers copy the Dataset's Python objects). Default: the memory
+        available and what this process holds, less a tenth of the machine's memory (at least 512 MiB:
+        :func:`~placer.stream.dropin.fits.default_budget`).
 
     Returns
     -------
@@ -103,7 +113,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     """
     from torch.utils.data import IterableDataset
 
+    arguments.check_memory(memory_bytes)
     a = phases.start(loader, step, device=device, batches=batches, budget_s=budget_s, epochs=epochs)
+    a.memory_budget = fits.budget_for(memory_bytes)
     if epochs < 1:
         raise ValueError(f"advise_loader: epochs={epochs}: the script's run has at least one epoch")
     cands = space.candidates(a.user, cores=a.cores, gpu=a.dev.is_gpu,
@@ -118,7 +130,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         phases.confirm_longer(a)
     phases.conclude(a)
     phases.weigh_cache(a)
+    fits.hold(a)
     advice = written(a, runs_in["where"])
+    fits.said(advice, a)
     with random_state_kept(loader):
         extras(advice, a, target=target, precision=precision, state=state)
     return advice

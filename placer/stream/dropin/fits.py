@@ -1,0 +1,158 @@
+"""The memory budget of :func:`~placer.stream.dropin.advise_loader`: settings that would not fit are not recommended.
+
+May import: placer.stream.procmem, placer.stream.dropin.{deciding,memory,trial,whole}; psutil inside functions.
+
+A setting's memory over the user's run is projected by :func:`~placer.stream.dropin.memory.projected`
+(the rule: :mod:`placer.stream.dropin.memory`), with the settings it would be recommended with (worker
+processes kept between epochs: :func:`~placer.stream.dropin.deciding.persistent`). A setting whose projection
+passes the budget (``memory_bytes=``; default: :func:`default_budget`) is set aside after its first run
+(:func:`set_aside`), before the repeated runs that decide: it is not recommended, and the advice says why,
+what it would take, and, where its workers grow by copying the Dataset's Python objects, the fix. A
+recommendation whose longer runs project it past the budget gives way to the user's settings (:func:`hold`).
+The user's own settings are always measured; where they pass the budget, the advice says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from placer.stream import procmem
+from placer.stream.dropin.deciding import persistent
+from placer.stream.dropin.memory import combined, mib, projected
+from placer.stream.dropin.trial import Trial, label
+from placer.stream.dropin.whole import whole_run
+
+#: the default budget leaves this share of the machine's memory free, and at least ``MARGIN_MIN_BYTES``:
+#: the kernel's "available" is an estimate, the page cache and other processes move, and a machine whose
+#: last tenth is taken swaps or meets the out-of-memory killer before it is full
+MARGIN_SHARE = 0.10
+MARGIN_MIN_BYTES = 512 * 2**20
+#: a Dataset attribute holding at least this many Python objects (a list, tuple, dict or set) is named as
+#: the likely source of the workers' copy-on-read
+MANY_OBJECTS = 10_000
+
+
+def default_budget() -> tuple[int | None, str]:
+    """The memory the script's process and its loader's workers may hold (bytes), and how it was made: the
+    memory available now and what this process already holds (it is the script's main process), less a
+    margin (``MARGIN_SHARE`` of the machine, at least ``MARGIN_MIN_BYTES``). None where psutil is missing."""
+    try:
+        import psutil
+    except ImportError:
+        return None, "psutil is not installed: memory was not weighed"
+    vm = psutil.virtual_memory()
+    own = (procmem.sizes() or {"anon": 0})["anon"]
+    margin = max(MARGIN_SHARE * vm.total, MARGIN_MIN_BYTES)
+    budget = int(vm.available + own - margin)
+    return budget, (f"the memory available ({mib(vm.available)}) and this process's own ({mib(own)}), less a "
+                    f"margin of {mib(margin)} ({MARGIN_SHARE:.0%} of the machine's {mib(vm.total)})")
+
+
+def budget_for(memory_bytes: int | None) -> dict[str, Any]:
+    """``{"bytes", "from"}``: the budget given, or the default."""
+    if memory_bytes is not None:
+        return {"bytes": int(memory_bytes), "from": "memory_bytes"}
+    b, why = default_budget()
+    return {"bytes": b, "from": why}
+
+
+def over_run(t: Trial, a: Any, *, as_recommended: bool = True) -> dict[str, Any] | None:
+    """``t``'s memory over the user's run (``a``: the advice in the making), with the settings it would be
+    recommended with."""
+    s = persistent(t).settings if as_recommended else t.settings
+    return projected(t.memory, s, a.epochs, a.per_epoch)
+
+
+def passes(t: Trial, a: Any, *, as_recommended: bool = True) -> bool:
+    """Whether ``t``'s projected memory passes the budget."""
+    p, b = over_run(t, a, as_recommended=as_recommended), a.memory_budget["bytes"]
+    return p is not None and b is not None and p["total"] > b
+
+
+def set_aside(a: Any) -> None:
+    """Move the settings (not the user's) whose projection passes the budget from ``a.trials`` to ``a.over_memory``."""
+    if a.memory_budget is None or a.memory_budget["bytes"] is None:
+        return
+    over = [t for t in a.trials[1:] if passes(t, a)]
+    a.trials = [t for t in a.trials if t not in over]
+    a.over_memory += over
+
+
+def hold(a: Any) -> None:
+    """Keep the user's settings where the recommendation, with every run of it (its longer runs too), passes
+    the budget."""
+    best, mine = a.best, a.mine
+    if best is mine or a.memory_budget is None or a.memory_budget["bytes"] is None:
+        return
+    runs = best if a.longer is None else _with_longer(best, a.longer[1])
+    if not passes(runs, a, as_recommended=False):
+        return
+    a.noise = f"{label(best.settings)} was measured faster, but {over_budget(runs, a, as_recommended=False)}"
+    a.best, a.confirmed = mine, None
+    a.run = whole_run(mine, mine, a.trials, None, epochs=a.epochs, batches=a.per_epoch)
+    a.threads_helped()
+
+
+def _with_longer(best: Trial, longer: Trial) -> Trial:
+    return replace(best, memory=combined([best.memory, longer.memory]))
+
+
+def over_budget(t: Trial, a: Any, *, as_recommended: bool = True) -> str:
+    """Why ``t`` is not recommended, in words: its projection, the budget, what it would take, and the fix."""
+    p = over_run(t, a, as_recommended=as_recommended)
+    b = a.memory_budget
+    what = (f"over your run ({p['epochs']} epoch{'s' if p['epochs'] != 1 else ''} x {p['batches']:,} batches) it "
+            f"would hold {mib(p['total'])}" if p.get("extrapolated") else f"it held {mib(p['total'])}")
+    out = (f"{what} (main process {mib(p['main'])}, workers {mib(p['workers'])}), over the memory budget of "
+           f"{mib(b['bytes'])} ({b['from']}): it would take {mib(p['total'] - b['bytes'])} more")
+    per = p["workers"] / t.memory.processes if t.memory.processes else 0
+    if per > 0 and b["bytes"] > p["main"]:
+        fit = int((b["bytes"] - p["main"]) // per)
+        out += f", or at most {fit} worker process{'es' if fit != 1 else ''} ({mib(per)} each)"
+    return out + copy_on_read(t, a)
+
+
+def copy_on_read(t: Trial, a: Any) -> str:
+    """Where the workers grew while reading, the cause and the fix (the Dataset's Python objects, named)."""
+    m = t.memory
+    if m is None or not m.processes or m.per_batch["workers"] <= 0:
+        return ""
+    each = m.per_batch["workers"] * 100 / m.processes
+    held = python_objects(getattr(a.loader, "dataset", None))
+    where = f" ({'; '.join(held)})" if held else ""
+    return (f". Its workers grew {mib(each)} each per 100 batches while they read: a worker process copies every "
+            f"page of the Dataset's Python objects it reads (reading a list's or a dict's items writes their "
+            f"reference counts: copy-on-read){where}. Keep such data in numpy arrays or torch tensors (strings as "
+            "one array of bytes with offsets, records as columns): workers read those without copying them")
+
+
+def python_objects(dataset: Any) -> list[str]:
+    """The Dataset's attributes that hold many Python objects (``MANY_OBJECTS``): ``self.items: a list of
+    300,000 dict``; those of a wrapped Dataset (``.dataset``) too."""
+    out: list[str] = []
+    seen: set[int] = set()
+    while dataset is not None and id(dataset) not in seen:
+        seen.add(id(dataset))
+        for name, value in (getattr(dataset, "__dict__", None) or {}).items():
+            if isinstance(value, (list, tuple, dict, set)) and len(value) >= MANY_OBJECTS:
+                first = next(iter(value.values() if isinstance(value, dict) else value))
+                out.append(f"self.{name}: a {type(value).__name__} of {len(value):,} {type(first).__name__}")
+        dataset = getattr(dataset, "dataset", None)
+    return out
+
+
+def said(advice: Any, a: Any) -> None:
+    """The advice's memory: the set-aside settings in its table and notes, the budget and the projections in
+    ``advice.memory``."""
+    if a.memory_budget is None:
+        return
+    advice.trials += [t for t in a.over_memory if all(t is not u for u in advice.trials)]
+    rec = over_run(a.best, a, as_recommended=False)
+    advice.memory = {"budget_bytes": a.memory_budget["bytes"], "budget_from": a.memory_budget["from"],
+                     "user": over_run(a.mine, a, as_recommended=False), "recommended": rec,
+                     "over_budget": [{"settings": label(t.settings), "projected": over_run(t, a),
+                                      "why": over_budget(t, a)} for t in a.over_memory]}
+    advice.notes += [f"not recommended, {label(t.settings)}: {over_budget(t, a)}" for t in a.over_memory]
+    if passes(a.mine, a, as_recommended=False):
+        advice.notes.append(f"your settings: {over_budget(a.mine, a, as_recommended=False)}")

@@ -1,0 +1,124 @@
+"""The memory each setting of the drop-in holds: measured where the loader runs, projected over the run, budgeted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+psutil = pytest.importorskip("psutil")
+from torch.utils.data import DataLoader
+
+from placer.errors import ArgumentError, ArgumentTypeError
+from placer.stream import procmem
+from placer.stream.dropin import advise_loader
+from placer.stream.dropin.memory import NOISE_BYTES, RunMemory, combined, growth, projected
+from placer.data.stream import LoaderSettings
+from records import Records
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                           reason="unique and proportional set sizes are read from /proc/PID/smaps_rollup (Linux)")
+
+
+def step(batch):
+    return batch.sum()
+
+
+def _script_reads(workers: int, batches: int) -> tuple[int, int]:
+    """The worker processes' unique set sizes (summed) and count, as psutil reads them in a script of its own
+    (the process a user's script runs in) that iterates the same loader ``batches`` batches."""
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("records.py")), str(workers), str(batches)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    uss, n = out.stdout.split()
+    return int(uss), int(n)
+
+
+@pytest.fixture(scope="module")
+def records():
+    return Records()
+
+
+@linux
+def test_the_advice_reads_each_worker_as_psutil_reads_the_running_workers(records):
+    loader = DataLoader(records, batch_size=64, num_workers=2)
+    advice = advise_loader(loader, step, budget_s=3, epochs=2, cache_bytes=0)
+    mine = advice.user.memory
+    assert mine is not None and mine.processes == 2
+    d = json.loads(advice.to_json())["user"]["memory_bytes"]
+    assert d["workers"] == mine.end["workers"] and d["worker_processes"] == 2
+    # the advice's figure is the largest end of its runs of these settings (the longest run's): a script that
+    # builds the same loader reads its workers at that length, each run reading from the start of an epoch
+    longest = max(n for n, _, _ in advice.user.each_read)
+    theirs, n = _script_reads(2, longest)
+    ours = mine.end["workers"] / mine.processes
+    assert abs(ours - theirs / n) <= 0.25 * theirs / n, (ours, theirs / n)
+    # the main process's figure is its own memory, the records counted once though the workers share them
+    assert mine.end["main"] > 30 * 2**20
+
+
+@linux
+def test_a_setting_over_the_memory_budget_is_not_recommended_and_the_advice_says_why(records):
+    loader = DataLoader(records, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
+    # the test's own process holds the records; the runs stay here, so the budget is its memory and a little:
+    # the user's settings (no workers) fit, and any worker process that copies the records does not
+    here = procmem.sizes()["anon"]
+    budget = here + 48 * 2**20
+    advice = advise_loader(loader, step, budget_s=6, epochs=3, cache_bytes=0, fresh=False, memory_bytes=budget)
+    d = advice.as_dict()
+    assert d["memory"]["budget_bytes"] == budget and d["memory"]["budget_from"] == "memory_bytes"
+    assert d["projected_memory_bytes"]["total"] <= budget
+    assert d["memory"]["user"]["total"] <= budget
+    rec = advice.recommended.settings
+    assert rec.num_workers == 0 or rec.worker_threads
+    over = d["memory"]["over_budget"]
+    assert over, "no setting with worker processes was measured"
+    for o in over:
+        assert o["projected"]["total"] > budget
+        assert "over the memory budget" in o["why"] and "it would take" in o["why"]
+    with_workers = [o for o in over if "(processes)" in o["settings"]]
+    assert any("self.items: a list of 300,000 dict" in o["why"] and "numpy arrays" in o["why"]
+               for o in with_workers), [o["why"] for o in with_workers]
+    text = str(advice)
+    assert "not recommended" in text and "Memory (budget" in text
+    # the set-aside settings are in the table and the JSON, with their memory
+    assert any(t["memory_bytes"] and t["memory_bytes"]["worker_processes"] for t in d["trials"])
+
+
+def test_growth_is_the_smaller_halfs_and_a_step_in_one_half_is_not_extrapolated():
+    mb = 2**20
+    start = {"main": 100 * mb, "workers": 20 * mb, "processes": 2}
+    mid = {"main": 140 * mb, "workers": 30 * mb, "processes": 2}
+    end = {"main": 140 * mb, "workers": 40 * mb, "processes": 2}
+    g = growth(start, mid, end, (10, 10))
+    assert g == {"main": 0.0, "workers": mb}
+    # under the noise floor (per process): none
+    assert growth(start, None, {**start, "workers": start["workers"] + NOISE_BYTES}, (10, 0))["workers"] == 0
+
+
+def test_the_projection_follows_the_workers_lives_and_is_capped_by_what_they_can_copy():
+    mb = 2**20
+    m = RunMemory(start={"main": 200 * mb, "workers": 20 * mb, "processes": 2},
+                  end={"main": 200 * mb, "workers": 30 * mb, "processes": 2},
+                  per_batch={"main": 0.0, "workers": 0.1 * mb}, batches=100)
+    two = LoaderSettings(num_workers=2, persistent_workers=False)
+    p = projected(m, two, epochs=5, per_epoch=1000)
+    assert p["workers"] == 20 * mb + 100 * mb and p["main"] == 200 * mb  # one epoch's life: they restart
+    kept = projected(m, two.model_copy(update={"persistent_workers": True}), epochs=5, per_epoch=1000)
+    assert kept["workers"] == 20 * mb + 400 * mb and kept.get("capped")  # five epochs' 500 MiB, capped at 2 x 200
+    assert projected(m, two, epochs=5, per_epoch=None)["total"] == m.total  # no length: the measured end
+    both = combined([m, RunMemory(start=m.start, end={**m.end, "workers": 50 * mb},
+                                  per_batch={"main": 0.0, "workers": 0.3 * mb}, batches=50)])
+    assert both.end["workers"] == 50 * mb and both.per_batch["workers"] == pytest.approx(0.2 * mb)
+    assert both.runs == 2 and both.batches == 150
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ArgumentError), (0, ArgumentError), (1.5e9, ArgumentTypeError),
+                                        ("8G", ArgumentTypeError), (True, ArgumentTypeError)])
+def test_memory_bytes_must_be_a_whole_number_of_bytes_above_zero(bad, error):
+    loader = DataLoader(list(range(8)), batch_size=2)
+    with pytest.raises(error, match="memory_bytes"):
+        advise_loader(loader, step, budget_s=1, memory_bytes=bad)

@@ -1,7 +1,7 @@
 """A Dataset of Python records whose worker processes grow as they read it (copy-on-read), and a reading of them.
 
 Test helper (not part of placer). May import: torch, psutil. Run as a script (``python records.py WORKERS
-BATCHES``), it builds the loader as a user's script would, reads that many batches and prints its worker
+BATCHES``), it builds the loader (:func:`loader`) as a user's script would, reads that many batches and prints its worker
 processes' unique set sizes, summed, and how many there are, as psutil reads them from the running workers.
 """
 
@@ -45,6 +45,13 @@ def workers_uss(loader: DataLoader, batches: int) -> tuple[int, int]:
         it._shutdown_workers()
 
 
+def loader(records: Records, workers: int) -> DataLoader:
+    """The loader the tests advise on: shuffled from a seeded generator, so that the script below reads in the
+    order the advice's first run reads."""
+    return DataLoader(records, batch_size=64, num_workers=workers, shuffle=True,
+                      generator=torch.Generator().manual_seed(0))
+
+
 if __name__ == "__main__":
     workers, batches = int(sys.argv[1]), int(sys.argv[2])
-    print(*workers_uss(DataLoader(Records(), batch_size=64, num_workers=workers), batches))
+    print(*workers_uss(loader(Records(), workers), batches))

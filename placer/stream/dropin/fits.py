@@ -14,6 +14,7 @@ The user's own settings are always measured; where they pass the budget, the adv
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -61,7 +62,9 @@ def over_run(t: Trial, a: Any, *, as_recommended: bool = True) -> dict[str, Any]
     """``t``'s memory over the user's run (``a``: the advice in the making), with the settings it would be
     recommended with."""
     s = persistent(t).settings if as_recommended else t.settings
-    return projected(t.memory, s, a.epochs, a.per_epoch)
+    if "copyable" not in a.memory_budget:
+        a.memory_budget["copyable"] = python_bytes(getattr(a.loader, "dataset", None))
+    return projected(t.memory, s, a.epochs, a.per_epoch, copyable=a.memory_budget["copyable"])
 
 
 def passes(t: Trial, a: Any, *, as_recommended: bool = True) -> bool:
@@ -109,7 +112,8 @@ def over_budget(t: Trial, a: Any, *, as_recommended: bool = True) -> str:
     per = p["workers"] / t.memory.processes if t.memory.processes else 0
     if per > 0 and b["bytes"] > p["main"]:
         fit = int((b["bytes"] - p["main"]) // per)
-        out += f", or at most {fit} worker process{'es' if fit != 1 else ''} ({mib(per)} each)"
+        out += (f", or at most {fit} worker process{'es' if fit != 1 else ''} ({mib(per)} each)" if fit else
+                f"; not one worker process fits beside the main process ({mib(per)} each)")
     return out + copy_on_read(t, a)
 
 
@@ -140,6 +144,46 @@ def python_objects(dataset: Any) -> list[str]:
                 out.append(f"self.{name}: a {type(value).__name__} of {len(value):,} {type(first).__name__}")
         dataset = getattr(dataset, "dataset", None)
     return out
+
+
+#: items of a container sampled to size it (:func:`python_bytes`)
+SAMPLED = 200
+
+
+def python_bytes(dataset: Any) -> int | None:
+    """The bytes of the Python objects held in the Dataset's attributes of many (:func:`python_objects`; those of
+    a wrapped ``.dataset`` too), from the deep size of ``SAMPLED`` items of each; None where it holds none.
+    What a worker can copy by reading them.
+
+    >>> class Records:
+    ...     def __init__(self):
+    ...         self.items = [{"id": i, "tags": [i]} for i in range(MANY_OBJECTS)]
+    >>> 100 * MANY_OBJECTS < python_bytes(Records()) < 1000 * MANY_OBJECTS
+    True
+    """
+    total, found, seen = 0, False, set()
+    while dataset is not None and id(dataset) not in seen:
+        seen.add(id(dataset))
+        for value in (getattr(dataset, "__dict__", None) or {}).values():
+            if isinstance(value, (list, tuple, dict, set)) and len(value) >= MANY_OBJECTS:
+                items = list(value.values() if isinstance(value, dict) else value) if not isinstance(value, list) \
+                    else value
+                step = max(len(items) // SAMPLED, 1)
+                sample = items[::step][:SAMPLED]
+                total += sys.getsizeof(value) + len(items) * sum(_deep(x) for x in sample) // len(sample)
+                found = True
+        dataset = getattr(dataset, "dataset", None)
+    return total if found else None
+
+
+def _deep(x: Any, depth: int = 3) -> int:
+    """An object's size with what it holds (``depth`` levels; small ints and interned strings are shared)."""
+    n = sys.getsizeof(x)
+    if depth and isinstance(x, dict):
+        n += sum(_deep(v, depth - 1) for v in x.values())
+    elif depth and isinstance(x, (list, tuple, set, frozenset)):
+        n += sum(_deep(v, depth - 1) for v in x)
+    return n
 
 
 def said(advice: Any, a: Any) -> None:

@@ -23,8 +23,10 @@ batches an epoch):
 - the main process lives through every batch: ``main = main at the start + growth x epochs x batches``;
 - the workers live through one epoch (they start again each epoch), or through the whole run with
   ``persistent_workers`` (as the drop-in recommends them): ``workers = workers at the start + growth x the
-  batches they live through``, the growth capped at the main process's memory per worker (copy-on-read
-  cannot copy more than the process it forked from holds; a worker that leaks past that is understated);
+  batches they live through``, the growth capped per worker at the Dataset's Python objects where it holds
+  many (copy-on-read copies a page once: a worker that has read every record grows no more), else at the
+  main process's memory (no worker copies more than the process it forked from holds); a worker that
+  leaks past that cap is understated;
 - neither is below what the runs measured at their end.
 
 Where the batches an epoch are unknown (an iterable dataset without a length), the projection is the
@@ -165,16 +167,18 @@ def lives(settings: Any, epochs: int, per_epoch: int) -> int:
     return per_epoch * (epochs if persistent else 1)
 
 
-def projected(m: RunMemory | None, settings: Any, epochs: int, per_epoch: int | None) -> dict[str, Any] | None:
+def projected(m: RunMemory | None, settings: Any, epochs: int, per_epoch: int | None,
+              copyable: int | None = None) -> dict[str, Any] | None:
     """The memory over the user's run (bytes: ``main``, ``workers``, ``total``), by the module's rule; None
-    where nothing was measured."""
+    where nothing was measured. ``copyable``: the bytes of Python objects a worker can copy by reading the
+    Dataset (:func:`~placer.stream.dropin.fits.python_bytes`), a tighter cap than the main process's memory."""
     if m is None:
         return None
     if not per_epoch:
         return {"main": m.end["main"], "workers": m.end["workers"], "total": m.total, "extrapolated": False}
     main = max(m.end["main"], m.start["main"] + m.per_batch["main"] * epochs * per_epoch)
     grown = m.per_batch["workers"] * lives(settings, epochs, per_epoch)
-    cap = m.processes * m.start["main"]
+    cap = m.processes * min(m.start["main"], copyable or m.start["main"])
     workers = max(m.end["workers"], m.start["workers"] + min(grown, cap))
     return {"main": int(main), "workers": int(workers), "total": int(main + workers), "extrapolated": True,
             "epochs": epochs, "batches": per_epoch, "worker_batches": lives(settings, epochs, per_epoch),

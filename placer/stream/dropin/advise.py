@@ -101,11 +101,8 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         so where it can be (Linux, a step on the CPU, a loader and step that pickle), else in this
         process, as ``PLACER_FRESH_RUNS=0`` asks; the advice's notes say which, and why.
     memory_bytes : int, optional
-        The memory the script's process and its loader's workers may hold together over the whole run
-        (bytes). A setting whose projected memory passes it is not recommended (the advice says why, what it
-        would take, and the fix where workers copy the Dataset's Python objects). Default: the memory
-        available and what this process holds, less a tenth of the machine's memory (at least 512 MiB:
-        :func:`~placer.stream.dropin.fits.default_budget`).
+        Bytes the script's process and its loader's workers may hold over the run: settings projected past it
+        are not recommended (:mod:`~placer.stream.dropin.fits`; default: the memory available less a margin).
 
     Returns
     -------

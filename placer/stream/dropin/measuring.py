@@ -87,8 +87,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     rate the batches read over the time taken): a setting whose first batches come after the user's
     whole run would have ended cannot make it faster, and runs of settings slow to start would spend the
     budget the user's settings need for their repeats.
-    The memory of this process and of the loader's workers is read after the warm-up, half-way and at the
-    end (:class:`~placer.stream.dropin.memory.Watch`; the half-way reading is out of the timed window).
+    Memory is read after the warm-up, half-way (out of the timed window) and at the end (:class:`Watch`).
     """
     count = count or counter_of(loader)
     waits = Timings()
@@ -118,14 +117,13 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                     fetches.append(fetch)
                     sizes.append(count(batch))
                     counted += 1
+                    mem.counted(counted)
                 else:
                     early += count(batch)
                 if keep is not None and len(keep) < 4:
                     keep.append(batch)
                 if step is not None:
                     step(batch)
-                if i >= warmup:
-                    mem.counted(counted)
                 if counted and deadline.passed():
                     break
                 if not counted and give_up_s is not None and run.elapsed() > give_up_s:

@@ -108,11 +108,12 @@ def test_a_setting_over_the_memory_budget_is_not_recommended_and_the_advice_says
     for o in over:
         assert o["projected"]["total"] > budget
         assert "over the memory budget" in o["why"] and "it would take" in o["why"]
+    # the workers grew by copying the records they read: the cause named, with the fix
     with_workers = [o for o in over if "(processes)" in o["settings"]]
-    assert any("self.items: a list of 300,000 dict" in o["why"] and "numpy arrays" in o["why"]
-               for o in with_workers), [o["why"] for o in with_workers]
+    assert any(o["copy_on_read"] and "self.items: a list of 300,000 dict" in o["copy_on_read"]
+               and "numpy arrays" in o["copy_on_read"] for o in with_workers), with_workers
     text = str(advice)
-    assert "not recommended" in text and "Memory (budget" in text
+    assert "not recommended" in text and "Memory (budget" in text and "copy-on-read" in text
     # the set-aside settings are in the table and the JSON, with their memory
     assert any(t["memory_bytes"] and t["memory_bytes"]["worker_processes"] for t in d["trials"])
 

@@ -102,7 +102,7 @@ def _with_longer(best: Trial, longer: Trial) -> Trial:
 
 
 def over_budget(t: Trial, a: Any, *, as_recommended: bool = True) -> str:
-    """Why ``t`` is not recommended, in words: its projection, the budget, what it would take, and the fix."""
+    """Why ``t`` is not recommended, in words: its projection, the budget and what it would take."""
     p = over_run(t, a, as_recommended=as_recommended)
     b = a.memory_budget
     what = (f"over your run ({p['epochs']} epoch{'s' if p['epochs'] != 1 else ''} x {p['batches']:,} batches) it "
@@ -114,21 +114,22 @@ def over_budget(t: Trial, a: Any, *, as_recommended: bool = True) -> str:
         fit = int((b["bytes"] - p["main"]) // per)
         out += (f", or at most {fit} worker process{'es' if fit != 1 else ''} ({mib(per)} each)" if fit else
                 f"; not one worker process fits beside the main process ({mib(per)} each)")
-    return out + copy_on_read(t, a)
+    return out
 
 
-def copy_on_read(t: Trial, a: Any) -> str:
-    """Where the workers grew while reading, the cause and the fix (the Dataset's Python objects, named)."""
+def copy_on_read(t: Trial, a: Any) -> str | None:
+    """Where ``t``'s workers grew while reading, the cause and the fix (the Dataset's Python objects, named)."""
     m = t.memory
     if m is None or not m.processes or m.per_batch["workers"] <= 0:
-        return ""
+        return None
     each = m.per_batch["workers"] * 100 / m.processes
     held = python_objects(getattr(a.loader, "dataset", None))
     where = f" ({'; '.join(held)})" if held else ""
-    return (f". Its workers grew {mib(each)} each per 100 batches while they read: a worker process copies every "
-            f"page of the Dataset's Python objects it reads (reading a list's or a dict's items writes their "
-            f"reference counts: copy-on-read){where}. Keep such data in numpy arrays or torch tensors (strings as "
-            "one array of bytes with offsets, records as columns): workers read those without copying them")
+    return (f"worker processes grew {mib(each)} each per 100 batches while they read ({label(t.settings)}): a "
+            "worker copies every page of the Dataset's Python objects it reads, since reading a list's or a dict's "
+            f"items writes their reference counts (copy-on-read){where}. Keep such data in numpy arrays or torch "
+            "tensors (strings as one array of bytes with offsets, records as columns): workers read those without "
+            "copying them")
 
 
 def python_objects(dataset: Any) -> list[str]:
@@ -187,16 +188,23 @@ def _deep(x: Any, depth: int = 3) -> int:
 
 
 def said(advice: Any, a: Any) -> None:
-    """The advice's memory: the set-aside settings in its table and notes, the budget and the projections in
+    """The advice's memory: the set-aside settings in its table and notes (the copy-on-read of the Dataset's
+    objects said once, for the setting whose workers grew most), the budget and the projections in
     ``advice.memory``."""
     if a.memory_budget is None:
         return
     advice.trials += [t for t in a.over_memory if all(t is not u for u in advice.trials)]
-    rec = over_run(a.best, a, as_recommended=False)
     advice.memory = {"budget_bytes": a.memory_budget["bytes"], "budget_from": a.memory_budget["from"],
-                     "user": over_run(a.mine, a, as_recommended=False), "recommended": rec,
+                     "user": over_run(a.mine, a, as_recommended=False),
+                     "recommended": over_run(a.best, a, as_recommended=False),
                      "over_budget": [{"settings": label(t.settings), "projected": over_run(t, a),
-                                      "why": over_budget(t, a)} for t in a.over_memory]}
+                                      "why": over_budget(t, a), "copy_on_read": copy_on_read(t, a)}
+                                     for t in a.over_memory]}
+    mine_over = passes(a.mine, a, as_recommended=False)
     advice.notes += [f"not recommended, {label(t.settings)}: {over_budget(t, a)}" for t in a.over_memory]
-    if passes(a.mine, a, as_recommended=False):
+    if mine_over:
         advice.notes.append(f"your settings: {over_budget(a.mine, a, as_recommended=False)}")
+    grown = [t for t in [*a.over_memory, *([a.mine] if mine_over else [])] if copy_on_read(t, a)]
+    if grown:
+        most = max(grown, key=lambda t: t.memory.per_batch["workers"] / t.memory.processes)
+        advice.notes.append(copy_on_read(most, a))

@@ -140,6 +140,13 @@ def test_the_projection_follows_the_workers_lives_and_is_capped_by_what_they_can
     kept = projected(m, two.model_copy(update={"persistent_workers": True}), epochs=5, per_epoch=1000)
     assert kept["workers"] == 20 * mb + 400 * mb and kept.get("capped")  # five epochs' 500 MiB, capped at 2 x 200
     assert projected(m, two, epochs=5, per_epoch=None)["total"] == m.total  # no length: the measured end
+    # a setting whose short runs showed no growth grows as the best-measured setting's workers did
+    flat = RunMemory(start=m.start, end=m.start, per_batch={"main": 0.0, "workers": 0.0}, batches=5)
+    assert projected(flat, two, epochs=5, per_epoch=1000)["workers"] == m.start["workers"]
+    assert projected(flat, two, epochs=5, per_epoch=1000, read_growth=0.1 * mb)["workers"] == 20 * mb + 100 * mb
+    # the Dataset's Python objects cap what a worker can copy, where they are known
+    assert projected(m, two.model_copy(update={"persistent_workers": True}), epochs=5, per_epoch=1000,
+                     copyable=50 * mb)["workers"] == 20 * mb + 2 * 50 * mb
     both = combined([m, RunMemory(start=m.start, end={**m.end, "workers": 50 * mb},
                                   per_batch={"main": 0.0, "workers": 0.3 * mb}, batches=50)])
     assert both.end["workers"] == 50 * mb and both.per_batch["workers"] == pytest.approx(0.2 * mb)

@@ -64,7 +64,15 @@ def over_run(t: Trial, a: Any, *, as_recommended: bool = True) -> dict[str, Any]
     s = persistent(t).settings if as_recommended else t.settings
     if "copyable" not in a.memory_budget:
         a.memory_budget["copyable"] = python_bytes(getattr(a.loader, "dataset", None))
-    return projected(t.memory, s, a.epochs, a.per_epoch, copyable=a.memory_budget["copyable"])
+    return projected(t.memory, s, a.epochs, a.per_epoch, copyable=a.memory_budget["copyable"],
+                     read_growth=read_growth([*a.trials, *a.over_memory]))
+
+
+def read_growth(trials: list[Trial]) -> float:
+    """The workers' growth per batch measured by the setting with worker processes whose runs read the most
+    batches (0 where none has workers): the Dataset's copy-on-read, best measured."""
+    withw = [t.memory for t in trials if t.memory is not None and t.memory.processes]
+    return max(withw, key=lambda m: m.batches).per_batch["workers"] if withw else 0.0
 
 
 def passes(t: Trial, a: Any, *, as_recommended: bool = True) -> bool:

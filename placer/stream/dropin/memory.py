@@ -29,6 +29,11 @@ batches an epoch):
   leaks past that cap is understated;
 - neither is below what the runs measured at their end.
 
+The workers' growth is the Dataset's more than the setting's (each sample read copies its pages into
+the worker that reads it, whatever the number of workers): a setting whose runs were too short to show
+it grows, for the projection, at least as the setting with worker processes whose runs read the most
+batches measured.
+
 Where the batches an epoch are unknown (an iterable dataset without a length), the projection is the
 measured end. A setting's runs combine (:func:`combined`): the largest start and end, the median growth.
 """
@@ -168,16 +173,19 @@ def lives(settings: Any, epochs: int, per_epoch: int) -> int:
 
 
 def projected(m: RunMemory | None, settings: Any, epochs: int, per_epoch: int | None,
-              copyable: int | None = None) -> dict[str, Any] | None:
+              copyable: int | None = None, read_growth: float = 0.0) -> dict[str, Any] | None:
     """The memory over the user's run (bytes: ``main``, ``workers``, ``total``), by the module's rule; None
     where nothing was measured. ``copyable``: the bytes of Python objects a worker can copy by reading the
-    Dataset (:func:`~placer.stream.dropin.fits.python_bytes`), a tighter cap than the main process's memory."""
+    Dataset (:func:`~placer.stream.dropin.fits.python_bytes`), a tighter cap than the main process's memory.
+    ``read_growth``: the workers' growth per batch measured over the longest runs of any setting with worker
+    processes, used where ``m``'s own is less."""
     if m is None:
         return None
     if not per_epoch:
         return {"main": m.end["main"], "workers": m.end["workers"], "total": m.total, "extrapolated": False}
     main = max(m.end["main"], m.start["main"] + m.per_batch["main"] * epochs * per_epoch)
-    grown = m.per_batch["workers"] * lives(settings, epochs, per_epoch)
+    rate = max(m.per_batch["workers"], read_growth) if m.processes else 0.0
+    grown = rate * lives(settings, epochs, per_epoch)
     cap = m.processes * min(m.start["main"], copyable or m.start["main"])
     workers = max(m.end["workers"], m.start["workers"] + min(grown, cap))
     return {"main": int(main), "workers": int(workers), "total": int(main + workers), "extrapolated": True,

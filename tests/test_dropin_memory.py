@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,7 +18,7 @@ from torch.utils.data import DataLoader
 from placer.data.stream import LoaderSettings
 from placer.errors import ArgumentError, ArgumentTypeError
 from placer.stream import procmem
-from placer.stream.dropin import advise_loader
+from placer.stream.dropin import Trial, advise_loader, fits
 from placer.stream.dropin.fits import python_bytes
 from placer.stream.dropin.memory import NOISE_BYTES, RunMemory, combined, growth, projected
 from placer.data.stream import LoaderSettings
@@ -100,6 +101,7 @@ def test_a_setting_over_the_memory_budget_is_not_recommended_and_the_advice_says
     d = advice.as_dict()
     assert d["memory"]["budget_bytes"] == budget and d["memory"]["budget_from"] == "memory_bytes"
     assert d["projected_memory_bytes"]["total"] <= budget
+    assert d["recommended"]["projected_memory_bytes"] == d["projected_memory_bytes"]
     assert d["memory"]["user"]["total"] <= budget
     rec = advice.recommended.settings
     assert rec.num_workers == 0 or rec.worker_threads
@@ -151,6 +153,31 @@ def test_the_projection_follows_the_workers_lives_and_is_capped_by_what_they_can
                                   per_batch={"main": 0.0, "workers": 0.3 * mb}, batches=50)])
     assert both.end["workers"] == 50 * mb and both.per_batch["workers"] == pytest.approx(0.2 * mb)
     assert both.runs == 2 and both.batches == 150
+
+
+def _trial(workers: int, rate: float, worker_bytes: int, *, runs: int = 3):
+    mb = 2**20
+    start = {"main": 300 * mb, "workers": worker_bytes, "processes": workers}
+    return Trial(settings=LoaderSettings(num_workers=workers, prefetch_factor=2 if workers else None),
+                 samples_per_s=rate, first_batch_s=0.1, fetch_fraction=0.5, batches=50, samples=3200, seconds=1.0,
+                 repeats=(rate,) * runs, read=52, read_s=1.1,
+                 memory=RunMemory(start=start, end=start, per_batch={"main": 0.0, "workers": 0.0}, batches=50))
+
+
+def test_a_recommendation_past_the_budget_gives_way_to_the_users_settings_and_set_aside_keeps_the_users():
+    mb = 2**20
+    mine, fast, lean = _trial(0, 1000.0, 0), _trial(4, 3000.0, 400 * mb), _trial(1, 2000.0, 50 * mb)
+    a = SimpleNamespace(trials=[mine, fast, lean], over_memory=[], epochs=2, per_epoch=100, loader=None,
+                        memory_budget={"bytes": 500 * mb, "from": "memory_bytes"}, best=fast, longer=None,
+                        noise=None, confirmed={"held": True}, run=None, threads_helped=lambda: None)
+    a.mine = mine
+    fits.hold(a)  # the recommendation holds 700 MiB: the user's settings are kept, and the advice says why
+    assert a.best is mine and a.confirmed is None and "over the memory budget of 500 MiB" in a.noise
+    fits.set_aside(a)  # the user's settings stay whatever they hold; the setting over the budget is set aside
+    assert a.trials == [mine, lean] and a.over_memory == [fast]
+    a.memory_budget["bytes"] = 100 * mb  # the user's own past the budget: measured, kept, and said
+    fits.set_aside(a)
+    assert a.trials[0] is mine and fits.passes(mine, a, as_recommended=False)
 
 
 @pytest.mark.parametrize("bad, error", [(-1, ArgumentError), (0, ArgumentError), (1.5e9, ArgumentTypeError),

@@ -116,6 +116,7 @@ def test_a_setting_over_the_memory_budget_is_not_recommended_and_the_advice_says
                and "numpy arrays" in o["copy_on_read"] for o in with_workers), with_workers
     text = str(advice)
     assert "not recommended" in text and "Memory (budget" in text and "copy-on-read" in text
+    assert "(over the memory budget)" in text
     # the set-aside settings are in the table and the JSON, with their memory
     assert any(t["memory_bytes"] and t["memory_bytes"]["worker_processes"] for t in d["trials"])
 

@@ -94,7 +94,9 @@ def describe(a: LoaderAdvice) -> list[str]:
               f"{'samples/s':>10} {'first batch':>11} {'runs':>4} {'spread':>6}"
               + (f" {'your run':>9}" if a.user.run_rates else "")
               + (f" {'main':>9} {'workers':>9}" if a.user.memory is not None else "")]
-    lines += [row(t, t is a.user) for t in a.trials]
+    over = {o["settings"] for o in a.memory["over_budget"]} if a.memory else set()
+    lines += [row(t, t is a.user) + ("  (over the memory budget)" if label(t.settings) in over else "")
+              for t in a.trials]
     return lines + [f"Note: {n}" for n in a.notes]
 
 

@@ -1,8 +1,9 @@
 """A Dataset of Python records whose worker processes grow as they read it (copy-on-read), and a reading of them.
 
-Test helper (not part of placer). May import: torch, psutil. Run as a script (``python records.py WORKERS
-BATCHES``), it builds the loader (:func:`loader`) as a user's script would, reads that many batches and prints its worker
-processes' unique set sizes, summed, and how many there are, as psutil reads them from the running workers.
+Test helper (not part of placer). May import: torch, psutil. Run as a script
+(``python records.py WORKERS BATCHES``), it builds the loader (:func:`loader`) as a user's script would,
+reads that many batches and prints its worker processes' unique set sizes, summed, and how many there are,
+as psutil reads them from the running workers.
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ def test_a_setting_over_the_memory_budget_is_not_recommended_and_the_advice_says
     # the user's settings (no workers) fit, and any worker process that copies the records does not
     here = procmem.sizes()["anon"]
     budget = here + 48 * 2**20
-    advice = advise_loader(loader(records, 0), step, budget_s=6, epochs=3, cache_bytes=0, fresh=False, memory_bytes=budget)
+    advice = advise_loader(loader(records, 0), step, budget_s=6, epochs=3, cache_bytes=0, fresh=False,
+                           memory_bytes=budget)
     d = advice.as_dict()
     assert d["memory"]["budget_bytes"] == budget and d["memory"]["budget_from"] == "memory_bytes"
     assert d["projected_memory_bytes"]["total"] <= budget
@@ -153,7 +154,9 @@ def test_the_projection_follows_the_workers_lives_and_is_capped_by_what_they_can
     # a setting whose short runs showed no growth grows as the best-measured setting's workers did
     flat = RunMemory(start=m.start, end=m.start, per_batch={"main": 0.0, "workers": 0.0}, batches=5)
     assert projected(flat, two, epochs=5, per_epoch=1000)["workers"] == m.start["workers"]
-    assert projected(flat, two, epochs=5, per_epoch=1000, read_growth=0.1 * mb)["workers"] == 20 * mb + 100 * mb
+    assert projected(flat, two, epochs=5, per_epoch=1000, read_growth=0.1 * mb)["workers"] == 120 * mb
+    # the main process starts no smaller than the process that asked (a fresh run's holds a copy of the loader)
+    assert projected(m, two, epochs=5, per_epoch=1000, main_at_least=250 * mb)["main"] == 250 * mb
     # the Dataset's Python objects cap what a worker can copy, where they are known
     assert projected(m, two.model_copy(update={"persistent_workers": True}), epochs=5, per_epoch=1000,
                      copyable=50 * mb)["workers"] == 20 * mb + 2 * 50 * mb
@@ -176,7 +179,7 @@ def test_a_recommendation_past_the_budget_gives_way_to_the_users_settings_and_se
     mb = 2**20
     mine, fast, lean = _trial(0, 1000.0, 0), _trial(4, 3000.0, 400 * mb), _trial(1, 2000.0, 50 * mb)
     a = SimpleNamespace(trials=[mine, fast, lean], over_memory=[], epochs=2, per_epoch=100, loader=None,
-                        memory_budget={"bytes": 500 * mb, "from": "memory_bytes"}, best=fast, longer=None,
+                        memory_budget={"bytes": 500 * mb, "from": "memory_bytes", "own": 0}, best=fast, longer=None,
                         noise=None, confirmed={"held": True}, run=None, threads_helped=lambda: None)
     a.mine = mine
     fits.hold(a)  # the recommendation holds 700 MiB: the user's settings are kept, and the advice says why

@@ -51,11 +51,13 @@ def default_budget() -> tuple[int | None, str]:
 
 
 def budget_for(memory_bytes: int | None) -> dict[str, Any]:
-    """``{"bytes", "from"}``: the budget given, or the default."""
+    """``{"bytes", "from", "own"}``: the budget given, or the default, and this process's own memory (the
+    script's main process: what a fresh run's process, holding a copy of the loader and step, may not)."""
+    own = (procmem.sizes() or {"anon": 0})["anon"]
     if memory_bytes is not None:
-        return {"bytes": int(memory_bytes), "from": "memory_bytes"}
+        return {"bytes": int(memory_bytes), "from": "memory_bytes", "own": own}
     b, why = default_budget()
-    return {"bytes": b, "from": why}
+    return {"bytes": b, "from": why, "own": own}
 
 
 def over_run(t: Trial, a: Any, *, as_recommended: bool = True) -> dict[str, Any] | None:
@@ -65,7 +67,7 @@ def over_run(t: Trial, a: Any, *, as_recommended: bool = True) -> dict[str, Any]
     if "copyable" not in a.memory_budget:
         a.memory_budget["copyable"] = python_bytes(getattr(a.loader, "dataset", None))
     return projected(t.memory, s, a.epochs, a.per_epoch, copyable=a.memory_budget["copyable"],
-                     read_growth=read_growth([*a.trials, *a.over_memory]))
+                     read_growth=read_growth([*a.trials, *a.over_memory]), main_at_least=a.memory_budget["own"])
 
 
 def read_growth(trials: list[Trial]) -> float:
@@ -203,6 +205,8 @@ def said(advice: Any, a: Any) -> None:
         return
     advice.trials += [t for t in a.over_memory if all(t is not u for u in advice.trials)]
     advice.memory = {"budget_bytes": a.memory_budget["bytes"], "budget_from": a.memory_budget["from"],
+                     "your_process_bytes": a.memory_budget["own"],
+                     "dataset_objects_bytes": a.memory_budget.get("copyable"),
                      "user": over_run(a.mine, a, as_recommended=False),
                      "recommended": over_run(a.best, a, as_recommended=False),
                      "over_budget": [{"settings": label(t.settings), "projected": over_run(t, a),

@@ -20,7 +20,9 @@ them) is extrapolated; a step in one half (an allocator's arena, a buffer made o
 :data:`NOISE_BYTES` a process over the run counts as none. Over the user's run (``epochs`` x the loader's
 batches an epoch):
 
-- the main process lives through every batch: ``main = main at the start + growth x epochs x batches``;
+- the main process lives through every batch: ``main = main at the start + growth x epochs x batches``,
+  its start no less than the memory of the process that called the advice (the script's main process: a
+  fresh run's process holds only a copy of the loader and the step);
 - the workers live through one epoch (they start again each epoch), or through the whole run with
   ``persistent_workers`` (as the drop-in recommends them): ``workers = workers at the start + growth x the
   batches they live through``, the growth capped per worker at the Dataset's Python objects where it holds
@@ -173,17 +175,19 @@ def lives(settings: Any, epochs: int, per_epoch: int) -> int:
 
 
 def projected(m: RunMemory | None, settings: Any, epochs: int, per_epoch: int | None,
-              copyable: int | None = None, read_growth: float = 0.0) -> dict[str, Any] | None:
+              copyable: int | None = None, read_growth: float = 0.0, main_at_least: int = 0) -> dict[str, Any] | None:
     """The memory over the user's run (bytes: ``main``, ``workers``, ``total``), by the module's rule; None
     where nothing was measured. ``copyable``: the bytes of Python objects a worker can copy by reading the
     Dataset (:func:`~placer.stream.dropin.fits.python_bytes`), a tighter cap than the main process's memory.
     ``read_growth``: the workers' growth per batch measured over the longest runs of any setting with worker
-    processes, used where ``m``'s own is less."""
+    processes, used where ``m``'s own is less. ``main_at_least``: the main process's memory at the start where
+    the run's process held less (a fresh process holds a copy of the loader and step, the script's own holds
+    all the script made)."""
     if m is None:
         return None
     if not per_epoch:
         return {"main": m.end["main"], "workers": m.end["workers"], "total": m.total, "extrapolated": False}
-    main = max(m.end["main"], m.start["main"] + m.per_batch["main"] * epochs * per_epoch)
+    main = max(m.end["main"], max(m.start["main"], main_at_least) + m.per_batch["main"] * epochs * per_epoch)
     rate = max(m.per_batch["workers"], read_growth) if m.processes else 0.0
     grown = rate * lives(settings, epochs, per_epoch)
     cap = m.processes * min(m.start["main"], copyable or m.start["main"])

@@ -126,8 +126,8 @@ class Watch:
         self.paused_s = 0.0
 
     def _read(self, when: str, counted: int) -> float:
-        with Clock(settle=False) as took:
-            m = procmem.memory(procmem.worker_pids(self.it))
+        with Clock(settle=False) as took:  # the main process's unique and proportional sizes at the end only
+            m = procmem.memory(procmem.worker_pids(self.it), full=when == "end")
         if m is not None:
             self.readings[when] = (m, counted)
         return took.wall

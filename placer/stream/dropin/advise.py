@@ -1,7 +1,7 @@
 """The drop-in's entry point: :func:`advise_loader`, its phases in order, and the advice they make.
 
-May import: placer.devices, placer.timing, placer.stream.keep,
-placer.stream.dropin.{advice,caching,deciding,guards,measuring,phases,reorder,samples,space,trial,whole,words,
+May import: placer.devices, placer.timing, placer.stream.arguments, placer.stream.keep,
+placer.stream.dropin.{advice,caching,deciding,fits,guards,measuring,phases,reorder,samples,space,trial,whole,words,
 worker_threads}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
 
 How it decides
@@ -21,6 +21,8 @@ otherwise the advice keeps the user's settings and says the difference is within
 Before that, settings run once that read faster than every repeated one are repeated with the
 user's (:func:`rivals`): a single run's lead is often luck, and so is a finalist's.
 A cache the advice offers is in the whole run it claims (:func:`with_cache`).
+Settings whose memory over the user's run would pass ``memory_bytes`` are not recommended
+(:mod:`~placer.stream.dropin.fits`; each run's memory: :mod:`~placer.stream.dropin.memory`).
 
 The space: worker processes 0, 1, 2 and the cores, thread workers 1, 2 and the cores
 (a :class:`~placer.executor.stream.threadloader.ThreadLoader`), then more workers of each kind
@@ -38,7 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 from placer.devices import Device
-from placer.stream.dropin import phases, reorder, samples, space, worker_threads
+from placer.stream import arguments
+from placer.stream.dropin import fits, phases, reorder, samples, space, worker_threads
 from placer.stream.dropin.advice import LoaderAdvice
 from placer.stream.dropin.deciding import decided_by, user_speeds
 from placer.stream.dropin.guards import draws_unseeded, random_state_kept
@@ -55,7 +58,8 @@ from placer.timing import Deadline, allocator_as_is
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
                   device: Any = None, target: Any = None, cache_bytes: int | None = None,
                   epochs: int | None = None, precision: Any = None, state: Any = None,
-                  fresh: bool | None = None, allow_reorder: bool = False) -> LoaderAdvice:
+                  fresh: bool | None = None, allow_reorder: bool = False,
+                  memory_bytes: int | None = None) -> LoaderAdvice:
     """Measure a DataLoader with a train step and recommend DataLoader settings (how: the module's docstring).
 
     Parameters
@@ -103,6 +107,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         Whether the advice may recommend ``in_order=False`` (batches handed over as the workers finish them, in
         an order that varies from run to run) where slow samples hold batches back
         (:mod:`~placer.stream.dropin.reorder`); without it the advice says what it would gain.
+    memory_bytes : int, optional
+        Bytes the script's process and its loader's workers may hold over the run: settings projected past it
+        are not recommended (:mod:`~placer.stream.dropin.fits`; default: the memory available less a margin).
 
     Returns
     -------
@@ -110,7 +117,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     """
     from torch.utils.data import IterableDataset
 
+    arguments.check_memory(memory_bytes)
     a = phases.start(loader, step, device=device, batches=batches, budget_s=budget_s, epochs=epochs)
+    a.memory_budget = fits.budget_for(memory_bytes)
     cands = space.candidates(a.user, cores=a.cores, gpu=a.dev.is_gpu,
                              iterable=isinstance(loader.dataset, IterableDataset))
     with random_state_kept(loader):
@@ -124,9 +133,11 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         phases.conclude(a)
         checked = after_search(a, allow_reorder)
     phases.weigh_cache(a)
+    fits.hold(a)
     advice = written(a, runs_in["where"])
     advice.reorder, advice.per_worker_threads = checked["reorder"], checked["per_worker_threads"]
     advice.notes += a.notes
+    fits.said(advice, a)
     with random_state_kept(loader):
         extras(advice, a, target=target, precision=precision, state=state)
     return advice

@@ -67,16 +67,13 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     loader : torch.utils.data.DataLoader
         The script's own loader; it is not changed (its settings are rebuilt for each run).
     step : callable
-        ``step(batch)``: the script's train step. It runs for real on the measured batches (it trains
-        the model on them: a copy of it, where the runs are in fresh processes; in this process, what it
-        trains is put back after each run, :mod:`placer.stream.keep`).
+        ``step(batch)``: the script's train step, run for real on the measured batches (training a copy of
+        the model in fresh processes; in this process, what it trains is put back: :mod:`placer.stream.keep`).
     batches : int
-        Batches per measured run (the first, or ``num_workers``, are warm-up); more where a run of them
-        lasts under ``MIN_RUN_S``, up to an epoch and half a run's share of the budget (:func:`run_length`).
+        Batches per measured run, warm-up first; more where they last under ``MIN_RUN_S`` (:func:`run_length`).
     budget_s : float
-        Wall-clock budget of all runs together, each run stopping at its share; :data:`CONFIRM_SHARE` of
-        it is kept for the longer runs that confirm a recommendation. Looking for a cache inside the
-        dataset takes at most a quarter more before the runs, measuring it with other settings another after.
+        Wall-clock budget of all runs together, each stopping at its share (:data:`CONFIRM_SHARE` kept for the
+        confirming runs); a cache search inside the dataset takes up to a quarter more, and another after.
     device : str or torch.device, optional
         Where the step runs (``cpu``, ``gpu``, ``gpu:1``, ``cuda:0``); its queued work is waited for at
         the ends of each timed run. Default: ``cpu``.
@@ -89,24 +86,20 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     epochs : int, optional
         Epochs of the script's run: with the loader's length, the whole run is predicted (worker start-up,
         epoch ends, the steady state) and :attr:`LoaderAdvice.speedup` is the whole run's. Not given: one
-        epoch, said in the advice (:mod:`placer.stream.dropin.epochs`); a cache that pays over more
-        epochs is then offered with the epochs it needs.
+        epoch, said, and a cache offered with the epochs it needs (:mod:`placer.stream.dropin.epochs`).
     precision : str or tuple of str, optional
         Lower precisions the step may run in (``"bf16"``, ``("tf32", "bf16")``, ``"auto"``): each is
         checked here and, with a ``target``, planned there (:mod:`placer.stream.precision_advice`).
     state : object or tuple, optional
-        What the step trains (model, optimizer, scheduler: objects with ``state_dict``), put back after
-        every run of the step in this process and at the end (without it, what the step reaches:
-        :mod:`placer.stream.keep`) and between the precision checks' runs; without it no lower
+        What the step trains (model, optimizer, scheduler: objects with ``state_dict``), put back after every
+        run here and between the precision checks' runs (:mod:`placer.stream.keep`); without it no lower
         precision is chosen.
     fresh : bool, optional
-        Make each run in a fresh process, as the script starts (:mod:`placer.stream.fresh`). Default:
-        so where it can be (Linux, a step on the CPU, a loader and step that pickle), else in this
-        process, as ``PLACER_FRESH_RUNS=0`` asks; the advice's notes say which, and why.
+        Make each run in a fresh process, as the script starts (:mod:`placer.stream.fresh`). Default: where
+        it can be, else in this process (as ``PLACER_FRESH_RUNS=0`` asks); the notes say which, and why.
     allow_reorder : bool
-        Whether the advice may recommend ``in_order=False`` (batches handed over as the workers finish them, in
-        an order that varies from run to run) where slow samples hold batches back
-        (:mod:`~placer.stream.dropin.reorder`); without it the advice says what it would gain.
+        May the advice recommend ``in_order=False`` (batches in the order workers finish them, varying run to
+        run) where slow samples hold batches back (:mod:`~placer.stream.dropin.reorder`)? Else it says the gain.
     memory_bytes : int, optional
         Bytes the script's process and its loader's workers may hold over the run: settings projected past it
         are not recommended (:mod:`~placer.stream.dropin.fits`; default: the memory available less a margin).

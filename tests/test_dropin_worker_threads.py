@@ -105,7 +105,9 @@ def test_one_thread_per_worker_is_recommended_iff_its_rounds_beat_the_settings(m
 def test_blas_work_in_two_workers_is_measured_and_the_batches_are_unchanged():
     loader = DataLoader(Matmul(), batch_size=1, num_workers=2)
     a = _advising(loader)
-    timed = samples.time_samples(loader, a.batches, Deadline(0.5))
+    # CPU seconds are read in clock ticks (10 ms): all 60 samples (a few ms each), not the 10 of the runs' batches,
+    # keep the threads' CPU ratio above the ticks' grain
+    timed = samples.time_samples(loader, len(loader), Deadline(3.0))
     if blas_control() == "none" or blas_threads() < 2 or a.cores > 2:
         pytest.skip("needs a BLAS pool of 2 threads or more that can be set, and at most 2 cores")
     assert timed.threads_busy > worker_threads.BUSY  # numpy's products ran in the BLAS pool's threads too

@@ -1,9 +1,11 @@
-"""``python -m placer ARGS`` for the tests, forked from one interpreter that has already imported torch.
+"""``python -m placer ARGS`` (or ``python SCRIPT ARGS``) for the tests, forked from one interpreter that has
+already imported torch.
 
 Importing torch takes a second or more; about a hundred tests run the command. Each call here is still
 its own process, as ``subprocess.run([sys.executable, "-m", "placer", ...])`` gives: its own working
 directory, environment, stdin, stdout and stderr, exit status and interpreter exit (atexit handlers,
-flushed streams), and a timeout that kills it. Only the imports of torch and numpy are done once, in a
+flushed streams), and a timeout that kills it. Only the imports of torch (with ``torch._dynamo``, which a
+first optimizer imports) and numpy are done once, in a
 server process forked for every call. A call whose environment differs from the server's in what
 those imports or the interpreter's start-up read (``PYTHON*`` but ``PYTHONPATH``, which the child puts
 on ``sys.path`` as start-up would, thread counts, CUDA's devices) runs as
@@ -30,6 +32,7 @@ _STARTUP = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "GOTO", "BLIS_", "KMP_", "VEC
 _SERVER = r"""
 import json, os, sys
 import numpy, torch  # the imports every call would otherwise repeat
+import torch._dynamo  # what torch.optim's first optimizer imports (about 2 s)
 
 
 def pythonpath(value, cwd):
@@ -75,14 +78,21 @@ for fd, path, flags in ((0, req["stdin"], os.O_RDONLY), (1, req["stdout"], os.O_
     f = os.open(path, flags)
     os.dup2(f, fd)
     os.close(f)
-sys.path[0] = os.getcwd() if req["via"] == "-m" else ""  # as `python -m` and `python -c` put it
-sys.argv = [req["via"], *req["args"]]
 via = req["via"]
+if via == "script":  # `python SCRIPT ARGS`: the script's folder first on sys.path, its path as argv[0]
+    sys.path[0] = os.path.dirname(os.path.abspath(req["args"][0]))
+    sys.argv = list(req["args"])
+else:
+    sys.path[0] = os.getcwd() if via == "-m" else ""  # as `python -m` and `python -c` put it
+    sys.argv = [via, *req["args"]]
 del serve, req
 try:
     if via == "-m":
         import runpy
         runpy.run_module("placer", run_name="__main__", alter_sys=True)
+    elif via == "script":
+        import runpy
+        runpy.run_path(sys.argv[0], run_name="__main__")
     else:
         from placer.cli import main
         main()
@@ -163,9 +173,11 @@ def run(args, *, env: dict[str, str] | None = None, cwd=None, timeout: float | N
         capture_output: bool = True, text: bool = True, check: bool = False,
         start_new_session: bool = False, via: str = "-m") -> subprocess.CompletedProcess:
     """As ``subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, ...)``; with
-    ``via="-c"``, as ``subprocess.run([sys.executable, "-c", "from placer.cli import main; main()", *args], ...)``."""
+    ``via="-c"``, as ``subprocess.run([sys.executable, "-c", "from placer.cli import main; main()", *args], ...)``;
+    with ``via="script"``, as ``subprocess.run([sys.executable, *args], ...)`` where ``args[0]`` is a script's path."""
     args = [str(a) for a in args]
-    cmd = [sys.executable, *(["-m", "placer"] if via == "-m" else ["-c", "from placer.cli import main; main()"]), *args]
+    head = {"-m": ["-m", "placer"], "-c": ["-c", "from placer.cli import main; main()"], "script": []}[via]
+    cmd = [sys.executable, *head, *args]
     env = dict(os.environ if env is None else env)
     if (not capture_output or os.environ.get("PLACER_TEST_FRESH_CLI") == "1"
             or _startup(env) != _startup(_SERVER_ENV)):

@@ -5,10 +5,11 @@ Importing torch takes a second or more; about a hundred tests run the command. E
 its own process, as ``subprocess.run([sys.executable, "-m", "placer", ...])`` gives: its own working
 directory, environment, stdin, stdout and stderr, exit status and interpreter exit (atexit handlers,
 flushed streams), and a timeout that kills it. Only the imports of torch (with ``torch._dynamo``, which a
-first optimizer imports) and numpy are done once, in a
+first optimizer imports), numpy and the libraries placer imports (networkx, pydantic, typer, jinja2) are
+done once, in a
 server process forked for every call. A call whose environment differs from the server's in what
 those imports or the interpreter's start-up read (``PYTHON*`` but ``PYTHONPATH``, which the child puts
-on ``sys.path`` as start-up would, thread counts, CUDA's devices) runs as
+on ``sys.path`` as start-up would, thread counts, CUDA's devices, typer's terminal) runs as
 a fresh subprocess instead, and so does every call when ``PLACER_TEST_FRESH_CLI=1``.
 """
 
@@ -25,14 +26,17 @@ import sys
 import tempfile
 import threading
 
-# read by the interpreter's start-up or by importing torch/numpy: a call must match the server in these
+# read by the interpreter's start-up or by the server's imports (torch, numpy, typer's terminal settings):
+# a call must match the server in these
 _STARTUP = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "GOTO", "BLIS_", "KMP_", "VECLIB", "NUMEXPR", "CUDA_",
-            "TORCH", "PYTORCH", "LD_")
+            "TORCH", "PYTORCH", "LD_", "TYPER_", "_TYPER_", "TERMINAL_WIDTH", "GITHUB_ACTIONS", "FORCE_COLOR",
+            "PY_COLORS")
 
 _SERVER = r"""
 import json, os, sys
 import numpy, torch  # the imports every call would otherwise repeat
 import torch._dynamo  # what torch.optim's first optimizer imports (about 2 s)
+import jinja2, networkx, pydantic, typer  # what importing placer imports besides (half a second)
 
 
 def pythonpath(value, cwd):
@@ -218,3 +222,8 @@ def run(args, *, env: dict[str, str] | None = None, cwd=None, timeout: float | N
     if check:
         done.check_returncode()
     return done
+
+
+# started as the tests are collected, so that its imports overlap the work before the first call
+if os.environ.get("PLACER_TEST_FRESH_CLI") != "1":
+    _start()

@@ -222,8 +222,3 @@ def run(args, *, env: dict[str, str] | None = None, cwd=None, timeout: float | N
     if check:
         done.check_returncode()
     return done
-
-
-# started as the tests are collected, so that its imports overlap the work before the first call
-if os.environ.get("PLACER_TEST_FRESH_CLI") != "1":
-    _start()

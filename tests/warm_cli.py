@@ -10,7 +10,9 @@ done once, in a
 server process forked for every call. A call whose environment differs from the server's in what
 those imports or the interpreter's start-up read (``PYTHON*`` but ``PYTHONPATH``, which the child puts
 on ``sys.path`` as start-up would, thread counts, CUDA's devices, typer's terminal) runs as
-a fresh subprocess instead, and so does every call when ``PLACER_TEST_FRESH_CLI=1``.
+a fresh subprocess instead, and so does every call when ``PLACER_TEST_FRESH_CLI=1``. What the server's
+imports set in its environment (``TORCHINDUCTOR_CACHE_DIR``, which importing ``torch._dynamo`` sets, here too
+once a test has imported it) matches where the caller holds the same value.
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ _STARTUP = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "GOTO", "BLIS_", "KMP_", "VEC
 
 _SERVER = r"""
 import json, os, sys
+BEFORE = dict(os.environ)
 import numpy, torch  # the imports every call would otherwise repeat
 import torch._dynamo  # what torch.optim's first optimizer imports (about 2 s)
 import jinja2, networkx, pydantic, typer  # what importing placer imports besides (half a second)
+# what the imports put in the environment (torch._dynamo sets TORCHINDUCTOR_CACHE_DIR): the first line out
+os.write(1, json.dumps({k: v for k, v in os.environ.items() if BEFORE.get(k) != v}).encode() + b"\n")
 
 
 def pythonpath(value, cwd):
@@ -135,9 +140,14 @@ _server: subprocess.Popen | None = None
 _SERVER_ENV = dict(os.environ)  # the tests' environment as conftest.py set it
 
 
+_set_by_imports: dict[str, str] = {}  # what the server's imports put in its environment
+
+
 def _startup(env: dict[str, str]) -> dict[str, str]:
-    """What start-up reads of ``env``, less PYTHONPATH (the server puts the caller's on sys.path)."""
-    return {k: v for k, v in env.items() if k.startswith(_STARTUP) and k != "PYTHONPATH"}
+    """What start-up reads of ``env``, less PYTHONPATH (the server puts the caller's on sys.path) and less what
+    the server's imports set to the value ``env`` holds (this process's own imports set the same, when they run)."""
+    return {k: v for k, v in env.items()
+            if k.startswith(_STARTUP) and k != "PYTHONPATH" and _set_by_imports.get(k) != v}
 
 
 def _start() -> subprocess.Popen:
@@ -146,6 +156,8 @@ def _start() -> subprocess.Popen:
         _server = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    env=_SERVER_ENV, cwd=tempfile.gettempdir(), start_new_session=True)
         atexit.register(_stop)
+        _set_by_imports.clear()
+        _set_by_imports.update(json.loads(_readline(_server, None)))
     return _server
 
 
@@ -183,8 +195,12 @@ def run(args, *, env: dict[str, str] | None = None, cwd=None, timeout: float | N
     head = {"-m": ["-m", "placer"], "-c": ["-c", "from placer.cli import main; main()"], "script": []}[via]
     cmd = [sys.executable, *head, *args]
     env = dict(os.environ if env is None else env)
-    if (not capture_output or os.environ.get("PLACER_TEST_FRESH_CLI") == "1"
-            or _startup(env) != _startup(_SERVER_ENV)):
+    fresh = not capture_output or os.environ.get("PLACER_TEST_FRESH_CLI") == "1"
+    if not fresh:
+        with _lock:
+            _start()
+            fresh = _startup(env) != _startup(_SERVER_ENV)
+    if fresh:
         return subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout, input=input, capture_output=capture_output,
                               text=text, check=check, start_new_session=start_new_session)
     with _lock, tempfile.TemporaryDirectory(prefix="placer-cli-") as tmp:

@@ -119,7 +119,7 @@ def test_existing_training_script_takes_a_placement(user_env, tmp_path):
 
 
 @pytest.mark.slow  # the example advises on a 60 s budget, as a user would run it; the drop-in's advice on a
-# loader-bound script is measured end to end in tests/test_stream_dropin.py
+# loader-bound script is measured end to end in tests/stream/test_stream_dropin.py
 def test_stream_training_script_is_told_its_loader_is_the_bottleneck_and_how_to_fix_it(user_env, tmp_path):
     import json
 

@@ -1,6 +1,6 @@
 """``placer tune``: the hook inside unchanged scripts, the refusals, the search and ``--apply``.
 
-Each script under ``tests/tune_scripts/`` is written as a user writes one and runs as a
+Each script under ``tests/tune/tune_scripts/`` is written as a user writes one and runs as a
 subprocess, as ``placer tune`` runs it.
 """
 

@@ -14,7 +14,7 @@ import pytest
 from placer.cli.options import convert, parse_params
 from warm_cli import run as run_placer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def placer(*args, env=None, cwd=ROOT):

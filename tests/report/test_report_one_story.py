@@ -24,7 +24,7 @@ from placer.report.collect import collect
 from placer.report.render import render_markdown
 from placer.site import costs_from_profile
 
-PROFILES = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "judge-profiles"
+PROFILES = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "judge-profiles"
 BUNDLED = ["batched_inference", "branches", "cifar_augment", "etl_dask", "mnist_cnn", "mnist_mlp", "requests",
            "tabular", "timeseries", "transformer"]
 #: the size planned: the default, or where the issue's misses were (training at 4,096 images, 16 requests)

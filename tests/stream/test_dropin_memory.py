@@ -36,7 +36,7 @@ def step(batch):
 def _script_reads(workers: int, batches: int) -> tuple[int, int]:
     """The worker processes' unique set sizes (summed) and count, as psutil reads them in a script of its own
     (the process a user's script runs in) that iterates the same loader ``batches`` batches."""
-    out = subprocess.run([sys.executable, str(Path(__file__).with_name("records.py")), str(workers), str(batches)],
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "records.py"), str(workers), str(batches)],
                          capture_output=True, text=True, timeout=300, check=True)
     uss, n = out.stdout.split()
     return int(uss), int(n)

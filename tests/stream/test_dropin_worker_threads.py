@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from placer.executor.stream.source import rebuild_loader
 from placer.executor.stream.worker_init import WorkerThreads, blas_control, blas_threads
-from placer.stream.dropin import phases, samples, worker_threads
+from placer.stream.dropin import headtohead, phases, samples, worker_threads
 from placer.stream.dropin.measuring import rebuild
 from placer.stream.dropin.runs import Budget
 from placer.stream.dropin.trial import Trial
@@ -91,7 +91,7 @@ def test_one_thread_per_worker_is_recommended_iff_its_rounds_beat_the_settings(m
         n = len(other_rates)
         return (_trial(base, [100.0] * n, range(0, 2 * n, 2)), _trial(other, other_rates, range(1, 2 * n, 2)))
 
-    monkeypatch.setattr(worker_threads, "side_by_side", rounds)
+    monkeypatch.setattr(headtohead, "side_by_side", rounds)
     monkeypatch.setattr(worker_threads, "blas_threads", lambda: 2)
     monkeypatch.setattr(a, "cores", 2)
     out = worker_threads.consider(a, timed)

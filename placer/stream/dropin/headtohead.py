@@ -117,3 +117,14 @@ def measured(out: dict[str, Any]) -> str:
     if out["rounds"] < REPEATS:
         return text + f", fewer than the {REPEATS} a decision needs (the check's share of the budget ran out)"
     return text + ", not beyond the noise of their runs"
+
+
+def head_to_head(a: Advising, base: LoaderSettings, other: LoaderSettings, out: dict[str, Any]) -> bool:
+    """``other`` against ``base`` in rounds of their own (:func:`side_by_side`), the outcome put in ``out``
+    (:func:`outcome`); where faster, adopted as the recommendation (:func:`adopt`). Returns whether it was."""
+    pair = side_by_side(a, base, other)
+    out.update(outcome(pair))
+    if out["faster"]:
+        adopt(a, pair)
+        out["recommended"] = True
+    return bool(out["faster"])

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from placer.executor.stream.source import loader_arguments
-from placer.stream.dropin.headtohead import adopt, measured, outcome, side_by_side, with_processes
+from placer.stream.dropin.headtohead import head_to_head, measured, with_processes
 from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.samples import Timed
 from placer.stream.dropin.trial import label
@@ -146,11 +146,7 @@ def consider(a: Advising, timed: Timed | None, allow: bool) -> dict[str, Any]:
                        f"allow_reorder=True to have it measured and, where faster, recommended: {ORDER_VARIES}")
         return out
     reordered = s.model_copy(update={"in_order": False})
-    pair = side_by_side(a, base, reordered)
-    out.update(outcome(pair))
-    if out["faster"]:
-        adopt(a, pair)
-        out["recommended"] = True
+    if head_to_head(a, base, reordered, out):
         a.notes.append(f"in_order=False: {label(reordered)} measured {out['measured_gain']:.2f}x {label(base)} in "
                        f"{out['rounds']} interleaved rounds (a sample {out['max_ms']:.1f} ms where the median is "
                        f"{out['median_ms']:.1f} ms held batches back); " + ORDER_VARIES)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from placer.executor.stream.worker_init import blas_control, blas_threads
-from placer.stream.dropin.headtohead import adopt, measured, outcome, side_by_side, with_processes
+from placer.stream.dropin.headtohead import head_to_head, measured, with_processes
 from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.samples import Timed
 from placer.stream.dropin.trial import label
@@ -77,11 +77,7 @@ def consider(a: Advising, timed: Timed | None) -> dict[str, Any]:
                           if timed is not None else "the loader has no keys to time its samples by")
         return out
     base, one = a.best.settings, s.model_copy(update={"threads_per_worker": ONE})
-    pair = side_by_side(a, base, one)
-    out.update(outcome(pair))
-    if out["faster"]:
-        adopt(a, pair)
-        out["recommended"] = True
+    if head_to_head(a, base, one, out):
         a.notes.append(f"one thread per worker: {label(one)} measured {out['measured_gain']:.2f}x {label(base)} in "
                        f"{out['rounds']} interleaved rounds ({s.num_workers} workers x {threads} BLAS threads on "
                        f"{a.cores} cores took turns); advice.loader() sets it with a worker_init_fn that calls yours "

@@ -1,8 +1,8 @@
 """The drop-in's entry point: :func:`advise_loader`, its phases in order, and the advice they make.
 
 May import: placer.devices, placer.timing, placer.stream.arguments, placer.stream.keep,
-placer.stream.dropin.{advice,caching,deciding,fits,guards,measuring,phases,reorder,samples,space,trial,whole,words,
-worker_threads}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
+placer.stream.dropin.{advice,caching,deciding,fits,guards,measuring,phases,pinning,reorder,samples,space,trial,
+whole,words,worker_threads}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
 
 How it decides
 --------------
@@ -41,7 +41,7 @@ from typing import Any
 
 from placer.devices import Device
 from placer.stream import arguments
-from placer.stream.dropin import fits, phases, reorder, samples, space, worker_threads
+from placer.stream.dropin import fits, phases, pinning, reorder, samples, space, worker_threads
 from placer.stream.dropin.advice import LoaderAdvice
 from placer.stream.dropin.deciding import decided_by, user_speeds
 from placer.stream.dropin.guards import draws_unseeded, random_state_kept
@@ -180,6 +180,8 @@ def written(a: Advising, runs_in: str) -> LoaderAdvice:
         advice.notes.append(speeds["sentence"])
     if a.count.unknown:
         advice.notes.append(UNKNOWN_COUNT)
+    if (pinned := pinning.said(best, a.trials)) is not None:
+        advice.notes.append(pinned)
     return advice
 
 

@@ -1,7 +1,7 @@
 """Measuring one run of a loader with the step: batches fetched and stepped on, the rate after the warm-up.
 
 May import: placer.data.stream, placer.devices, placer.executor.stream.{nodes,source}, placer.timing,
-placer.stream.dropin.{memory,trial}; torch inside functions.
+placer.stream.dropin.{memory,pinning,trial}; torch inside functions.
 
 A loader run with other settings is the user's loader rebuilt
 (:func:`~placer.executor.stream.source.rebuild_loader`): the same dataset, sampler and generator,
@@ -20,6 +20,7 @@ from placer.devices import Device, canonical_name, discover, torch_device_name
 from placer.executor.stream.nodes import leading_len
 from placer.executor.stream.source import rebuild_loader
 from placer.stream.dropin.memory import Watch
+from placer.stream.dropin.pinning import pin_thread_cpu_s
 from placer.stream.dropin.trial import Trial
 from placer.timing import Clock, Deadline, Measurement, Timings
 
@@ -79,17 +80,15 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                count: SampleCount | None = None, drain: int = 0, give_up_s: float | None = None) -> Trial | None:
     """Fetch up to ``batches`` batches (and step on each); the rate counts batches after ``warmup``.
 
-    Stops early at ``deadline`` (after at least one counted batch). ``keep`` collects
-    the first batches for the step-alone run. None when the loader runs out during the warm-up.
-    ``drain``: the batches the loader's queue holds (workers x prefetch). The workers fill
-    it while the first batches are taken, so the first ``drain`` counted batches may come
-    from a full queue; the rate leaves them out (up to half of the counted batches), or
-    a short run with many workers would measure the queue, not the workers.
-    ``give_up_s``: a run still in its warm-up this long after ``iter(loader)`` stops there (``cut``; its
-    rate the batches read over the time taken): a setting whose first batches come after the user's
-    whole run would have ended cannot make it faster, and runs of settings slow to start would spend the
-    budget the user's settings need for their repeats.
-    Memory is read after the warm-up, half-way (out of the timed window) and at the end (:class:`Watch`).
+    Stops at ``deadline`` (after one counted batch); ``keep`` collects the first batches; None if none counted.
+    ``drain``: the batches the loader's queue holds (workers x prefetch), filled while the first batches are
+    taken: the rate leaves out that many (up to half the counted batches), or a short run with many workers
+    would measure the queue, not the workers.
+    ``give_up_s``: a run still in its warm-up this long after ``iter(loader)`` stops there (``cut``; its rate
+    the batches read over the time taken): a setting whose first batches come after the user's whole run would
+    have ended cannot make it faster, and settings slow to start would spend the user's repeats' budget.
+    Memory is read after the warm-up, half-way (out of the timed window) and at the end (:class:`Watch`); the
+    pin-memory thread's CPU at the end (:mod:`~placer.stream.dropin.pinning`).
     """
     count = count or counter_of(loader)
     waits = Timings()
@@ -134,6 +133,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
             device.synchronize()
             end = run.elapsed() - mem.paused_s
             mem.end(counted)
+            pinned_s = pin_thread_cpu_s(it)
         finally:
             with Clock() as closing:
                 close_iterator(it)
@@ -153,7 +153,8 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     return Trial(settings=settings_of(loader), samples_per_s=samples / seconds, first_batch_s=first,
                  fetch_fraction=sum(fetch_s) / seconds, batches=counted, samples=samples, seconds=seconds,
                  fetch=Measurement(raw_times=fetch_s, label="next(loader)"), close_s=close_s,
-                 read=read, read_s=end, memory=mem.result())
+                 read=read, read_s=end, memory=mem.result(),
+                 pin_share=None if pinned_s is None else pinned_s / max(end, 1e-12))
 
 
 def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: Deadline,

@@ -51,6 +51,9 @@ class Trial:
     reads: tuple[tuple[int, float, float], ...] = field(default=(), compare=False)
     #: the memory of the run's process and of the loader's workers (:mod:`placer.stream.dropin.memory`)
     memory: RunMemory | None = field(default=None, compare=False)
+    #: the CPU seconds of the loader's pin-memory thread over the run's seconds: the share of a core pinning took
+    #: (None: no such thread, as without a CUDA device; :mod:`placer.stream.dropin.pinning`)
+    pin_share: float | None = field(default=None, compare=False)
 
     @property
     def rates(self) -> tuple[float, ...]:
@@ -85,6 +88,7 @@ class Trial:
                 "close_s": round(self.close_s, 4), "run_rates": [round(r, 2) for r in self.run_rates],
                 "reads": [[n, round(s, 4), round(f, 4)] for n, s, f in self.each_read],
                 "memory_bytes": None if self.memory is None else self.memory.as_dict(),
+                **({"pin_thread_share": round(self.pin_share, 4)} if self.pin_share is not None else {}),
                 **({"cut": True} if self.cut else {})}
 
     @property
@@ -107,7 +111,12 @@ def merged(first: Trial, more: list[Trial]) -> Trial:
                    batches=sum(t.batches for t in runs), samples=sum(t.samples for t in runs),
                    seconds=sum(t.seconds for t in runs), run_rates=tuple(r for t in runs for r in t.run_rates),
                    started=tuple(r for t in runs for r in t.started),
-                   reads=tuple(r for t in runs for r in t.each_read), memory=combined([t.memory for t in runs]))
+                   reads=tuple(r for t in runs for r in t.each_read), memory=combined([t.memory for t in runs]),
+                   pin_share=_median([t.pin_share for t in runs if t.pin_share is not None]))
+
+
+def _median(xs: list[float]) -> float | None:
+    return float(np.median(xs)) if xs else None
 
 
 def label(s: LoaderSettings) -> str:

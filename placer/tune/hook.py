@@ -474,7 +474,7 @@ def _with_cache(bound, spec: dict) -> dict:
     store = SampleStore(int(spec["budget_bytes"]))
     _state.stores.append(store)
     bound.arguments["dataset"] = CacheAdvice(method, budget_bytes=int(spec["budget_bytes"])).apply(dataset, store)
-    return {"method": method, "applied": True, "reason": ""}
+    return {"method": method, "applied": True, "reason": "", "folder": store.folder}
 
 
 def _find_cache(loader, state: _State) -> dict:

@@ -1,0 +1,138 @@
+"""``placer tune`` and the cache inside the Dataset: found in the script's process, weighed by runs of the
+script with and without it, applied in trials and by ``--apply`` with the script's batches unchanged.
+
+``tests/tune_scripts/decode_train.py`` decodes each item slowly and deterministically (``self.decode(i)``),
+then draws a random gain from torch's global generator; with ``--random`` the slow work itself draws.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from placer.tune import caching
+from placer.tune.caching import CacheResult
+from placer.tune.runs import run_script
+from placer.tune.search import holding_loader, tune
+from placer.tune.words import describe, recommendation, to_json
+
+SCRIPTS = Path(__file__).parent / "tune_scripts"
+SCRIPT = SCRIPTS / "decode_train.py"
+PY = sys.executable
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def digest_of(output: str) -> str:
+    return json.loads(output.strip().splitlines()[-1])["digest"]
+
+
+@pytest.fixture(scope="module")
+def as_written():
+    """The script run to its end as written: its batches' digest, and the place it builds its loader."""
+    run = run_script([PY, str(SCRIPT)], {"mode": "apply", "target": None, "settings": None}, timeout_s=120,
+                     trial=False)
+    return digest_of(run.output_tail), holding_loader(run)[0]["site"]
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    """``placer tune`` on the decoding script: no other setting to try (the cache is what is searched here)."""
+    result = tune([PY, str(SCRIPT)], budget_s=60, window_s=0.3, space=[])
+    return result, to_json(result)
+
+
+def test_tune_finds_the_deterministic_decode_and_recommends_keeping_it(tuned):
+    result, data = tuned
+    cache = data["cache"]
+    assert cache["method"] == "Clips.decode"  # __getitem__ draws a random gain: only the decode inside is pure
+    assert cache["recommended"] is True and result.cached
+    assert cache["hit_rate"] == 1.0 and cache["epoch_speedup"] > 1
+    # the window read at least the filling epoch, an epoch reading the cache and a batch past it (8 a epoch)
+    assert cache["window_batches"] >= 2 * 8 + 1
+    assert len(cache["gain_rounds"]) >= 3  # the rule's rounds, each with and without the cache
+    assert data["recommended"]["cache"] == {"method": "Clips.decode", "budget_bytes": cache["budget_bytes"]}
+    assert data["change"] is True and data["speedup"] == round(result.speedup * result.cache.gain, 4)
+    runs = [r for r in data["runs"] if r["batches"] == cache["window_batches"]]
+    assert {r["cache"] for r in runs} == {None, "Clips.decode"}
+    assert len({r["digest"] for r in runs}) == 1  # the same batches with the cache and without it
+    text = "\n".join(describe(result))
+    assert "Cache inside the Dataset: keep `Clips.decode`" in text and "placer tune --apply" in text
+
+
+def test_apply_with_the_cache_reads_the_batches_of_the_script_as_written(tuned, as_written, tmp_path):
+    _, data = tuned
+    saved = tmp_path / "tuned.json"
+    saved.write_text(json.dumps(data))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.run([PY, "-m", "placer", "tune", "--apply", str(saved), "--", PY, str(SCRIPT)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "was not applied" not in p.stderr
+    assert digest_of(p.stdout) == as_written[0]
+
+
+def test_a_cache_applied_in_a_stopped_trial_is_removed_and_one_for_another_class_is_not_applied(as_written):
+    site = as_written[1]
+    spec = {"mode": "trial", "target": site, "settings": None, "batches": 12, "stop_s": 60}
+    run = run_script([PY, str(SCRIPT)], {**spec, "cache": {"method": "Clips.decode", "budget_bytes": 1 << 24}},
+                     timeout_s=120)
+    applied = run.loader(site)["cache"]
+    assert run.report["stopped"] == "batches" and applied["applied"] is True
+    assert not os.path.exists(applied["folder"])  # the hook ended the script and removed the store
+    run = run_script([PY, str(SCRIPT)], {**spec, "cache": {"method": "Frames.decode", "budget_bytes": 1 << 24}},
+                     timeout_s=120)
+    other = run.loader(site)["cache"]
+    assert other["applied"] is False and "not a Frames" in other["reason"]
+
+
+def test_random_per_item_work_gets_no_cache_and_says_why():
+    result = tune([PY, str(SCRIPT), "--random"], budget_s=40, window_s=0.3, space=[])
+    data = to_json(result)
+    assert data["cache"]["method"] is None and data["cache"]["recommended"] is False
+    assert data["recommended"]["cache"] is None
+    assert "Clips.decode_with_noise: it draws random numbers" in data["cache"]["reason"]
+    assert [r for r in data["runs"] if r.get("cache")] == []  # nothing to weigh: no run with a cache
+    assert "Cache inside the Dataset: nothing to keep (" in "\n".join(describe(result))
+
+
+def test_an_iterable_dataset_is_not_searched_and_says_why():
+    found = caching.find([PY, "-c", "raise SystemExit(3)"], "train.py:1", {"iterable": True, "length": None},
+                         budget_s=10, startup_s=1)
+    assert found.method is None and "IterableDataset" in found.reason and not found.recommended
+
+
+def _rounds(plain: list[float], cached: list[float], digests=("a", "a"), fits=lambda n: True) -> CacheResult:
+    runs = iter([x for pair in zip(plain, cached) for x in pair])
+    marks = iter(list(digests) * len(plain))
+    found = CacheResult({"method": "Clips.decode", "recommended": True, "budget_bytes": 1 << 20})
+    return caching.weigh(found, lambda with_cache: (next(runs), next(marks)), fits, 17)
+
+
+def test_the_cache_is_recommended_only_by_the_rule_over_its_rounds():
+    clear = _rounds([100, 104, 98], [160, 170, 150])
+    assert clear.recommended and clear.gain == pytest.approx(160 / 100) and clear.spec()["method"] == "Clips.decode"
+    # a gain the median shows but the rounds do not: settled by more rounds, then kept out
+    noisy = _rounds([100, 90, 110, 95, 105, 100, 98], [108, 112, 92, 99, 104, 97, 101])
+    assert not noisy.recommended and "beyond the noise" in noisy.reason and noisy.spec() is None
+    differ = _rounds([100, 100, 100], [200, 200, 200], digests=("a", "b"))
+    assert not differ.recommended and "batches with the cache differ" in differ.reason
+    none = _rounds([100], [200], fits=lambda n: False)
+    assert not none.recommended and "--budget-s" in none.reason
+
+
+def test_a_saved_cache_is_checked_before_it_is_applied():
+    good = {"loader": "train.py:9", "recommended": {"num_workers": 0, "cache": {"method": "Clips.decode",
+                                                                                 "budget_bytes": 1024}}}
+    assert recommendation(good)[1]["cache"]["method"] == "Clips.decode"
+    bad = json.loads(json.dumps(good))
+    bad["recommended"]["cache"]["method"] = "decode"
+    with pytest.raises(ValueError, match="recommended.cache.method must name the cached method as Class.method"):
+        recommendation(bad)
+    bad["recommended"]["cache"] = {"method": "Clips.decode", "budget_bytes": -1}
+    with pytest.raises(ValueError, match="recommended.cache.budget_bytes must be a positive number"):
+        recommendation(bad)

@@ -27,7 +27,7 @@ from placer.stream.rounds import MIN_GAIN, REPEATS, SETTLE_ROUNDS, beats, faster
 from placer.tune.runs import run_script
 
 #: the search's share of ``placer tune``'s budget (its profile, purity checks and loader passes)
-FIND_SHARE = 0.15
+FIND_SHARE = 0.10
 #: the search's passes run at most this many of the loader's first batches (the drop-in's default)
 FIND_BATCHES = 20
 #: the search is given at least this many seconds, or not run

@@ -42,7 +42,7 @@ def as_written():
 @pytest.fixture(scope="module")
 def tuned():
     """``placer tune`` on the decoding script: no other setting to try (the cache is what is searched here)."""
-    result = tune([PY, str(SCRIPT)], budget_s=60, window_s=0.3, space=[])
+    result = tune([PY, str(SCRIPT)], budget_s=90, window_s=0.3, space=[])
     return result, to_json(result)
 
 
@@ -90,8 +90,26 @@ def test_a_cache_applied_in_a_stopped_trial_is_removed_and_one_for_another_class
     assert other["applied"] is False and "not a Frames" in other["reason"]
 
 
+def test_a_loader_built_again_around_the_same_dataset_reads_the_same_cache_and_another_dataset_gets_its_own():
+    cmd = [PY, str(SCRIPT), "--rebuild", "--epochs", "3"]
+    run = run_script(cmd, {"mode": "apply", "target": None, "settings": None}, timeout_s=120, trial=False)
+    site = holding_loader(run)[0]["site"]
+    assert {r["site"] for r in run.loaders} == {site}  # train (each epoch) and validation: one place
+    cached = run_script(cmd, {"mode": "apply", "target": site, "settings": None,
+                              "cache": {"method": "Clips.decode", "budget_bytes": 1 << 24}}, timeout_s=120,
+                        trial=False)
+    folders = [r["cache"]["folder"] for r in cached.loaders]
+    lengths = [r["length"] for r in cached.loaders]
+    assert lengths == [8, 8, 2, 8, 2, 8, 2]  # the first loader, then each epoch's and its validation's
+    train = {f for f, n in zip(folders, lengths) if n == 8}
+    val = [f for f, n in zip(folders, lengths) if n == 2]
+    assert len(train) == 1 and len(set(val)) == 3 and not train & set(val)
+    assert not any(os.path.exists(f) for f in folders)  # removed at the script's end
+    assert digest_of(cached.output_tail) == digest_of(run.output_tail)
+
+
 def test_random_per_item_work_gets_no_cache_and_says_why():
-    result = tune([PY, str(SCRIPT), "--random"], budget_s=40, window_s=0.3, space=[])
+    result = tune([PY, str(SCRIPT), "--random"], budget_s=90, window_s=0.3, space=[])
     data = to_json(result)
     assert data["cache"]["method"] is None and data["cache"]["recommended"] is False
     assert data["recommended"]["cache"] is None
@@ -136,3 +154,10 @@ def test_a_saved_cache_is_checked_before_it_is_applied():
     bad["recommended"]["cache"] = {"method": "Clips.decode", "budget_bytes": -1}
     with pytest.raises(ValueError, match="recommended.cache.budget_bytes must be a positive number"):
         recommendation(bad)
+
+
+def test_a_budget_too_small_to_weigh_a_cache_does_not_look_for_one_and_says_so():
+    result = tune([PY, str(SCRIPT)], budget_s=20, window_s=0.3, space=[])
+    assert result.cache is not None and result.cache.method is None and not result.cached
+    assert "a larger --budget-s looks for one" in result.cache.reason
+    assert all(not r.get("cache") for r in result.runs)

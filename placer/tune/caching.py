@@ -183,9 +183,9 @@ def judge(result: CacheResult, *, same: bool = True) -> CacheResult:
         result.recommended = True
         result.reason = (f"{gain:.2f}x over {result.batches} batches in {n} interleaved rounds of your script "
                          f"with and without it")
-    elif n < REPEATS and gain is not None and faster(gain, 1.0):
-        result.reason = (f"{gain:.2f}x over {result.batches} batches, but only {n} of the {REPEATS} rounds the "
-                         "rule needs fitted the budget: a larger --budget-s weighs it")
+    elif n < REPEATS:
+        result.reason = (f"{_rounds(result)} over {result.batches} batches, but only {n} of the {REPEATS} rounds "
+                         "the rule needs fitted the budget: a larger --budget-s weighs it")
     else:
         result.reason = (f"{_rounds(result)} over {result.batches} batches: not more than {MIN_GAIN:.0%} faster "
                          "beyond the noise of the rounds")

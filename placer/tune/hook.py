@@ -81,8 +81,9 @@ class _State:
         self.first_iter_s: float | None = None
         #: what the search for a cache inside the Dataset found (``CacheAdvice.as_dict()``), in a ``cache`` run
         self.cache: dict | None = None
-        #: the stores of the caches this process applied: removed when the hook ends the script
-        self.stores: list = []
+        #: the stores of the caches this process applied, by the dataset they keep outputs of (held, so that
+        #: its id is not reused): removed when the hook ends the script
+        self.stores: dict[int, tuple] = {}
         self.finding = False
 
     # -- the record of a loader ----------------------------------------------------------
@@ -163,7 +164,7 @@ class _State:
 
     def close_stores(self) -> None:
         """Remove the applied caches' files (``os._exit`` runs no finaliser that would)."""
-        for store in self.stores:
+        for _, store in self.stores.values():
             try:
                 store.close()
             except Exception:  # noqa: BLE001 - a store already gone
@@ -458,7 +459,10 @@ def _with_cache(bound, spec: dict) -> dict:
     """Put the cache ``spec`` names inside the loader's dataset (its ``Subset`` wrappers kept); what was done.
 
     The cache is applied only to a dataset of the class it was found in: a script that builds
-    another dataset at the same place (another split, another option) keeps its own.
+    another dataset at the same place (another split, another option) keeps its own. A loader built
+    again around the same dataset object (each epoch, say) reads the store the first one filled; another
+    dataset object, even of the same class, gets its own store, as its outputs by the same arguments may
+    differ (a training and a validation split built by one function).
     """
     from placer.executor.stream.store import SampleStore
     from placer.stream.cache_advice import CacheAdvice
@@ -471,8 +475,9 @@ def _with_cache(bound, spec: dict) -> dict:
     if type(inner).__name__ != cls:
         return {"method": method, "applied": False,
                 "reason": f"the dataset built here is a {type(inner).__name__}, not a {cls}"}
-    store = SampleStore(int(spec["budget_bytes"]))
-    _state.stores.append(store)
+    if id(inner) not in _state.stores:
+        _state.stores[id(inner)] = (inner, SampleStore(int(spec["budget_bytes"])))
+    store = _state.stores[id(inner)][1]
     bound.arguments["dataset"] = CacheAdvice(method, budget_bytes=int(spec["budget_bytes"])).apply(dataset, store)
     return {"method": method, "applied": True, "reason": "", "folder": store.folder}
 

@@ -291,9 +291,18 @@ def _find_cache(command: list[str], rec: dict[str, Any], runner: _Runner, startu
                 budget_s: float) -> CacheResult:
     """The search for a cache (:func:`placer.tune.caching.find`); where it offers one, the window its rounds
     read (``batches``) and their seconds reserved on the clock: at most half of what is left, so that the
-    settings are still searched."""
+    settings are still searched. Not looked for where the time left cannot hold the search and the rounds
+    that would weigh what it found."""
     clock = runner.clock
-    share = min(caching.FIND_SHARE * budget_s, clock.left() - startup - runner.per_run())
+    share = caching.FIND_SHARE * budget_s
+    window = caching.cache_window(runner.batches, rec.get("length"))
+    need = share + startup + caching.runs_needed(runner.cache_run_s(window))
+    if not rec.get("iterable") and rec.get("length") and clock.left() < need:
+        found = caching.not_searched(
+            f"looking for it and weighing it ({2 * REPEATS} runs of {window} batches) takes about {need:.0f} s, "
+            f"more than the {max(clock.left(), 0):.0f} s left: a larger --budget-s looks for one")
+        runner.say(f"  cache inside the Dataset: not looked for ({found.reason})")
+        return found
     found = caching.find(command, runner.site, rec, budget_s=share, startup_s=startup)
     runner.say(f"  cache inside the Dataset: {found.method or 'none'}"
                + (f", epochs 2+ {found.found['epoch_speedup']:.1f}x in the search's passes"
@@ -301,7 +310,7 @@ def _find_cache(command: list[str], rec: dict[str, Any], runner: _Runner, startu
                + ("" if found.found.get("recommended") else f" ({found.reason})")
                + f"  ({clock.used():.0f} of {clock.budget_s:.0f} s)")
     if found.found.get("recommended"):
-        found.batches = caching.cache_window(runner.batches, rec.get("length"))
+        found.batches = window
         clock.reserved = min(caching.runs_needed(runner.cache_run_s(found.batches)), max(clock.left(), 0.0) / 2)
     return found
 

@@ -38,16 +38,27 @@ class Clips(Dataset):
         return x * (1 + 0.1 * torch.rand(())), i
 
 
+def make(dataset, seed):
+    return DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(seed))
+
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--epochs", type=int, default=4)
 ap.add_argument("--random", action="store_true")
+ap.add_argument("--rebuild", action="store_true", help="build the loader again each epoch, and a validation one")
 args = ap.parse_args()
 torch.manual_seed(0)
-loader = DataLoader(Clips(64, args.random), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))
+train = Clips(64, args.random)
+loader = make(train, 3)
 model = torch.nn.Linear(128, 1)
 digest = hashlib.sha256()
-for _ in range(args.epochs):
+for epoch in range(args.epochs):
+    if args.rebuild:
+        loader = make(train, 3 + epoch)
     for x, idx in loader:
         digest.update(x.numpy().tobytes() + idx.numpy().tobytes())
         model(x).sum().backward()
+    if args.rebuild:
+        for x, idx in make(Clips(16, args.random), 0):
+            digest.update(x.numpy().tobytes())
 print(json.dumps({"digest": digest.hexdigest()}))

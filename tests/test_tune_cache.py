@@ -139,6 +139,13 @@ def test_the_cache_is_recommended_only_by_the_rule_over_its_rounds():
     assert not noisy.recommended and "beyond the noise" in noisy.reason and noisy.spec() is None
     differ = _rounds([100, 100, 100], [200, 200, 200], digests=("a", "b"))
     assert not differ.recommended and "batches with the cache differ" in differ.reason
+    # batches that differ from run to run without the cache too (thread workers drawing from a global
+    # generator) say nothing of the cache: not compared, and said so
+    racy = iter(["a", "b", "c", "d", "e", "f"])
+    found = CacheResult({"method": "Clips.decode", "recommended": True, "budget_bytes": 1 << 20})
+    rates = iter([100, 160, 104, 170, 98, 150])
+    racy_result = caching.weigh(found, lambda c: (next(rates), next(racy)), lambda n: True, 17)
+    assert racy_result.recommended and "differ from run to run with these settings alone" in racy_result.reason
     none = _rounds([100], [200], fits=lambda n: False)
     assert not none.recommended and "--budget-s" in none.reason
 

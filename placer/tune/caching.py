@@ -139,7 +139,8 @@ def weigh(result: CacheResult, once: Callable[[bool], tuple[float, str | None] |
     their noise.
     """
     result.batches = batches
-    digests: set[str | None] = set()
+    plain: set[str | None] = set()
+    cached: set[str | None] = set()
 
     def round_() -> bool:
         got = [once(False), once(True)]
@@ -147,7 +148,8 @@ def weigh(result: CacheResult, once: Callable[[bool], tuple[float, str | None] |
             return False
         result.plain.append(got[0][0])
         result.cached.append(got[1][0])
-        digests.update(g[1] for g in got)
+        plain.add(got[0][1])
+        cached.add(got[1][1])
         return True
 
     for _ in range(REPEATS):
@@ -158,7 +160,12 @@ def weigh(result: CacheResult, once: Callable[[bool], tuple[float, str | None] |
         if decided(result) or not _near(result) or not fits(2):
             break
         round_()
-    return judge(result, same=len(digests) <= 1)
+    if len(plain) > 1:
+        # thread workers whose items draw from a global generator, say: the settings alone change the batches
+        # from run to run, so the cache's cannot be set against them (its method was checked pure by the search)
+        return judge(result, same=True, note="the script's batches differ from run to run with these settings "
+                                              "alone, so the cached runs' were not compared with them")
+    return judge(result, same=len(plain | cached) <= 1)
 
 
 def decided(result: CacheResult) -> bool:
@@ -170,8 +177,9 @@ def _near(result: CacheResult) -> bool:
     return bool(result.plain) and faster(statistics.median(result.cached), statistics.median(result.plain))
 
 
-def judge(result: CacheResult, *, same: bool = True) -> CacheResult:
-    """Recommend the cache where its rounds beat the uncached ones by the rule, and its batches are the same."""
+def judge(result: CacheResult, *, same: bool = True, note: str = "") -> CacheResult:
+    """Recommend the cache where its rounds beat the uncached ones by the rule, and its batches are the same;
+    ``note`` is added to the reason."""
     n = len(result.plain)
     gain = result.gain
     if not same:
@@ -189,6 +197,8 @@ def judge(result: CacheResult, *, same: bool = True) -> CacheResult:
     else:
         result.reason = (f"{_rounds(result)} over {result.batches} batches: not more than {MIN_GAIN:.0%} faster "
                          "beyond the noise of the rounds")
+    if note:
+        result.reason += f" ({note})"
     return result
 
 

@@ -54,7 +54,7 @@ def test_tune_finds_the_deterministic_decode_and_recommends_keeping_it(tuned):
     assert cache["hit_rate"] == 1.0 and cache["epoch_speedup"] > 1
     # the window read at least the filling epoch, an epoch reading the cache and a batch past it (8 a epoch)
     assert cache["window_batches"] >= 2 * 8 + 1
-    assert len(cache["gain_rounds"]) >= 3  # the rule's rounds, each with and without the cache
+    assert len(cache["gain_rounds"]) >= 2  # the rule's rounds, each with and without the cache
     assert data["recommended"]["cache"] == {"method": "Clips.decode", "budget_bytes": cache["budget_bytes"]}
     assert data["change"] is True and data["speedup"] == round(result.speedup * result.cache.gain, 4)
     runs = [r for r in data["runs"] if r["batches"] == cache["window_batches"]]
@@ -132,8 +132,13 @@ def _rounds(plain: list[float], cached: list[float], digests=("a", "a"), fits=la
 
 
 def test_the_cache_is_recommended_only_by_the_rule_over_its_rounds():
+    # every cached run faster than every uncached one: two rounds decide
     clear = _rounds([100, 104, 98], [160, 170, 150])
-    assert clear.recommended and clear.gain == pytest.approx(160 / 100) and clear.spec()["method"] == "Clips.decode"
+    assert clear.recommended and len(clear.plain) == 2 and clear.gain == pytest.approx(165 / 102)
+    assert clear.spec()["method"] == "Clips.decode"
+    # two rounds whose runs overlap (each round won): a third, and the sign test over three won rounds decides
+    third = _rounds([100, 130, 98], [120, 160, 150])
+    assert third.recommended and len(third.plain) == 3
     # a gain the median shows but the rounds do not: settled by more rounds, then kept out
     noisy = _rounds([100, 90, 110, 95, 105, 100, 98], [108, 112, 92, 99, 104, 97, 101])
     assert not noisy.recommended and "beyond the noise" in noisy.reason and noisy.spec() is None

@@ -32,6 +32,9 @@ FIND_SHARE = 0.10
 FIND_BATCHES = 20
 #: the search is given at least this many seconds, or not run
 MIN_FIND_S = 3.0
+#: rounds reserved for weighing a cache: the fewest the rule decides in (every cached run faster than every
+#: uncached one, :func:`placer.stream.rounds.beats`); the rounds up to ``REPEATS`` run where the time left has room
+FIRST_ROUNDS = 2
 
 
 @dataclass
@@ -134,9 +137,9 @@ def weigh(result: CacheResult, once: Callable[[bool], tuple[float, str | None] |
 
     ``once(cached)`` runs the script once (with the cache or without it) and returns its counted
     samples/s and the digest of its counted batches, or None where the run failed; ``fits(n)`` says
-    whether ``n`` more runs fit the budget. ``REPEATS`` rounds (each the uncached run first), then up
-    to ``SETTLE_ROUNDS`` more while the median gain is there but the rounds do not yet show it beyond
-    their noise.
+    whether ``n`` more runs fit the budget. Up to ``REPEATS`` rounds (each the uncached run first;
+    from the second on, none once the rule has decided), then up to ``SETTLE_ROUNDS`` more while the
+    median gain is there but the rounds do not yet show it beyond their noise.
     """
     result.batches = batches
     plain: set[str | None] = set()
@@ -152,8 +155,8 @@ def weigh(result: CacheResult, once: Callable[[bool], tuple[float, str | None] |
         cached.add(got[1][1])
         return True
 
-    for _ in range(REPEATS):
-        if not fits(2):
+    for r in range(REPEATS):
+        if (r >= FIRST_ROUNDS and decided(result)) or not fits(2):
             break
         round_()
     for _ in range(SETTLE_ROUNDS):
@@ -210,5 +213,6 @@ def _rounds(result: CacheResult) -> str:
 
 
 def runs_needed(per_run_s: float) -> float:
-    """Seconds the rounds that weigh a cache take at ``per_run_s`` a run: ``REPEATS`` rounds of two runs."""
-    return 2 * REPEATS * per_run_s if math.isfinite(per_run_s) else math.inf
+    """Seconds the rounds reserved for weighing a cache take at ``per_run_s`` a run: ``FIRST_ROUNDS`` rounds of
+    two runs."""
+    return 2 * FIRST_ROUNDS * per_run_s if math.isfinite(per_run_s) else math.inf

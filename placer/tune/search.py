@@ -299,7 +299,7 @@ def _find_cache(command: list[str], rec: dict[str, Any], runner: _Runner, startu
     need = share + startup + caching.runs_needed(runner.cache_run_s(window))
     if not rec.get("iterable") and rec.get("length") and clock.left() < need:
         found = caching.not_searched(
-            f"looking for it and weighing it ({2 * REPEATS} runs of {window} batches) takes about {need:.0f} s, "
+            f"looking for it and weighing it ({2 * caching.FIRST_ROUNDS} runs of {window} batches) takes about {need:.0f} s, "
             f"more than the {max(clock.left(), 0):.0f} s left: a larger --budget-s looks for one")
         runner.say(f"  cache inside the Dataset: not looked for ({found.reason})")
         return found

@@ -140,8 +140,9 @@ def test_the_cache_is_recommended_only_by_the_rule_over_its_rounds():
     third = _rounds([100, 130, 98], [120, 160, 150])
     assert third.recommended and len(third.plain) == 3
     # a gain the median shows but the rounds do not: settled by more rounds, then kept out
-    noisy = _rounds([100, 90, 110, 95, 105, 100, 98], [108, 112, 92, 99, 104, 97, 101])
+    noisy = _rounds([100, 110, 90, 95, 105, 100, 98], [108, 92, 112, 99, 104, 97, 101])
     assert not noisy.recommended and "beyond the noise" in noisy.reason and noisy.spec() is None
+    assert len(noisy.plain) == 5  # three rounds, then more while the median kept the gain (4 of 5 it did not)
     differ = _rounds([100, 100, 100], [200, 200, 200], digests=("a", "b"))
     assert not differ.recommended and "batches with the cache differ" in differ.reason
     # batches that differ from run to run without the cache too (thread workers drawing from a global

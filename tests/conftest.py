@@ -19,7 +19,7 @@ if os.environ.get("PLACER_REAL_GPU") != "1":
     # on the GPU machine, PLACER_REAL_GPU=1 keeps numba.cuda on the real device
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-# the drop-in's unit tests fake its runs or count their steps in their own process; tests/test_dropin_fresh.py
+# the drop-in's unit tests fake its runs or count their steps in their own process; tests/stream/test_dropin_fresh.py
 # asks for fresh processes itself
 os.environ.setdefault("PLACER_FRESH_RUNS", "0")
 _CACHE = os.environ["PLACER_CACHE_DIR"] = tempfile.mkdtemp(prefix="placer-test-cache-")

@@ -120,7 +120,7 @@ def slow_pipeline(tmp_path):
 def test_check_passes_on_its_fresh_baseline_and_fails_when_a_stage_is_3x_slower(slow_pipeline):
     d = slow_pipeline
     env = {"PLACER_TEST_DEVICES": "0"}
-    made = placer("check", "slow.py", "--baseline", "base", "--update", "--budget-s", "5", cwd=d, **env)
+    made = placer("check", "slow.py", "--baseline", "base", "--update", "--budget-s", "2", cwd=d, **env)
     assert made.returncode == 0, made.stderr
     assert {p.name for p in (d / "base").iterdir()} == {"profile.json", "plan.json", "run.json", "check.json"}
     same = placer("check", "slow.py", "--baseline", "base", cwd=d, **env)
@@ -136,7 +136,7 @@ def test_check_passes_on_its_fresh_baseline_and_fails_when_a_stage_is_3x_slower(
 def test_check_fails_when_the_best_device_changes(slow_pipeline):
     d = slow_pipeline
     env = {"PLACER_TEST_DEVICES": "1", "NUMBA_ENABLE_CUDASIM": "1"}
-    made = placer("check", "slow.py", "--baseline", "base", "--update", "--budget-s", "6", cwd=d,
+    made = placer("check", "slow.py", "--baseline", "base", "--update", "--budget-s", "2", cwd=d,
                   SLOW_STAGE_S="0.01", GPU_STAGE_S="0.08", **env)
     assert made.returncode == 0, made.stderr
     assert json.loads((d / "base" / "plan.json").read_text())["placement"]["wait"] == "cpu"
@@ -148,7 +148,7 @@ def test_check_fails_when_the_best_device_changes(slow_pipeline):
 def test_an_advise_save_folder_is_a_baseline(slow_pipeline):
     d = slow_pipeline
     env = {"PLACER_TEST_DEVICES": "0"}
-    saved = placer("advise", "slow.py", "--budget-s", "4", "--no-baselines", "-o", "r.json", "--save", "base",
+    saved = placer("advise", "slow.py", "--budget-s", "2", "--no-baselines", "-o", "r.json", "--save", "base",
                    cwd=d, **env)
     assert saved.returncode == 0, saved.stderr
     r = placer("check", "slow.py", "--baseline", "base", cwd=d, **env)

@@ -73,7 +73,7 @@ ILLUSTRATIVE: dict[tuple[str, str], str] = {
         "needs a running dask scheduler at the address shown",
     ("docs/profiling.md", 'CostModel(Profile.load("profile.json")'):
         "needs a profile.json from `placer profile` (tens of seconds of measuring); "
-        "tests/test_costmodel.py runs CostModel on built profiles",
+        "tests/costmodel/test_costmodel.py runs CostModel on built profiles",
     ("docs/reports.md", 'facts = report("report.html", plan="plan.json"'):
         "needs the JSON files `placer advise --save DIR` writes (a whole advise run); "
         "examples/report_from_json.py does the same in tests/test_examples.py",
@@ -82,7 +82,7 @@ ILLUSTRATIVE: dict[tuple[str, str], str] = {
         "examples/stream_training_script.py runs the same call in tests/test_examples.py",
     ("docs/streams.md", "plan = plan_stream(pipeline, budget_s=10)"):
         "a fragment: `pipeline` is the user's stream, and planning it profiles for 10 s; "
-        "tests/test_stream_plan.py plans streams",
+        "tests/stream/test_stream_plan.py plans streams",
 }
 
 #: JSON blocks that are abridged on purpose ("..." stands for rows left out)

@@ -1,4 +1,9 @@
-"""Every script in examples/ runs, as a user would run it, and says what it should."""
+"""Every script in examples/ runs, as a user would run it, and says what it should.
+
+Each runs as ``python examples/NAME`` in a process of its own (``tests/warm_cli.py`` forks it from an
+interpreter that has imported torch); the check that reading saved results needs no device library runs
+in a fresh interpreter, where an import would show.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from seeded_cache import seeded_cache
+from warm_cli import run as run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -26,8 +32,9 @@ def user_env(tmp_path):
 
 
 def run_example(name: str, *args: str, env: dict, cwd: Path) -> str:
-    proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=240)
+    """``python examples/NAME ARGS`` in its own process, forked from an interpreter that has imported torch."""
+    proc = run_python([str(EXAMPLES / name), *args], via="script", capture_output=True, text=True,
+                      env=env, cwd=cwd, timeout=240)
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
@@ -112,7 +119,7 @@ def test_existing_training_script_takes_a_placement(user_env, tmp_path):
 
 
 @pytest.mark.slow  # the example advises on a 60 s budget, as a user would run it; the drop-in's advice on a
-# loader-bound script is measured end to end in tests/test_stream_dropin.py
+# loader-bound script is measured end to end in tests/stream/test_stream_dropin.py
 def test_stream_training_script_is_told_its_loader_is_the_bottleneck_and_how_to_fix_it(user_env, tmp_path):
     import json
 

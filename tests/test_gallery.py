@@ -12,7 +12,6 @@ import functools
 import importlib
 import itertools
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -307,10 +306,10 @@ def test_real_gpu_placements_give_the_same_outputs(name):
 
 def _benchmark(tmp_path, env, *args):
     out = tmp_path / "advisor.txt"
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/advisor.py", "--pipelines", "requests", "--sizes", "small", "--budget-s", "4",
+    proc = run_placer(
+        ["benchmarks/advisor.py", "--pipelines", "requests", "--sizes", "small", "--budget-s", "2",
          "--reps", "1", "--out", str(out), *args],
-        capture_output=True, text=True, env=env, timeout=240, cwd=str(ROOT),
+        via="script", capture_output=True, text=True, env=env, timeout=240, cwd=str(ROOT),
     )
     assert proc.returncode == 0, proc.stderr
     return out.read_text(), json.loads(out.with_suffix(".json").read_text())

@@ -3,7 +3,9 @@
 Each case breaks the cache one way (a file of random bytes, non-UTF-8 text, NaN or negative
 times, no measured points, absurd nesting, a cache folder that cannot be created or written) and
 checks three things: the command exits 0, exactly one warning names the file or folder, and
-nothing is lost (the stages are measured again and ``-o`` gets the profile).
+nothing is lost (the stages are measured again and ``-o`` gets the profile). Every way of breaking
+a cache file goes through ``profile()``, which the command calls; two of them, and every folder
+case, go through the command itself.
 
 Root ignores file permissions: an unwritable cache is made by putting the cache folder under a
 regular file, by making the write itself fail (``os.replace`` raising PermissionError), and, for
@@ -159,10 +161,35 @@ CORRUPTIONS = {
 }
 
 
-@pytest.mark.parametrize("case", list(CORRUPTIONS))
-def test_a_broken_cache_file_is_remeasured_with_one_warning_naming_it(case, tmp_path, pipe, env, good):
-    import copy
+def _assert_replaced(root: Path, pipe: Path) -> None:
+    """The cache file was replaced by a good one: the next read takes it without a word."""
     import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProfileCacheWarning)
+        back = ProfileCache(root).load("hostile", discover().fingerprint(), source_id(str(pipe)))
+    assert back is not None and all(sp.devices["cpu"].points for sp in back.stages.values())
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_a_broken_cache_file_is_remeasured_with_one_warning_naming_it(case, tmp_path, pipe, good):
+    """Each way of breaking the file, through ``profile()`` (what the CLI calls; two cases below run the CLI)."""
+    import copy
+
+    root = tmp_path / "cache"
+    path = _install(root, pipe, good)
+    CORRUPTIONS[case](path, copy.deepcopy(good))
+    with pytest.warns(ProfileCacheWarning) as rec:
+        prof = profile(str(pipe), size=2000, budget_s=2, devices=["cpu"], cache=ProfileCache(root), progress=False)
+    msgs = [str(w.message) for w in rec if issubclass(w.category, ProfileCacheWarning)]
+    assert len(msgs) == 1 and str(path) in msgs[0], msgs
+    assert all(sp.devices["cpu"].points for sp in prof.stages.values())  # nothing lost
+    _assert_replaced(root, pipe)
+
+
+@pytest.mark.parametrize("case", ["random bytes", "NaN times"])
+def test_the_cli_remeasures_a_broken_cache_file_with_one_warning_naming_it(case, tmp_path, pipe, env, good):
+    import copy
 
     root = tmp_path / "cache"
     path = _install(root, pipe, good)
@@ -170,18 +197,14 @@ def test_a_broken_cache_file_is_remeasured_with_one_warning_naming_it(case, tmp_
     saved = tmp_path / "out.json"
     out = _cli(_profile_args(pipe, "-o", str(saved)), env, root)
     _assert_one_warning_and_remeasured(out, str(path), saved)
-    # the cache file was replaced by a good one: the next read takes it without a word
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ProfileCacheWarning)
-        back = ProfileCache(root).load("hostile", discover().fingerprint(), source_id(str(pipe)))
-    assert back is not None and all(sp.devices["cpu"].points for sp in back.stages.values())
+    _assert_replaced(root, pipe)
 
 
 def test_a_random_bytes_cache_file_does_not_stop_plan_or_advise(tmp_path, pipe, env, good):
     root = tmp_path / "cache"
     path = _install(root, pipe, good)
-    for cmd in (["plan", str(pipe), "--size", "2000", "--budget-s", "5"],
-                ["advise", str(pipe), "--size", "2000", "--budget-s", "5", "--target", "none"]):
+    for cmd in (["plan", str(pipe), "--size", "2000", "--budget-s", "1"],
+                ["advise", str(pipe), "--size", "2000", "--budget-s", "1", "--target", "none"]):
         path.write_bytes(os.urandom(2048))
         out = _cli(cmd, env, root)
         _assert_one_warning_and_remeasured(out, str(path))
@@ -219,7 +242,7 @@ def test_a_home_that_cannot_hold_a_cache_means_no_cache_with_one_warning(tmp_pat
     home.write_text("x")
     env = {k: v for k, v in env.items() if k != "PLACER_CACHE_DIR"}
     env["HOME"] = str(home)
-    for cmd in (_profile_args(pipe), ["plan", str(pipe), "--size", "2000", "--budget-s", "5"]):
+    for cmd in (_profile_args(pipe), ["plan", str(pipe), "--size", "2000", "--budget-s", "1"]):
         out = _cli(cmd, env, None)
         _assert_one_warning_and_remeasured(out, str(home))
 
@@ -310,8 +333,8 @@ def test_a_read_only_cache_with_its_files_intact_means_no_cache_for_profile_plan
     saved = tmp_path / "out.json"
     with _mode(0o500, path.parent, root / "transfer", root):
         for args in (_profile_args(pipe, "-o", str(saved)),
-                     ["plan", str(pipe), "--size", "2000", "--budget-s", "5"],
-                     ["advise", str(pipe), "--size", "2000", "--budget-s", "5", "--target", "none"]):
+                     ["plan", str(pipe), "--size", "2000", "--budget-s", "1"],
+                     ["advise", str(pipe), "--size", "2000", "--budget-s", "1", "--target", "none"]):
             out = _as_plain_user(args, env, root)
             _assert_no_cache_one_warning(out, root, "written")
         assert sorted(p.name for p in root.rglob("*")) == sorted(["profiles", "transfer", path.name])
@@ -340,6 +363,6 @@ def test_a_cache_folder_that_cannot_be_entered_means_no_cache_with_one_warning(t
     _install(root, pipe, good)
     saved = tmp_path / "plan.json"
     with _mode(0o000, root):
-        out = _as_plain_user(["plan", str(pipe), "--size", "2000", "--budget-s", "5", "-o", str(saved)], env, root)
+        out = _as_plain_user(["plan", str(pipe), "--size", "2000", "--budget-s", "1", "-o", str(saved)], env, root)
         _assert_no_cache_one_warning(out, root, "read")
     assert json.loads(saved.read_text())["stages"]

@@ -130,6 +130,8 @@ def test_run_with_a_stage_stuck_in_one_sleep_exits_1_at_the_timeout_naming_it(fi
     assert 3.0 <= after <= 3.0 + STOP_WAIT_S + SLACK_S, (after, total)
 
 
+@pytest.mark.slow  # the bound is 10 s (dask's threads must start first); the command's stage timeout on a stuck
+# stage is checked at 3 s by test_run_with_a_stage_stuck_in_one_sleep_exits_1_at_the_timeout_naming_it
 def test_a_stuck_data_parallel_stage_whose_dask_threads_would_hold_the_exit_up_still_exits(files, tmp_path):
     """dask's local threads are joined when Python exits; the command ends the process itself.
 

@@ -3,8 +3,9 @@
 Each script runs as a subprocess at a tiny size, as written and with ``--num-workers 2``
 (worker processes); its last line must be JSON with the loop's seconds, samples,
 samples/s, the digest of every batch it read and its result, and the two digests must
-agree. The second run reads the data the first one wrote. Two scripts run at a time (most of
-a run is importing torch, one core's work), so the file takes about half its runs' time.
+agree. The second run reads the data the first one wrote. Each run is forked from an interpreter
+that has imported torch (``tests/warm_cli.py``): still its own process, with its own arguments, ``sys.path``,
+exit and worker processes, without importing torch 24 times.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from warm_cli import run as run_python
 
 pytest.importorskip("torch")
 
@@ -43,8 +44,8 @@ FIELDS = {"seconds", "samples", "samples_per_s", "digest", "result"}
 
 def _run(script: str, data: Path, extra: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, str(JUDGE / f"{script}.py"), "--data-dir", str(data), *TINY[script],
-                           "--threads", "1", *extra], capture_output=True, text=True, timeout=180, env=env)
+    return run_python([str(JUDGE / f"{script}.py"), "--data-dir", str(data), *TINY[script], "--threads", "1", *extra],
+                      via="script", capture_output=True, text=True, timeout=180, env=env)
 
 
 def _both(script: str, data: Path) -> tuple:
@@ -54,9 +55,7 @@ def _both(script: str, data: Path) -> tuple:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    with ThreadPoolExecutor(2) as pool:
-        futures = {s: pool.submit(_both, s, tmp_path_factory.mktemp(s)) for s in sorted(TINY)}
-        return {s: f.result() for s, f in futures.items()}
+    return {s: _both(s, tmp_path_factory.mktemp(s)) for s in sorted(TINY)}
 
 
 def _last_json(p: subprocess.CompletedProcess) -> dict:

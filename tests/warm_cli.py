@@ -1,13 +1,18 @@
-"""``python -m placer ARGS`` for the tests, forked from one interpreter that has already imported torch.
+"""``python -m placer ARGS`` (or ``python SCRIPT ARGS``) for the tests, forked from one interpreter that has
+already imported torch.
 
 Importing torch takes a second or more; about a hundred tests run the command. Each call here is still
 its own process, as ``subprocess.run([sys.executable, "-m", "placer", ...])`` gives: its own working
 directory, environment, stdin, stdout and stderr, exit status and interpreter exit (atexit handlers,
-flushed streams), and a timeout that kills it. Only the imports of torch and numpy are done once, in a
+flushed streams), and a timeout that kills it. Only the imports of torch (with ``torch._dynamo``, which a
+first optimizer imports), numpy and the libraries placer imports (networkx, pydantic, typer, jinja2) are
+done once, in a
 server process forked for every call. A call whose environment differs from the server's in what
 those imports or the interpreter's start-up read (``PYTHON*`` but ``PYTHONPATH``, which the child puts
-on ``sys.path`` as start-up would, thread counts, CUDA's devices) runs as
-a fresh subprocess instead, and so does every call when ``PLACER_TEST_FRESH_CLI=1``.
+on ``sys.path`` as start-up would, thread counts, CUDA's devices, typer's terminal) runs as
+a fresh subprocess instead, and so does every call when ``PLACER_TEST_FRESH_CLI=1``. What the server's
+imports set in its environment (``TORCHINDUCTOR_CACHE_DIR``, which importing ``torch._dynamo`` sets, here too
+once a test has imported it) matches where the caller holds the same value.
 """
 
 from __future__ import annotations
@@ -23,13 +28,20 @@ import sys
 import tempfile
 import threading
 
-# read by the interpreter's start-up or by importing torch/numpy: a call must match the server in these
+# read by the interpreter's start-up or by the server's imports (torch, numpy, typer's terminal settings):
+# a call must match the server in these
 _STARTUP = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "GOTO", "BLIS_", "KMP_", "VECLIB", "NUMEXPR", "CUDA_",
-            "TORCH", "PYTORCH", "LD_")
+            "TORCH", "PYTORCH", "LD_", "TYPER_", "_TYPER_", "TERMINAL_WIDTH", "GITHUB_ACTIONS", "FORCE_COLOR",
+            "PY_COLORS")
 
 _SERVER = r"""
 import json, os, sys
+BEFORE = dict(os.environ)
 import numpy, torch  # the imports every call would otherwise repeat
+import torch._dynamo  # what torch.optim's first optimizer imports (about 2 s)
+import jinja2, networkx, pydantic, typer  # what importing placer imports besides (half a second)
+# what the imports put in the environment (torch._dynamo sets TORCHINDUCTOR_CACHE_DIR): the first line out
+os.write(1, json.dumps({k: v for k, v in os.environ.items() if BEFORE.get(k) != v}).encode() + b"\n")
 
 
 def pythonpath(value, cwd):
@@ -75,14 +87,21 @@ for fd, path, flags in ((0, req["stdin"], os.O_RDONLY), (1, req["stdout"], os.O_
     f = os.open(path, flags)
     os.dup2(f, fd)
     os.close(f)
-sys.path[0] = os.getcwd() if req["via"] == "-m" else ""  # as `python -m` and `python -c` put it
-sys.argv = [req["via"], *req["args"]]
 via = req["via"]
+if via == "script":  # `python SCRIPT ARGS`: the script's folder first on sys.path, its path as argv[0]
+    sys.path[0] = os.path.dirname(os.path.abspath(req["args"][0]))
+    sys.argv = list(req["args"])
+else:
+    sys.path[0] = os.getcwd() if via == "-m" else ""  # as `python -m` and `python -c` put it
+    sys.argv = [via, *req["args"]]
 del serve, req
 try:
     if via == "-m":
         import runpy
         runpy.run_module("placer", run_name="__main__", alter_sys=True)
+    elif via == "script":
+        import runpy
+        runpy.run_path(sys.argv[0], run_name="__main__")
     else:
         from placer.cli import main
         main()
@@ -121,9 +140,14 @@ _server: subprocess.Popen | None = None
 _SERVER_ENV = dict(os.environ)  # the tests' environment as conftest.py set it
 
 
+_set_by_imports: dict[str, str] = {}  # what the server's imports put in its environment
+
+
 def _startup(env: dict[str, str]) -> dict[str, str]:
-    """What start-up reads of ``env``, less PYTHONPATH (the server puts the caller's on sys.path)."""
-    return {k: v for k, v in env.items() if k.startswith(_STARTUP) and k != "PYTHONPATH"}
+    """What start-up reads of ``env``, less PYTHONPATH (the server puts the caller's on sys.path) and less what
+    the server's imports set to the value ``env`` holds (this process's own imports set the same, when they run)."""
+    return {k: v for k, v in env.items()
+            if k.startswith(_STARTUP) and k != "PYTHONPATH" and _set_by_imports.get(k) != v}
 
 
 def _start() -> subprocess.Popen:
@@ -132,6 +156,8 @@ def _start() -> subprocess.Popen:
         _server = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    env=_SERVER_ENV, cwd=tempfile.gettempdir(), start_new_session=True)
         atexit.register(_stop)
+        _set_by_imports.clear()
+        _set_by_imports.update(json.loads(_readline(_server, None)))
     return _server
 
 
@@ -163,12 +189,18 @@ def run(args, *, env: dict[str, str] | None = None, cwd=None, timeout: float | N
         capture_output: bool = True, text: bool = True, check: bool = False,
         start_new_session: bool = False, via: str = "-m") -> subprocess.CompletedProcess:
     """As ``subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True, ...)``; with
-    ``via="-c"``, as ``subprocess.run([sys.executable, "-c", "from placer.cli import main; main()", *args], ...)``."""
+    ``via="-c"``, as ``subprocess.run([sys.executable, "-c", "from placer.cli import main; main()", *args], ...)``;
+    with ``via="script"``, as ``subprocess.run([sys.executable, *args], ...)`` where ``args[0]`` is a script's path."""
     args = [str(a) for a in args]
-    cmd = [sys.executable, *(["-m", "placer"] if via == "-m" else ["-c", "from placer.cli import main; main()"]), *args]
+    head = {"-m": ["-m", "placer"], "-c": ["-c", "from placer.cli import main; main()"], "script": []}[via]
+    cmd = [sys.executable, *head, *args]
     env = dict(os.environ if env is None else env)
-    if (not capture_output or os.environ.get("PLACER_TEST_FRESH_CLI") == "1"
-            or _startup(env) != _startup(_SERVER_ENV)):
+    fresh = not capture_output or os.environ.get("PLACER_TEST_FRESH_CLI") == "1"
+    if not fresh:
+        with _lock:
+            _start()
+            fresh = _startup(env) != _startup(_SERVER_ENV)
+    if fresh:
         return subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout, input=input, capture_output=capture_output,
                               text=text, check=check, start_new_session=start_new_session)
     with _lock, tempfile.TemporaryDirectory(prefix="placer-cli-") as tmp:

@@ -378,6 +378,14 @@ class LoaderSettings(BaseModel):
     batch_size: int | None = None
     #: the workers are threads of the main process (:class:`placer.executor.stream.threadloader.ThreadLoader`)
     worker_threads: bool = False
+    #: batches are handed over in the order they were asked for (DataLoader's ``in_order``); False: as
+    #: worker processes finish them, so a slow batch does not hold the ones behind it back. True keeps
+    #: what the loader was built with (a loader rebuilt keeps its ``in_order``: ``kwargs`` names only False)
+    in_order: bool = True
+    #: intra-op threads each worker process runs torch and BLAS work with, set by a ``worker_init_fn``
+    #: composed with the user's own (:class:`placer.executor.stream.worker_init.WorkerThreads`); None: as
+    #: the worker starts with them
+    threads_per_worker: int | None = Field(None, ge=1)
 
     @classmethod
     def of(cls, loader: Any) -> LoaderSettings:
@@ -399,8 +407,14 @@ class LoaderSettings(BaseModel):
         return "threads" if self.worker_threads else "processes"
 
     def as_dict(self) -> dict[str, Any]:
-        """The settings as the drop-in's advice shows them: fields and ``worker_kind``, without the batch size."""
-        return {**self.model_dump(exclude={"batch_size"}), "worker_kind": self.worker_kind}
+        """The settings as the drop-in's advice shows them: fields and ``worker_kind``, without the batch size;
+        ``in_order`` and ``threads_per_worker`` only where they change what DataLoader does by default."""
+        out = self.model_dump(exclude={"batch_size", "in_order", "threads_per_worker"})
+        if not self.in_order:
+            out["in_order"] = False
+        if self.threads_per_worker is not None:
+            out["threads_per_worker"] = self.threads_per_worker
+        return {**out, "worker_kind": self.worker_kind}
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``DataLoader`` these settings are."""
@@ -409,6 +423,8 @@ class LoaderSettings(BaseModel):
             kw["prefetch_factor"] = self.prefetch_factor
             if not self.worker_threads:  # a thread pool has no worker processes to keep
                 kw["persistent_workers"] = self.persistent_workers
+            if not self.in_order and not self.worker_threads:  # (a torch without it has no such setting to try)
+                kw["in_order"] = False
         return kw
 
     def to_stream(self, source: str) -> StreamSettings:

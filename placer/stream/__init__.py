@@ -1,7 +1,7 @@
 """Streams of minibatches: a source, per-batch stages, and a step that consumes them.
 
 May import: placer.stream.*, placer.data.stream, placer.executor.stream (whose runner names it
-re-exports), placer.executor.stream.threadloader. Import cost stays low: torch is reached only when a
+re-exports), placer.executor.stream.{threadloader,worker_init}. Import cost stays low: torch is reached only when a
 source returns a Dataset or
 DataLoader, or a stage runs on a GPU.
 
@@ -39,6 +39,7 @@ _LAZY = {
     "advise_loader": "placer.stream.dropin",
     "measure": "placer.stream.dropin",
     "ThreadLoader": "placer.executor.stream.threadloader",
+    "WorkerThreads": "placer.executor.stream.worker_init",
 }
 
 

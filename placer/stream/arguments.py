@@ -24,7 +24,7 @@ def _what(value: Any) -> str:
     return text if len(text) <= 40 else type(value).__name__
 
 
-def check(loader: Any, step: Any, *, batches: Any, budget_s: Any, epochs: Any) -> None:
+def check(loader: Any, step: Any, *, batches: Any, budget_s: Any, epochs: Any, allow_reorder: Any = False) -> None:
     """Raise :class:`ArgumentTypeError` or :class:`ArgumentError` for the first argument that cannot be used."""
     from torch.utils.data import DataLoader
 
@@ -54,3 +54,19 @@ def check(loader: Any, step: Any, *, batches: Any, budget_s: Any, epochs: Any) -
                                     f"(got {type(value).__name__}); {fix}")
         if value < least:
             raise ArgumentError(f"advise_loader: {name}={value!r}: {name} must be at least {least}; {fix}")
+    if not isinstance(allow_reorder, bool):
+        raise ArgumentTypeError(f"advise_loader: allow_reorder={_what(allow_reorder)}: allow_reorder must be True "
+                                f"or False (got {type(allow_reorder).__name__}); True lets the advice recommend "
+                                "in_order=False, which hands batches over in another order each run")
+
+
+def check_memory(memory_bytes: Any) -> None:
+    """Refuse a ``memory_bytes`` that is not a whole number of bytes above 0 (None: the default budget)."""
+    if memory_bytes is None:
+        return
+    fix = "e.g. memory_bytes=8 * 2**30 for 8 GiB, or leave it out for the memory available less a margin"
+    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, numbers.Integral):
+        raise ArgumentTypeError(f"advise_loader: memory_bytes={_what(memory_bytes)}: memory_bytes must be a whole "
+                                f"number of bytes (got {type(memory_bytes).__name__}); {fix}")
+    if memory_bytes <= 0:
+        raise ArgumentError(f"advise_loader: memory_bytes={memory_bytes!r}: memory_bytes must be above 0; {fix}")

@@ -1,7 +1,7 @@
 """The drop-in's runs, each in a fresh process: the state the user's script starts in.
 
-May import: placer.timing; cloudpickle, torch, placer.data.stream, placer.stream.reopen,
-placer.stream.dropin.{guards,measuring} inside functions.
+May import: placer.timing; cloudpickle, torch, placer.data.stream, placer.stream.procmem,
+placer.stream.reopen, placer.stream.dropin.{guards,measuring} inside functions.
 
 A script the user runs starts in a fresh process; the drop-in's runs otherwise all share the
 user's long-lived one, whose history moves them: placer settles glibc's allocator there
@@ -317,6 +317,9 @@ def _serve(read: Any, write_fd: int) -> None:
         with open(pickle.load(read), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             loader, step = cloudpickle.loads(m)
         threads = _prime(loader, step)
+        from placer.stream import procmem
+
+        procmem.sizes(full=False)  # psutil imported once here, not in each run's child (each reads its memory)
     except Exception as e:  # noqa: BLE001 - the user's objects may fail to load anywhere
         answer("failed", f"{type(e).__name__}: {e}")
         return

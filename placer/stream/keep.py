@@ -332,7 +332,8 @@ def keeps_the_process(advise: Callable[..., Any]) -> Callable[..., Any]:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
-        arguments.check(a["loader"], a["step"], batches=a["batches"], budget_s=a["budget_s"], epochs=a["epochs"])
+        arguments.check(a["loader"], a["step"], batches=a["batches"], budget_s=a["budget_s"], epochs=a["epochs"],
+                        allow_reorder=a.get("allow_reorder", False))
         kept = Kept(a["loader"], a["step"], a.get("state"))
         token = _CURRENT.set(kept)
         try:

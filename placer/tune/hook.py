@@ -2,6 +2,7 @@
 
 May import: the standard library at load time; torch only once the script has imported it;
 placer.executor.stream.source (the one loader rebuilder) only when a run applies thread workers;
+placer.stream.procmem loaded from its file (standard library and psutil only);
 placer.stream.dataset_cache only in a run that looks for a cache inside the Dataset, and
 placer.stream.{cache_advice,hits} with placer.executor.stream.store only in a run that applies one
 (each imported inside the function that needs it, in that run alone). This file is loaded by
@@ -175,28 +176,21 @@ _state: _State | None = None
 
 
 def memory() -> dict | None:
-    """Unique and proportional set sizes (bytes) of this process and of its child processes (the
-    DataLoader's workers), summed; None where psutil is not installed."""
-    try:
-        import psutil
-    except ImportError:
-        return None
+    """The memory of this process and of its child processes (the DataLoader's workers), in bytes
+    (:func:`placer.stream.procmem.memory`, loaded from its file: nothing of placer's package is imported
+    into the script); None where psutil is not installed."""
+    global _procmem
+    if _procmem is None:
+        import importlib.util
 
-    def sizes(p) -> tuple[int, int]:
-        try:
-            m = p.memory_full_info()
-        except (psutil.Error, OSError):
-            return 0, 0
-        return int(m.uss), int(getattr(m, "pss", m.uss))
+        spec = importlib.util.spec_from_file_location("_placer_procmem", os.path.join(_PLACER, "stream", "procmem.py"))
+        _procmem = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_procmem)
+    return _procmem.memory()
 
-    me = psutil.Process()
-    try:
-        kids = me.children(recursive=True)
-    except psutil.Error:
-        kids = []
-    main, workers = sizes(me), [sizes(k) for k in kids]
-    return {"main": main[0], "main_pss": main[1], "workers": sum(w[0] for w in workers),
-            "workers_pss": sum(w[1] for w in workers), "processes": len(kids)}
+
+#: :mod:`placer.stream.procmem`, once :func:`memory` has loaded it
+_procmem = None
 
 
 def _cuda_used() -> bool:

@@ -107,7 +107,8 @@ class Tuned:
 
     def memory(self, t: Trial) -> dict[str, int] | None:
         """The most memory the runs of ``t``'s settings held at their end (bytes: the main process's
-        and its workers' unique set sizes), and its growth over the counted batches."""
+        own memory and what its workers add: :mod:`placer.stream.procmem`), and its growth over the counted
+        batches."""
         ends = [(r["memory_end"], r["memory_start"]) for r in self.runs
                 if r["settings"] == settings_dict(t.settings) and r.get("memory_end") and not r.get("cache")]
         if not ends:

@@ -68,8 +68,8 @@ def describe(t: Tuned) -> list[str]:
                      "beyond the noise of repeated runs)")
     lines += cache_lines(t)
     lines.append("Measured (samples/s of the counted batches, the median of the runs; spread: the runs' range "
-                 "over their median; memory: the script's process and its workers, unique set sizes, at a run's "
-                 "end):")
+                 "over their median; memory: the script's process (its own memory) and what its workers add "
+                 "(their unique set sizes), at a run's end):")
     lines.append(f"  {'settings':<78} {'samples/s':>10} {'runs':>4} {'spread':>6} {'memory':>9}")
     for tr in sorted(t.trials, key=lambda x: -x.score):
         mark = "  (as written)" if tr is t.user else ("  (recommended)" if tr is t.recommended else "")

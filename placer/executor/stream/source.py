@@ -1,8 +1,8 @@
 """A stream's source: what its function returns, turned into batches for each epoch.
 
-May import: placer.pipeline, placer.errors, placer.data.stream, placer.executor.stream.{config,nodes}; placer.attrs,
-placer.executor.stream.threadloader and torch inside functions (only when
-the source returns a ``Dataset`` or a ``DataLoader``).
+May import: placer.pipeline, placer.errors, placer.data.stream, placer.executor.stream.{config,nodes,worker_init};
+placer.attrs, placer.executor.stream.threadloader and torch inside functions (only when the source returns a
+``Dataset`` or a ``DataLoader``).
 
 A source function returns an iterable of batches (a generator, a list), a
 ``torch.utils.data.Dataset`` (batched here by a ``DataLoader`` with the stage's
@@ -25,6 +25,7 @@ from placer.pipeline import BATCH_INFO, Stage
 from placer.data.stream import LoaderSettings
 from placer.executor.stream.config import BatchInfo, StreamConfig
 from placer.executor.stream.nodes import takes
+from placer.executor.stream.worker_init import WorkerThreads
 
 
 def call_source(stage: Stage, inputs: dict[str, Any], epoch: int) -> Any:
@@ -225,14 +226,16 @@ def loader_arguments() -> tuple[str, ...]:
 
 
 def rebuild_loader(loader: Any, workers: dict[str, Any], *, threads: bool = False, dataset: Any = None,
-                   batch_sampler: Any = None, sampler: Any = None, same_draws: bool = False) -> Any:
+                   batch_sampler: Any = None, sampler: Any = None, same_draws: bool = False,
+                   threads_per_worker: int | None = None) -> Any:
     """A DataLoader with other worker settings that reads what ``loader`` reads, in the same order.
 
     The one place a loader is rebuilt: every argument of ``DataLoader`` is either kept
     (:data:`KEPT_FIELDS`: the generator, which seeds the workers and an unseeded sampler's
     order, ``worker_init_fn``, ``collate_fn``, ``timeout``, ``in_order``, ...), read from the
     order ``loader`` reads in (:data:`ORDER_FIELDS`: its sampler or batch sampler, batch size,
-    ``drop_last``), or given by ``workers`` (:data:`WORKER_FIELDS`, DataLoader's keyword arguments).
+    ``drop_last``), or given by ``workers`` (:data:`WORKER_FIELDS`, DataLoader's keyword arguments;
+    a kept one ``workers`` also names, e.g. ``in_order``, is ``workers``'s).
 
     Parameters
     ----------
@@ -252,6 +255,9 @@ def rebuild_loader(loader: Any, workers: dict[str, Any], *, threads: bool = Fals
     same_draws : bool
         With persistent worker processes, draw the random numbers a loader without them draws
         (:func:`same_draws_loader`).
+    threads_per_worker : int, optional
+        Each worker process computes with this many threads: ``loader``'s ``worker_init_fn`` composed
+        with one that sets them first (:class:`~placer.executor.stream.worker_init.WorkerThreads`).
     """
     from torch.utils.data import DataLoader, IterableDataset
 
@@ -275,7 +281,10 @@ def rebuild_loader(loader: Any, workers: dict[str, Any], *, threads: bool = Fals
                             num_workers=workers["num_workers"], prefetch_factor=workers.get("prefetch_factor"),
                             pin_memory=workers.get("pin_memory", False))
     defaults = {"timeout": 0, "in_order": True, "pin_memory_device": ""}
-    kept = {k: getattr(loader, k, defaults.get(k)) for k in KEPT_FIELDS if k in loader_arguments()}
+    kept = {k: getattr(loader, k, defaults.get(k)) for k in KEPT_FIELDS
+            if k in loader_arguments() and k not in workers}
+    if threads_per_worker is not None and workers.get("num_workers"):
+        kept["worker_init_fn"] = WorkerThreads(threads_per_worker, kept.get("worker_init_fn"))
     if not workers.get("num_workers"):  # a start method and a timeout are for worker processes: DataLoader
         kept.pop("multiprocessing_context", None)  # refuses them without any
         kept.pop("timeout", None)

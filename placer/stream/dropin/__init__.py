@@ -47,6 +47,10 @@ The package, by what each module does (each imports only those above it):
 - :mod:`~placer.stream.dropin.runs`: where and how long runs happen (this process or fresh ones);
 - :mod:`~placer.stream.dropin.explore`, :mod:`~placer.stream.dropin.repeats`: the search and its repeated runs;
 - :mod:`~placer.stream.dropin.caching`: the cache's part;
+- :mod:`~placer.stream.dropin.samples`: the samples timed one by one; :mod:`~placer.stream.dropin.headtohead`: one
+  change against the recommendation in rounds of its own; :mod:`~placer.stream.dropin.reorder` (slow samples,
+  ``in_order=False``, where ``allow_reorder=True``) and :mod:`~placer.stream.dropin.worker_threads` (one thread
+  per worker process), the two changes so checked after the search;
 - :mod:`~placer.stream.dropin.words`, :mod:`~placer.stream.dropin.advice`: the advice, its words and its JSON;
 - :mod:`~placer.stream.dropin.phases`, :mod:`~placer.stream.dropin.advise`: :func:`advise_loader` as named
   phases; :mod:`~placer.stream.dropin.loop`: :func:`measure`, the user's own loop.

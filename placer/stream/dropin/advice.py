@@ -70,6 +70,15 @@ class LoaderAdvice:
     runs_in: str = "this process"
     #: the run's epochs were not given: the sentence saying what was assumed (:mod:`.epochs`)
     epochs_assumed: str | None = None
+    #: slow samples and ``in_order=False``: the timed samples, the predicted and measured gain, whether
+    #: recommended (:func:`placer.stream.dropin.reorder.consider`)
+    reorder: dict[str, Any] | None = None
+    #: the threads inside each worker process and one per worker measured
+    #: (:func:`placer.stream.dropin.worker_threads.consider`)
+    per_worker_threads: dict[str, Any] | None = None
+    #: the memory budget and each setting's memory over the run (:mod:`placer.stream.dropin.fits`): ``budget_bytes``,
+    #: ``budget_from``, ``user`` and ``recommended`` (projected: ``main``, ``workers``, ``total``), ``over_budget``
+    memory: dict[str, Any] | None = None
 
     @property
     def steady_speedup(self) -> float:
@@ -110,13 +119,18 @@ class LoaderAdvice:
             "samples_per_s": {"pipeline": _round(self.user.samples_per_s), "loader": _round(self.loader_samples_per_s),
                               "step": _round(self.step_samples_per_s)},
             "stages": {"loader": "cpu", "step": self.step_device},
-            "user": self.user.as_dict(), "recommended": self.recommended.as_dict(),
+            "user": self.user.as_dict(),
+            "recommended": {**self.recommended.as_dict(),
+                            **({"projected_memory_bytes": self.memory["recommended"]} if self.memory else {})},
             "change": self.change, "speedup": round(self.speedup, 3), "threads": self.threads,
             "steady_speedup": round(self.steady_speedup, 3), "whole_run": self.whole_run,
             "confirmed": self.confirmed, "decided_by": list(self.knobs),
             "trials": [t.as_dict() for t in self.trials], "notes": list(self.notes),
             "seconds": round(self.seconds, 3), "budget_s": self.budget_s, "within_noise": self.within_noise,
             "user_speeds": self.user_speeds, "runs_in": self.runs_in, "epochs_assumed": self.epochs_assumed,
+            "reorder": self.reorder, "per_worker_threads": self.per_worker_threads,
+            "projected_memory_bytes": None if self.memory is None else self.memory["recommended"],
+            "memory": self.memory,
             **_target_dict(self.target),
             "cache": None if self.cache is None else self.cache.as_dict(),
         }

@@ -1,7 +1,8 @@
 """The drop-in's entry point: :func:`advise_loader`, its phases in order, and the advice they make.
 
-May import: placer.devices, placer.timing, placer.stream.keep, placer.stream.dropin.{advice,caching,deciding,guards,measuring,phases,
-space,trial,whole,words}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
+May import: placer.devices, placer.timing, placer.stream.arguments, placer.stream.keep,
+placer.stream.dropin.{advice,caching,deciding,fits,guards,measuring,phases,reorder,samples,space,trial,whole,words,
+worker_threads}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
 
 How it decides
 --------------
@@ -20,6 +21,8 @@ otherwise the advice keeps the user's settings and says the difference is within
 Before that, settings run once that read faster than every repeated one are repeated with the
 user's (:func:`rivals`): a single run's lead is often luck, and so is a finalist's.
 A cache the advice offers is in the whole run it claims (:func:`with_cache`).
+Settings whose memory over the user's run would pass ``memory_bytes`` are not recommended
+(:mod:`~placer.stream.dropin.fits`; each run's memory: :mod:`~placer.stream.dropin.memory`).
 
 The space: worker processes 0, 1, 2 and the cores, thread workers 1, 2 and the cores
 (a :class:`~placer.executor.stream.threadloader.ThreadLoader`), then more workers of each kind
@@ -37,7 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 from placer.devices import Device
-from placer.stream.dropin import phases, space
+from placer.stream import arguments
+from placer.stream.dropin import fits, phases, reorder, samples, space, worker_threads
 from placer.stream.dropin.advice import LoaderAdvice
 from placer.stream.dropin.deciding import decided_by, user_speeds
 from placer.stream.dropin.guards import draws_unseeded, random_state_kept
@@ -46,7 +50,7 @@ from placer.stream.dropin.runs import runs_where
 from placer.stream.dropin.trial import Trial, label, merged
 from placer.stream.dropin.words import UNKNOWN_COUNT
 from placer.stream.keep import keeps_the_process
-from placer.timing import allocator_as_is
+from placer.timing import Deadline, allocator_as_is
 
 
 @keeps_the_process  # arguments checked; the step's model, optimizer, generators put back (placer.stream.keep)
@@ -54,7 +58,8 @@ from placer.timing import allocator_as_is
 def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20, budget_s: float = 60.0,
                   device: Any = None, target: Any = None, cache_bytes: int | None = None,
                   epochs: int | None = None, precision: Any = None, state: Any = None,
-                  fresh: bool | None = None) -> LoaderAdvice:
+                  fresh: bool | None = None, allow_reorder: bool = False,
+                  memory_bytes: int | None = None) -> LoaderAdvice:
     """Measure a DataLoader with a train step and recommend DataLoader settings (how: the module's docstring).
 
     Parameters
@@ -62,16 +67,13 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     loader : torch.utils.data.DataLoader
         The script's own loader; it is not changed (its settings are rebuilt for each run).
     step : callable
-        ``step(batch)``: the script's train step. It runs for real on the measured batches (it trains
-        the model on them: a copy of it, where the runs are in fresh processes; in this process, what it
-        trains is put back after each run, :mod:`placer.stream.keep`).
+        ``step(batch)``: the script's train step, run for real on the measured batches (training a copy of
+        the model in fresh processes; in this process, what it trains is put back: :mod:`placer.stream.keep`).
     batches : int
-        Batches per measured run (the first, or ``num_workers``, are warm-up); more where a run of them
-        lasts under ``MIN_RUN_S``, up to an epoch and half a run's share of the budget (:func:`run_length`).
+        Batches per measured run, warm-up first; more where they last under ``MIN_RUN_S`` (:func:`run_length`).
     budget_s : float
-        Wall-clock budget of all runs together, each run stopping at its share; :data:`CONFIRM_SHARE` of
-        it is kept for the longer runs that confirm a recommendation. Looking for a cache inside the
-        dataset takes at most a quarter more before the runs, measuring it with other settings another after.
+        Wall-clock budget of all runs together, each stopping at its share (:data:`CONFIRM_SHARE` kept for the
+        confirming runs); a cache search inside the dataset takes up to a quarter more, and another after.
     device : str or torch.device, optional
         Where the step runs (``cpu``, ``gpu``, ``gpu:1``, ``cuda:0``); its queued work is waited for at
         the ends of each timed run. Default: ``cpu``.
@@ -84,20 +86,23 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     epochs : int, optional
         Epochs of the script's run: with the loader's length, the whole run is predicted (worker start-up,
         epoch ends, the steady state) and :attr:`LoaderAdvice.speedup` is the whole run's. Not given: one
-        epoch, said in the advice (:mod:`placer.stream.dropin.epochs`); a cache that pays over more
-        epochs is then offered with the epochs it needs.
+        epoch, said, and a cache offered with the epochs it needs (:mod:`placer.stream.dropin.epochs`).
     precision : str or tuple of str, optional
         Lower precisions the step may run in (``"bf16"``, ``("tf32", "bf16")``, ``"auto"``): each is
         checked here and, with a ``target``, planned there (:mod:`placer.stream.precision_advice`).
     state : object or tuple, optional
-        What the step trains (model, optimizer, scheduler: objects with ``state_dict``), put back after
-        every run of the step in this process and at the end (without it, what the step reaches:
-        :mod:`placer.stream.keep`) and between the precision checks' runs; without it no lower
+        What the step trains (model, optimizer, scheduler: objects with ``state_dict``), put back after every
+        run here and between the precision checks' runs (:mod:`placer.stream.keep`); without it no lower
         precision is chosen.
     fresh : bool, optional
-        Make each run in a fresh process, as the script starts (:mod:`placer.stream.fresh`). Default:
-        so where it can be (Linux, a step on the CPU, a loader and step that pickle), else in this
-        process, as ``PLACER_FRESH_RUNS=0`` asks; the advice's notes say which, and why.
+        Make each run in a fresh process, as the script starts (:mod:`placer.stream.fresh`). Default: where
+        it can be, else in this process (as ``PLACER_FRESH_RUNS=0`` asks); the notes say which, and why.
+    allow_reorder : bool
+        May the advice recommend ``in_order=False`` (batches in the order workers finish them, varying run to
+        run) where slow samples hold batches back (:mod:`~placer.stream.dropin.reorder`)? Else it says the gain.
+    memory_bytes : int, optional
+        Bytes the script's process and its loader's workers may hold over the run: settings projected past it
+        are not recommended (:mod:`~placer.stream.dropin.fits`; default: the memory available less a margin).
 
     Returns
     -------
@@ -105,7 +110,9 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
     """
     from torch.utils.data import IterableDataset
 
+    arguments.check_memory(memory_bytes)
     a = phases.start(loader, step, device=device, batches=batches, budget_s=budget_s, epochs=epochs)
+    a.memory_budget = fits.budget_for(memory_bytes)
     cands = space.candidates(a.user, cores=a.cores, gpu=a.dev.is_gpu,
                              iterable=isinstance(loader.dataset, IterableDataset))
     with random_state_kept(loader):
@@ -116,12 +123,26 @@ def advise_loader(loader: Any, step: Callable[[Any], Any], *, batches: int = 20,
         phases.search(a, cands)
         phases.decide_by_rounds(a)
         phases.confirm_longer(a)
-    phases.conclude(a)
+        phases.conclude(a)
+        checked = after_search(a, allow_reorder)
     phases.weigh_cache(a)
+    fits.hold(a)
     advice = written(a, runs_in["where"])
+    advice.reorder, advice.per_worker_threads = checked["reorder"], checked["per_worker_threads"]
+    advice.notes += a.notes
+    fits.said(advice, a)
     with random_state_kept(loader):
         extras(advice, a, target=target, precision=precision, state=state)
     return advice
+
+
+def after_search(a: Advising, allow_reorder: bool) -> dict[str, Any]:
+    """Two changes the search does not vary, each measured against the recommendation in rounds of its own:
+    one thread per worker process (:mod:`~placer.stream.dropin.worker_threads`), then ``in_order=False``
+    (:mod:`~placer.stream.dropin.reorder`), both from the loader's samples timed one by one."""
+    timed = samples.time_samples(a.loader, a.batches, Deadline(a.budget_s * samples.TIME_SHARE))
+    return {"per_worker_threads": worker_threads.consider(a, timed),
+            "reorder": reorder.consider(a, timed, allow_reorder)}
 
 
 def written(a: Advising, runs_in: str) -> LoaderAdvice:
@@ -147,7 +168,7 @@ def written(a: Advising, runs_in: str) -> LoaderAdvice:
     if a.swapped is not None and best is not mine:
         advice.notes.append(a.swapped + f"; {label(best.settings)} was measured in the search's repeated runs and "
                             "the cache's passes, not in longer runs")
-    elif best is not mine and longer is None:
+    elif best is not mine and longer is None and not a.changed_after:  # (a check's note says how it measured)
         advice.notes.append("not confirmed by longer runs: the budget was spent first (a larger budget_s "
                             "leaves room for them)")
     basis = longer[0] if longer is not None else mine  # the user's runs the whole run was predicted from

@@ -164,7 +164,8 @@ def paired(t: Trial, user: Trial) -> list[tuple[float, float]]:
 
 
 #: the knobs of a loader setting, as :func:`decided_by` names them
-KNOBS = ("num_workers", "worker_threads", "prefetch_factor", "torch_threads", "persistent_workers")
+KNOBS = ("num_workers", "worker_threads", "prefetch_factor", "torch_threads", "persistent_workers", "in_order",
+         "threads_per_worker")
 
 
 def decided_by(user: Trial, best: Trial, trials: list[Trial], run: dict[str, Any] | None) -> list[dict[str, Any]]:

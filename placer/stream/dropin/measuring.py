@@ -1,7 +1,7 @@
 """Measuring one run of a loader with the step: batches fetched and stepped on, the rate after the warm-up.
 
 May import: placer.data.stream, placer.devices, placer.executor.stream.{nodes,source}, placer.timing,
-placer.stream.dropin.trial; torch inside functions.
+placer.stream.dropin.{memory,trial}; torch inside functions.
 
 A loader run with other settings is the user's loader rebuilt
 (:func:`~placer.executor.stream.source.rebuild_loader`): the same dataset, sampler and generator,
@@ -19,6 +19,7 @@ from placer.data.stream import LoaderSettings
 from placer.devices import Device, canonical_name, discover, torch_device_name
 from placer.executor.stream.nodes import leading_len
 from placer.executor.stream.source import rebuild_loader
+from placer.stream.dropin.memory import Watch
 from placer.stream.dropin.trial import Trial
 from placer.timing import Clock, Deadline, Measurement, Timings
 
@@ -39,10 +40,12 @@ def settings_of(loader: Any) -> LoaderSettings:
 def rebuild(loader: Any, settings: LoaderSettings, dataset: Any = None) -> Any:
     """A DataLoader with ``settings`` that reads what ``loader`` reads, in the same order
     (:func:`~placer.executor.stream.source.rebuild_loader`: every other argument kept; ``dataset``, the same
-    with a cache); a thread-pool loader for thread workers, one that draws as without persistent workers."""
+    with a cache); a thread-pool loader for thread workers, one that draws as without persistent workers; the
+    threads each worker process computes with set where ``settings`` say (``threads_per_worker``)."""
     workers = bool(settings.num_workers)
     return rebuild_loader(loader, settings.kwargs(), threads=settings.worker_threads and workers, dataset=dataset,
-                          same_draws=settings.persistent_workers and workers)
+                          same_draws=settings.persistent_workers and workers,
+                          threads_per_worker=settings.threads_per_worker)
 
 
 class SampleCount:
@@ -86,6 +89,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     rate the batches read over the time taken): a setting whose first batches come after the user's
     whole run would have ended cannot make it faster, and runs of settings slow to start would spend the
     budget the user's settings need for their repeats.
+    Memory is read after the warm-up, half-way (out of the timed window) and at the end (:class:`Watch`).
     """
     count = count or counter_of(loader)
     waits = Timings()
@@ -98,10 +102,12 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     fetches: list[Clock] = []
     with Clock() as run:
         it = iter(loader)
+        mem = Watch(it, batches - warmup)
         try:
             for i in range(batches):
                 if i == warmup:
                     device.synchronize()
+                    mem.start()
                 with Clock() as fetch:
                     batch = next(it, _END)
                 if batch is _END:
@@ -113,6 +119,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                     fetches.append(fetch)
                     sizes.append(count(batch))
                     counted += 1
+                    mem.counted(counted)
                 else:
                     early += count(batch)
                 if keep is not None and len(keep) < 4:
@@ -125,7 +132,8 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
                     cut = True
                     break
             device.synchronize()
-            end = run.elapsed()
+            end = run.elapsed() - mem.paused_s
+            mem.end(counted)
         finally:
             with Clock() as closing:
                 close_iterator(it)
@@ -145,7 +153,7 @@ def run_loader(loader: Any, step: Callable[[Any], Any] | None, *, batches: int, 
     return Trial(settings=settings_of(loader), samples_per_s=samples / seconds, first_batch_s=first,
                  fetch_fraction=sum(fetch_s) / seconds, batches=counted, samples=samples, seconds=seconds,
                  fetch=Measurement(raw_times=fetch_s, label="next(loader)"), close_s=close_s,
-                 read=read, read_s=end)
+                 read=read, read_s=end, memory=mem.result())
 
 
 def step_alone(step: Callable[[Any], Any], kept: list, *, batches: int, device: Device, deadline: Deadline,

@@ -1,7 +1,7 @@
 """The phases of :func:`~placer.stream.dropin.advise_loader`, each a function of one :class:`Advising`.
 
 May import: placer.data.stream, placer.devices, placer.timing, placer.stream.keep, placer.stream.rounds,
-placer.stream.dropin.{caching,deciding,epochs,explore,measuring,repeats,runs,space,trial,whole}.
+placer.stream.dropin.{caching,deciding,epochs,explore,fits,measuring,repeats,runs,space,trial,whole}.
 
 In order: measure the user's settings (:func:`measure_yours`), search the space
 (:func:`search`), decide by repeated runs (:func:`decide_by_rounds`), confirm by longer runs
@@ -16,7 +16,7 @@ from typing import Any
 
 from placer.data.stream import LoaderSettings
 from placer.devices import Device
-from placer.stream.dropin import caching, deciding, explore, measuring, space
+from placer.stream.dropin import caching, deciding, explore, fits, measuring, space
 from placer.stream.dropin.caching import CACHE_SHARE, without_workers
 from placer.stream.dropin.deciding import WAIT_NOISE, choose, contender, decide, persistent, wait_noise
 from placer.stream.dropin.epochs import run_epochs
@@ -70,6 +70,15 @@ class Advising:
     swapped: str | None = None
     #: the run's epochs were not given: what was assumed, in a sentence (:func:`.epochs.run_epochs`)
     epochs_assumed: str | None = None
+    #: what the checks after the search say (:mod:`~placer.stream.dropin.reorder`,
+    #: :mod:`~placer.stream.dropin.worker_threads`), for the advice's notes
+    notes: list[str] = field(default_factory=list)
+    #: a check after the search changed the recommendation (measured in its own rounds, not in longer runs)
+    changed_after: bool = False
+    #: the memory budget (``{"bytes", "from"}``: :mod:`placer.stream.dropin.fits`), and the settings set aside
+    #: because their projected memory passes it
+    memory_budget: dict[str, Any] | None = None
+    over_memory: list[Trial] = field(default_factory=list)
 
     @property
     def mine(self) -> Trial:
@@ -141,6 +150,7 @@ def search(a: Advising, candidates: list[LoaderSettings]) -> None:
     explore.widen(a.loader, a.trials, a.step, a.batches, a.dev, budget, a.count, a.cores,
                   keep=explore.thread_runs(a.user, a.cores, a.dev) + (REPEATS - 1) * (FINALISTS + 2))
     a.waits = max(0.0, 1 - a.mine.samples_per_s / a.step_rate) > WAIT_NOISE
+    fits.set_aside(a)  # settings whose memory over the run passes the budget are not recommended
     a.best = choose(a.mine, a.trials, waits=a.waits)
     if a.dev.kind == "cpu":
         a.best, a.threads = explore.try_threads(a.loader, a.best, a.step, a.batches, a.dev, budget, a.trials,
@@ -150,6 +160,9 @@ def search(a: Advising, candidates: list[LoaderSettings]) -> None:
 def decide_by_rounds(a: Advising) -> None:
     """The finalists repeated, rivals raced, a close call settled: the recommendation and why not another."""
     loader, step, budget = a.loader, a.step, a.budget
+    fits.set_aside(a)  # the step's threads tried at the end of the search
+    if all(a.best is not t for t in a.trials):
+        a.best = choose(a.mine, a.trials, waits=a.waits)
     a.trials = repeat(loader, a.trials, a.best, step, a.batches, a.dev, budget, a.count)
     a.waits = max(0.0, 1 - a.mine.samples_per_s / a.step_rate) > wait_noise(a.mine)  # the median of your runs
     a.trials = race(loader, a.trials, step, a.batches, a.dev, budget, a.count, waits=a.waits)

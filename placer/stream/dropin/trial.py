@@ -1,6 +1,6 @@
 """A measured run of the user's loader with the step, as plain data: :class:`Trial`, and its settings in words.
 
-May import: numpy, placer.data.stream, placer.timing.
+May import: numpy, placer.data.stream, placer.timing, placer.stream.dropin.memory.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from placer.data.stream import LoaderSettings
+from placer.stream.dropin.memory import RunMemory, combined
 from placer.timing import Measurement
 
 
@@ -48,6 +49,8 @@ class Trial:
     #: each run's (batches read, ``read_s``, ``first_batch_s``), in the order run; empty for one run
     #: (its own ``read``, ``read_s`` and ``first_batch_s``)
     reads: tuple[tuple[int, float, float], ...] = field(default=(), compare=False)
+    #: the memory of the run's process and of the loader's workers (:mod:`placer.stream.dropin.memory`)
+    memory: RunMemory | None = field(default=None, compare=False)
 
     @property
     def rates(self) -> tuple[float, ...]:
@@ -81,6 +84,7 @@ class Trial:
                 "repeats": [round(r, 2) for r in self.rates], "spread": round(self.spread, 4),
                 "close_s": round(self.close_s, 4), "run_rates": [round(r, 2) for r in self.run_rates],
                 "reads": [[n, round(s, 4), round(f, 4)] for n, s, f in self.each_read],
+                "memory_bytes": None if self.memory is None else self.memory.as_dict(),
                 **({"cut": True} if self.cut else {})}
 
     @property
@@ -103,7 +107,7 @@ def merged(first: Trial, more: list[Trial]) -> Trial:
                    batches=sum(t.batches for t in runs), samples=sum(t.samples for t in runs),
                    seconds=sum(t.seconds for t in runs), run_rates=tuple(r for t in runs for r in t.run_rates),
                    started=tuple(r for t in runs for r in t.started),
-                   reads=tuple(r for t in runs for r in t.each_read))
+                   reads=tuple(r for t in runs for r in t.each_read), memory=combined([t.memory for t in runs]))
 
 
 def label(s: LoaderSettings) -> str:
@@ -113,6 +117,10 @@ def label(s: LoaderSettings) -> str:
         parts.append(f"prefetch_factor={s.prefetch_factor}")
         if not s.worker_threads:
             parts.append(f"persistent_workers={s.persistent_workers}")
+        if not s.in_order:
+            parts.append("in_order=False")
+        if s.threads_per_worker is not None:
+            parts.append(f"{s.threads_per_worker} thread{'s' if s.threads_per_worker > 1 else ''} per worker")
     return ", ".join([*parts, f"pin_memory={s.pin_memory}", f"torch threads {s.torch_threads}"])
 
 

@@ -1,6 +1,6 @@
 """The drop-in's advice in words: who waits for whom, what is recommended, what was measured.
 
-May import: placer.devices, placer.stream.rounds, placer.stream.dropin.{trial,deciding}.
+May import: placer.devices, placer.stream.rounds, placer.stream.dropin.{trial,deciding,memory}.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from placer.devices import is_real_gpu
 from placer.stream.dropin.deciding import wait_noise
+from placer.stream.dropin.memory import mib
 from placer.stream.dropin.trial import Trial, label
 from placer.stream.rounds import MIN_GAIN
 
@@ -49,7 +50,9 @@ def row(t: Trial, yours: bool) -> str:
     workers = f"{s.num_workers} threads" if s.worker_threads else str(s.num_workers)
     return (f"  {workers:>11} {s.prefetch_factor or '-':>15} {str(s.pin_memory):>10} {s.torch_threads:>13} "
             f"{t.samples_per_s:>10,.0f} {t.first_batch_s:>9.2f} s {len(t.rates):>4} {t.spread:>6.0%}"
-            + (f" {t.score:>9,.0f}" if t.run_rates else "") + f"{'  (yours)' if yours else ''}"
+            + (f" {t.score:>9,.0f}" if t.run_rates else "")
+            + (f" {mib(t.memory.end['main']):>9} {mib(t.memory.end['workers']):>9}" if t.memory is not None else "")
+            + f"{'  (yours)' if yours else ''}"
             + ("  (stopped in its warm-up: slower to its first batches than your whole run)" if t.cut else ""))
 
 
@@ -71,6 +74,10 @@ def describe(a: LoaderAdvice) -> list[str]:
                   if a.recommended.settings.worker_threads else f"  DataLoader(..., {kw})"]
         if a.recommended.settings.torch_threads != a.user.settings.torch_threads:
             lines.append(f"  torch.set_num_threads({a.recommended.settings.torch_threads})")
+        if a.recommended.settings.threads_per_worker is not None:
+            lines.append(f"  DataLoader(..., worker_init_fn=placer.stream.WorkerThreads("
+                         f"{a.recommended.settings.threads_per_worker}, your_worker_init_fn))  (advice.loader() "
+                         "builds it: each worker's torch and BLAS threads set, then your worker_init_fn called)")
     elif a.within_noise:
         lines.append(f"Recommended:   keep your settings ({a.within_noise})")
     elif len(a.trials) > 1 and a.bottleneck == "step" and a.wait_fraction <= wait_noise(a.user):
@@ -81,15 +88,19 @@ def describe(a: LoaderAdvice) -> list[str]:
                      f"{MIN_GAIN:.0%} faster)")
     if a.cache is not None and a.cache.recommended:  # what was not offered, and why: in the JSON
         lines.append(a.cache.sentence())
-    lines += _whole_run_lines(a)
+    lines += _whole_run_lines(a) + memory_lines(a)
     lines += ["Measured (steady state, the median of the runs; the first batch waits for the workers to start; "
               "spread: the runs' range over their median; your run: samples/s over your epochs x batches, "
-              "start-up and epoch ends included, which ranks them):" if len(a.trials) > 1
+              "start-up and epoch ends included, which ranks them; memory at a run's end: the main process's "
+              "own, what its worker processes add):" if len(a.trials) > 1
               else "Measured (your loop, after its first batch):",
               f"  {'num_workers':>11} {'prefetch_factor':>15} {'pin_memory':>10} {'torch_threads':>13} "
               f"{'samples/s':>10} {'first batch':>11} {'runs':>4} {'spread':>6}"
-              + (f" {'your run':>9}" if a.user.run_rates else "")]
-    lines += [row(t, t is a.user) for t in a.trials]
+              + (f" {'your run':>9}" if a.user.run_rates else "")
+              + (f" {'main':>9} {'workers':>9}" if a.user.memory is not None else "")]
+    over = {o["settings"] for o in a.memory["over_budget"]} if a.memory else set()
+    lines += [row(t, t is a.user) + ("  (over the memory budget)" if label(t.settings) in over else "")
+              for t in a.trials]
     return lines + [f"Note: {n}" for n in a.notes]
 
 
@@ -139,3 +150,21 @@ def _whole_run_lines(a: LoaderAdvice) -> list[str]:
         if along:
             out.append("Changed along (no clear gain of its own measured): " + "; ".join(part(k) for k in along))
     return out
+
+
+def memory_lines(a: LoaderAdvice) -> list[str]:
+    """The memory over the whole run, projected (:mod:`placer.stream.dropin.memory`), against the budget."""
+    m = a.memory
+    if m is None or m["user"] is None:
+        return []
+
+    def over(p: dict) -> str:
+        run = (f"over your run ({p['epochs']} epoch{'s' if p['epochs'] != 1 else ''} x {p['batches']:,} batches)"
+               if p.get("extrapolated") else "at the run's end")
+        return f"{mib(p['total'])} {run} (main process {mib(p['main'])}, workers {mib(p['workers'])})"
+
+    budget = f"budget {mib(m['budget_bytes'])}" if m["budget_bytes"] is not None else "no budget"
+    line = f"Memory ({budget}): yours {over(m['user'])}"
+    if a.change and m["recommended"] is not None:
+        line += f"; recommended {over(m['recommended'])}"
+    return [line]

@@ -26,7 +26,7 @@ from placer.optimize.plan import search
 from placer.optimize.problem import Problem
 from placer.optimize.simulate import makespan
 
-TABLES = sorted((Path(__file__).parent / "fixtures" / "h200_tables").glob("*.json"))
+TABLES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "h200_tables").glob("*.json"))
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

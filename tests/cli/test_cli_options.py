@@ -14,7 +14,7 @@ import pytest
 from placer.cli.options import convert, parse_params
 from warm_cli import run as run_placer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def placer(*args, env=None, cwd=ROOT):
@@ -208,14 +208,14 @@ def test_profiling_progress_is_silent_under_quiet(monkeypatch):
     monkeypatch.setattr(log, "level", log.level)
     with warnings.catch_warnings():
         configure(-1, io.StringIO())
-        placer.profile(_slow_pipeline, size=640, cache=False, budget_s=3, devices=["cpu"], progress=None)
+        placer.profile(_slow_pipeline, size=640, cache=False, budget_s=1, devices=["cpu"], progress=None)
     assert term.getvalue() == ""
 
 
 def test_profiling_progress_is_silent_when_not_a_terminal(capsys):
     import placer
 
-    placer.profile(_slow_pipeline, size=640, cache=False, budget_s=3, devices=["cpu"], progress=None)
+    placer.profile(_slow_pipeline, size=640, cache=False, budget_s=1, devices=["cpu"], progress=None)
     out = capsys.readouterr()
     assert out.out == "" and out.err == ""
 

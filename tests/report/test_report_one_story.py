@@ -9,6 +9,8 @@ collected and rendered, and its sentences are checked against the target's place
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from placer.report.collect import collect
 from placer.report.render import render_markdown
 from placer.site import costs_from_profile
 
-PROFILES = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "judge-profiles"
+PROFILES = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "judge-profiles"
 BUNDLED = ["batched_inference", "branches", "cifar_augment", "etl_dask", "mnist_cnn", "mnist_mlp", "requests",
            "tabular", "timeseries", "transformer"]
 #: the size planned: the default, or where the issue's misses were (training at 4,096 images, 16 requests)
@@ -32,6 +34,13 @@ SIZES = {"batched_inference": 100_000, "branches": 160_000, "cifar_augment": 409
 
 
 def report_of(name: str):
+    """The pipeline's facts (a copy each call: a test may change its copy), their Markdown and the target step."""
+    facts, text, target = _report_of(name)
+    return copy.deepcopy(facts), text, copy.deepcopy(target)
+
+
+@functools.lru_cache(maxsize=None)
+def _report_of(name: str):
     prof = Profile.load(PROFILES / f"{name}.json")
     size = SIZES[name]
     costs = costs_from_profile(prof, size=size, describe="h200")

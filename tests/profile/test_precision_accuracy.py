@@ -177,7 +177,7 @@ def test_a_saved_profile_carries_the_checks_and_plans_precisions(tmp_path):
     mod = tmp_path / "sums.py"
     mod.write_text("import torch\nfrom placer import Pipeline\n\n" + src[start:end]
                    + "\n\ndef build(size=None):\n    return summing_pipeline()\n")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "PLACER_CACHE_DIR": str(seeded_cache(tmp_path / "cache"))}
 
     def cli(*args):

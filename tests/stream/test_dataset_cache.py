@@ -19,7 +19,7 @@ from placer.stream import advise_loader
 from placer.stream.dataset_cache import CacheAdvice, CachedItems, cached, check, digest, find_cache, hit_rate, judge
 from placer.timing import Deadline
 
-PLAIN = Path(__file__).resolve().parents[1] / "benchmarks" / "plain"
+PLAIN = Path(__file__).resolve().parents[2] / "benchmarks" / "plain"
 
 
 class Decoded(Dataset):

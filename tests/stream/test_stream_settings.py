@@ -12,7 +12,7 @@ from placer.data.documents import json_schema
 from placer.data.stream import LoaderSettings, StreamPlan, StreamSettings
 from placer.stream import StreamConfig
 from placer.stream.planner import make, plan_from_profile, stream_config
-from tests.test_stream_plan import RULE, synthetic
+from tests.stream.test_stream_plan import RULE, synthetic
 
 #: the plan's saved fields, as they were before the settings had one owner
 SAVED = ["pipeline", "source", "step", "objective", "epochs", "placement", "workers", "stage_workers",

@@ -16,7 +16,7 @@ from placer.costmodel.model import CostModel, CostModelError
 from placer.profile import DeviceProfile, Point, Profile, StageProfile, WorkPoint
 
 SIZES = np.array([100, 200, 400, 800, 1600, 3200], dtype=float)
-REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks" / "reference" / "h200-calibration.json"
+REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "reference" / "h200-calibration.json"
 
 
 # -- fits ------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from warm_cli import run as run_placer
 
 distributed = pytest.importorskip("distributed")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- clusters ----------------------------------------------------------------------------------

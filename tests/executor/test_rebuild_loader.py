@@ -66,3 +66,20 @@ def test_thread_workers_read_the_same_batches():
     a = [b.tolist() for b in threads]
     loader.generator.manual_seed(3)
     assert a == [b.tolist() for b in again]
+
+
+def test_settings_that_name_in_order_or_threads_per_worker_replace_the_users():
+    from placer.data.stream import LoaderSettings
+    from placer.executor.stream.worker_init import WorkerThreads
+
+    if "in_order" not in loader_arguments():
+        pytest.skip("the installed torch's DataLoader has no in_order")
+    loader = user_loader()
+    s = LoaderSettings(num_workers=2, prefetch_factor=2, in_order=False, threads_per_worker=1)
+    out = rebuild_loader(loader, s.kwargs(), threads_per_worker=s.threads_per_worker)
+    assert out.in_order is False and isinstance(out.worker_init_fn, WorkerThreads)
+    assert out.worker_init_fn.user is init and out.worker_init_fn.threads == 1  # the user's own still runs
+    assert s.as_dict()["in_order"] is False and s.as_dict()["threads_per_worker"] == 1
+    kept = rebuild_loader(user_loader(in_order=False), LoaderSettings(num_workers=2, prefetch_factor=2).kwargs())
+    assert kept.in_order is False  # settings that leave it as it is keep the user's
+    assert "in_order" not in LoaderSettings(num_workers=2).as_dict()  # shown only where set

@@ -27,7 +27,7 @@ from placer.report.streams import stage_facts, stream_facts
 from placer.stream import StreamConfig
 from warm_cli import run as run_placer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- hand-built measurements -------------------------------------------------------------------

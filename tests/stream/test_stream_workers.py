@@ -26,7 +26,7 @@ from placer.loader import load_pipeline
 from placer.stream import StreamConfig
 from placer.executor.stream.workers import RemoteTraceback
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N, B = 64, 8
 PROCESS = {"augment": "process"}
 

@@ -19,7 +19,7 @@ from placer.data.measures import PIN_THRESHOLD, Link, TransferModel, copy_mode, 
 from placer.devices import CopyState
 from placer.optimize.simulate import simulate
 
-REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks/reference/h200-calibration.json"
+REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks/reference/h200-calibration.json"
 
 
 def reference_rows() -> list[dict]:

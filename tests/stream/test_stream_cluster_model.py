@@ -20,7 +20,7 @@ from placer.stream.offload import (ClusterDescription, describe_link, load_clust
                                    probe_cluster)
 from placer.stream.model import predict
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MS = 1e-3
 
 

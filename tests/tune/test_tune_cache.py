@@ -1,7 +1,7 @@
 """``placer tune`` and the cache inside the Dataset: found in the script's process, weighed by runs of the
 script with and without it, applied in trials and by ``--apply`` with the script's batches unchanged.
 
-``tests/tune_scripts/decode_train.py`` decodes each item slowly and deterministically (``self.decode(i)``),
+``tests/tune/tune_scripts/decode_train.py`` decodes each item slowly and deterministically (``self.decode(i)``),
 then draws a random gain from torch's global generator; with ``--random`` the slow work itself draws.
 """
 
@@ -24,7 +24,7 @@ from placer.tune.words import describe, recommendation, to_json
 SCRIPTS = Path(__file__).parent / "tune_scripts"
 SCRIPT = SCRIPTS / "decode_train.py"
 PY = sys.executable
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def digest_of(output: str) -> str:

@@ -20,7 +20,7 @@ from placer.executor import execute
 from placer.stream import StreamConfig
 from warm_cli import run as run_placer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: (module, small size, params)
 STREAMS = {

@@ -1,3 +1,0 @@
-"""These are users' scripts that tests/test_tune.py runs as subprocesses, not modules to import."""
-
-collect_ignore_glob = ["*.py"]

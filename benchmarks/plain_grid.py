@@ -249,9 +249,12 @@ class Run:
 
 
 def run_script(script: str, config: Config | None, *, base: list[str], phase: str, timeout_s: float,
-               extra: list[str] = (), label: str | None = None, keep_output: bool = False) -> Run:
+               extra: list[str] = (), label: str | None = None, keep_output: bool = False,
+               prefix: list[str] = ()) -> Run:
+    """One run of ``script`` with ``config``'s flags; ``prefix``: a command the script runs under (e.g.
+    ``python -m placer tune --apply FILE --``)."""
     args = [*(config.args() if config else []), *extra]
-    cmd = [sys.executable, str(PLAIN / f"{script}.py"), *base, *args]
+    cmd = [*prefix, sys.executable, str(PLAIN / f"{script}.py"), *base, *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     label = label or (config.label() if config else "as written")
     load = round(os.getloadavg()[0], 2)
@@ -290,19 +293,22 @@ DROPIN = "drop-in: advice applied"
 
 
 def interleaved(script: str, configs: dict[str, Config | None], rounds: int, *, base, phase, timeout_s, seed,
-                log, extras: dict[str, list[str]] | None = None) -> dict[str, list[Run]]:
+                log, extras: dict[str, list[str]] | None = None,
+                prefixes: dict[str, list[str]] | None = None) -> dict[str, list[Run]]:
     """``rounds`` rounds, each running every configuration once in a shuffled order.
 
     ``extras``: more flags for some entries (e.g. ``--placer-advice``); their output is kept.
+    ``prefixes``: a command some entries run the script under (``placer tune --apply FILE --``).
     Entries that run the script with the same flags (a choice that is one of the grid's best, or
     that keeps the script as written) are one configuration: run once a round, the run counted
     for each (run twice, the same flags measured up to 15 % apart within one comparison).
     """
-    extras = extras or {}
+    extras, prefixes = extras or {}, prefixes or {}
     runs: dict[str, list[Run]] = {k: [] for k in configs}
     same: dict[tuple, list[str]] = {}
     for k, c in configs.items():
-        same.setdefault((tuple(c.args()) if c is not None else None, tuple(extras.get(k, []))), []).append(k)
+        same.setdefault((tuple(c.args()) if c is not None else None, tuple(extras.get(k, [])),
+                         tuple(prefixes.get(k, []))), []).append(k)
     rng = random.Random(seed)
     for r in range(rounds):
         order = list(same.values())
@@ -310,7 +316,7 @@ def interleaved(script: str, configs: dict[str, Config | None], rounds: int, *, 
         for keys in order:
             k = keys[0]
             run = run_script(script, configs[k], base=base, phase=phase, timeout_s=timeout_s, label=k,
-                             extra=extras.get(k, []), keep_output=k in extras)
+                             extra=extras.get(k, []), keep_output=k in extras, prefix=prefixes.get(k, []))
             for each in keys:
                 runs[each].append(run)
             log(f"  {phase} round {r + 1}/{rounds} {' = '.join(keys)}: "

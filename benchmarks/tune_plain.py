@@ -6,7 +6,10 @@ For each script of ``benchmarks/plain/``:
    epochs), timed from start to end (the goal: at most 2 minutes per script on 2 cores,
    the script's own start-ups included);
 2. the recommendation written as the script's own flags (``--num-workers``, ``--worker-kind``,
-   ``--prefetch-factor``, ``--persistent-workers``, ``--pin-memory``, ``--threads``);
+   ``--prefetch-factor``, ``--persistent-workers``, ``--pin-memory``, ``--threads``); where it
+   keeps a cache inside the Dataset, which no flag of the script is, the script as written run
+   under ``placer tune --apply FILE`` (the settings and the cache applied by the hook, as a user
+   would run it);
 3. a final comparison, ``--rounds`` interleaved rounds in a shuffled order of: the script as
    written, the recommendation as flags, and the best configurations of a recorded
    exhaustive grid on this kind of machine (``--grid``, a ``plain_grid.py`` results JSON),
@@ -88,8 +91,15 @@ def bench(script: str, a: argparse.Namespace, data_dir: Path, log) -> dict:
         return out
     rec = flags_of(tuned["recommended"])
     configs: dict[str, Config | None] = {"as written": None, "placer tune": rec if tuned["change"] else None}
+    prefixes = {}
+    if tuned["recommended"].get("cache"):
+        saved = data_dir / "tuned.json"
+        saved.write_text(json.dumps(tuned))
+        configs["placer tune"] = None
+        prefixes["placer tune"] = [sys.executable, "-m", "placer", "tune", "--apply", str(saved), "--"]
     configs |= grid_best(Path(a.grid), script, a.top)
-    runs = interleaved(script, configs, a.rounds, base=base, phase="final", timeout_s=a.timeout_s, seed=0, log=log)
+    runs = interleaved(script, configs, a.rounds, base=base, phase="final", timeout_s=a.timeout_s, seed=0, log=log,
+                       prefixes=prefixes)
     written_digest = next((r.digest for r in runs["as written"] if r.ok), ref.digest)
     mismatch = sorted({k for k, rs in runs.items() for r in rs if r.ok and r.digest != written_digest})
     st = {k: stats(v) for k, v in runs.items()}
@@ -114,6 +124,8 @@ def table(results: list[dict]) -> list[str]:
             lines.append(f"| {r['script']} | placer tune failed | {r['tune_s']} s | | | | | | |")
             continue
         rec = flags_of(r["tune"]["recommended"]).label() if r["tune"]["change"] else "keep your settings"
+        if (r["tune"]["recommended"].get("cache") or {}).get("method"):
+            rec += f", cache {r['tune']['recommended']['cache']['method']} (--apply)"
         lines.append(f"| {r['script']} | {rec} | {r['tune_s']:.0f} s | {r['score_vs_best']:.2f} | {r['claimed']:.2f}x | "
                      f"{r['measured']:.2f}x | {r['claimed_vs_measured']:.2f} | {r['best_vs_written']:.2f}x | "
                      f"{'placer tune: same' if 'placer tune' not in r['digest_mismatch'] else 'placer tune: DIFFER'}"

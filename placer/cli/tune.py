@@ -25,8 +25,12 @@ def tune_command(
                                 help="Save the result (JSON) here; --apply reads it."),
     apply: Path = typer.Option(None, "--apply", metavar="FILE",
                                help="Run the command to its end with the recommendation saved in FILE."),
+    no_cache: bool = typer.Option(False, "--no-cache",
+                                  help="Do not look for a cache inside the Dataset (a method whose output the "
+                                       "epochs repeat)."),
 ) -> None:
-    """Tune the DataLoader of an unchanged script by running it: workers, prefetch, pinning, torch threads.
+    """Tune the DataLoader of an unchanged script by running it: workers, prefetch, pinning, torch threads,
+    and a cache inside its Dataset.
 
     The script runs several times, each stopped after enough batches of its loop; PLACER_TUNING=1
     is set in those runs, so a script may skip checkpoints and uploads while it is tuned.
@@ -40,7 +44,7 @@ def tune_command(
     if apply is not None:
         _apply(cmd, apply)
         return
-    _tune(cmd, budget_s=budget_s, window_s=window_s, as_json=as_json, output=output)
+    _tune(cmd, budget_s=budget_s, window_s=window_s, as_json=as_json, output=output, cache=not no_cache)
 
 
 def _apply(cmd: list[str], saved: Path) -> None:
@@ -53,15 +57,21 @@ def _apply(cmd: list[str], saved: Path) -> None:
         fail(f"--apply: cannot read {saved}: {exc.strerror}")
     except ValueError as exc:
         fail(f"--apply: {saved}: {exc}")
-    run = run_script(cmd, {"mode": "apply", "target": site, "settings": settings}, timeout_s=None, trial=False,
-                     capture=False)
-    if not any(r["site"] == site for r in run.loaders):
+    cache = settings.pop("cache", None)
+    run = run_script(cmd, {"mode": "apply", "target": site, "settings": settings, "cache": cache}, timeout_s=None,
+                     trial=False, capture=False)
+    built = [r for r in run.loaders if r["site"] == site]
+    if not built:
         print(f"placer tune: the script built no DataLoader at {site}: the saved settings were not applied",
               file=sys.stderr)
+    elif cache is not None and not any((r.get("cache") or {}).get("applied") for r in built):
+        why = next(((r.get("cache") or {}).get("reason") for r in built if r.get("cache")), None) or "not reached"
+        print(f"placer tune: the cache of {cache['method']} was not applied ({why})", file=sys.stderr)
     raise typer.Exit(run.returncode or 0)
 
 
-def _tune(cmd: list[str], *, budget_s: float, window_s: float, as_json: bool, output: Path | None) -> None:
+def _tune(cmd: list[str], *, budget_s: float, window_s: float, as_json: bool, output: Path | None,
+          cache: bool) -> None:
     from placer.tune.runs import TuneError
     from placer.tune.search import tune
     from placer.tune.words import describe, to_json
@@ -70,7 +80,7 @@ def _tune(cmd: list[str], *, budget_s: float, window_s: float, as_json: bool, ou
         print(line, file=sys.stderr, flush=True)
 
     try:
-        result = tune(cmd, budget_s=budget_s, window_s=window_s, progress=progress)
+        result = tune(cmd, budget_s=budget_s, window_s=window_s, progress=progress, cache=cache)
     except TuneError as exc:
         fail(str(exc))
     except Interrupted:

@@ -210,13 +210,14 @@ class CacheAdvice:
         return (f"{what} ({fmt_bytes(self.bytes)}) makes epochs 2+ {self.epoch_speedup:.1f}x faster "
                 f"(two epochs {self.two_epoch_speedup:.2f}x; advice.loader() applies it)")
 
-    def apply(self, dataset: Any | None = None) -> Any:
-        """The user's dataset with the cache (a new, empty store bounded by the budget), inside the same
-        ``Subset`` wrappers as the loader's."""
+    def apply(self, dataset: Any | None = None, store: SampleStore | None = None) -> Any:
+        """The user's dataset with the cache inside the same ``Subset`` wrappers as the loader's: in ``store``,
+        or a new, empty store bounded by the budget (the caller that passes ``store`` closes it)."""
         if self.attribute is None:
             raise ValueError("no cache was found for this dataset")
         inner, wrappers = (self.dataset, self.wrappers) if dataset is None else unwrapped(dataset)
-        return rewrapped(wrappers, cached(inner, self.attribute, SampleStore(self.budget_bytes)))
+        store = SampleStore(self.budget_bytes) if store is None else store
+        return rewrapped(wrappers, cached(inner, self.attribute, store))
 
     def as_dict(self) -> dict[str, Any]:
         r = (lambda x: None if x is None else round(x, 4))

@@ -6,7 +6,8 @@ The script runs unchanged, several times, with :mod:`placer.tune.hook` loaded in
 Python: the hook sees the DataLoaders it builds, times how the script iterates them,
 applies the setting of each run to the loader that holds the loop, and stops the script
 after enough batches. :func:`placer.tune.search.tune` searches the drop-in's settings and
-decides by the drop-in's rule (:func:`placer.stream.dropin.decide`);
+decides by the drop-in's rule (:func:`placer.stream.dropin.decide`); :mod:`placer.tune.caching` looks for
+the drop-in's cache inside the Dataset in a run of the script and weighs it by runs with and without it;
 :func:`placer.tune.runs.run_script` with ``mode="apply"`` runs the script to its end with a
 saved recommendation.
 """

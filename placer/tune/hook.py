@@ -2,7 +2,10 @@
 
 May import: the standard library at load time; torch only once the script has imported it;
 placer.executor.stream.source (the one loader rebuilder) only when a run applies thread workers;
-placer.stream.procmem loaded from its file (standard library and psutil only). This file is loaded by
+placer.stream.procmem loaded from its file (standard library and psutil only);
+placer.stream.dataset_cache only in a run that looks for a cache inside the Dataset, and
+placer.stream.{cache_advice,hits} with placer.executor.stream.store only in a run that applies one
+(each imported inside the function that needs it, in that run alone). This file is loaded by
 the ``sitecustomize`` that ``placer tune`` puts first on the script's ``PYTHONPATH``, before
 the script's first line, so it imports nothing the script would not: the script's own import
 order (and what it sets before ``import torch``, such as ``OMP_NUM_THREADS``) holds.
@@ -19,17 +22,29 @@ processes nor in other Pythons the script starts):
 - applies a setting (``num_workers``, worker processes or threads, ``prefetch_factor``,
   ``persistent_workers``, ``pin_memory``, torch's intra-op threads) to the loaders built at
   the chosen place, as they are built, without the script knowing;
+- applies a cache inside the Dataset (:meth:`placer.stream.cache_advice.CacheAdvice.apply`: a
+  method's outputs kept by its arguments in a store in shared memory, inside the same ``Subset``
+  wrappers) to the dataset of the loaders built at the chosen place, before ``DataLoader``'s own
+  ``__init__`` sees it;
+- in a run that looks for such a cache, calls :func:`placer.stream.dataset_cache.find_cache` at
+  the first ``iter()`` of the chosen loader (its own settings, no step: the script's step is not
+  reachable from here), writes what it found and ends the script;
 - stops the script after enough batches of the timed loader (or seconds), writing what it
-  measured first and ending the loader's worker processes, so no process is left behind.
+  measured first and ending the loader's worker processes (and removing the cache's store), so
+  no process or file is left behind.
 
 The run's instructions come from the JSON file named by ``PLACER_TUNE``: ``mode``
-(``trial``: time and stop; ``apply``: apply and run to the end), ``report`` (where to write
+(``trial``: time and stop; ``apply``: apply and run to the end; ``cache``: look for a cache inside
+the Dataset at the target's first ``iter()`` and stop, with ``find``: ``batches``, ``budget_s``,
+``budget_bytes`` for :func:`~placer.stream.dataset_cache.find_cache`), ``report`` (where to write
 the measurements), ``target`` (a place ``file:line``, or null: time every loader),
 ``settings`` (or null: as written), ``warmup`` (batches not counted; default none: a run is counted
 from the loader's first ``iter()``, its workers' start included), ``batches`` (counted
 batches after which a trial stops), ``min_s`` (counted seconds a trial lasts at least when
-``batches`` is null), ``stop_s`` (seconds after which a trial stops anyway) and ``digest``
-(hash every batch of the timed loader).
+``batches`` is null), ``stop_s`` (seconds after which a trial stops anyway), ``digest``
+(hash every batch of the timed loader) and ``cache`` (or null: ``method``, ``Class.method`` as
+:class:`~placer.stream.cache_advice.CacheAdvice` names it, and ``budget_bytes``: the cache applied at
+the target).
 """
 
 from __future__ import annotations
@@ -65,6 +80,12 @@ class _State:
         self.error: str | None = None
         self.refused: str | None = None
         self.first_iter_s: float | None = None
+        #: what the search for a cache inside the Dataset found (``CacheAdvice.as_dict()``), in a ``cache`` run
+        self.cache: dict | None = None
+        #: the stores of the caches this process applied, by the dataset they keep outputs of (held, so that
+        #: its id is not reused): removed when the hook ends the script
+        self.stores: dict[int, tuple] = {}
+        self.finding = False
 
     # -- the record of a loader ----------------------------------------------------------
     def built(self, loader, site: str, arguments: dict, applied: dict | None) -> dict:
@@ -104,7 +125,7 @@ class _State:
             out.append(r)
         return {"loaders": out, "stopped": self.stopped, "error": self.error, "refused": self.refused,
                 "first_iter_s": self.first_iter_s, "wall_s": time.perf_counter() - _T0,
-                "cuda": _cuda_used()}
+                "cuda": _cuda_used(), "cache": self.cache}
 
     def write(self) -> None:
         path = self.config.get("report")
@@ -134,12 +155,21 @@ class _State:
                     shutdown()
                 except Exception:  # noqa: BLE001 - ending anyway; the parent ends the process group
                     pass
+        self.close_stores()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:  # noqa: BLE001
                 pass
         os._exit(STOPPED)
+
+    def close_stores(self) -> None:
+        """Remove the applied caches' files (``os._exit`` runs no finaliser that would)."""
+        for _, store in self.stores.values():
+            try:
+                store.close()
+            except Exception:  # noqa: BLE001 - a store already gone
+                pass
 
 
 _state: _State | None = None
@@ -335,9 +365,13 @@ def _patch(dataloader_module) -> None:
         theirs = bool(bound.arguments.get("persistent_workers")) and bool(bound.arguments.get("num_workers"))
         if settings is not None and (state.config.get("target") in (None, site)):
             applied, threads = _apply(bound, settings)
+        cache = None
+        if state.config.get("cache") and state.config.get("target") in (None, site) and not state.finding:
+            cache = _with_cache(bound, state.config["cache"])
         init(*bound.args, **bound.kwargs)
         rec = state.built(self, site, arguments, applied)
         rec["_draws"] = bool(applied and applied.get("persistent_workers")) and not theirs
+        rec["cache"] = cache
         rec["iterable"] = isinstance(self.dataset, dataloader_module.IterableDataset)
         try:
             rec["length"] = len(self)
@@ -357,6 +391,10 @@ def _patch(dataloader_module) -> None:
             # every epoch, as the script's own loader does, so a shuffle on the same generator (or the
             # script's draws from torch's global one) gets the same numbers
             dataloader_module.torch.empty((), dtype=dataloader_module.torch.int64).random_(generator=self.generator)
+        if (rec is not None and state.config.get("mode") == "cache" and state.timed(rec) and not state.finding
+                and rec["iters"] == 0):
+            state.cache = _find_cache(self, state)
+            state.stop("cache")
         it = iter_(self)
         if state is None or rec is None:
             return it
@@ -409,6 +447,53 @@ def _apply(bound, settings: dict) -> tuple[dict, bool]:
         if threads:
             applied |= {"prefetch_factor": settings.get("prefetch_factor") or 2, "worker_kind": "threads"}
     return applied, threads
+
+
+def _with_cache(bound, spec: dict) -> dict:
+    """Put the cache ``spec`` names inside the loader's dataset (its ``Subset`` wrappers kept); what was done.
+
+    The cache is applied only to a dataset of the class it was found in: a script that builds
+    another dataset at the same place (another split, another option) keeps its own. A loader built
+    again around the same dataset object (each epoch, say) reads the store the first one filled; another
+    dataset object, even of the same class, gets its own store, as its outputs by the same arguments may
+    differ (a training and a validation split built by one function).
+    """
+    from placer.executor.stream.store import SampleStore
+    from placer.stream.cache_advice import CacheAdvice
+    from placer.stream.hits import unwrapped
+
+    method = str(spec["method"])
+    dataset = bound.arguments.get("dataset")
+    inner, _ = unwrapped(dataset)
+    cls = method.rsplit(".", 1)[0]
+    if type(inner).__name__ != cls:
+        return {"method": method, "applied": False,
+                "reason": f"the dataset built here is a {type(inner).__name__}, not a {cls}"}
+    if id(inner) not in _state.stores:
+        _state.stores[id(inner)] = (inner, SampleStore(int(spec["budget_bytes"])))
+    store = _state.stores[id(inner)][1]
+    bound.arguments["dataset"] = CacheAdvice(method, budget_bytes=int(spec["budget_bytes"])).apply(dataset, store)
+    return {"method": method, "applied": True, "reason": "", "folder": store.folder}
+
+
+def _find_cache(loader, state: _State) -> dict:
+    """:func:`placer.stream.dataset_cache.find_cache` on the script's loader, with its own settings and no step
+    (what :meth:`~placer.stream.cache_advice.CacheAdvice.as_dict` gives, or why nothing was looked for)."""
+    find = state.config.get("find") or {}
+    kwargs = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+              "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
+              "persistent_workers": bool(loader.persistent_workers and loader.num_workers)}
+    state.finding = True
+    try:
+        from placer.stream.dataset_cache import find_cache
+
+        advice = find_cache(loader, None, loader_kwargs=kwargs, batches=int(find.get("batches", 20)),
+                            budget_s=float(find.get("budget_s", 20.0)), budget_bytes=find.get("budget_bytes"))
+        return advice.as_dict()
+    except Exception as e:  # noqa: BLE001 - a dataset that cannot be probed gets its loader advice still
+        return {"method": None, "recommended": False, "reason": f"probing the dataset failed: {type(e).__name__}: {e}"}
+    finally:
+        state.finding = False
 
 
 def _as_thread_loader(loader, settings: dict) -> None:
@@ -506,6 +591,7 @@ def _at_exit() -> None:
             if rec["memory_start"] is not None:
                 rec["memory_end"] = end
         st.write()
+        st.close_stores()
 
 
 def install() -> None:

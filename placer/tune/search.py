@@ -1,6 +1,6 @@
 """Tuning a script's loader by running the script: the drop-in's search and decision, over whole-script runs.
 
-May import: placer.tune.runs, placer.stream.dropin (its search space and decision rule),
+May import: placer.tune.{runs,caching}, placer.stream.dropin (its search space and decision rule),
 placer.data.stream, numpy.
 
 Every measurement is a run of the user's own command (:func:`placer.tune.runs.run_script`),
@@ -11,6 +11,11 @@ time. The settings tried are the drop-in's first candidates
 (:func:`placer.stream.dropin.decide`: a setting is recommended only when its repeated,
 interleaved runs beat the script as written by more than their noise), so ``placer tune``
 and ``advise_loader`` answer the same question by the same rule; only the runs differ.
+
+The drop-in's cache inside the Dataset is looked for in one run of the script
+(:mod:`placer.tune.caching`); where the search offers one, its rounds are reserved before the
+settings are searched, and the chosen settings are then run without it and with it over a window
+of at least two epochs and a batch.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import numpy as np
 from placer.data.stream import LoaderSettings
 from placer.stream.dropin import (FINALISTS, REPEATS, SETTLE_ROUNDS, Trial, candidates, choose, decide, merged,
                                   paired, wait_noise, within_reach)
+from placer.tune import caching
+from placer.tune.caching import CacheResult
 from placer.tune.runs import ScriptRun, TuneError, run_script
 
 #: counted seconds a trial's loop lasts at least (at the script's own speed): shorter runs measure
@@ -65,14 +72,29 @@ class Tuned:
     runs: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     iterable: bool = False
+    #: the cache inside the Dataset: found, weighed and decided (None: not looked for)
+    cache: CacheResult | None = None
 
     @property
     def change(self) -> bool:
+        """Whether other settings are recommended (the cache aside: :attr:`cached`)."""
         return self.recommended is not self.user
 
     @property
+    def cached(self) -> bool:
+        """Whether the cache inside the Dataset is recommended."""
+        return self.cache is not None and self.cache.recommended
+
+    @property
     def speedup(self) -> float:
+        """The recommended settings over the script as written (the cache aside: :attr:`speedup_with_cache`)."""
         return self.recommended.score / max(self.user.score, 1e-12)
+
+    @property
+    def speedup_with_cache(self) -> float:
+        """The whole recommendation over the script as written: the settings' speed-up times the cache's gain
+        over the chosen settings (each measured in its own interleaved rounds); the settings' alone without it."""
+        return self.speedup * (self.cache.gain or 1.0) if self.cached else self.speedup
 
     @property
     def wait_fraction(self) -> float:
@@ -88,7 +110,7 @@ class Tuned:
         own memory and what its workers add: :mod:`placer.stream.procmem`), and its growth over the counted
         batches."""
         ends = [(r["memory_end"], r["memory_start"]) for r in self.runs
-                if r["settings"] == settings_dict(t.settings) and r.get("memory_end")]
+                if r["settings"] == settings_dict(t.settings) and r.get("memory_end") and not r.get("cache")]
         if not ends:
             return None
         end, start = max(ends, key=lambda e: e[0]["main"] + e[0]["workers"])
@@ -181,17 +203,19 @@ def holding_loader(run: ScriptRun) -> tuple[dict[str, Any], list[dict[str, Any]]
 class _Clock:
     def __init__(self, budget_s: float):
         self.budget_s, self.t0 = budget_s, time.perf_counter()
+        #: seconds kept for runs to come (the cache's rounds) while others are planned
+        self.reserved = 0.0
 
     def used(self) -> float:
         return time.perf_counter() - self.t0
 
     def left(self) -> float:
-        return self.budget_s - self.used()
+        return self.budget_s - self.used() - self.reserved
 
 
 def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDOW_S,
          progress: Callable[[str], None] | None = None, cores: int | None = None,
-         space: list[LoaderSettings] | None = None) -> Tuned:
+         space: list[LoaderSettings] | None = None, cache: bool = True) -> Tuned:
     """Run ``command`` as written, then with the drop-in's candidate settings, and decide.
 
     Parameters
@@ -209,6 +233,8 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
     space : list of LoaderSettings, optional
         The settings to try besides the script's own (default: the drop-in's first candidates,
         :func:`placer.stream.dropin.candidates`).
+    cache : bool
+        Look for a cache inside the Dataset, and weigh it (:mod:`placer.tune.caching`).
     """
     if not (budget_s > 0 and math.isfinite(budget_s)):
         raise TuneError(f"--budget-s must be a positive number of seconds, got {budget_s!r}")
@@ -236,6 +262,7 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
     if user is None:
         raise TuneError("the script as written could not be measured a second time within the budget "
                         f"({budget_s:.0f} s; one run takes about {per_run:.0f} s): raise --budget-s")
+    found = _find_cache(command, rec, runner, startup, budget_s) if cache else None
     todo = space if space is not None else candidates(user_s, cores=cores, gpu=bool(first.report.get("cuda")),
                                                       iterable=bool(rec.get("iterable")))
     trials = [user]
@@ -253,10 +280,53 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
     waits = user_of(trials).fetch_fraction > wait_noise(user_of(trials))
     choice, noise = decide(user_of(trials), trials, waits=waits)
     notes += persistent_note(choice.settings, user_s, rec.get("arguments", {}))
+    if found is not None and found.batches:
+        found = _weigh_cache(found, choice.settings, runner)
     return Tuned(command=command, site=site, others=[_other(r) for r in others], user=user_of(trials),
                  recommended=choice, trials=trials, noise=noise, startup_s=startup, budget_s=budget_s,
                  used_s=clock.used(), batches=batches, arguments=rec.get("arguments", {}), runs=runner.runs,
-                 notes=notes, iterable=bool(rec.get("iterable")))
+                 notes=notes, iterable=bool(rec.get("iterable")), cache=found)
+
+
+def _find_cache(command: list[str], rec: dict[str, Any], runner: _Runner, startup: float,
+                budget_s: float) -> CacheResult:
+    """The search for a cache (:func:`placer.tune.caching.find`); where it offers one, the window its rounds
+    read (``batches``) and their seconds reserved on the clock: at most half of what is left, so that the
+    settings are still searched. Not looked for where the time left cannot hold the search and the rounds
+    that would weigh what it found."""
+    clock = runner.clock
+    share = caching.FIND_SHARE * budget_s
+    window = caching.cache_window(runner.batches, rec.get("length"))
+    need = share + startup + caching.runs_needed(runner.cache_run_s(window))
+    if not rec.get("iterable") and rec.get("length") and clock.left() < need:
+        found = caching.not_searched(
+            f"looking for it and weighing it ({2 * caching.FIRST_ROUNDS} runs of {window} batches) takes about {need:.0f} s, "
+            f"more than the {max(clock.left(), 0):.0f} s left: a larger --budget-s looks for one")
+        runner.say(f"  cache inside the Dataset: not looked for ({found.reason})")
+        return found
+    found = caching.find(command, runner.site, rec, budget_s=share, startup_s=startup)
+    runner.say(f"  cache inside the Dataset: {found.method or 'none'}"
+               + (f", epochs 2+ {found.found['epoch_speedup']:.1f}x in the search's passes"
+                  if found.found.get("epoch_speedup") else "")
+               + ("" if found.found.get("recommended") else f" ({found.reason})")
+               + f"  ({clock.used():.0f} of {clock.budget_s:.0f} s)")
+    if found.found.get("recommended"):
+        found.batches = window
+        clock.reserved = min(caching.runs_needed(runner.cache_run_s(found.batches)), max(clock.left(), 0.0) / 2)
+    return found
+
+
+def _weigh_cache(found: CacheResult, settings: LoaderSettings, runner: _Runner) -> CacheResult:
+    """The chosen settings without the cache and with it, in interleaved rounds (:func:`placer.tune.caching.weigh`)."""
+    runner.clock.reserved = 0.0
+    spec = {"method": found.method, "budget_bytes": int(found.found["budget_bytes"])}
+    per_run = runner.cache_run_s(found.batches)
+
+    def once(with_cache: bool) -> tuple[float, str | None] | None:
+        t = runner.once(settings, cache=spec if with_cache else None, batches=found.batches, digest=True)
+        return None if t is None else (t.samples_per_s, runner.runs[-1]["digest"])
+
+    return caching.weigh(found, once, lambda n: runner.clock.left() >= n * per_run, found.batches)
 
 
 class _Runner:
@@ -276,23 +346,33 @@ class _Runner:
     def fits(self, runs: int) -> bool:
         return self.clock.left() >= runs * self.per_run()
 
-    def once(self, s: LoaderSettings, *, reserve: int = 0) -> Trial | None:
+    def cache_run_s(self, batches: int) -> float:
+        """Seconds a run that counts ``batches`` takes (a run of the search's window, and the batches past it)."""
+        return self.per_run() + max(batches - self.batches, 0) * self.per_batch
+
+    def once(self, s: LoaderSettings, *, reserve: int = 0, cache: dict[str, Any] | None = None,
+             batches: int | None = None, digest: bool = False) -> Trial | None:
         """One run of the script with ``s`` (None where the budget, less ``reserve`` runs, has no room, or
-        the run counted no batch)."""
-        if not self.fits(1 + reserve):
+        the run counted no batch); with ``cache``, the cache inside the Dataset applied; ``batches``
+        counted (default the search's window); with ``digest``, its counted batches hashed."""
+        n = self.batches if batches is None else batches
+        if batches is None and not self.fits(1 + reserve):
             return None
         run = run_script(self.command, {"mode": "trial", "target": self.site, "settings": settings_dict(s),
-                                        "warmup": WARMUP, "batches": self.batches,
-                                        "stop_s": SLOW_CAP * self.batches * self.per_batch + 5.0},
-                         timeout_s=SLOW_CAP * self.per_run() + 30.0)
-        t = trial_of(run, self.site, s, self.batches)
+                                        "warmup": WARMUP, "batches": n, "cache": cache, "digest": digest,
+                                        "stop_s": SLOW_CAP * n * self.per_batch + 5.0},
+                         timeout_s=SLOW_CAP * self.cache_run_s(n) + 30.0)
+        t = trial_of(run, self.site, s, n)
         rec = run.loader(self.site) or {}
-        self.runs.append({"settings": settings_dict(s), "memory_start": rec.get("memory_start"),
+        self.runs.append({"settings": settings_dict(s), "cache": None if cache is None else cache["method"],
+                          "batches": n, "digest": rec.get("digest") if digest else None,
+                          "memory_start": rec.get("memory_start"),
                           "memory_end": rec.get("memory_end"),
                           "samples_per_s": None if t is None else round(t.samples_per_s, 2),
                           "startup_s": run.report.get("first_iter_s"), "wall_s": round(run.wall_s, 3),
                           "stopped": run.report.get("stopped"), "returncode": run.returncode})
-        self.say(f"  {_short(s)}: " + ("failed" if t is None else f"{t.samples_per_s:,.0f} samples/s")
+        self.say(f"  {_short(s)}{', cache' if cache else ''}: "
+                 + ("failed" if t is None else f"{t.samples_per_s:,.0f} samples/s")
                  + f"  ({self.clock.used():.0f} of {self.clock.budget_s:.0f} s)")
         return t
 

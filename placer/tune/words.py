@@ -1,6 +1,6 @@
 """``placer tune``'s result in words and as JSON.
 
-May import: placer.tune.search, placer.stream.dropin (the settings' label and the noise rule).
+May import: placer.tune.{search,caching}, placer.stream.dropin (the settings' label and the noise rule).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from placer.stream.dropin import MIN_GAIN, Trial, label
+from placer.tune.caching import CacheResult
 from placer.tune.search import Tuned, settings_dict, settings_from
 
 
@@ -58,11 +59,14 @@ def describe(t: Tuned) -> list[str]:
                   *loader_line(t),
                   "  or run the script unchanged with it: placer tune --apply FILE -- COMMAND "
                   "(FILE: this result saved with -o)"]
+    elif t.cached:
+        lines.append("Recommended: keep your settings, and keep the cache inside the Dataset below")
     elif t.noise:
         lines.append(f"Recommended: keep your settings ({t.noise})")
     else:
         lines.append(f"Recommended: keep your settings (no setting tried was more than {MIN_GAIN:.0%} faster "
                      "beyond the noise of repeated runs)")
+    lines += cache_lines(t)
     lines.append("Measured (samples/s of the counted batches, the median of the runs; spread: the runs' range "
                  "over their median; memory: the script's process (its own memory) and what its workers add "
                  "(their unique set sizes), at a run's end):")
@@ -75,6 +79,31 @@ def describe(t: Tuned) -> list[str]:
         lines.append("Other loaders (not tuned): " + "; ".join(
             f"{o['site']} ({o['batches']} batches, {o['iterated_s']:.2f} s)" for o in t.others))
     return lines + [f"Note: {n}" for n in t.notes]
+
+
+def cache_lines(t: Tuned) -> list[str]:
+    """The cache inside the Dataset: what to keep, what it gained and how to get it; or why there is none."""
+    c: CacheResult | None = t.cache
+    if c is None:
+        return []
+    if not c.recommended:
+        what = f"`{c.method}` not kept" if c.method else "nothing to keep"
+        return [f"Cache inside the Dataset: {what} ({c.reason})"]
+    f = c.found
+    per_epoch = f" (epochs 2+ {f['epoch_speedup']:.1f}x in the search's passes of the loader alone)" \
+        if f.get("epoch_speedup") else ""
+    return [f"Cache inside the Dataset: keep `{c.method}`'s output by its arguments "
+            f"({_bytes(f.get('bytes'))} for the whole dataset, in shared memory): {c.gain:.2f}x your loop with "
+            f"{'the recommended' if t.change else 'your'} settings, over {c.batches} batches in {len(c.plain)} "
+            f"interleaved rounds of your script with and without it{per_epoch}"
+            + (f"; with the recommended settings, {t.speedup_with_cache:.2f}x as written" if t.change else ""),
+            "  no DataLoader argument does this: placer tune --apply FILE -- COMMAND applies it (FILE: this result "
+            "saved with -o), or in code placer.stream.advise_loader(loader, step).loader() builds the loader with "
+            "it"]
+
+
+def _bytes(n: int | None) -> str:
+    return "?" if n is None else (f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n / 1e3:,.1f} kB")
 
 
 def _mb(m: dict[str, int] | None) -> str:
@@ -95,8 +124,11 @@ def to_json(t: Tuned) -> dict[str, Any]:
     return {"command": t.command, "loader": t.site, "other_loaders": t.others,
             "verdict": {"wait_fraction": round(t.wait_fraction, 4), "waits_for_data": t.waits,
                         "sentence": verdict(t)},
-            "recommended": {**settings_dict(t.recommended.settings), "cache": None},
-            "change": t.change, "speedup": round(t.speedup, 4),
+            "recommended": {**settings_dict(t.recommended.settings),
+                            "cache": None if t.cache is None else t.cache.spec()},
+            "change": t.change or t.cached, "speedup": round(t.speedup_with_cache, 4),
+            "settings_speedup": round(t.speedup, 4),
+            "cache": None if t.cache is None else t.cache.as_dict(),
             "speedup_rounds": [round(r, 4) for r in ratios],
             "speedup_median": round(float(np.median(ratios)), 4) if ratios else None,
             "as_written": settings_dict(t.user.settings), "within_noise": t.noise,
@@ -106,10 +138,18 @@ def to_json(t: Tuned) -> dict[str, Any]:
 
 
 def recommendation(saved: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The loader's place and settings from a saved result (``placer tune -o FILE``), checked."""
+    """The loader's place and settings from a saved result (``placer tune -o FILE``), checked; the cache
+    inside the Dataset, where one is recommended, under the settings' ``cache``."""
     try:
         site, rec = saved["loader"], saved["recommended"]
         settings_from(rec)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not a placer tune result (needs 'loader' and 'recommended'): {exc}") from None
+    cache = rec.get("cache")
+    if cache is not None:
+        method, budget = (cache.get("method"), cache.get("budget_bytes")) if isinstance(cache, dict) else (None, None)
+        if not isinstance(method, str) or "." not in method:
+            raise ValueError(f"recommended.cache.method must name the cached method as Class.method, got {method!r}")
+        if not isinstance(budget, int) or budget <= 0:
+            raise ValueError(f"recommended.cache.budget_bytes must be a positive number of bytes, got {budget!r}")
     return site, rec

@@ -22,7 +22,6 @@ from placer.stream import procmem
 from placer.stream.dropin import Trial, advise_loader, fits
 from placer.stream.dropin.fits import python_bytes
 from placer.stream.dropin.memory import NOISE_BYTES, RunMemory, combined, growth, projected
-from placer.data.stream import LoaderSettings
 from records import Records, loader, workers_uss
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"),

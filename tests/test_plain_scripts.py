@@ -121,7 +121,7 @@ def test_the_drop_in_is_scored_by_running_the_script_with_its_advice_applied(mon
     calls = []
     rates = {"as written": 100.0, pg.DROPIN: 300.0}
 
-    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False):
+    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False, prefix=()):
         calls.append((label, list(extra), keep_output))
         if label and label.startswith("drop-in settings"):
             assert config.args() == ["--threads", "1", "--cache"]
@@ -161,7 +161,7 @@ def test_the_pipeline_forms_claim_is_the_speed_up_its_report_states(monkeypatch)
     pg = _plain_grid()
     rates = {"as written": 100.0}
 
-    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False):
+    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False, prefix=()):
         rate = rates.get(label, 250.0 if (label or "").startswith("pipeline form") else 120.0)
         return pg.Run(script, label, list(extra), phase, 1.0, True, seconds=1.0, samples_per_s=rate, digest="d",
                       load=1.0)
@@ -198,7 +198,7 @@ def test_a_screened_grid_runs_every_cell_once_and_repeats_the_best_of_that_round
     lucky = cells[0].label()
     rate[lucky] = 10_000.0
 
-    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False):
+    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False, prefix=()):
         calls.append((phase, label))
         r = rate.get(label, 50.0)
         if label == lucky and sum(1 for c in calls if c[1] == lucky) > 1:
@@ -231,7 +231,7 @@ def test_a_short_loop_gets_more_final_rounds_up_to_three_times_as_many(monkeypat
     for loop_s, expected in ((0.4, 9), (1.6, 5), (5.0, 3)):
         calls = []
 
-        def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False):
+        def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False, prefix=()):
             calls.append((phase, label))
             return pg.Run(script, label, list(extra), phase, 1.0, True, seconds=loop_s, samples_per_s=100.0,
                           digest="d", load=1.0)
@@ -250,7 +250,7 @@ def test_entries_with_the_same_flags_are_one_configuration_in_the_final_comparis
     pg = _plain_grid()
     calls = []
 
-    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False):
+    def fake(script, config, *, base, phase, timeout_s, extra=(), label=None, keep_output=False, prefix=()):
         calls.append((label, tuple(config.args()) if config else None, tuple(extra)))
         return pg.Run(script, label, list(extra), phase, 1.0, True, seconds=1.0, samples_per_s=100.0 + len(calls),
                       digest="d", load=1.0)

@@ -62,11 +62,14 @@ def _advising(loader, budget_s):
 
 def test_in_order_false_is_recommended_where_allowed_with_its_measured_gain():
     loader = DataLoader(Skewed(), batch_size=1, num_workers=2)
-    a, timed = _advising(loader, 12)
+    # a budget whose quarter (the check's share) holds its rounds where worker processes fork from a large
+    # process (the whole suite's) and start slower than from a small one
+    a, timed = _advising(loader, 24)
     assert max(c for b in timed.costs for c in b) > 10 * sorted(c for b in timed.costs for c in b)[timed.samples // 2]
     out = reorder.consider(a, timed, allow=True)
     assert out["predicted_gain"] >= 1.2
-    assert out["recommended"] and out["faster"] and out["measured_gain"] >= 1.2, out
+    assert out["recommended"] and out["faster"] and out["measured_gain"] >= 1.2, \
+        {k: out.get(k) for k in ("rounds", "measured_gain", "predicted_gain", "faster", "why_not")}
     assert a.best.settings.in_order is False and a.best.as_dict()["in_order"] is False
     assert any("varies from run to run" in n and "in_order=False" in n for n in a.notes)
     reordered = rebuild(loader, a.best.settings)

@@ -17,9 +17,8 @@ the user's own) are measured against them in interleaved rounds
 (:mod:`~placer.stream.dropin.headtohead`), and recommended when faster by the drop-in's rule.
 ``advice.loader()`` builds the loader with that ``worker_init_fn``; the batches are the same.
 
-The BLAS pools are reached through ``threadpoolctl`` where it is installed, else through OpenBLAS's own
-thread setter (numpy's wheels ship OpenBLAS); with neither, only torch's threads are set, and the advice
-says so (:func:`~placer.executor.stream.worker_init.blas_control`).
+The BLAS pools are reached through ``threadpoolctl``; where it finds no BLAS library loaded, only torch's
+threads are set, and the advice says so (:func:`~placer.executor.stream.worker_init.blas_control`).
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ def consider(a: Advising, timed: Timed | None) -> dict[str, Any]:
     if not oversubscribed(s.num_workers, threads, a.cores):
         out["why_not"] = (f"{s.num_workers} workers x {threads or 1} BLAS threads do not pass the {a.cores} cores"
                           if control != "none" else "no BLAS library's threads could be read or set "
-                          "(threadpoolctl is not installed and no OpenBLAS is loaded): torch's worker threads are "
+                          "(threadpoolctl found no BLAS library loaded): torch's worker threads are "
                           "one already")
         return out
     if timed is None or timed.threads_busy <= BUSY:

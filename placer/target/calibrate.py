@@ -168,8 +168,8 @@ def fit_gpu_factors(points, *, peak_flops: dict[str, float], mem_bandwidth_Bps: 
     GPU's measured ones; predictions follow :meth:`~placer.costmodel.roofline.DeviceDescription.predict`
     (host and device overlap: the larger of the two plus ``unhidden`` of the smaller); a grid search
     picks ``compute_eff``, ``memory_eff``, ``irregular_eff``, ``host_factor`` and ``unhidden``: the
-    most ops predicted within 2x, then the least mean ``|log(predicted / measured)|`` (as
-    ``benchmarks/make_h200_description.py`` fits the H200's).
+    most ops predicted within 2x, then the least mean ``|log(predicted / measured)|`` (the rule the
+    shipped H200 description was fitted by, from its reference measurements).
     """
     import math
 

@@ -8,7 +8,15 @@ import os
 import subprocess
 import sys
 
+import warm_cli
 from warm_cli import run
+
+
+def server_env(**more: str) -> dict[str, str]:
+    """The environment the server started in, as a test's own call would carry it: tests that run before these
+    may leave variables in this process's environment (their effect on the suite's speed is not what these
+    tests check)."""
+    return {**warm_cli._SERVER_ENV, **more}
 
 PROBE = "import json, sys\nprint(json.dumps({'argv': sys.argv, 'path0': sys.path[0], 'warm': 'jinja2' in sys.modules}))\n"
 
@@ -16,7 +24,7 @@ PROBE = "import json, sys\nprint(json.dumps({'argv': sys.argv, 'path0': sys.path
 def test_a_script_gets_the_argv_and_path_a_fresh_interpreter_gives_it(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
-    warm = json.loads(run([str(script), "--flag", "x y"], via="script", cwd=tmp_path).stdout)
+    warm = json.loads(run([str(script), "--flag", "x y"], via="script", cwd=tmp_path, env=server_env()).stdout)
     fresh = json.loads(subprocess.run([sys.executable, str(script), "--flag", "x y"], capture_output=True,
                                       text=True, cwd=tmp_path, check=True).stdout)
     assert warm["warm"] and not fresh["warm"]  # forked from the server, which has imported jinja2
@@ -32,6 +40,7 @@ def test_what_the_servers_imports_set_in_the_environment_does_not_make_a_call_fr
     assert "TORCHINDUCTOR_CACHE_DIR" in os.environ
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
-    assert json.loads(run([str(script)], via="script").stdout)["warm"]
-    own = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    assert json.loads(run([str(script)], via="script",
+                          env=server_env(TORCHINDUCTOR_CACHE_DIR=os.environ["TORCHINDUCTOR_CACHE_DIR"])).stdout)["warm"]
+    own = {**server_env(), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     assert not json.loads(run([str(script)], via="script", env=own).stdout)["warm"]

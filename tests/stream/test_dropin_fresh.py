@@ -59,7 +59,7 @@ class Noted(Dataset):
             mapped = _mapped_bytes() - before >= probe.nbytes
             del probe
             with open(self.log, "a") as f:
-                f.write(f"{os.getpid()} {int(mapped)}\n")
+                f.write(f"{os.getpid()} {int(mapped)} {os.getppid()}\n")
         return torch.full((4,), float(i)) + float(block[0]) - 1.0
 
 
@@ -68,7 +68,12 @@ def _step(batch):
 
 
 def _seen(log) -> list[tuple[int, bool]]:
-    return [(int(p), m == "1") for p, m in (line.split() for line in log.read_text().split("\n") if line)]
+    """Each process's first item: (its id, whether the block was mapped on its own), for the processes whose
+    parent read no item first: a run's own process. A worker forked from a run process that read items
+    itself inherits that process's allocator, as a script's workers inherit the script's."""
+    rows = [(int(p), m == "1", int(pp)) for p, m, pp in (line.split() for line in log.read_text().split("\n") if line)]
+    read = {p for p, _, _ in rows}
+    return [(p, m) for p, m, pp in rows if pp not in read]
 
 
 @pytest.mark.skipif(_mapped_bytes() is None, reason="reads glibc's allocator (mallinfo2); this libc has none")

@@ -25,6 +25,9 @@ def tune_command(
                                 help="Save the result (JSON) here; --apply reads it."),
     apply: Path = typer.Option(None, "--apply", metavar="FILE",
                                help="Run the command to its end with the recommendation saved in FILE."),
+    allow_reorder: bool = typer.Option(False, "--allow-reorder",
+                                       help="Also try in_order=False (batches as the workers finish them: their "
+                                            "order then varies from run to run) for the fastest settings."),
     no_cache: bool = typer.Option(False, "--no-cache",
                                   help="Do not look for a cache inside the Dataset (a method whose output the "
                                        "epochs repeat)."),
@@ -44,7 +47,8 @@ def tune_command(
     if apply is not None:
         _apply(cmd, apply)
         return
-    _tune(cmd, budget_s=budget_s, window_s=window_s, as_json=as_json, output=output, cache=not no_cache)
+    _tune(cmd, budget_s=budget_s, window_s=window_s, as_json=as_json, output=output, cache=not no_cache,
+          allow_reorder=allow_reorder)
 
 
 def _apply(cmd: list[str], saved: Path) -> None:
@@ -71,7 +75,7 @@ def _apply(cmd: list[str], saved: Path) -> None:
 
 
 def _tune(cmd: list[str], *, budget_s: float, window_s: float, as_json: bool, output: Path | None,
-          cache: bool) -> None:
+          cache: bool, allow_reorder: bool = False) -> None:
     from placer.tune.runs import TuneError
     from placer.tune.search import tune
     from placer.tune.words import describe, to_json
@@ -80,7 +84,8 @@ def _tune(cmd: list[str], *, budget_s: float, window_s: float, as_json: bool, ou
         print(line, file=sys.stderr, flush=True)
 
     try:
-        result = tune(cmd, budget_s=budget_s, window_s=window_s, progress=progress, cache=cache)
+        result = tune(cmd, budget_s=budget_s, window_s=window_s, progress=progress, cache=cache,
+                      allow_reorder=allow_reorder)
     except TuneError as exc:
         fail(str(exc))
     except Interrupted:

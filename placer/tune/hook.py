@@ -439,6 +439,8 @@ def _apply(bound, settings: dict) -> tuple[dict, bool]:
         a["prefetch_factor"] = settings.get("prefetch_factor") or 2
         a["persistent_workers"] = bool(settings.get("persistent_workers", False))
         applied |= {"prefetch_factor": a["prefetch_factor"], "persistent_workers": a["persistent_workers"]}
+        if settings.get("in_order") is False and "in_order" in bound.signature.parameters:
+            a["in_order"] = applied["in_order"] = False  # batches as the workers finish them
     else:
         a["prefetch_factor"] = None
         a["persistent_workers"] = False

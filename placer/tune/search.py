@@ -130,7 +130,8 @@ def settings_dict(s: LoaderSettings) -> dict[str, Any]:
     return {"num_workers": s.num_workers, "worker_kind": s.worker_kind,
             "prefetch_factor": s.prefetch_factor if s.num_workers else None,
             "persistent_workers": bool(s.persistent_workers and s.num_workers and not s.worker_threads),
-            "pin_memory": s.pin_memory, "torch_threads": s.torch_threads}
+            "pin_memory": s.pin_memory, "torch_threads": s.torch_threads,
+            **({"in_order": False} if not s.in_order and s.num_workers and not s.worker_threads else {})}
 
 
 def settings_from(d: dict[str, Any]) -> LoaderSettings:
@@ -138,7 +139,8 @@ def settings_from(d: dict[str, Any]) -> LoaderSettings:
     w = int(d.get("num_workers") or 0)
     return LoaderSettings(num_workers=w, prefetch_factor=d.get("prefetch_factor") if w else None,
                           pin_memory=bool(d.get("pin_memory")), persistent_workers=bool(d.get("persistent_workers")),
-                          torch_threads=d.get("torch_threads"), worker_threads=d.get("worker_kind") in ("threads", "thread"))
+                          torch_threads=d.get("torch_threads"), worker_threads=d.get("worker_kind") in ("threads", "thread"),
+                          in_order=d.get("in_order", True) is not False)
 
 
 def user_settings(rec: dict[str, Any]) -> LoaderSettings:
@@ -215,7 +217,7 @@ class _Clock:
 
 def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDOW_S,
          progress: Callable[[str], None] | None = None, cores: int | None = None,
-         space: list[LoaderSettings] | None = None, cache: bool = True) -> Tuned:
+         space: list[LoaderSettings] | None = None, cache: bool = True, allow_reorder: bool = False) -> Tuned:
     """Run ``command`` as written, then with the drop-in's candidate settings, and decide.
 
     Parameters
@@ -235,6 +237,9 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
         :func:`placer.stream.dropin.candidates`).
     cache : bool
         Look for a cache inside the Dataset, and weigh it (:mod:`placer.tune.caching`).
+    allow_reorder : bool
+        Also run the first round's fastest settings with worker processes at ``in_order=False`` (batches handed
+        over as the workers finish them, in an order that varies from run to run), decided by the same rounds.
     """
     if not (budget_s > 0 and math.isfinite(budget_s)):
         raise TuneError(f"--budget-s must be a positive number of seconds, got {budget_s!r}")
@@ -271,6 +276,8 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
         t = runner.once(s, reserve=ROUND_RUNS * (REPEATS - 1))
         if t is not None:
             trials.append(t)
+    if allow_reorder:
+        todo += reordered(trials, runner)
     notes = []
     if len(trials) - 1 < len(todo):
         notes.append(f"{len(todo) - (len(trials) - 1)} of the {len(todo)} settings to try were not run within the "
@@ -286,6 +293,22 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
                  recommended=choice, trials=trials, noise=noise, startup_s=startup, budget_s=budget_s,
                  used_s=clock.used(), batches=batches, arguments=rec.get("arguments", {}), runs=runner.runs,
                  notes=notes, iterable=bool(rec.get("iterable")), cache=found)
+
+
+def reordered(trials: list[Trial], runner: _Runner) -> list[LoaderSettings]:
+    """The first round's ``FINALISTS`` fastest settings with worker processes, each run once at ``in_order=False``
+    (where the installed torch's DataLoader has it); the runs join ``trials``. Returns the settings tried."""
+    import inspect
+
+    from torch.utils.data import DataLoader
+
+    if "in_order" not in inspect.signature(DataLoader.__init__).parameters:
+        return []
+    ranked = sorted((t for t in trials[1:] if t.settings.num_workers and not t.settings.worker_threads),
+                    key=lambda t: -t.score)
+    tried = [t.settings.model_copy(update={"in_order": False}) for t in ranked[:FINALISTS]]
+    trials += [t for s in tried if (t := runner.once(s, reserve=ROUND_RUNS * (REPEATS - 1))) is not None]
+    return tried
 
 
 def _find_cache(command: list[str], rec: dict[str, Any], runner: _Runner, startup: float,

@@ -31,9 +31,12 @@ def loader_line(t: Tuned) -> list[str]:
         kw.append(f"prefetch_factor={d['prefetch_factor']}")
         if d["worker_kind"] == "processes":
             kw.append(f"persistent_workers={d['persistent_workers']}")
+        if d.get("in_order") is False:
+            kw.append("in_order=False")
     kw.append(f"pin_memory={d['pin_memory']}")
     kept = [f"{k}={v if not v.startswith('<') else '...'}" for k, v in t.arguments.items()
-            if k not in ("dataset", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory")]
+            if k not in ("dataset", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+            and not (k == "in_order" and d.get("in_order") is False)]
     args = ", ".join(["dataset", *kept, *kw])
     if d["worker_kind"] == "threads":
         lines = [f"  placer.stream.ThreadLoader({args})",
@@ -42,6 +45,9 @@ def loader_line(t: Tuned) -> list[str]:
         lines = [f"  DataLoader({args})"]
     if s.torch_threads is not None and s.torch_threads != t.user.settings.torch_threads:
         lines.append(f"  torch.set_num_threads({s.torch_threads})")
+    if d.get("in_order") is False:
+        lines.append("  (in_order=False: batches come as the workers finish them, so their order varies from run to "
+                     "run; you allowed it with --allow-reorder)")
     return lines
 
 

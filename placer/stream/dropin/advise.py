@@ -1,7 +1,7 @@
 """The drop-in's entry point: :func:`advise_loader`, its phases in order, and the advice they make.
 
 May import: placer.devices, placer.timing, placer.stream.arguments, placer.stream.keep,
-placer.stream.dropin.{advice,caching,deciding,fits,guards,measuring,phases,pinning,reorder,samples,space,trial,
+placer.stream.dropin.{advice,caching,deciding,fits,guards,headtohead,measuring,phases,pinning,reorder,samples,space,trial,
 whole,words,worker_threads}; torch, placer.stream.target_loader and placer.stream.precision_advice inside functions.
 
 How it decides
@@ -45,6 +45,7 @@ from placer.stream.dropin import fits, phases, pinning, reorder, samples, space,
 from placer.stream.dropin.advice import LoaderAdvice
 from placer.stream.dropin.deciding import decided_by, user_speeds
 from placer.stream.dropin.guards import draws_unseeded, random_state_kept
+from placer.stream.dropin.headtohead import with_processes
 from placer.stream.dropin.phases import Advising
 from placer.stream.dropin.runs import runs_where
 from placer.stream.dropin.trial import Trial, label, merged
@@ -140,7 +141,9 @@ def after_search(a: Advising, allow_reorder: bool) -> dict[str, Any]:
     """Two changes the search does not vary, each measured against the recommendation in rounds of its own:
     one thread per worker process (:mod:`~placer.stream.dropin.worker_threads`), then ``in_order=False``
     (:mod:`~placer.stream.dropin.reorder`), both from the loader's samples timed one by one."""
-    timed = samples.time_samples(a.loader, a.batches, Deadline(a.budget_s * samples.TIME_SHARE))
+    # both checks change worker processes: without any, in the recommendation or yours, no sample is timed
+    timed = (samples.time_samples(a.loader, a.batches, Deadline(a.budget_s * samples.TIME_SHARE))
+             if with_processes(a, 1) is not None else None)
     return {"per_worker_threads": worker_threads.consider(a, timed),
             "reorder": reorder.consider(a, timed, allow_reorder)}
 

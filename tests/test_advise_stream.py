@@ -43,6 +43,7 @@ def test_advise_plans_runs_and_reports_a_stream(tmp_path):
     assert "stream-plan-rows" in saved and json.loads(saved["stream-plan-rows"].read_text())["source"] == "rows"
 
 
+@pytest.mark.slow
 def test_each_option_runs_three_times_interleaved_and_the_median_run_is_shown(monkeypatch):
     """One whole run of a few seconds swings by a quarter on a shared machine: the plan and every baseline
     run three times (while the repeats fit the budget), and the report shows each one's median run."""
@@ -72,6 +73,7 @@ def test_each_option_runs_three_times_interleaved_and_the_median_run_is_shown(mo
     assert f"({min(plan.measured_runs):,.0f}–{max(plan.measured_runs):,.0f})" in md
 
 
+@pytest.mark.slow
 def test_placer_advise_json_on_the_stream_gallery(tmp_path, sim_env):
     from pathlib import Path
 
@@ -117,6 +119,7 @@ def test_the_chosen_placement_is_named_data_that_unpacks_as_the_pair():
     assert Chosen("all=cpu", "no GPU").stream is None
 
 
+@pytest.mark.slow
 def test_with_two_runs_each_an_options_rate_is_their_median_not_the_slower_run(monkeypatch):
     """An even count's median is the mean of the middle two: the run shown is the slower of two, but the
     rate and the plan's speed-up over each option come from both runs."""
@@ -185,6 +188,7 @@ def test_the_plan_and_the_plain_loop_run_more_rounds_alone_where_their_ratios_li
     assert claim_rounds(options, every, list, budget_s=0.0) == 0  # no budget left for them
 
 
+@pytest.mark.slow
 def test_the_claims_further_rounds_reach_the_report(monkeypatch):
     """The further rounds of the plan and one batch at a time go into their rows (their runs, their median,
     the plan's speed-up: the median of every round's ratio) and the report says how often the two ran; the

@@ -42,6 +42,7 @@ def test_best_placement_falls_back_to_cpu_and_says_why(monkeypatch):
     assert placement == "all=cpu" and "planning failed" in why and "infer" in why
 
 
+@pytest.mark.slow
 def test_best_placement_plans_over_this_machines_devices():
     p = load_pipeline("pipelines.requests:build", 8)
     placement, why = advisor.best_placement(p, 8)
@@ -83,6 +84,7 @@ def test_advise_runs_plan_and_baselines_and_plans_for_the_absent_gpu():
     assert f.bottleneck is not None and f.bottleneck.source == "measured"
 
 
+@pytest.mark.slow
 def test_advise_and_report_commands(tmp_path, sim_env, cache_dir):
     env = {**sim_env, "PLACER_CACHE_DIR": str(cache_dir)}
     out, saved = tmp_path / "r.html", tmp_path / "saved"
@@ -107,6 +109,7 @@ def test_advise_and_report_commands(tmp_path, sim_env, cache_dir):
     assert again["summary"]["options"][0]["measured_s"] == json.loads((saved / "run.json").read_text())["makespan_s"]
 
 
+@pytest.mark.slow
 def test_report_command_errors_name_the_fix(tmp_path, sim_env):
     res = run_placer(["report", "-o", str(tmp_path / "x.html")],
                          capture_output=True, text=True, env=sim_env, timeout=60)

@@ -117,6 +117,7 @@ def slow_pipeline(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_check_passes_on_its_fresh_baseline_and_fails_when_a_stage_is_3x_slower(slow_pipeline):
     d = slow_pipeline
     env = {"PLACER_TEST_DEVICES": "0"}
@@ -133,6 +134,7 @@ def test_check_passes_on_its_fresh_baseline_and_fails_when_a_stage_is_3x_slower(
     assert doc["passed"] is False and any("check failed" in line for line in doc["lines"])
 
 
+@pytest.mark.slow
 def test_check_fails_when_the_best_device_changes(slow_pipeline):
     d = slow_pipeline
     env = {"PLACER_TEST_DEVICES": "1", "NUMBA_ENABLE_CUDASIM": "1"}

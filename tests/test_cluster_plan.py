@@ -265,6 +265,7 @@ def costs(client):
 
 
 @needs_dask
+@pytest.mark.slow
 def test_devices_and_measurements_come_from_the_cluster(client, costs):
     w = names(client)
     table = costs.table()
@@ -279,6 +280,7 @@ def test_devices_and_measurements_come_from_the_cluster(client, costs):
 
 
 @needs_dask
+@pytest.mark.slow
 def test_the_network_is_measured_between_a_cpu_and_a_gpu_worker_and_charged(client, costs):
     w = names(client)
     link = costs.link
@@ -297,6 +299,7 @@ def test_the_network_is_measured_between_a_cpu_and_a_gpu_worker_and_charged(clie
 
 
 @needs_dask
+@pytest.mark.slow
 def test_plan_cli_for_the_cluster_prints_json_and_saves_the_costs(cluster, client, sim_env, tmp_path):
     saved = tmp_path / "costs.json"
     out = run_placer(["plan", "pipelines/tabular.py",
@@ -335,6 +338,7 @@ def test_run_without_a_placement_plans_for_the_cluster(cluster, client, monkeypa
 
 
 @needs_dask
+@pytest.mark.slow
 def test_advise_on_the_cluster_runs_plan_and_baselines_there(cluster, client, tmp_path):
     from placer.advisor import advise
     from placer.executor import execute
@@ -356,6 +360,7 @@ def test_advise_on_the_cluster_runs_plan_and_baselines_there(cluster, client, tm
 
 
 @needs_dask
+@pytest.mark.slow
 def test_a_cluster_without_a_gpu_worker_plans_everything_on_the_cpu_and_says_why(cache_dir):
     from distributed import Client
 
@@ -382,6 +387,7 @@ def build(size=None, *, extra: int = 0):
 '''
 
 
+@pytest.mark.slow
 def test_build_parameters_reach_the_workers_builds(client, tmp_path):
     """``placer plan --scheduler ... -p extra=2``: the workers build the pipeline with the parameter too."""
     from placer.cluster import cluster_costs

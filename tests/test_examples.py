@@ -59,6 +59,7 @@ def test_quickstart_places_every_stage_on_a_device_of_this_machine(user_env, tmp
     assert set(placed.values()) <= devices_here()
 
 
+@pytest.mark.slow
 def test_plan_for_h200_is_a_prediction_no_worse_than_all_cpu(user_env, tmp_path):
     out = run_example("plan_for_h200.py", "200000", env=user_env, cwd=tmp_path)
     assert "NVIDIA H200" in out and "predicted, not measured" in out
@@ -69,6 +70,7 @@ def test_plan_for_h200_is_a_prediction_no_worse_than_all_cpu(user_env, tmp_path)
     assert planned <= all_cpu * 1.0001
 
 
+@pytest.mark.slow
 def test_report_from_json_writes_reports_and_step_two_needs_no_device_library(user_env, tmp_path):
     folder = tmp_path / "results"
     out = run_example("report_from_json.py", str(folder), env=user_env, cwd=tmp_path)
@@ -96,6 +98,7 @@ def test_report_from_json_writes_reports_and_step_two_needs_no_device_library(us
     assert "timeseries" in (folder / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_existing_training_script_trains_and_saves_through_placer(user_env, tmp_path):
     import torch
 
@@ -112,6 +115,7 @@ def test_existing_training_script_trains_and_saves_through_placer(user_env, tmp_
     assert state["0.weight"].shape == (64, 20)
 
 
+@pytest.mark.slow
 def test_existing_training_script_takes_a_placement(user_env, tmp_path):
     out = run_example("existing_training_script.py", "--rows", "500", "--epochs", "1", "--placement", "all=cpu",
                       env=user_env, cwd=tmp_path)

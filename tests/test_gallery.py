@@ -222,6 +222,7 @@ def test_batched_inference_uses_the_requests_model():
 
 
 @pytest.mark.parametrize("name,placement", [("timeseries", "all=gpu-sim"), ("cifar_augment", "all=cpu,train=gpu-sim")])
+@pytest.mark.slow
 def test_placer_run_cli_gives_the_in_process_digest(name, placement, sim_env):
     small, _ = GALLERY[name]
     mod = importlib.import_module(f"pipelines.{name}")
@@ -251,6 +252,7 @@ ADVISE_PARAMS = {"transformer": {"d_model": 64, "heads": 4, "vocab": 128, "seq":
 
 
 @pytest.mark.parametrize("name", sorted(GALLERY))
+@pytest.mark.slow
 def test_advise_plans_and_runs_every_pipeline(name, tmp_path, monkeypatch):
     from placer.advisor import advise
 
@@ -316,6 +318,7 @@ def _benchmark(tmp_path, env, *args):
 
 
 
+@pytest.mark.slow
 def test_advisor_benchmark_records_the_machine_and_never_calls_the_simulator_a_gpu(tmp_path):
     import os
 

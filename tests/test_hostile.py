@@ -590,6 +590,7 @@ def test_exact_search_that_runs_out_of_nodes_says_the_result_is_not_proven(monke
     assert plan(CostTable.model_validate(dag_table(8)), method="exact").warnings == []
 
 
+@pytest.mark.slow
 def test_profiling_a_huge_size_starts_at_the_default_size(tmp_path):
     from placer.profile.profiler import FIRST_SIZE_MAX, profile, start_small
 

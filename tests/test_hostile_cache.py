@@ -188,6 +188,7 @@ def test_a_broken_cache_file_is_remeasured_with_one_warning_naming_it(case, tmp_
 
 
 @pytest.mark.parametrize("case", ["random bytes", "NaN times"])
+@pytest.mark.slow
 def test_the_cli_remeasures_a_broken_cache_file_with_one_warning_naming_it(case, tmp_path, pipe, env, good):
     import copy
 
@@ -200,6 +201,7 @@ def test_the_cli_remeasures_a_broken_cache_file_with_one_warning_naming_it(case,
     _assert_replaced(root, pipe)
 
 
+@pytest.mark.slow
 def test_a_random_bytes_cache_file_does_not_stop_plan_or_advise(tmp_path, pipe, env, good):
     root = tmp_path / "cache"
     path = _install(root, pipe, good)
@@ -219,6 +221,7 @@ def test_a_profile_file_of_random_bytes_given_to_plan_is_refused_naming_the_file
 
 
 # -- a cache folder that cannot be created or written ---------------------------------------------
+@pytest.mark.slow
 def test_a_cache_path_that_is_a_regular_file_means_no_cache_with_one_warning(tmp_path, pipe, env):
     blocker = tmp_path / "cache-is-a-file"
     blocker.write_text("not a folder")
@@ -229,6 +232,7 @@ def test_a_cache_path_that_is_a_regular_file_means_no_cache_with_one_warning(tmp
     assert blocker.read_text() == "not a folder"  # untouched
 
 
+@pytest.mark.slow
 def test_a_cache_folder_under_a_regular_file_with_fresh_still_reaches_o(tmp_path, pipe, env):
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -237,6 +241,7 @@ def test_a_cache_folder_under_a_regular_file_with_fresh_still_reaches_o(tmp_path
     _assert_one_warning_and_remeasured(out, str(blocker / "placer"), saved)
 
 
+@pytest.mark.slow
 def test_a_home_that_cannot_hold_a_cache_means_no_cache_with_one_warning(tmp_path, pipe, env):
     home = tmp_path / "home-is-a-file"
     home.write_text("x")
@@ -247,6 +252,7 @@ def test_a_home_that_cannot_hold_a_cache_means_no_cache_with_one_warning(tmp_pat
         _assert_one_warning_and_remeasured(out, str(home))
 
 
+@pytest.mark.slow
 def test_a_write_refused_with_permission_error_warns_once_and_keeps_the_profile(tmp_path, monkeypatch, pipe):
     cache = ProfileCache(tmp_path / "cache")
 
@@ -265,6 +271,7 @@ def test_a_write_refused_with_permission_error_warns_once_and_keeps_the_profile(
     assert not list((tmp_path / "cache").rglob("*.json"))  # no half-written file either
 
 
+@pytest.mark.slow
 def test_a_directory_where_the_cache_file_should_be_is_survived(tmp_path, pipe, env):
     root = tmp_path / "cache"
     path = _cache_file(root, pipe)
@@ -325,6 +332,7 @@ def _assert_no_cache_one_warning(out, root: Path, verb: str):
     assert "Traceback" not in out.stderr and "PermissionError" not in out.stderr
 
 
+@pytest.mark.slow
 def test_a_read_only_cache_with_its_files_intact_means_no_cache_for_profile_plan_and_advise(
         tmp_path, pipe, env, good):
     root = tmp_path / "cache"
@@ -358,6 +366,7 @@ def test_a_read_only_empty_cache_with_fresh_still_writes_o_and_calibrates_the_cp
     assert doc["target"]["cpu"] and all(sp.devices["cpu"].points for sp in Profile.load(saved).stages.values())
 
 
+@pytest.mark.slow
 def test_a_cache_folder_that_cannot_be_entered_means_no_cache_with_one_warning(tmp_path, pipe, env, good):
     root = tmp_path / "cache"
     _install(root, pipe, good)

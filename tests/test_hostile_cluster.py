@@ -189,6 +189,7 @@ def _free_port() -> int:
 
 # -- every bundled pipeline on the cluster ----------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(ONE_SHOT))
+@pytest.mark.slow
 def test_every_bundled_pipeline_gives_the_local_digest_on_the_cluster(client, name):
     size, params = ONE_SHOT[name]
     p = load_pipeline(str(ROOT / "pipelines" / f"{name}.py"), size, **params)
@@ -208,6 +209,7 @@ STREAMS = {
 
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
+@pytest.mark.slow
 def test_every_stream_pipeline_offloads_its_cpu_stages_with_the_sequential_digest(client, name):
     from placer.stream import StreamConfig
 
@@ -223,6 +225,7 @@ def test_every_stream_pipeline_offloads_its_cpu_stages_with_the_sequential_diges
     assert all(s.workers == threads for s in remote.stages if s.name in per_batch)
 
 
+@pytest.mark.slow
 def test_advise_on_a_cluster_measures_the_streams_cpu_stages_there_and_keeps_the_faster(client):
     from placer.advisor import advise
     from placer.stream import StreamConfig
@@ -258,6 +261,7 @@ def test_a_dask_worker_kind_without_a_cluster_is_refused_naming_the_stage():
         execute(p, "all=cpu", stream=StreamConfig(worker_kind={"preprocess": "dask"}))
 
 
+@pytest.mark.slow
 def test_a_stream_stage_failing_on_the_cluster_names_the_batch_and_keeps_the_state(client, tmp_path):
     from placer import Pipeline
     from placer.stream import StreamConfig
@@ -286,6 +290,7 @@ def test_a_stream_stage_failing_on_the_cluster_names_the_batch_and_keeps_the_sta
     assert err.value.outputs["total"] == {"sum": 2 * 4 * (0 + 1 + 2)}  # the step's state after the batches done
 
 
+@pytest.mark.slow
 def test_requests_cli_on_the_cluster_prints_the_local_digest(cluster, client):
     """The issue's bar: ``placer run pipelines/requests.py --placement all=cpu --scheduler ... --json``."""
     out = run_cli("run", "pipelines/requests.py", "--placement", "all=cpu", "--scheduler",
@@ -331,6 +336,7 @@ def test_a_stage_that_cannot_be_pickled_is_refused_naming_it_and_the_object(clie
     assert not marker.exists()  # refused before anything ran
 
 
+@pytest.mark.slow
 def test_an_unpicklable_param_is_named_by_the_cli(cluster, tmp_path):
     f = tmp_path / "param.py"
     f.write_text(textwrap.dedent('''
@@ -374,6 +380,7 @@ def test_plan_and_advise_check_the_address_too(files, command):
     assert "web (dashboard) address" in one_error_line(out.stderr)
 
 
+@pytest.mark.slow
 def test_a_malformed_address_in_a_fresh_process_exits_promptly_without_a_client_traceback(files):
     """The case that used to hang 20 s in ``Client.__del__``: a real process, to see what it prints at exit."""
     out = run_cli("run", str(files / "sleepy.py"), "--placement", "all=cpu", "--scheduler", "not an address",
@@ -451,6 +458,7 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
             proc.communicate()
 
 
+@pytest.mark.slow
 def test_a_scheduler_killed_mid_run_is_one_error_naming_the_running_stage(own_scheduler, files, tmp_path):
     address, sched = own_scheduler
     proc, _ = start_sleepy(files, tmp_path, "--placement", "all=cpu", "--scheduler", address, "--json")
@@ -468,6 +476,7 @@ def test_a_scheduler_killed_mid_run_is_one_error_naming_the_running_stage(own_sc
     ("threads", ["--placement", "all=cpu"], {"shape": "diamond"}),
     ("GPU lane", ["--placement", "all=cpu"], {"shape": "diamond", "device": "gpu-sim"}),
 ])
+@pytest.mark.slow
 def test_the_first_ctrl_c_stops_the_run_names_the_stage_and_exits_130(files, tmp_path, sim_env, lane, args,
                                                                        settings, monkeypatch):
     for k, v in sim_env.items():
@@ -487,6 +496,7 @@ def test_the_first_ctrl_c_stops_the_run_names_the_stage_and_exits_130(files, tmp
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_a_cluster_run_cancels_the_task_and_leaves_the_cluster_usable(cluster, client, files, tmp_path):
     proc, pid = start_sleepy(files, tmp_path, "--placement", "all=cpu", "--scheduler", cluster.scheduler_address)
     assert pid != proc.pid  # the stage runs on a worker
@@ -515,6 +525,7 @@ def python_handles_sigint():
 
 
 @pytest.mark.parametrize("executor", ["inline", "threads"])
+@pytest.mark.slow
 def test_an_interrupt_in_the_library_keeps_finished_outputs_and_leaves_no_thread(files, executor, monkeypatch,
                                                                                   python_handles_sigint):
     import _thread
@@ -553,6 +564,7 @@ def test_stage_timeout_stops_the_stage_names_it_and_keeps_finished_outputs(files
     assert not left, left
 
 
+@pytest.mark.slow
 def test_stage_timeout_on_the_cli_exits_1_naming_the_stage(files, tmp_path):
     env, _ = sleepy_env(tmp_path)
     out = run_cli("run", str(files / "sleepy.py"), "--placement", "all=cpu", "--stage-timeout", "1", env=env)
@@ -568,6 +580,7 @@ def test_a_stage_timeout_that_is_not_a_positive_number_is_a_usage_error(files, v
     assert "--stage-timeout must be a finite number of seconds > 0" in one_error_line(out.stderr)
 
 
+@pytest.mark.slow
 def test_stage_timeout_on_the_cluster_cancels_the_task(client, files, monkeypatch):
     p = load_pipeline(str(files / "sleepy.py"))
     with pytest.raises(StageFailedError, match="stage 'nap' did not finish within 8 s") as err:
@@ -577,6 +590,7 @@ def test_stage_timeout_on_the_cluster_cancels_the_task(client, files, monkeypatc
     assert client.submit(sum, [2, 3], pure=False).result(timeout=90) == 5
 
 
+@pytest.mark.slow
 def test_profile_honours_the_stage_timeout(files, tmp_path):
     env, _ = sleepy_env(tmp_path)
     env["PLACER_CACHE_DIR"] = str(seeded_cache(tmp_path / "cache"))
@@ -586,6 +600,7 @@ def test_profile_honours_the_stage_timeout(files, tmp_path):
     assert "stage 'nap' did not finish within 2 s" in one_error_line(out.stderr)
 
 
+@pytest.mark.slow
 def test_without_a_timeout_profiling_bounds_a_hung_stage_by_its_budget(files, tmp_path, monkeypatch):
     """The default bound is twice the budget (at least MIN_BOUND_S, lowered here): the 60 s stage stops at 1 s."""
     from placer.profile import profile, profiler
@@ -599,6 +614,7 @@ def test_without_a_timeout_profiling_bounds_a_hung_stage_by_its_budget(files, tm
     assert err.value.stage == "nap"
 
 
+@pytest.mark.slow
 def test_an_interrupt_stops_a_stream_whose_stage_runs_on_the_cluster(client, python_handles_sigint):
     """The stream runs in a lane thread (threads executor); its batches are cluster tasks of 2 s each."""
     import _thread

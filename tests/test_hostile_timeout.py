@@ -119,6 +119,7 @@ def _error_line(out: subprocess.CompletedProcess) -> str:
 
 
 # -- the command line: time.sleep(1e6) --------------------------------------------------------------
+@pytest.mark.slow
 def test_run_with_a_stage_stuck_in_one_sleep_exits_1_at_the_timeout_naming_it(files, tmp_path):
     t = time.monotonic()
     out, after = _placer(["run", str(files / "stuck.py"), "--placement", "all=cpu", "--stage-timeout", "3"],
@@ -147,6 +148,7 @@ def test_a_stuck_data_parallel_stage_whose_dask_threads_would_hold_the_exit_up_s
 
 @pytest.mark.parametrize("how", [["--workers", "2"], ["--workers", "0"], ["--workers", "1", "--processes", "decode"]],
                          ids=["thread workers", "sequential", "process workers"])
+@pytest.mark.slow
 def test_a_stream_stage_stuck_in_one_sleep_ends_the_run_at_the_timeout_naming_it(files, tmp_path, how):
     out, after = _placer(["run", str(files / "stuck_stream.py"), "--placement", "all=cpu", "--stage-timeout", "3",
                           *how], tmp_path / "marker", timeout=120)
@@ -196,6 +198,7 @@ def _one_shot(gate: threading.Event, started: list) -> Pipeline:
 
 
 @pytest.mark.parametrize("executor", ["inline", "threads"])
+@pytest.mark.slow
 def test_every_one_shot_lane_stops_waiting_for_a_stage_stuck_in_one_call(gate, executor):
     started: list[float] = []
     with pytest.raises(StageFailedError) as err:
@@ -252,7 +255,8 @@ def _stream(gate: threading.Event, started: list, at: str) -> Pipeline:
 
 
 @pytest.mark.parametrize("workers", [2, 0], ids=["thread workers", "sequential"])
-@pytest.mark.parametrize("at", ["batches", "decode", "total"])
+@pytest.mark.parametrize("at", [pytest.param("batches", marks=pytest.mark.slow),
+                                pytest.param("decode", marks=pytest.mark.slow), "total"])
 def test_a_stream_stage_stuck_in_one_call_fails_the_stream_at_the_timeout_naming_it(gate, at, workers):
     started: list[float] = []
     with pytest.raises(StageFailedError) as err:
@@ -263,6 +267,7 @@ def test_a_stream_stage_stuck_in_one_call_fails_the_stream_at_the_timeout_naming
     assert 1.0 <= ended - started[0] <= 1.0 + STOP_WAIT_S + SLACK_S
 
 
+@pytest.mark.slow
 def test_profiling_stops_waiting_for_a_stage_stuck_in_one_call(gate, monkeypatch):
     from placer.profile import profile, profiler
 

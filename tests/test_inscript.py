@@ -88,6 +88,7 @@ def cache(tmp_path):
     return ProfileCache(tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_changing_a_helper_the_stage_calls_is_never_served_from_the_cache(cache, monkeypatch):
     first = advise(build, size=ROWS, budget_s=30, target="none", baselines=False, cache=cache)
     p1, m1 = _predicted_and_measured(first, "crunch")

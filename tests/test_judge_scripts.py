@@ -71,6 +71,7 @@ def test_every_judge_script_is_listed():
 
 
 @pytest.mark.parametrize("script", sorted(TINY))
+@pytest.mark.slow
 def test_judge_script_reads_the_same_batches_with_workers(script, runs):
     written, workers = (_last_json(p) for p in runs[script])
     assert workers["digest"] == written["digest"]

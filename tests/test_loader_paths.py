@@ -72,6 +72,7 @@ def _user_project(tmp_path: Path) -> Path:
 
 # the placer command does not put the current directory on sys.path; python -P -m does the same
 @pytest.mark.parametrize("python", [["-m"], ["-P", "-m"]], ids=["python -m", "like the placer command"])
+@pytest.mark.slow
 def test_a_users_own_pipelines_package_is_not_shadowed(tmp_path, sim_env, python):
     project = _user_project(tmp_path)
     # the repository (with the bundled pipelines/ folder) is importable too, as in development
@@ -156,6 +157,7 @@ def test_a_missing_dependency_of_a_module_is_not_blamed_on_the_reference(tmp_pat
     assert f"No module named '{dep}'" in msg and "pass its path" not in msg
 
 
+@pytest.mark.slow
 def test_a_bundled_pipeline_file_imports_its_siblings_from_any_directory(tmp_path, sim_env):
     """cifar_augment.py imports ``pipelines.mnist_cnn``: found through the package's root, wherever placer runs."""
     env = {k: v for k, v in sim_env.items() if k != "PYTHONPATH"}

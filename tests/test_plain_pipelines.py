@@ -81,6 +81,7 @@ def test_form_validates_and_runs_a_few_batches(script, tmp_path):
 
 
 @pytest.mark.parametrize("script", sorted(SIZES))
+@pytest.mark.slow
 def test_form_reads_the_scripts_batches(script, tmp_path, capsys, monkeypatch):
     """The digest of every batch the step took equals the script's, whatever the settings."""
     written = run_script(script, tmp_path, capsys, monkeypatch)

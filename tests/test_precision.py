@@ -218,6 +218,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=300)
 
 
+@pytest.mark.slow
 def test_run_precision_option_runs_the_stage_in_bf16_and_records_it(tmp_path):
     res = _cli("run", "pipelines/mnist_mlp.py", "--size", "256", "--placement", "all=cpu", "--precision",
                "train=bf16", "--json")
@@ -244,6 +245,7 @@ def test_the_report_shows_a_precision_column_only_when_a_stage_ran_in_a_lower_on
     assert "<th rowspan=\"2\">precision</th>" in render_html(facts)
 
 
+@pytest.mark.slow
 def test_plan_names_a_wrong_precision_option_before_profiling():
     res = _cli("plan", "pipelines/mnist_mlp.py", "--size", "64", "--precision", "train=half")
     assert res.returncode != 0 and "stage 'train': unknown precision 'half'" in res.stderr

@@ -165,6 +165,7 @@ def test_inline_lanes_start_stages_round_by_round_as_simulated(doc):
 
 @TIMED
 @given(pipelines(max_n=5), st.data())
+@pytest.mark.slow
 def test_thread_lanes_start_stages_in_the_simulated_order(doc, data):
     powers = data.draw(st.permutations([1 << k for k in range(len(doc["names"]))]))
     units = dict(zip(doc["names"], powers))

@@ -29,6 +29,7 @@ def test_docs_hold_the_current_schema(name):
     assert saved == json_schema(name), f"docs/schemas/{name}.schema.json is stale: placer schema {name} > it"
 
 
+@pytest.mark.slow
 def test_schema_command_prints_it_and_refuses_unknown_names():
     r = placer("schema", "run")
     assert r.returncode == 0, r.stderr
@@ -37,12 +38,14 @@ def test_schema_command_prints_it_and_refuses_unknown_names():
     assert bad.returncode == 2 and "use one of profile, costs, plan, run, report" in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_run_meets_its_schema():
     r = placer("run", "pipelines/tabular.py", "--size", "2000", "--placement", "all=cpu", "--json")
     assert r.returncode == 0, r.stderr
     validate(json.loads(r.stdout), "run")
 
 
+@pytest.mark.slow
 def test_a_profile_has_one_shape_printed_or_saved_and_plans_from_it(tmp_path):
     saved = tmp_path / "p.json"
     r = placer("profile", "pipelines/tabular.py", "--size", "4000", "--budget-s", "4", "--devices", "cpu",

@@ -322,6 +322,7 @@ def test_a_measurement_settles_the_allocator_so_repeated_temporaries_stop_page_f
 
 
 @pytest.mark.skipif(not _glibc(), reason="the heaps kept here are glibc malloc's")
+@pytest.mark.slow
 def test_a_settled_thread_whose_heap_earlier_blocks_fill_still_reuses_its_temporaries():
     # 20 MB of long-lived blocks with holes: the temporaries go to a second heap, which glibc unmaps when
     # it is free, so without the top pad every call maps it again (4,272 faults a call where written)
@@ -337,6 +338,7 @@ def test_a_settled_thread_whose_heap_earlier_blocks_fill_still_reuses_its_tempor
                                           ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=65536"}, False),
                                           ({"GLIBC_TUNABLES": "glibc.cpu.x86_shstk=off"}, True),
                                           ({}, True)])
+@pytest.mark.slow
 def test_an_allocator_set_when_the_process_started_is_left_as_it_was(env, settles):
     # dask's nanny sets MALLOC_TRIM_THRESHOLD_ in os.environ after its process started: glibc never saw it
     code = ("import os; os.environ['MALLOC_TRIM_THRESHOLD_'] = '65536'\n"

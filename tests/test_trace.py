@@ -89,6 +89,7 @@ def test_several_runs_are_several_processes_in_order(tmp_path):
     assert doc["otherData"]["note"] == "x" and doc["otherData"]["pipeline"] == "demo"
 
 
+@pytest.mark.slow
 def test_placer_run_trace_writes_one_complete_event_per_stage(tmp_path):
     out = tmp_path / "t.json"
     r = run_placer(["run", "pipelines/tabular.py", "--size", "2000",
@@ -124,6 +125,7 @@ def test_a_failed_run_traces_the_stages_up_to_the_failure(tmp_path):
     assert "bad row" in events["boom"]["args"]["error"]
 
 
+@pytest.mark.slow
 def test_a_run_with_copies_traces_them_on_a_link(tmp_path, sim_env):
     out = tmp_path / "t.json"
     r = run_placer(["run", "pipelines/tabular.py", "--size", "2000",

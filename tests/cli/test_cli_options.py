@@ -22,6 +22,7 @@ def placer(*args, env=None, cwd=ROOT):
                           env=env, cwd=cwd, timeout=300)
 
 
+@pytest.mark.slow
 def test_version_prints_the_installed_version():
     from importlib.metadata import version
 
@@ -30,6 +31,7 @@ def test_version_prints_the_installed_version():
     assert r.stdout.strip() == f"placer {version('placer')}"
 
 
+@pytest.mark.slow
 def test_verbose_logs_the_steps_and_quiet_hides_them(tmp_path):
     args = ["plan", "pipelines/tabular.py", "--size", "2000", "--budget-s", "3", "--json"]
     loud = placer("-v", *args)
@@ -107,6 +109,7 @@ def test_build_with_var_keywords_takes_any_name():
     assert convert("off", bool) is False
 
 
+@pytest.mark.slow
 def test_run_passes_params_to_build_and_the_digest_follows_the_seed():
     args = ["run", "pipelines/tabular.py", "--size", "2000", "--placement", "all=cpu", "--json"]
     digests = {}
@@ -125,6 +128,7 @@ def test_run_refuses_an_unknown_param_with_exit_2():
     assert "no parameter 'sed'" in r.stderr and "epochs, batch, lr, seed" in r.stderr
 
 
+@pytest.mark.slow
 def test_profile_builds_every_size_with_the_params(tmp_path):
     pipe = tmp_path / "scaled.py"
     pipe.write_text(
@@ -157,6 +161,7 @@ def _slow_pipeline(size=None):
     return p
 
 
+@pytest.mark.slow
 def test_profiling_progress_shows_percent_and_eta_in_a_terminal(monkeypatch):
     import placer
 
@@ -167,6 +172,7 @@ def test_profiling_progress_shows_percent_and_eta_in_a_terminal(monkeypatch):
     assert "%" in shown and "ETA" in shown and "profiling slow" in shown
 
 
+@pytest.mark.slow
 def test_advise_shows_the_profiling_task_with_percent_and_eta(monkeypatch):
     import placer
     from placer.cli.advise import progress_steps
@@ -258,6 +264,7 @@ def test_without_traceback_one_line_says_how_to_see_it(tmp_path):
         "(rerun with --traceback to see your code's traceback)"]
 
 
+@pytest.mark.slow
 def test_verbose_and_quiet_after_the_command_act_as_before_it():
     from typer.testing import CliRunner
 

@@ -63,6 +63,7 @@ def test_gpu_sim_is_refused_without_the_test_flag():
     assert "PLACER_TEST_DEVICES=1" in r.stderr and "stage 'request'" in r.stderr
 
 
+@pytest.mark.slow
 def test_bad_placement_and_bad_pipeline_errors():
     r = placer("run", "pipelines/tabular.py", "--placement", "trian=cpu")
     assert r.returncode != 0 and "stage 'trian'" in r.stderr
@@ -78,6 +79,7 @@ def test_module_function_reference_and_output_file(tmp_path, sim_env):
     assert doc["size"] == 4 and len(doc["stages"]) == 4
 
 
+@pytest.mark.slow
 def test_devices_never_calls_the_simulated_device_a_gpu(sim_env):
     doc = json.loads(placer("devices", "--json", env=sim_env).stdout)
     sim = [d for d in doc["devices"] if d["name"] == "gpu-sim"]

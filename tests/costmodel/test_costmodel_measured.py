@@ -131,6 +131,7 @@ def _picky_build(size=None):
     return p
 
 
+@pytest.mark.slow
 def test_profiler_measures_the_requested_size_when_no_smaller_size_builds():
     from placer.profile import profile
 

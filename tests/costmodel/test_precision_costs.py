@@ -81,6 +81,7 @@ def check(p, err, slow=50.0):
                           seconds=slow * 40.0, fp32_seconds=40.0, size=800)
 
 
+@pytest.mark.slow
 def test_the_plan_chooses_device_and_precision_and_says_both_numbers():
     prof = synthetic({"train": [check("tf32", 2e-5), check("bf16", 3e-3)],
                       "sums": [check("tf32", 1e-6), check("bf16", 0.04)]})
@@ -112,6 +113,7 @@ def test_without_an_allowed_precision_the_table_and_plan_are_as_before_and_a_not
     assert any("allow bf16 on 'train'" in n and "x on gpu:0" in n for n in plan.precision_notes)
 
 
+@pytest.mark.slow
 def test_a_fixed_precision_is_planned_as_it_is():
     prof = synthetic({})
     costs = costs_from_profile(prof, size=800, describe="h200")
@@ -121,6 +123,7 @@ def test_a_fixed_precision_is_planned_as_it_is():
     assert train.precision == "tf32" and "fixed by --precision" in train.reason
 
 
+@pytest.mark.slow
 def test_advise_facts_for_the_target_carry_times_checks_and_reasons():
     from placer.advisor import precision_facts
     from placer.data.report import TargetPlan

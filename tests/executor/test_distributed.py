@@ -65,6 +65,7 @@ def local():
 
 
 # -- the cluster --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cluster_lists_gpu_sim_as_a_simulated_device_never_a_gpu(client):
     from placer.executor.distributed import cluster_devices, cost_devices
 
@@ -76,6 +77,7 @@ def test_cluster_lists_gpu_sim_as_a_simulated_device_never_a_gpu(client):
     assert "gpu" not in {d["kind"] for d in cost_devices(inv).values()}
 
 
+@pytest.mark.slow
 def test_worker_to_worker_link_is_measured(client):
     from placer.cluster import measure_worker_link
 
@@ -88,6 +90,7 @@ def test_worker_to_worker_link_is_measured(client):
     assert 0.2 < link.seconds(sizes[-1]) / big < 5.0, link
 
 
+@pytest.mark.slow
 def test_a_client_passed_in_stays_open_after_a_failed_run(client):
     p = diamond()
 
@@ -101,6 +104,7 @@ def test_a_client_passed_in_stays_open_after_a_failed_run(client):
     assert client.submit(sum, [1, 2], pure=False).result() == 3
 
 
+@pytest.mark.slow
 def test_placer_run_cli_on_the_cluster(cluster, client, sim_env):
     from placer.loader import load_pipeline
 
@@ -125,6 +129,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_unreachable_scheduler_is_a_clear_error_within_the_timeout(monkeypatch):
     from placer.executor import distributed as dist
     from placer.executor.distributed import connection
@@ -137,6 +142,7 @@ def test_unreachable_scheduler_is_a_clear_error_within_the_timeout(monkeypatch):
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.slow
 def test_gpu_stage_without_a_gpu_worker_fails_before_anything_runs(tmp_path):
     from distributed import Client
 
@@ -156,6 +162,7 @@ def test_gpu_stage_without_a_gpu_worker_fails_before_anything_runs(tmp_path):
     (1, 0, "all=cpu,left=gpu", "torch 9 was built without CUDA"),
     (2, 2, "all=cpu,left=gpu:2", "the cluster's GPUs are gpu:0, gpu:1"),
 ])
+@pytest.mark.slow
 def test_placements_the_cluster_cannot_run_name_the_stage_and_the_reason(gpu_workers, gpus, placement, says):
     from placer.devices import Device, Inventory
     from placer.executor.distributed import ClusterError, resolve_on_cluster
@@ -169,6 +176,7 @@ def test_placements_the_cluster_cannot_run_name_the_stage_and_the_reason(gpu_wor
     assert says in str(err.value) and err.value.stage == "left"
 
 
+@pytest.mark.slow
 def test_killed_worker_stage_reruns_elsewhere_with_the_same_outputs(tmp_path, local):
     """``right`` sleeps on a CPU worker; that worker's process is killed mid-stage."""
     from distributed import Client

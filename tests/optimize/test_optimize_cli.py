@@ -91,6 +91,7 @@ def test_a_large_plan_prints_one_plain_line_per_stage_with_its_device_and_reason
         (None, ["--method", "fast"], "unknown --method 'fast'"),
     ],
 )
+@pytest.mark.slow
 def test_plan_errors_are_one_clear_line(tmp_path, edit, args, expected):
     doc = json.loads(json.dumps(TABLE))
     if edit:

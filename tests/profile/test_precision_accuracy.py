@@ -164,6 +164,7 @@ def test_the_check_keeps_the_counted_ratios_for_bf16_only():
     assert total["tf32"].bytes_ratio is None  # TF32 moves fp32 bytes: nothing to count
 
 
+@pytest.mark.slow
 def test_a_saved_profile_carries_the_checks_and_plans_precisions(tmp_path):
     """`placer profile -o FILE` checks the declared precisions and saves them; `placer plan --profile FILE`
     then plans them (the summing stage refused bf16, with the reason) without running anything."""

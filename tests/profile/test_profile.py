@@ -149,6 +149,7 @@ def test_foreign_file_is_ignored_with_a_warning(cache):
     assert set(again.stages) == {"make", "scale", "total"}
 
 
+@pytest.mark.slow
 def test_corrupt_transfer_cache_is_remeasured(cache):
     first = _run(cache=cache, devices=["cpu", "gpu-sim"])
     tpath = cache.transfer_path("gpu-sim", first.fingerprint)
@@ -184,6 +185,7 @@ def test_saved_profile_round_trips_and_feeds_a_cost_table(tmp_path):
     assert cm.predict("scale", "cpu", 16_000).label == "predicted"
 
 
+@pytest.mark.slow
 def test_cli_profile_json(tmp_path, sim_env):
     mod = tmp_path / "tinypipe.py"
     mod.write_text(
@@ -217,6 +219,7 @@ def test_cli_profile_json(tmp_path, sim_env):
     assert out.stderr.count("\r") == 0  # no progress bar when not on a terminal
 
 
+@pytest.mark.slow
 def test_cli_profile_says_what_was_extrapolated(tmp_path, sim_env):
     mod = tmp_path / "tinypipe2.py"
     mod.write_text(
@@ -261,6 +264,7 @@ def test_at_several_threads_each_cpu_point_also_measures_one_cores_work():
     assert all(p.one_core_s is None for sp in one.stages.values() for p in sp.devices["cpu"].points)
 
 
+@pytest.mark.slow
 def test_a_devices_one_off_start_is_not_spent_from_the_budget(monkeypatch):
     """A fresh process spends seconds on a GPU's context and cuBLAS; on a 6 s budget that once
     left one size measured on a real H200. The start runs before the budget's clock, is said

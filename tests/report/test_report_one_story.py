@@ -55,6 +55,7 @@ def _report_of(name: str):
 
 
 @pytest.mark.parametrize("name", BUNDLED)
+@pytest.mark.slow
 def test_no_two_sentences_disagree_on_the_target(name):
     facts, text, target = report_of(name)
     dev = target["device"]

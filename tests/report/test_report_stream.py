@@ -299,6 +299,7 @@ def test_a_saved_run_summary_must_repeat_its_stream(tmp_path):
         collect(run={**doc, "samples_per_s": 1.0})
 
 
+@pytest.mark.slow
 def test_cli_reports_a_saved_stream_run(tmp_path):
     saved = tmp_path / "run.json"
     env_run = run_placer(["run", "pipelines/stream_images.py", "--size", "64",

@@ -148,6 +148,7 @@ def test_the_whole_epoch_seeded_item_hits_nothing_and_its_index_decode_every_tim
     assert loader.sampler.epoch == 0
 
 
+@pytest.mark.slow
 def test_chunks_with_batch_size_none_are_cached_and_their_batches_unchanged():
     def make(ds):
         return DataLoader(ds, batch_size=None, shuffle=True, generator=torch.Generator().manual_seed(5))
@@ -157,6 +158,7 @@ def test_chunks_with_batch_size_none_are_cached_and_their_batches_unchanged():
     assert epochs_of(make(found.apply())) == epochs_of(make(Parts()))
 
 
+@pytest.mark.slow
 def test_a_subset_split_is_searched_inside_and_the_cache_kept_inside_the_subset():
     train, _ = random_split(Files(), [32, 8], generator=torch.Generator().manual_seed(1))
 

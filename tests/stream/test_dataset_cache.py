@@ -109,6 +109,7 @@ def _put_in_child(store, key, value):
     store.put(key, value)
 
 
+@pytest.mark.slow
 def test_the_store_is_shared_with_another_process_and_bounded():
     store = SampleStore(1 << 16)
     try:
@@ -211,6 +212,7 @@ def test_a_dominant_deterministic_decode_is_offered_with_its_gain():
     assert "`Decoded.decode` is" in found.sentence() and "depends only on the index" in found.sentence()
 
 
+@pytest.mark.slow
 def test_a_caches_gain_is_read_from_up_to_four_interleaved_pairs_of_passes_while_the_budget_lasts():
     """The cached epochs' share of an uncached one is read from the medians of several passes of each."""
     from placer.stream.dataset_cache import CACHE_PAIRS
@@ -247,6 +249,7 @@ def test_the_first_epoch_with_a_cache_is_priced_at_the_median_of_as_many_fills_a
     assert found.two_epoch_speedup == pytest.approx(2 * 0.13 / (0.155 + 0.03))
 
 
+@pytest.mark.slow
 def test_the_cache_is_measured_again_with_the_settings_recommended_beside_it():
     """The passes the whole run's claim is read from are those of the settings the cache runs with: a
     step that costs more under the recommended settings makes a cached epoch a larger share of an
@@ -292,6 +295,7 @@ def audio(tmp_path_factory):
     return audio_cache_train, folder
 
 
+@pytest.mark.slow
 def test_the_drop_in_offers_to_cache_the_audio_decode_and_its_loader_gives_the_same_batches(audio):
     mod, folder = audio
     ds = mod.Clips(folder)
@@ -374,6 +378,7 @@ class Files(Dataset):
         return torch.from_numpy(self.transform(self.names[i]))
 
 
+@pytest.mark.slow
 def test_the_deterministic_prefix_of_a_composed_transform_is_offered_and_gives_the_same_batches():
     loader = DataLoader(Files(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
     found = find_cache(loader, None, loader_kwargs={"num_workers": 0}, batches=4, budget_s=20, budget_bytes=1 << 20)
@@ -402,6 +407,7 @@ class RandomAugment(Dataset):
         return torch.full((4,), float(i)) + torch.rand(4)
 
 
+@pytest.mark.slow
 def test_the_drop_in_offers_no_cache_where_the_item_work_is_random_and_its_words_say_nothing_of_one():
     advice = advise_loader(DataLoader(RandomAugment(), batch_size=8), lambda b: None, batches=4, budget_s=4)
     assert advice.cache is not None and not advice.cache.recommended
@@ -449,6 +455,7 @@ def _slow_start(worker_id):
     time.sleep(0.4)
 
 
+@pytest.mark.slow
 def test_with_persistent_workers_the_cached_epochs_are_priced_on_the_workers_that_filled_the_cache():
     """A script whose workers persist starts them once: its later epochs, cached or not, pay no start-up.
     The passes run as its epochs do (each loader twice, on the same workers), so a cached epoch is set
@@ -475,6 +482,7 @@ def test_with_persistent_workers_the_cached_epochs_are_priced_on_the_workers_tha
     assert cache["fill"] < 1.5, found  # filling set against an uncached pass that also started the workers
 
 
+@pytest.mark.slow
 def test_without_persistent_workers_every_pass_starts_its_workers():
     loader = DataLoader(Decoded(n=32, delay=0.004), batch_size=4)
     found = find_cache(loader, lambda b: None, batches=3, budget_s=8, budget_bytes=1 << 20,

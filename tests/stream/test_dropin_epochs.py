@@ -88,6 +88,7 @@ class Slow(Dataset):
         return torch.full((4,), float(i))
 
 
+@pytest.mark.slow
 def test_advice_without_epochs_says_what_it_assumed_and_with_them_does_not():
     loader = DataLoader(Slow(), batch_size=8)
     advice = advise_loader(loader, lambda b: None, batches=4, budget_s=3, cache_bytes=0)

@@ -77,6 +77,7 @@ def _seen(log) -> list[tuple[int, bool]]:
 
 
 @pytest.mark.skipif(_mapped_bytes() is None, reason="reads glibc's allocator (mallinfo2); this libc has none")
+@pytest.mark.slow
 def test_each_run_is_in_a_fresh_process_whose_allocator_is_as_a_script_starts(tmp_path):
     """In fresh processes a 24 MB block is mapped on its own, as in a script after its first batch; in this
     process, which placer has settled, it is not: the runs here would measure another allocator than the script's."""
@@ -129,6 +130,7 @@ print(int(libc.mallinfo2().hblkhd - before >= probe.nbytes), placer.timing._sett
 
 @pytest.mark.skipif(_mapped_bytes() is None, reason="reads glibc's allocator (mallinfo2); this libc has none")
 @pytest.mark.parametrize("before", ["as a script starts", "settled"])
+@pytest.mark.slow
 def test_the_advice_and_measuring_leave_the_users_allocator_as_they_found_it(before):
     """The script runs on in its own process after the advice: settled there (placer's 31 MiB threshold and top
     pad), numpy_augment's loop ran 1.16x as fast as its settings in a fresh script, a speed-up the advice's claim
@@ -143,6 +145,7 @@ def test_the_advice_and_measuring_leave_the_users_allocator_as_they_found_it(bef
     assert (mapped, settled) == (("0", "True") if before == "settled" else ("1", "False")), out.stdout
 
 
+@pytest.mark.slow
 def test_a_step_that_fails_in_a_fresh_process_raises_its_error_in_yours():
     def step(batch):
         raise ValueError("this batch has no labels")
@@ -165,6 +168,7 @@ class Locked(Dataset):
             return torch.tensor([float(i)])
 
 
+@pytest.mark.slow
 def test_a_loader_that_does_not_pickle_is_measured_in_this_process_and_the_advice_says_why():
     a = advise_loader(DataLoader(Locked(), batch_size=8), _step, batches=4, budget_s=4, cache_bytes=0, fresh=True)
     assert a.runs_in == "this process"
@@ -204,6 +208,7 @@ def test_the_loader_is_pickled_for_the_helper_by_a_child_leaving_the_users_heap_
     assert sorted(os.listdir(tmp_path)) == ["p.pkl"]  # written whole, nothing else left
 
 
+@pytest.mark.slow
 def test_a_child_that_does_not_finish_pickling_is_stopped_and_the_pickling_is_done_here(tmp_path):
     t0 = time.monotonic()
     fresh.pickled_apart(str(tmp_path / "p.pkl"), PickledWhere(away_s=600), timeout_s=1.0)
@@ -232,6 +237,7 @@ class StuckAway(Dataset):
         return torch.tensor([float(i)])
 
 
+@pytest.mark.slow
 def test_a_fresh_run_that_does_not_end_is_stopped_and_the_runs_go_on_here(monkeypatch):
     monkeypatch.setattr(fresh, "RUN_TIMEOUT_S", 1.0)
     monkeypatch.setattr(fresh, "START_TIMEOUT_S", 30.0)
@@ -259,6 +265,7 @@ def test_a_step_on_a_gpu_keeps_the_runs_here():
     assert "GPU" in fresh.why_not("cuda") and fresh.why_not("cpu") is None
 
 
+@pytest.mark.slow
 def test_the_fresh_runs_start_after_the_scripts_first_batch_its_first_call_costs_paid():
     """The helper reads one batch through the step before the runs (the script's first batch): a step whose
     first call in a process is slow (imports, kernels made) slows no run; without it every run paid it."""

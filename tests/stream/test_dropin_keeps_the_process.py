@@ -84,6 +84,7 @@ def _reference():
 
 
 @pytest.mark.parametrize("how", ["closure", "state"])
+@pytest.mark.slow
 def test_training_after_the_advice_ends_where_training_without_it_ends(how):
     ref, ref_draws = _reference()
     model, opt, sched, loader = _script()
@@ -107,6 +108,7 @@ class Trainer:
         _train_step(self.model, self.opt, self.sched)(batch)
 
 
+@pytest.mark.slow
 def test_a_bound_methods_object_is_looked_into():
     ref, _ = _reference()
     t = Trainer()
@@ -153,6 +155,7 @@ def test_requires_grad_grads_modes_and_dataset_attributes_are_put_back():
     assert dataset.reads == 0 and not hasattr(dataset, "extra")
 
 
+@pytest.mark.slow
 def test_what_cannot_be_put_back_is_said():
     loader = DataLoader(Points(), batch_size=8)
     hidden = {"n": 0}

@@ -60,6 +60,7 @@ def frozen_collector():
 
 
 @linux
+@pytest.mark.slow
 def test_the_advice_reads_each_worker_as_psutil_reads_the_running_workers(records, frozen_collector):
     # the runs in this process: the workers the test reads are forked from the same process as the advice's
     advice = advise_loader(loader(records, 2), step, batches=40, budget_s=3, epochs=2, cache_bytes=0, fresh=False)
@@ -84,6 +85,7 @@ def test_the_advice_reads_each_worker_as_psutil_reads_the_running_workers(record
 
 
 @linux
+@pytest.mark.slow
 def test_runs_in_fresh_processes_bring_back_the_memory_where_the_loader_ran(records):
     advice = advise_loader(loader(records, 2), step, batches=40, budget_s=3, epochs=2, cache_bytes=0, fresh=True)
     assert advice.runs_in == "fresh processes"

@@ -56,6 +56,7 @@ def test_the_check_runs_the_step_again_from_the_same_weights_and_puts_them_back(
         allowed("half")
 
 
+@pytest.mark.slow
 def test_advise_loader_plans_the_step_in_bf16_for_the_target_and_says_so(monkeypatch):
     import placer.target.calibrate as cal
     from placer.target import CpuDescription, load_target

@@ -60,6 +60,7 @@ def _advising(loader, budget_s):
     return a, samples.time_samples(loader, a.batches, Deadline(0.5))
 
 
+@pytest.mark.slow
 def test_in_order_false_is_recommended_where_allowed_with_its_measured_gain():
     loader = DataLoader(Skewed(), batch_size=1, num_workers=2)
     # a budget whose quarter (the check's share) holds its rounds where worker processes fork from a large
@@ -90,6 +91,7 @@ def test_without_permission_in_order_false_is_not_recommended_and_its_gain_is_sa
         in note and "varies from run to run" in note
 
 
+@pytest.mark.slow
 def test_the_advice_applies_in_order_false_only_when_it_recommends_it():
     loader = DataLoader(Skewed(), batch_size=1, num_workers=2)
     advice = advise_loader(loader, lambda b: None, batches=20, budget_s=6, cache_bytes=0, allow_reorder=True)

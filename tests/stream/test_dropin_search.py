@@ -534,6 +534,7 @@ def test_one_thread_worker_is_in_the_first_round_and_is_recommended_where_it_win
     assert "ThreadLoader" in str(advice)
 
 
+@pytest.mark.slow
 def test_settings_slow_to_start_leave_the_budget_room_to_repeat_yours_and_a_finalist(monkeypatch):
     """Worker processes that take seconds to their first batch (numpy's BLAS threads in each) must not
     spend the budget on single runs: a recommendation needs repeated runs of yours and of it."""
@@ -868,6 +869,7 @@ def _slow_start(worker_id: int) -> None:
     time.sleep(1.0)
 
 
+@pytest.mark.slow
 def test_a_run_still_in_its_warm_up_after_your_whole_run_stops_there():
     """2 worker processes that take a second to start (their worker_init_fn sleeps) against a whole run
     of yours of 0.2 s: the run stops after its first batch, its rate that batch over the time taken,

@@ -41,6 +41,7 @@ class BlocksOnce:
                 time.sleep(60)
 
 
+@pytest.mark.slow
 def test_a_step_that_blocks_in_a_fresh_run_does_not_hold_the_advice(tmp_path):
     loader = DataLoader(torch.arange(64.0).reshape(64, 1), batch_size=8)
     t = time.perf_counter()

@@ -102,6 +102,7 @@ def test_one_thread_per_worker_is_recommended_iff_its_rounds_beat_the_settings(m
         assert a.best.as_dict()["threads_per_worker"] == 1 and "worker_init_fn" in a.notes[-1]
 
 
+@pytest.mark.slow
 def test_blas_work_in_two_workers_is_measured_and_the_batches_are_unchanged():
     loader = DataLoader(Matmul(), batch_size=1, num_workers=2)
     a = _advising(loader)

@@ -126,6 +126,7 @@ def test_a_dataset_holding_open_handles_is_measured_in_fresh_processes(records):
 
 
 @linux_only
+@pytest.mark.slow
 def test_where_a_handle_cannot_be_opened_again_the_advice_says_what_in_process_runs_change(tmp_path, records):
     records.log = open(tmp_path / "log.txt", "a")  # appending: opening it again would move it
     advice = advise_loader(DataLoader(records, batch_size=8), lambda b: None, batches=3, budget_s=3, cache_bytes=0,

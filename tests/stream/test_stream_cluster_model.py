@@ -170,6 +170,7 @@ def test_a_description_gives_a_link_and_bad_ones_name_the_field_and_the_fix(tmp_
         load_cluster(tmp_path / "missing.json")
 
 
+@pytest.mark.slow
 def test_placer_plan_with_a_described_cluster_prints_workers_per_stage_and_the_network(tmp_path):
     from typer.testing import CliRunner
 
@@ -207,6 +208,7 @@ def client():
         yield cl
 
 
+@pytest.mark.slow
 def test_grouped_tasks_keep_the_order_and_the_outputs_of_the_sequential_run(client, monkeypatch):
     from placer.executor import execute
     from placer.executor.stream.dask_workers import DaskPool
@@ -233,6 +235,7 @@ def test_grouped_tasks_keep_the_order_and_the_outputs_of_the_sequential_run(clie
     assert len(calls) == math.ceil(batches / 3) + math.ceil(batches / 4)  # a short last group at the end
 
 
+@pytest.mark.slow
 def test_the_probe_measures_the_cluster_once_per_address(client):
     link = probe_cluster(client, 1000)
     assert link.workers == 2 and link.threads == 2 and link.shares_host and link.source == "measured"
@@ -275,6 +278,7 @@ def build(size=None):
 """
 
 
+@pytest.mark.slow
 def test_advise_on_a_cluster_never_keeps_a_slower_measured_offload(client, monkeypatch, tmp_path):
     import placer.stream.offload as cluster
     from placer.advisor import advise
@@ -307,6 +311,7 @@ def test_advise_on_a_cluster_never_keeps_a_slower_measured_offload(client, monke
     assert type(plan).model_validate_json(plan.to_json()) == plan
 
 
+@pytest.mark.slow
 def test_profiling_with_a_cluster_times_each_cpu_stage_on_a_worker(client, tmp_path):
     from placer.loader import load_pipeline
     from placer.stream.profile import profile_stream
@@ -350,6 +355,7 @@ def test_the_report_shows_the_cluster_option():
     assert "900.0 samples/s predicted, measured 700.0" in text and "400.0 predicted, measured 350.0" in text
 
 
+@pytest.mark.slow
 def test_placer_run_at_a_cluster_runs_the_modelled_offload_grouped_or_keeps_the_stages_here(
         client, monkeypatch, tmp_path):
     import placer.stream.offload as cluster

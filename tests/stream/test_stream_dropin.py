@@ -65,6 +65,7 @@ def no_new_children():
     assert not left, f"worker processes outlived the advice: {sorted(left)}"
 
 
+@pytest.mark.slow
 def test_a_loader_bound_script_is_told_to_use_worker_processes_and_gains(no_new_children):
     loader = DataLoader(SlowDataset(400, delay=0.002), batch_size=16, shuffle=False, num_workers=0)
     advice = advise_loader(loader, quick_step, batches=10, budget_s=12)
@@ -82,6 +83,7 @@ def test_a_loader_bound_script_is_told_to_use_worker_processes_and_gains(no_new_
     assert ("DataLoader(..., num_workers=" if rec.worker_kind == "processes" else "ThreadLoader(") in text
 
 
+@pytest.mark.slow
 def test_a_step_bound_script_is_told_its_loader_is_fast_enough(no_new_children):
     loader = DataLoader(tensors(), batch_size=10, num_workers=0)
     advice = advise_loader(loader, slow_step, batches=12, budget_s=5)
@@ -92,6 +94,7 @@ def test_a_step_bound_script_is_told_its_loader_is_fast_enough(no_new_children):
     assert "fast enough" in str(advice) and "keep your settings" in str(advice)
 
 
+@pytest.mark.slow
 def test_a_step_bound_script_with_workers_keeps_them_or_is_told_fewer_do(no_new_children):
     loader = DataLoader(tensors(), batch_size=10, num_workers=2)
     advice = advise_loader(loader, slow_step, batches=12, budget_s=5)
@@ -137,6 +140,7 @@ def test_the_tuned_loader_yields_the_same_batches_in_order_with_a_seeded_shuffle
     assert sorted(torch.cat([y for _, y in expected]).tolist()) == list(range(120))
 
 
+@pytest.mark.slow
 def test_an_unseeded_shuffle_follows_torchs_global_seed_and_advice_leaves_it_as_found():
     loader = DataLoader(tensors(60), batch_size=6, shuffle=True)
     torch.manual_seed(3)
@@ -166,6 +170,7 @@ def test_an_iterable_dataset_keeps_its_workers():
     assert [b.tolist() for b in advice.loader()] == [b.tolist() for b in loader]
 
 
+@pytest.mark.slow
 def test_the_json_has_the_documented_keys():
     loader = DataLoader(SlowDataset(80, delay=0.001), batch_size=8)
     data = json.loads(advise_loader(loader, quick_step, batches=4, budget_s=10).to_json())
@@ -180,6 +185,7 @@ def test_the_json_has_the_documented_keys():
     assert data["trials"][0] == data["user"]
 
 
+@pytest.mark.slow
 def test_the_budget_bounds_the_runs(no_new_children):
     loader = DataLoader(SlowDataset(2000, delay=0.005), batch_size=32)
     advice = advise_loader(loader, quick_step, batches=50, budget_s=3)
@@ -187,6 +193,7 @@ def test_the_budget_bounds_the_runs(no_new_children):
     assert all(t.batches < 49 for t in advice.trials)
 
 
+@pytest.mark.slow
 def test_a_step_on_the_simulated_device_is_synchronised_there_and_gets_no_pinned_memory():
     loader = DataLoader(tensors(), batch_size=20)
     advice = advise_loader(loader, quick_step, batches=4, budget_s=10, device="gpu-sim")

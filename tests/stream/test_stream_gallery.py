@@ -67,6 +67,7 @@ def test_pure_python_augmentation_equals_the_numpy_one():
     assert a.outputs_digest == b.outputs_digest
 
 
+@pytest.mark.slow
 def test_placer_run_json_reports_the_stream(sim_env):
     def run(*extra):
         res = run_placer(["run", "pipelines/stream_images.py", "--size", "64",

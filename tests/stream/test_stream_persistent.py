@@ -88,6 +88,7 @@ def per_epoch_pids(run):
 
 
 @pytest.mark.parametrize("how", ["same", "sampler"])
+@pytest.mark.slow
 def test_kept_workers_give_the_batches_of_workers_started_each_epoch_from_the_same_processes(how):
     workers = StreamConfig(workers=1, stage_workers={"rows": 2})
     each = execute(stream(how), "all=cpu", stream=workers)
@@ -148,6 +149,7 @@ def test_kept_workers_leave_torchs_global_draws_as_workers_started_each_epoch_do
 
 
 @pytest.mark.parametrize("how", ["dataset", "epoch"])
+@pytest.mark.slow
 def test_workers_start_again_for_a_new_dataset_or_one_the_source_changed(how):
     cfg = StreamConfig(workers=1, stage_workers={"rows": 2})
     kept = execute(stream(how), "all=cpu", stream=cfg.override(persistent_workers=True))

@@ -249,6 +249,7 @@ def slow_stream(sleep_s: float | Callable[[int], float] = 0.02, batches: int = 2
     return p
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_batches_scatter_reads_on_until_their_mean_is_known():
     """A stage slow in one batch of three (40 ms, else 2 ms) leaves the mean of 8 batches uncertain by half:
     the sweep reads on (up to three times its batches); a steady one stops at its batches. Steady means
@@ -263,6 +264,7 @@ def test_a_sweep_whose_batches_scatter_reads_on_until_their_mean_is_known():
     assert profile_stream(spiky, batches=8, budget_s=6.0).measured_batches["cpu"] > 12
 
 
+@pytest.mark.slow
 def test_a_slow_thread_friendly_stage_gets_workers_and_runs_faster_than_sequential():
     p = slow_stream()
     plan = plan_stream(p, budget_s=6.0, verify_runs=False)
@@ -314,6 +316,7 @@ def build(size=None):
 """
 
 
+@pytest.mark.slow
 def test_placer_plan_prints_a_stream_plan_as_json(tmp_path):
     from typer.testing import CliRunner
 
@@ -362,6 +365,7 @@ def two_stage_stream() -> Pipeline:
     return p
 
 
+@pytest.mark.slow
 def test_the_profile_times_stages_measures_scaling_and_marks_gil_bound_stages():
     from placer.stream.profile import profile_stream
 
@@ -431,6 +435,7 @@ def _rows_stream(work: Callable[[int], np.ndarray], batches: int) -> Pipeline:
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a busy core beside the source needs a second core")
+@pytest.mark.slow
 def test_a_source_on_blas_threads_is_read_beside_a_busy_core_and_a_one_thread_source_is_not():
     from placer.stream.profile import OWN_THREADS, profile_stream
 
@@ -456,6 +461,7 @@ def test_a_source_on_blas_threads_is_read_beside_a_busy_core_and_a_one_thread_so
     assert one.cpu_seconds["cpu"] < OWN_THREADS * one.seconds["cpu"] and one.beside_busy_s is None, one
 
 
+@pytest.mark.slow
 def test_a_source_read_in_this_process_has_its_gil_share_measured():
     from placer.data.stream import StreamSettings
     from placer.stream.profile import profile_stream

@@ -158,6 +158,7 @@ def test_a_reshuffling_iterable_source_cannot_be_cached_by_sample():
         execute(p, "all=cpu", stream=StreamConfig(workers=0, cache="names"))
 
 
+@pytest.mark.slow
 def test_a_declared_key_cache_after_a_stage_in_worker_processes_gives_the_uncached_outputs():
     plain = execute(keyed_stream(), "all=cpu", stream=StreamConfig(workers=0))
     config = StreamConfig(workers=2, worker_kind={"decode": "process"}, cache="decode")
@@ -166,6 +167,7 @@ def test_a_declared_key_cache_after_a_stage_in_worker_processes_gives_the_uncach
     assert any("cached 8 batches by key" in n for n in run.streams[0].notes)
 
 
+@pytest.mark.slow
 def test_the_profile_counts_stages_before_a_keyed_cache_point_as_cacheable():
     from placer.stream import profile_stream
 
@@ -207,6 +209,7 @@ def slow_stream(epochs: int, dataset=SlowDecoded) -> Pipeline:
     return p
 
 
+@pytest.mark.slow
 def test_the_planner_caches_a_reshuffling_dataset_source_by_sample_and_the_run_gives_the_uncached_outputs():
     """A slow deterministic decode in a Dataset read in a new order every epoch: the profile measures
     reading a batch's samples back from the by-sample store, the plan over several epochs caches at

@@ -209,6 +209,7 @@ def test_the_report_carries_the_target_plan_with_its_name():
     assert json.loads(facts.to_json())["streams"][0]["target"]["machine"] == TARGET.name
 
 
+@pytest.mark.slow
 def test_placer_plan_target_prints_the_plan_for_the_target(no_calibration, tmp_path):
     from typer.testing import CliRunner
 
@@ -224,6 +225,7 @@ def test_placer_plan_target_prints_the_plan_for_the_target(no_calibration, tmp_p
     assert doc["placement"]["train"] == "gpu:0" and doc["predicted_wait_fraction"] is not None
 
 
+@pytest.mark.slow
 def test_advise_loader_for_a_target_on_a_plain_script(no_calibration):
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -255,6 +257,7 @@ def test_advise_loader_for_a_target_on_a_plain_script(no_calibration):
     assert "NVIDIA H200 machine (predicted)" in str(advice)
 
 
+@pytest.mark.slow
 def test_advise_with_a_target_adds_the_targets_plan_to_the_report_and_json(no_calibration, tmp_path, capsys):
     from placer.advisor import advise
     from placer.cli.advise import summary_document

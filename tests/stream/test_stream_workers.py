@@ -103,6 +103,7 @@ def test_process_workers_give_the_sequential_runs_outputs_and_run_in_other_proce
     assert next(r for r in run.stages if r.name == "augment").worker_kind == "process"
 
 
+@pytest.mark.slow
 def test_process_workers_give_the_same_digest_on_the_image_stream_with_python_augmentation():
     p = load_pipeline(str(ROOT / "pipelines" / "stream_images.py"), 192, augment="python", epochs=1)
     ref = execute(p, "all=cpu", stream=StreamConfig(workers=0))
@@ -111,6 +112,7 @@ def test_process_workers_give_the_same_digest_on_the_image_stream_with_python_au
     assert run.streams[0].batches == 3
 
 
+@pytest.mark.slow
 def test_busy_starved_and_blocked_account_for_process_workers_time_and_start_up_is_noted():
     run = execute(pipeline(epochs=3, sleep=0.01, step_sleep=0.02),
                   "all=cpu", stream=StreamConfig(workers=2, prefetch=2, worker_kind=PROCESS))
@@ -148,6 +150,7 @@ def test_stream_settings_import_first_in_a_fresh_interpreter():
 # -- faults ---------------------------------------------------------------------------------------
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
+@pytest.mark.slow
 def test_a_worker_process_that_dies_fails_the_stage_naming_the_batch_and_leaves_no_process(how):
     before = children()
     t = time.perf_counter()
@@ -162,6 +165,7 @@ def test_a_worker_process_that_dies_fails_the_stage_naming_the_batch_and_leaves_
     assert children() <= before
 
 
+@pytest.mark.slow
 def test_an_exception_in_a_worker_process_is_raised_as_itself_with_the_remote_traceback():
     before = children()
     with pytest.raises(StageFailedError, match=r"on batch 2 of epoch 1 .*ValueError: bad batch 2") as err:
@@ -180,6 +184,7 @@ def test_a_stage_that_cannot_be_pickled_fails_naming_it_before_any_batch():
     assert err.value.stage == "augment"
 
 
+@pytest.mark.slow
 def test_a_successful_run_leaves_no_worker_process():
     before = children()
     execute(pipeline(epochs=1), "all=cpu", stream=StreamConfig(workers=2, worker_kind=PROCESS))
@@ -224,7 +229,7 @@ def build(size=None):
 '''
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("kind", ["thread", pytest.param("process", marks=pytest.mark.slow)])
 def test_ctrl_c_stops_placer_run_promptly_with_one_line_and_no_orphans(tmp_path, kind):
     file = tmp_path / "slow.py"
     file.write_text(SLOW)

@@ -374,6 +374,7 @@ def test_count_work_keeps_the_time_spent_outside_torch():
     assert pure < 0.2 * direct, (pure, direct)
 
 
+@pytest.mark.slow
 def test_advise_for_the_h200_machine_names_its_cpu_in_the_json(tmp_path):
     """``placer advise ... --target h200 --json``: the target's CPU is the H200 host's (16 cores)."""
     import os
@@ -392,6 +393,7 @@ def test_advise_for_the_h200_machine_names_its_cpu_in_the_json(tmp_path):
     assert doc["ties"]["rule"].startswith("fewer copies")
 
 
+@pytest.mark.slow
 def test_profile_with_a_target_reports_the_targets_cpu(tmp_path):
     import os
     import subprocess

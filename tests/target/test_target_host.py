@@ -65,6 +65,7 @@ def _cifar_train(images: int):
     return run
 
 
+@pytest.mark.slow
 def test_a_compute_heavy_stage_whose_cpu_fit_has_no_constant_is_predicted_near_the_reference():
     """The issue's case: the CIFAR train step over 1,024 images, its CPU time linear in the
     images with no constant (as fitted on a 2-core EPYC VM), predicted for the H200 within

@@ -127,6 +127,7 @@ def _waited(threads: int, *, one_core: bool = True) -> Profile:
     return prof
 
 
+@pytest.mark.slow
 def test_barrier_waits_and_waits_for_a_core_are_not_charged_to_the_target():
     quiet = _h200(1)[1]
     one = costs_from_profile(_waited(1), size=32, describe="h200").target_model
@@ -199,6 +200,7 @@ def _matmul_bound(threads: int, used: float = 1.0) -> Profile:
 
 
 @pytest.mark.parametrize("used", [1.0, 1.8])
+@pytest.mark.slow
 def test_a_parallel_stage_has_the_same_target_cpu_time_from_one_and_two_threads(used):
     """One core's work, timed at one thread in a two-thread profile, is scaled as a one-thread
     profile's is: the 2-thread profile's serial/parallel split (which a one-thread profile
@@ -247,6 +249,7 @@ def test_python_per_step_of_a_loop_grows_with_its_calls():
     assert smoothed_outside(work) == pytest.approx([300e-6 + 10e-6 * c for c in calls], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_two_thread_profile_is_scaled_by_one_cores_work_over_size_not_its_wall_times():
     """The wall times at two threads on a busy machine jump (the pool waited for a core at some
     sizes); one core's work, timed beside each point, does not: the target's time at a size

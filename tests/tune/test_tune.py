@@ -62,6 +62,7 @@ def sleepy_as_written():
     return applied("sleepy_train.py", "--epochs", "3")
 
 
+@pytest.mark.slow
 def test_the_loader_that_holds_the_loop_is_picked_and_the_validation_loader_reported():
     cmd, run = trial("train_val.py", "3")
     refuse_unusable(run, cmd)
@@ -73,12 +74,14 @@ def test_the_loader_that_holds_the_loop_is_picked_and_the_validation_loader_repo
     assert rec["counted"] >= 4 and rec["counted_s"] >= 0.2
 
 
+@pytest.mark.slow
 def test_a_loader_built_inside_a_trainer_class_is_found_where_the_class_builds_it(trainer_observed):
     rec, _ = holding_loader(trainer_observed)
     assert rec["site"].endswith(f"trainer_class.py:{line_of('trainer_class.py', 'return DataLoader(')}")
     assert rec["wait_s"] > 0.5 * rec["iterated_s"]  # every sample sleeps: the loop waits for data
 
 
+@pytest.mark.slow
 def test_a_setting_is_applied_when_the_loader_is_built_and_the_script_does_not_know(trainer_observed):
     site = holding_loader(trainer_observed)[0]["site"]
     s = {"num_workers": 2, "worker_kind": "processes", "prefetch_factor": 4, "persistent_workers": True,
@@ -101,6 +104,7 @@ def test_a_stopped_trial_leaves_no_process_behind(sleepy_observed):
     assert left == []
 
 
+@pytest.mark.slow
 def test_the_checkpoint_is_skipped_while_tuned_and_written_when_applied(tmp_path):
     out = tmp_path / "model.pt"
     _, run = trial("checkpoint.py", str(out))
@@ -109,7 +113,7 @@ def test_the_checkpoint_is_skipped_while_tuned_and_written_when_applied(tmp_path
     assert run.returncode == 0 and out.exists()
 
 
-@pytest.mark.parametrize("kind", ["processes", "threads"])
+@pytest.mark.parametrize("kind", [pytest.param("processes", marks=pytest.mark.slow), "threads"])
 def test_an_applied_run_reads_the_batches_the_script_reads_as_written(kind, sleepy_as_written):
     site = holding_loader(sleepy_as_written)[0]["site"]
     s = {"num_workers": 2, "worker_kind": kind, "prefetch_factor": 2, "persistent_workers": kind == "processes",
@@ -119,6 +123,7 @@ def test_an_applied_run_reads_the_batches_the_script_reads_as_written(kind, slee
     assert last_json(tuned)["digest"] == last_json(sleepy_as_written)["digest"]
 
 
+@pytest.mark.slow
 def test_a_script_that_fails_before_its_first_batch_is_refused_with_its_own_error():
     cmd, run = trial("crash.py")
     with pytest.raises(TuneError, match=r"the script failed before its first batch \(FileNotFoundError") as err:
@@ -132,6 +137,7 @@ def test_a_script_that_never_iterates_a_loader_is_refused_naming_the_loaders_it_
         refuse_unusable(run, cmd)
 
 
+@pytest.mark.slow
 def test_a_multi_process_launch_is_refused():
     cmd, run = trial("spawn.py")
     with pytest.raises(TuneError, match="torch.multiprocessing.spawn: tune one rank"):
@@ -151,6 +157,7 @@ def test_commands_that_are_not_python_are_refused_and_a_script_alone_runs_with_t
     assert python_command([str(script)]) == [str(script)]
 
 
+@pytest.mark.slow
 def test_tune_recommends_workers_for_a_loop_that_waits_on_slow_samples_and_apply_keeps_its_batches(tmp_path,
                                                                                                      sleepy_as_written):
     """Every sample sleeps 3 ms (storage), the step is light: workers must win by far, on any load."""
@@ -199,6 +206,7 @@ def test_the_tuning_environment_is_set_only_in_trials():
     assert os.environ.get("PLACER_TUNING") is None
 
 
+@pytest.mark.slow
 def test_each_run_measures_the_memory_of_the_script_and_of_its_worker_processes(sleepy_observed):
     first = sleepy_observed
     site = holding_loader(first)[0]["site"]

@@ -46,6 +46,7 @@ def tuned():
     return result, to_json(result)
 
 
+@pytest.mark.slow
 def test_tune_finds_the_deterministic_decode_and_recommends_keeping_it(tuned):
     result, data = tuned
     cache = data["cache"]
@@ -64,6 +65,7 @@ def test_tune_finds_the_deterministic_decode_and_recommends_keeping_it(tuned):
     assert "Cache inside the Dataset: keep `Clips.decode`" in text and "placer tune --apply" in text
 
 
+@pytest.mark.slow
 def test_apply_with_the_cache_reads_the_batches_of_the_script_as_written(tuned, as_written, tmp_path):
     _, data = tuned
     saved = tmp_path / "tuned.json"
@@ -76,6 +78,7 @@ def test_apply_with_the_cache_reads_the_batches_of_the_script_as_written(tuned, 
     assert digest_of(p.stdout) == as_written[0]
 
 
+@pytest.mark.slow
 def test_a_cache_applied_in_a_stopped_trial_is_removed_and_one_for_another_class_is_not_applied(as_written):
     site = as_written[1]
     spec = {"mode": "trial", "target": site, "settings": None, "batches": 12, "stop_s": 60}
@@ -90,6 +93,7 @@ def test_a_cache_applied_in_a_stopped_trial_is_removed_and_one_for_another_class
     assert other["applied"] is False and "not a Frames" in other["reason"]
 
 
+@pytest.mark.slow
 def test_a_loader_built_again_around_the_same_dataset_reads_the_same_cache_and_another_dataset_gets_its_own():
     cmd = [PY, str(SCRIPT), "--rebuild", "--epochs", "3"]
     run = run_script(cmd, {"mode": "apply", "target": None, "settings": None}, timeout_s=120, trial=False)
@@ -108,6 +112,7 @@ def test_a_loader_built_again_around_the_same_dataset_reads_the_same_cache_and_a
     assert digest_of(cached.output_tail) == digest_of(run.output_tail)
 
 
+@pytest.mark.slow
 def test_random_per_item_work_gets_no_cache_and_says_why():
     result = tune([PY, str(SCRIPT), "--random"], budget_s=90, window_s=0.3, space=[])
     data = to_json(result)
@@ -169,6 +174,7 @@ def test_a_saved_cache_is_checked_before_it_is_applied():
         recommendation(bad)
 
 
+@pytest.mark.slow
 def test_a_budget_too_small_to_weigh_a_cache_does_not_look_for_one_and_says_so():
     result = tune([PY, str(SCRIPT)], budget_s=20, window_s=0.3, space=[])
     assert result.cache is not None and result.cache.method is None and not result.cached

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from placer.data.stream import LoaderSettings
 from placer.tune.runs import python_command, run_script
 from placer.tune.search import settings_dict, settings_from, tune
@@ -29,6 +31,7 @@ def _run(settings=None, mode="apply", site=None):
     return run_script(cmd, {"mode": mode, "target": site, "settings": settings}, timeout_s=120, trial=False)
 
 
+@pytest.mark.slow
 def test_allowed_reordering_is_tried_for_the_fastest_worker_settings_and_applied_with_the_same_batches(tmp_path):
     cmd = python_command([str(SCRIPTS / "skewed_train.py"), "--epochs", "3"])
     space = [LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True)]
@@ -49,6 +52,7 @@ def test_allowed_reordering_is_tried_for_the_fastest_worker_settings_and_applied
     assert got["multiset"] == as_written["multiset"]
 
 
+@pytest.mark.slow
 def test_without_permission_nothing_is_reordered():
     cmd = python_command([str(SCRIPTS / "skewed_train.py"), "--epochs", "2"])
     space = [LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True)]

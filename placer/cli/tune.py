@@ -76,22 +76,38 @@ def _apply(cmd: list[str], saved: Path) -> None:
 
 def _tune(cmd: list[str], *, budget_s: float, window_s: float, as_json: bool, output: Path | None,
           cache: bool, allow_reorder: bool = False) -> None:
+    """Search, then show the result; on Ctrl-C (app's handler: :class:`Interrupted`, exit status 130), the
+    running script's process group has been ended by the time it gets here, and what the search measured
+    is shown and saved, marked interrupted (:func:`placer.tune.stopping.stopped`)."""
     from placer.tune.runs import TuneError
-    from placer.tune.search import tune
-    from placer.tune.words import describe, to_json
+    from placer.tune.search import TuneState, tune
+    from placer.tune.stopping import stopped
+    from placer.tune.words import describe, to_json, unmeasured
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    state = TuneState()
     try:
         result = tune(cmd, budget_s=budget_s, window_s=window_s, progress=progress, cache=cache,
-                      allow_reorder=allow_reorder)
+                      allow_reorder=allow_reorder, state=state)
     except TuneError as exc:
         fail(str(exc))
     except Interrupted:
-        print("placer tune: stopped; the runs measured so far are shown above", file=sys.stderr)
+        partial = stopped(state)
+        lines, data = (describe(partial), to_json(partial)) if partial is not None else unmeasured(state)
+        _show(lines, data, as_json=as_json, output=output)
+        kept = "" if data["recommended"] is None else " (the settings its completed rounds decided)"
+        print(f"placer tune: stopped; what it measured is shown above{kept}"
+              + (f" and saved in {output}" if output is not None else ""), file=sys.stderr)
         raise
-    data = to_json(result)
+    _show(describe(result), to_json(result), as_json=as_json, output=output)
+
+
+def _show(lines: list[str], data: dict, *, as_json: bool, output: Path | None) -> None:
+    """Save the result (atomically: a reader never sees half of it) and print it."""
+    from placer.files import write_text_atomic
+
     if output is not None:
-        output.write_text(json.dumps(data, indent=2) + "\n")
-    print(json.dumps(data, indent=2) if as_json else "\n".join(describe(result)))
+        write_text_atomic(output, json.dumps(data, indent=2) + "\n")
+    print(json.dumps(data, indent=2) if as_json else "\n".join(lines), flush=True)

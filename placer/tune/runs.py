@@ -7,7 +7,8 @@ this package's ``site/`` folder first on ``PYTHONPATH`` (its ``sitecustomize`` l
 :mod:`placer.tune.hook` before the script's first line), ``PLACER_TUNE`` naming the run's
 instructions and, for a trial, ``PLACER_TUNING=1`` (a script may skip its checkpoints and
 uploads while it is tuned). Each run is a new session (process group): a trial that outlasts
-its time, or a Ctrl-C, ends the script and every process it started.
+its time, or a Ctrl-C, ends the script and every process it started (:func:`end_group`), before the
+interrupt goes on to the caller.
 """
 
 from __future__ import annotations
@@ -130,7 +131,19 @@ def run_script(command: list[str], instructions: dict[str, Any], *, timeout_s: f
 
 
 def end_group(proc: subprocess.Popen) -> None:
-    """End the script and every process it started (its session): TERM, then KILL after a moment."""
+    """End the script and every process it started (its session): TERM, then KILL after a moment; where an
+    interrupt (Ctrl-C) comes in the meantime, KILL at once before it goes on."""
+    try:
+        _term_then_kill(proc)
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        raise
+
+
+def _term_then_kill(proc: subprocess.Popen) -> None:
     for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)

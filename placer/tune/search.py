@@ -74,6 +74,11 @@ class Tuned:
     iterable: bool = False
     #: the cache inside the Dataset: found, weighed and decided (None: not looked for)
     cache: CacheResult | None = None
+    #: what the search was doing when Ctrl-C stopped it (None: it ran to its end; :mod:`placer.tune.stopping`)
+    interrupted: str | None = None
+    #: whether the settings were decided by their completed rounds: a search stopped before that recommends
+    #: nothing (``recommended`` is then the user's trial, as a place holder the words and the JSON leave out)
+    decided: bool = True
 
     @property
     def change(self) -> bool:
@@ -215,9 +220,57 @@ class _Clock:
         return self.budget_s - self.used() - self.reserved
 
 
+#: what :func:`tune` is doing, in the words a stopped search's result says it in (:attr:`TuneState.step`)
+FIRST_RUN, YOUR_RUN, CACHE_SEARCH = "the first run of your script", "the run of your settings", \
+    "the search for a cache inside the Dataset"
+FIRST_ROUND, ROUNDS, WEIGHING, DONE = "the first run of each setting", "the interleaved rounds", \
+    "the rounds that weigh the cache", "the end"
+
+
+@dataclass
+class TuneState:
+    """What :func:`tune` has measured so far, filled in as it goes, so that a search stopped part-way
+    (Ctrl-C) can still show it (:func:`placer.tune.stopping.stopped`).
+
+    Attributes
+    ----------
+    step : str
+        What the search is doing (``FIRST_RUN`` ... ``DONE``).
+    rec : dict or None
+        The loader that holds the loop, as the first run saw it (None until that run has ended); ``others``
+        the other loaders, ``startup_s`` the script's start-up, ``batches`` the window every run counts.
+    as_written : LoaderSettings or None
+        The settings the script builds that loader with.
+    runner : object or None
+        The runs so far (``runs``: each run's record; ``measured``: each setting's runs over the window).
+    cache : CacheResult or None
+        The cache inside the Dataset, once looked for (its rounds fill in while it is weighed).
+    tuned : Tuned or None
+        The result once the settings are decided (the cache is weighed after).
+    """
+
+    command: list[str] = field(default_factory=list)
+    budget_s: float = 0.0
+    step: str = FIRST_RUN
+    clock: _Clock | None = None
+    rec: dict[str, Any] | None = None
+    others: list[dict[str, Any]] = field(default_factory=list)
+    startup_s: float = 0.0
+    batches: int = 0
+    as_written: LoaderSettings | None = None
+    runner: _Runner | None = None
+    cache: CacheResult | None = None
+    tuned: Tuned | None = None
+
+    def used_s(self) -> float:
+        """Seconds since the search started (0 before)."""
+        return self.clock.used() if self.clock is not None else 0.0
+
+
 def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDOW_S,
          progress: Callable[[str], None] | None = None, cores: int | None = None,
-         space: list[LoaderSettings] | None = None, cache: bool = True, allow_reorder: bool = False) -> Tuned:
+         space: list[LoaderSettings] | None = None, cache: bool = True, allow_reorder: bool = False,
+         state: TuneState | None = None) -> Tuned:
     """Run ``command`` as written, then with the drop-in's candidate settings, and decide.
 
     Parameters
@@ -240,11 +293,16 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
     allow_reorder : bool
         Also run the first round's fastest settings with worker processes at ``in_order=False`` (batches handed
         over as the workers finish them, in an order that varies from run to run), decided by the same rounds.
+    state : TuneState, optional
+        Filled in with what is measured as it is: where the search is stopped (Ctrl-C), what it measured
+        is there (:func:`placer.tune.stopping.stopped` makes it a result).
     """
     if not (budget_s > 0 and math.isfinite(budget_s)):
         raise TuneError(f"--budget-s must be a positive number of seconds, got {budget_s!r}")
     say = progress or (lambda line: None)
     clock = _Clock(budget_s)
+    state = state if state is not None else TuneState()
+    state.command, state.budget_s, state.clock = command, budget_s, clock
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     first = run_script(command, {"mode": "trial", "target": None, "settings": None, "warmup": WARMUP,
@@ -263,13 +321,17 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
         f"{per_batch * 1e3:.0f} ms a batch; runs of {batches} counted batches")
     user_s = user_settings(rec)
     runner = _Runner(command, site, batches, per_batch, per_run, clock, say)
+    state.rec, state.others, state.startup_s, state.batches = rec, others, startup, batches
+    state.as_written, state.runner, state.step = user_s, runner, YOUR_RUN
     user = runner.once(user_s)
     if user is None:
         raise TuneError("the script as written could not be measured a second time within the budget "
                         f"({budget_s:.0f} s; one run takes about {per_run:.0f} s): raise --budget-s")
-    found = _find_cache(command, rec, runner, startup, budget_s) if cache else None
+    state.step = CACHE_SEARCH
+    found = state.cache = _find_cache(command, rec, runner, startup, budget_s) if cache else None
     todo = space if space is not None else candidates(user_s, cores=cores, gpu=bool(first.report.get("cuda")),
                                                       iterable=bool(rec.get("iterable")))
+    state.step = FIRST_ROUND
     trials = [user]
     for s in todo:
         # the first round leaves room for the interleaved rounds that decide
@@ -283,16 +345,21 @@ def tune(command: list[str], *, budget_s: float = 120.0, window_s: float = WINDO
         notes.append(f"{len(todo) - (len(trials) - 1)} of the {len(todo)} settings to try were not run within the "
                      f"budget ({budget_s:.0f} s; a run of the script takes about {runner.per_run():.0f} s): a larger "
                      "--budget-s tries them")
+    state.step = ROUNDS
     trials = _rounds(trials, runner, clock)
     waits = user_of(trials).fetch_fraction > wait_noise(user_of(trials))
     choice, noise = decide(user_of(trials), trials, waits=waits)
     notes += persistent_note(choice.settings, user_s, rec.get("arguments", {}))
+    result = state.tuned = Tuned(
+        command=command, site=site, others=[other_loader(r) for r in others], user=user_of(trials),
+        recommended=choice, trials=trials, noise=noise, startup_s=startup, budget_s=budget_s, used_s=clock.used(),
+        batches=batches, arguments=rec.get("arguments", {}), runs=runner.runs, notes=notes,
+        iterable=bool(rec.get("iterable")), cache=found)
     if found is not None and found.batches:
-        found = _weigh_cache(found, choice.settings, runner)
-    return Tuned(command=command, site=site, others=[_other(r) for r in others], user=user_of(trials),
-                 recommended=choice, trials=trials, noise=noise, startup_s=startup, budget_s=budget_s,
-                 used_s=clock.used(), batches=batches, arguments=rec.get("arguments", {}), runs=runner.runs,
-                 notes=notes, iterable=bool(rec.get("iterable")), cache=found)
+        state.step = WEIGHING
+        result.cache = _weigh_cache(found, choice.settings, runner)
+    result.used_s, state.step = clock.used(), DONE
+    return result
 
 
 def reordered(trials: list[Trial], runner: _Runner) -> list[LoaderSettings]:
@@ -360,6 +427,8 @@ class _Runner:
         self.command, self.site, self.batches, self.per_batch = command, site, batches, per_batch
         self.first_guess, self.clock, self.say = per_run, clock, say
         self.runs: list[dict[str, Any]] = []
+        #: the runs over the search's window without a cache, in the order run (what a stopped search shows)
+        self.measured: list[Trial] = []
 
     def per_run(self) -> float:
         """Seconds one run takes: the median of the runs so far (start-up included)."""
@@ -386,6 +455,8 @@ class _Runner:
                                         "stop_s": SLOW_CAP * n * self.per_batch + 5.0},
                          timeout_s=SLOW_CAP * self.cache_run_s(n) + 30.0)
         t = trial_of(run, self.site, s, n)
+        if t is not None and cache is None and batches is None:
+            self.measured.append(t)
         rec = run.loader(self.site) or {}
         self.runs.append({"settings": settings_dict(s), "cache": None if cache is None else cache["method"],
                           "batches": n, "digest": rec.get("digest") if digest else None,
@@ -464,7 +535,8 @@ def _one_round(which: list[Trial], once: Callable[[LoaderSettings], Trial | None
             more[id(t)].append(g)
 
 
-def _other(rec: dict[str, Any]) -> dict[str, Any]:
+def other_loader(rec: dict[str, Any]) -> dict[str, Any]:
+    """A loader that does not hold the loop, as the result lists it."""
     return {"site": rec["site"], "batches": rec["batches"], "iterated_s": round(rec["iterated_s"], 3)}
 
 

@@ -99,6 +99,7 @@ def _interrupt(proc: subprocess.Popen, err: list[str], how: str, workers: bool) 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("how, workers", [("group", False), ("pid", True)], ids=["second-run-terminal",
                                                                                   "run-with-workers-kill-pid"])
+@pytest.mark.slow
 def test_ctrl_c_in_a_run_ends_the_script_and_keeps_the_runs_measured(tmp_path, how, workers):
     out = tmp_path / "tuned.json"
     as_json = ["--json"] if how == "pid" else []

@@ -55,6 +55,7 @@ def all_placements(p) -> list[dict[str, str]]:
 
 
 @pytest.mark.parametrize("name", sorted(GALLERY))
+@pytest.mark.slow
 def test_every_placement_gives_the_same_outputs(name):
     p = build(name)
     names = placeable(p)

@@ -29,7 +29,6 @@ END_TO_END = {
                                      "test_heuristic_plans_are_feasible_and_predicted_consistently",
     "plans keep their invariants": "optimize/test_plan_invariants.py::test_bundled_tables_keep_every_invariant",
     "run from the CLI on the simulated device": "cli/test_cli_run.py::test_simulated_device_gives_the_same_digest",
-    "every placement gives the same outputs": "test_gallery.py::test_every_placement_gives_the_same_outputs",
     "random DAGs give the same outputs on every placement":
         "test_same_answer.py::test_every_placement_of_a_random_dag_gives_the_same_outputs",
     "numba.cuda kernels (CUDA simulator)": "executor/test_executor.py::test_numba_cuda_kernel_stage_matches_njit_stage",

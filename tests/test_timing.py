@@ -313,6 +313,7 @@ def _glibc() -> bool:
 
 
 @pytest.mark.skipif(not _glibc(), reason="the mmap threshold settled here is glibc malloc's")
+@pytest.mark.slow
 def test_a_measurement_settles_the_allocator_so_repeated_temporaries_stop_page_faulting():
     cold = _later_faults("plain")
     if cold < 1000:

@@ -93,6 +93,7 @@ def test_no_two_sentences_disagree_on_the_target(name):
         assert s in plain  # the rendered report carries every sentence checked
 
 
+@pytest.mark.slow
 def test_cifar_training_at_4096_images_is_planned_on_the_h200s_gpu():
     facts, text, target = report_of("cifar_augment")
     assert target["placement"]["train"] == target["device"]

@@ -70,6 +70,7 @@ def _h200(threads: int):
     return costs, costs.target_model
 
 
+@pytest.mark.slow
 def test_one_and_two_thread_profiles_give_the_same_h200_predictions_and_plan():
     (c1, m1), (c2, m2) = _h200(1), _h200(2)
     for stage, device in (("infer", "gpu:0"), ("infer", "cpu"), ("load", "cpu")):

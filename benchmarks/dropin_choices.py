@@ -12,7 +12,8 @@ different settings in any pair of the record, every distinct setting either vers
 the script's own flags (``plain_grid.Config``, no placer in the process), in ``--rounds``
 interleaved rounds in a shuffled order, and the settings are compared by the rule the drop-in itself
 decides by (:func:`placer.stream.rounds.beats`: a median gain of 5 % and a win beyond the runs'
-spread or a one-sided sign test over the rounds). The advice is *unchanged within noise* for a
+spread or a one-sided sign test over the rounds); where a median gain shows and the rounds do not
+decide it, twice as many rounds again are run and the comparison is made over all of them. The advice is *unchanged within noise* for a
 script when no setting one version chose beats a setting the other chose, in either direction.
 Every run's batch digest is checked against the first: a setting must not change the batches.
 """
@@ -36,7 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from plain_grid import Config, config_from_advice, interleaved  # noqa: E402
 from dropin_versions import machine  # noqa: E402
-from placer.stream.rounds import beats  # noqa: E402
+from placer.stream.rounds import beats, faster  # noqa: E402
 
 ROW = re.compile(r"^\| (\w+) \| (before|after) \| (yes|no) \| ([^|]*) \| ([^|]*) \|")
 
@@ -60,6 +61,17 @@ def pairs_of(record: Path) -> dict[str, list[tuple[Config, Config]]]:
     return out
 
 
+def close(rates: dict[str, list[float]], sides: dict[str, set]) -> bool:
+    """Whether a setting of one side is :data:`MIN_GAIN` faster on the median than one of the other's while
+    the rounds do not decide it (:func:`beats`)."""
+    for x, y in itertools.product(sides["before"], sides["after"]):
+        for m, n in ((x.label(), y.label()), (y.label(), x.label())):
+            if m != n and rates[m] and rates[n] and faster(statistics.median(rates[m]), statistics.median(rates[n])) \
+                    and not beats(rates[m], rates[n]):
+                return True
+    return False
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("record", type=Path)
@@ -76,12 +88,20 @@ def main() -> None:
                 continue
             sides = {"before": {b for b, _ in pairs}, "after": {f for _, f in pairs}}
             configs = {c.label(): c for c in sorted(sides["before"] | sides["after"], key=Config.label)}
-            runs = interleaved(script, configs, a.rounds, base=["--data-dir", str(Path(tmp) / script)],
-                               phase="choices", timeout_s=a.timeout_s, seed=0, log=lambda m: print(m, flush=True))
+            base = ["--data-dir", str(Path(tmp) / script)]
+            runs = interleaved(script, configs, a.rounds, base=base, phase="choices", timeout_s=a.timeout_s, seed=0,
+                               log=lambda m: print(m, flush=True))
             rates = {k: [r.samples_per_s for r in rs if r.ok] for k, rs in runs.items()}
+            if close(rates, sides):
+                # a gain the medians show and the rounds do not decide: twice as many rounds again, as the
+                # drop-in settles a close comparison
+                more = interleaved(script, configs, 2 * a.rounds, base=base, phase="settle", timeout_s=a.timeout_s,
+                                   seed=1, log=lambda m: print(m, flush=True))
+                runs = {k: runs[k] + more[k] for k in runs}
+                rates = {k: [r.samples_per_s for r in rs if r.ok] for k, rs in runs.items()}
             digests = {r.digest for rs in runs.values() for r in rs if r.ok}
-            beaten = [(x.label(), y.label()) for x, y in itertools.product(sides["before"], sides["after"])
-                      for x, y in ((x, y), (y, x)) if x != y and beats(rates[x.label()], rates[y.label()])]
+            beaten = sorted({(m.label(), n.label()) for x, y in itertools.product(sides["before"], sides["after"])
+                             for m, n in ((x, y), (y, x)) if m != n and beats(rates[m.label()], rates[n.label()])})
             rows.append({"script": script, "same": False, "before": sorted(c.label() for c in sides["before"]),
                          "after": sorted(c.label() for c in sides["after"]), "rates": rates,
                          "medians": {k: statistics.median(v) if v else None for k, v in rates.items()},
@@ -89,7 +109,8 @@ def main() -> None:
                          "errors": [r.error[-300:] for rs in runs.values() for r in rs if not r.ok]})
     lines = [f"# The two versions' chosen settings run as the scripts' flags ({a.record.name})", "",
              f"Machine: {machine()}; {started}, load average {os.getloadavg()[0]:.1f} at the end. "
-             f"{a.rounds} interleaved rounds per script (`benchmarks/dropin_choices.py`).", "",
+             f"{a.rounds} interleaved rounds per script, {3 * a.rounds} where a median gain was left undecided "
+             "(`benchmarks/dropin_choices.py`).", "",
              "| script | settings chosen before | settings chosen after | median samples/s of each (runs) | "
              "beats another beyond noise | batches equal |", "|---|---|---|---|---|---|"]
     for r in rows:

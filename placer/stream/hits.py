@@ -181,14 +181,22 @@ def hit_rate(dataset: Any, name: str, loader: Any, deadline: Deadline, *, cls: t
     per = max(1, items_in(second) // max(len(second), 1))  # items a unit fetches
     n = max(1, HIT_SAMPLE // per)
     sample = second[:: max(1, len(second) // n)][:n]
+    whole = any(isinstance(u, Batch) for u in first)  # batches compute their calls: half the time for each epoch
+    until = Deadline(deadline.left() / 2) if whole else deadline
     seen = set()
     done = taken = 0
-    while taken < len(first) and not (done and deadline.passed()):
+    while taken < len(first) and not (done and until.passed()):
         chunk = first[taken:taken + n]
         seen.update(a for a in arguments(dataset, name, chunk, cls=cls) if a is not None)
         taken += len(chunk)
         done += items_in(chunk)
-    later = arguments(dataset, name, sample, later=True, cls=cls) if sample else []
+    later: list[Any] = []
+    step = 1 if whole else max(len(sample), 1)
+    for i in range(0, len(sample), step):
+        if later and deadline.passed():
+            sample = sample[:i]
+            break
+        later += arguments(dataset, name, sample[i:i + step], later=True, cls=cls)
     if not later:
         return 0.0, done
     hits = sum(a is not None and a in seen for a in later)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from placer.executor.stream.store import CachedItems, SampleStore, is_plain
-from placer.stream.wrappers import leaves, rebuilt, wrappers
+from placer.stream.wrappers import kind, leaves, rebuilt
 
 
 
@@ -236,9 +236,10 @@ class CacheAdvice:
                     "depends only on the index: caching its output")
         else:
             what = f"`{self.method}` is {self.share:.0%} of loading and depends only on the index: caching its output"
-        if self.leaves is not None and self.leaves[1] > 1 and self.wrappers:
-            where = type(self.wrappers[0]).__name__
-            what += f" in {self.leaves[0]} of the {self.leaves[1]} datasets inside the {where}"
+        if self.leaves is not None and self.leaves[1] > 1:  # several datasets: inside a concatenation
+            where = next((type(w).__name__ for w in self.wrappers if kind(w) == "ConcatDataset"), "ConcatDataset")
+            which = "each" if self.leaves[0] == self.leaves[1] else f"{self.leaves[0]}"
+            what += f" in {which} of the {self.leaves[1]} datasets inside the {where}"
         if not self.recommended:
             return f"Caching: not offered: {self.reason}"
         if self.pays_from_epochs is not None and self.by_epochs:

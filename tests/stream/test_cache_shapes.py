@@ -301,3 +301,23 @@ def test_a_getitems_that_reads_the_whole_batch_at_once_is_told_why_nothing_is_ca
     assert found.method is None
     assert "Reads.__getitems__: it takes a whole batch of keys" in found.reason
     assert "Reads.read_many: its arguments change between epochs" in found.reason
+
+
+def test_shards_keep_their_own_outputs_in_the_store_that_worker_processes_share():
+    """Two shards' ``decode(3)`` are two files: with two worker processes filling and reading one store, every
+    batch of every epoch is the uncached loader's."""
+    user = SHAPES["two shards"]()
+    found = offered(shuffled(user))
+
+    def workers(ds):
+        return DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(4))
+
+    assert epochs_of(workers(found.apply()), epochs=2) == epochs_of(workers(user), epochs=2)
+
+
+def test_a_concatenation_of_torch_datasets_alone_is_told_whose_code_it_is():
+    from torch.utils.data import TensorDataset
+
+    user = ConcatDataset([TensorDataset(torch.arange(8.0)), TensorDataset(torch.arange(4.0))])
+    found = find_cache(shuffled(user), None, loader_kwargs={"num_workers": 0}, batches=2, budget_s=5)
+    assert found.method is None and found.reason == "TensorDataset.__getitem__ is not the dataset's own code"

@@ -321,3 +321,14 @@ def test_a_concatenation_of_torch_datasets_alone_is_told_whose_code_it_is():
     user = ConcatDataset([TensorDataset(torch.arange(8.0)), TensorDataset(torch.arange(4.0))])
     found = find_cache(shuffled(user), None, loader_kwargs={"num_workers": 0}, batches=2, budget_s=5)
     assert found.method is None and found.reason == "TensorDataset.__getitem__ is not the dataset's own code"
+
+
+def test_the_drop_in_reads_a_getitems_dataset_sample_by_sample_as_the_loader_would():
+    """The drop-in's other checks read samples one by one too: through ``__getitems__([key])``, never a
+    ``__getitem__`` the loader does not use."""
+    from placer.stream.dropin.guards import draws_unseeded
+    from placer.stream.dropin.samples import time_samples
+
+    timed = time_samples(shuffled(Rows()), 2, Deadline(10))
+    assert timed is not None and timed.samples == 8 and all(c >= DELAY for b in timed.costs for c in b)
+    assert draws_unseeded(Rows())  # its flips draw from torch's global generator

@@ -1,7 +1,12 @@
 """A cache inside a user's Dataset: the wrappers that memoise a method or a transform prefix by its
 arguments, and :class:`CacheAdvice`, what the drop-in found and measured (plain data and words).
 
-May import: numpy, placer.executor.stream.store, placer.stream.hits, placer.timing.
+May import: numpy, placer.executor.stream.store, placer.stream.wrappers, placer.timing.
+
+The cache goes into copies of the leaves of the class it was found in, inside copies of the loader's
+``Subset`` and ``ConcatDataset`` wrappers (:func:`cached_inside`); leaves of other classes are kept as
+they are. Where the wrappers hold several leaves, each reads and writes the one store under keys of
+its own (:class:`Scoped`): two shards' ``decode(3)`` are two items.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from placer.executor.stream.store import CachedItems, SampleStore, is_plain
-from placer.stream.hits import rewrapped, unwrapped
+from placer.stream.wrappers import kind, leaves, rebuilt
 
 
 
@@ -85,6 +90,34 @@ def _prefix(method: str) -> tuple[str, int] | None:
     return attr, int(k)
 
 
+class Scoped:
+    """A view of a store whose keys are prefixed by ``tag`` (a leaf's number): leaves that share the store
+    keep their keys apart. It pickles with its store, to worker processes too."""
+
+    def __init__(self, store: SampleStore, tag: Any):
+        self.store, self.tag = store, tag
+
+    def get(self, key: Any) -> tuple[bool, Any]:
+        return self.store.get((self.tag, key))
+
+    def put(self, key: Any, value: Any) -> bool:
+        return self.store.put((self.tag, key), value)
+
+
+def cached_inside(dataset: Any, method: str, store: SampleStore) -> Any:
+    """``dataset`` (a loader's, wrappers and all) with ``method`` (``Class.attribute``) cached in each leaf of
+    that class (:func:`cached`), inside copies of its wrappers; the user's objects are not changed."""
+    cls, attribute = method.rsplit(".", 1)
+    many = len(leaves(dataset)) > 1
+
+    def replace(leaf: Any, number: int) -> Any:
+        if type(leaf).__name__ != cls:
+            return leaf
+        return cached(leaf, attribute, Scoped(store, number) if many else store)
+
+    return rebuilt(dataset, replace)
+
+
 def cached(dataset: Any, method: str, store: SampleStore) -> Any:
     """``dataset`` with ``method``'s outputs kept in ``store`` (``__getitem__``: whole items;
     ``transform[:k]``: the first ``k`` steps of a composed transform)."""
@@ -149,16 +182,19 @@ class CacheAdvice:
     dataset: Any = field(default=None, repr=False)
     #: a transform prefix's steps, by class name
     steps: list[str] = field(default_factory=list)
-    #: the ``Subset`` wrappers around ``dataset`` in the loader (outermost first): the cache goes inside them
+    #: the ``Subset`` and ``ConcatDataset`` wrappers in the loader's dataset (outermost first): the cache goes
+    #: inside copies of them, in the leaves of ``dataset``'s class
     wrappers: list[Any] = field(default_factory=list, repr=False)
     #: the share of the next epoch's calls that repeat the arguments of the epoch before (measured)
     hit_rate: float | None = None
-    #: the loader's own dataset (``dataset`` inside its wrappers)
+    #: the loader's own dataset (``dataset`` inside its wrappers; ``dataset`` is its first leaf of the class)
     outer: Any = field(default=None, repr=False)
     #: where the run it is weighed over does not pay for it: the fewest epochs that do (None: none within
     #: a thousand), and the run's speed-up with it over some epoch counts
     pays_from_epochs: int | None = None
     by_epochs: dict[int, float] = field(default_factory=dict)
+    #: inside wrappers: the leaves that hold the cache (of ``dataset``'s class) and all the leaves
+    leaves: tuple[int, int] | None = None
 
     @property
     def attribute(self) -> str | None:
@@ -200,6 +236,10 @@ class CacheAdvice:
                     "depends only on the index: caching its output")
         else:
             what = f"`{self.method}` is {self.share:.0%} of loading and depends only on the index: caching its output"
+        if self.leaves is not None and self.leaves[1] > 1:  # several datasets: inside a concatenation
+            where = next((type(w).__name__ for w in self.wrappers if kind(w) == "ConcatDataset"), "ConcatDataset")
+            which = "each" if self.leaves[0] == self.leaves[1] else f"{self.leaves[0]}"
+            what += f" in {which} of the {self.leaves[1]} datasets inside the {where}"
         if not self.recommended:
             return f"Caching: not offered: {self.reason}"
         if self.pays_from_epochs is not None and self.by_epochs:
@@ -211,13 +251,16 @@ class CacheAdvice:
                 f"(two epochs {self.two_epoch_speedup:.2f}x; advice.loader() applies it)")
 
     def apply(self, dataset: Any | None = None, store: SampleStore | None = None) -> Any:
-        """The user's dataset with the cache inside the same ``Subset`` wrappers as the loader's: in ``store``,
-        or a new, empty store bounded by the budget (the caller that passes ``store`` closes it)."""
+        """The loader's dataset (or ``dataset``, one of the same shape) with the cache inside, in the leaves of
+        the class it was found in and copies of the same ``Subset`` and ``ConcatDataset`` wrappers
+        (:func:`cached_inside`): in ``store``, or a new, empty store bounded by the budget (the caller
+        that passes ``store`` closes it)."""
         if self.attribute is None:
             raise ValueError("no cache was found for this dataset")
-        inner, wrappers = (self.dataset, self.wrappers) if dataset is None else unwrapped(dataset)
+        if dataset is None:
+            dataset = self.outer if self.outer is not None else self.dataset
         store = SampleStore(self.budget_bytes) if store is None else store
-        return rewrapped(wrappers, cached(inner, self.attribute, store))
+        return cached_inside(dataset, self.method, store)
 
     def as_dict(self) -> dict[str, Any]:
         r = (lambda x: None if x is None else round(x, 4))
@@ -232,6 +275,7 @@ class CacheAdvice:
                 "reason": self.reason, "steps": list(self.steps),
                 "hit_rate": None if self.hit_rate is None else round(self.hit_rate, 4),
                 "inside": [type(w).__name__ for w in self.wrappers],
+                "leaves": self.leaves,
                 "pays_from_epochs": self.pays_from_epochs,
                 "by_epochs": {str(k): v for k, v in self.by_epochs.items()}}
 

@@ -1,7 +1,7 @@
 """Caching found inside a user's Dataset: the deterministic work of ``__getitem__`` that every epoch repeats.
 
-May import: numpy, placer.executor.stream.{source,store}, placer.timing, placer.stream.{cache_advice,hits,purity};
-torch inside functions.
+May import: numpy, placer.executor.stream.{source,store}, placer.timing,
+placer.stream.{cache_advice,hits,purity,wrappers}; torch inside functions.
 
 What a cache wraps and the advice about it are :mod:`placer.stream.cache_advice`; whether a method is pure
 in its arguments, :mod:`placer.stream.purity`.
@@ -50,11 +50,23 @@ dataset is a shallow copy of the user's with the method replaced by
 (its first steps kept by their input), or :class:`CachedItems` around the dataset when
 the whole item is cached.
 
-Shapes: automatic batching, ``batch_size=None`` (each item a chunk) and datasets inside
-``Subset`` splits (searched inside; the cache put inside the same wrappers).
+Shapes: automatic batching, ``batch_size=None`` (each item a chunk), datasets inside
+``Subset`` splits and ``ConcatDataset`` concatenations, nested either way
+(:mod:`placer.stream.wrappers`: searched inside, each key run through the wrappers to the
+dataset it reaches; the cache put into copies of the same wrappers around copies of the
+datasets), and a dataset with its own batched ``__getitems__`` (fetched a batch at a time, as
+the loader fetches it). In a ``ConcatDataset`` the candidates are methods of one class: the
+class of the datasets that took the most of the profiled items' time, so that the shards of
+one class share the candidate, and where the datasets differ in class, the cache goes into
+those of the class that holds most of the time and the others stay as they are (a share is
+of the whole item's time, so a class that holds little of it offers little). A
+``__getitems__`` is never the cached unit itself: its argument is a batch of keys, which a
+reshuffled epoch does not ask for again; the methods it calls are the candidates, and a
+method called with the whole batch (a read of many at once) is passed over by its hit rate.
 
-Limits: only methods called as ``self.method(...)`` are reached; a ``ConcatDataset`` is
-looked into no further; an ``IterableDataset`` has no key to cache by; a method that reads
+Limits: only methods called as ``self.method(...)`` are reached; a wrapper subclass that
+maps keys its own way (overrides ``__getitem__``) is treated as the user's dataset, not
+looked into; an ``IterableDataset`` has no key to cache by; a method that reads
 state the script changes between epochs other than through ``set_epoch`` or an ``epoch``
 attribute looks deterministic here: name the epoch in its arguments to keep it from the cache.
 """
@@ -74,14 +86,14 @@ import numpy as np
 from placer.executor.stream.source import rebuild_loader
 from placer.executor.stream.store import CachedItems, SampleStore
 from placer.timing import Clock, Deadline
-from placer.stream.cache_advice import CacheAdvice, MethodCandidate, cached
-from placer.stream.hits import (MIN_HITS, batched, copied, hit_rate, inner_key, key_source, rewrapped,
-                                unwrapped)
+from placer.stream.cache_advice import CacheAdvice, MethodCandidate, cached, cached_inside
+from placer.stream.hits import MIN_HITS, batched, copied, fetches_batches, hit_rate, key_source, units
 from placer.stream.purity import (PrefixCandidate, check, check_prefix, composed, digest, equal,
                                   global_random_state_kept, item_seconds)
+from placer.stream.wrappers import Batch, fetched, items_in, leaves, locate, wrappers
 
-__all__ = ["CACHE_GAIN", "CACHE_PAIRS", "CacheAdvice", "CachedItems", "cached", "check", "digest", "equal",
-           "find_cache", "hit_rate", "judge", "measure_at", "unwrapped"]
+__all__ = ["CACHE_GAIN", "CACHE_PAIRS", "CacheAdvice", "CachedItems", "cached", "cached_inside", "check", "digest",
+           "equal", "find_cache", "hit_rate", "judge", "measure_at"]
 
 
 
@@ -130,13 +142,13 @@ def key_batches(loader: Any, batches: int) -> list[list[Any]] | None:
     return out
 
 
-def own_methods(dataset: Any) -> dict[tuple[str, int, str], str]:
-    """The functions of the dataset's own classes (not torch's), by their profile key, as ``name``."""
+def own_methods(cls: type) -> dict[tuple[str, int, str], str]:
+    """The functions of a dataset class and its bases (not torch's), by their profile key, as ``name``."""
     out: dict[tuple[str, int, str], str] = {}
-    for cls in type(dataset).__mro__:
-        if cls is object or cls.__module__.startswith(("torch.", "builtins")):
+    for c in cls.__mro__:
+        if c is object or c.__module__.startswith(("torch.", "builtins")):
             continue
-        for name, attr in vars(cls).items():
+        for name, attr in vars(c).items():
             fn = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
             code = getattr(fn, "__code__", None)
             if code is not None:
@@ -144,31 +156,42 @@ def own_methods(dataset: Any) -> dict[tuple[str, int, str], str]:
     return out
 
 
-def profile_items(dataset: Any, keys: list[Any], deadline: Deadline) -> tuple[list[MethodCandidate], int]:
-    """``__getitem__`` and the dataset's methods by their share of its time (largest first)."""
-    own = own_methods(dataset)
+def profile_items(dataset: Any, keys: list[Any],
+                  deadline: Deadline) -> tuple[list[MethodCandidate], int, type | None]:
+    """The class of the leaves (:mod:`placer.stream.wrappers`) whose ``__getitem__`` took the most of the
+    items' time, and its ``__getitem__`` and methods by their share of the time of the leaves' own
+    code (largest first), with the items profiled. The keys are fetched as the loader fetches them: for
+    a :class:`~placer.stream.wrappers.Batch`, ``__getitems__`` is the entry and no whole-item candidate is
+    offered (a batch of keys is no key to cache by). None for the class where no leaf's entry is its own
+    code."""
+    entry = "__getitems__" if any(isinstance(k, Batch) for k in keys) else "__getitem__"
+    own = {cls: own_methods(cls) for cls in dict.fromkeys(type(leaf) for leaf in leaves(dataset))}
     prof = cProfile.Profile()
     items = 0
     for key in keys[:PROFILED_ITEMS]:
         prof.enable()
         try:
-            dataset[key]
+            fetched(dataset, key)
         finally:
             prof.disable()
-        items += 1
+        items += items_in([key])
         if deadline.passed():
             break
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, ncalls, tottime, cumtime, callers)
-    cum = {own[k]: (v[3], v[1]) for k, v in stats.items() if k in own}
-    total = cum.get("__getitem__", (0.0, 0))[0]
+    cums = {cls: {names[k]: (v[3], v[1]) for k, v in stats.items() if k in names} for cls, names in own.items()}
+    entries = {k: stats[k][3] for names in own.values() for k, name in names.items() if name == entry and k in stats}
+    total = sum(entries.values())  # each entry once: classes that share one count it once
     if total <= 0:
-        return [], items
-    n = max(items, 1)
-    out = [MethodCandidate("__getitem__", 1.0, 1.0, total / n)]
+        return [], items, None
+    cls = max(cums, key=lambda c: cums[c].get(entry, (0.0, 0))[0])
+    cum, n = cums[cls], max(items, 1)
+    out = []
+    if entry == "__getitem__":
+        out.append(MethodCandidate("__getitem__", cum[entry][0] / total, cum[entry][1] / n, cum[entry][0] / n))
     for name, (ct, calls) in sorted(cum.items(), key=lambda kv: -kv[1][0]):
-        if name != "__getitem__" and not name.startswith("__") and ct / total >= MIN_SHARE:
+        if not name.startswith("__") and ct / total >= MIN_SHARE:
             out.append(MethodCandidate(name, ct / total, calls / n, ct / n))
-    return out, items
+    return out, items, cls
 
 
 def _pickled_bytes(values: list[Any]) -> float:
@@ -263,29 +286,31 @@ def find_cache(loader: Any, step: Callable[[Any], Any] | None, *, loader_kwargs:
         fixed = key_batches(loader, batches)
     if not fixed:
         return CacheAdvice(None, reason="the loader has no sampler to draw its keys from")
-    dataset, wrappers = unwrapped(outer)
-    keys = [inner_key(wrappers, k) for b in fixed for k in b]
-    cls = type(dataset).__name__
+    keys = units(loader, fixed)
     with global_random_state_kept():
-        cands, items = profile_items(dataset, keys, Deadline(budget_s / 6))
-        prefixes: dict[str, PrefixCandidate] = {}
-        for attr in composed(dataset):
-            pre = check_prefix(dataset, attr, keys, item_seconds(dataset, keys))
-            if pre is not None and (pre.reason is not None or pre.candidate.share >= MIN_SHARE):
-                prefixes[pre.candidate.name] = pre
-                cands.append(pre.candidate)
+        cands, items, cls = profile_items(outer, keys, Deadline(budget_s / 6))
+        if cls is None:
+            entry = "__getitems__" if fetches_batches(loader) else "__getitem__"
+            return CacheAdvice(None, reason=f"{type(leaves(outer)[0]).__name__}.{entry} is not the dataset's own code")
+        mine = [leaf for leaf in leaves(outer) if type(leaf) is cls]
+        keys = [k for k in keys if isinstance(k, Batch) or type(leaves(outer)[locate(outer, k)[0]]) is cls]
+        prefixes = _prefixes(outer, cls, mine, keys)
+        head = [c for c in cands if c.name == "__getitem__"]  # the whole item first, then by share
+        cands = head + sorted(cands[len(head):] + [p.candidate for p in prefixes.values()], key=lambda c: -c.share)
+        notes = _shape_notes(outer, keys, cls)
         if not cands:
-            return CacheAdvice(None, reason=f"{cls}.__getitem__ is not the dataset's own code")
-        cands[1:] = sorted(cands[1:], key=lambda c: -c.share)
-        found, why = _first_cacheable(dataset, cands, prefixes, keys, loader, wrappers,
+            return CacheAdvice(None, reason="; ".join(notes + [f"no method of {cls.__name__} takes "
+                                                                f"{MIN_SHARE:.0%} of its items' time"]))
+        found, why = _first_cacheable(outer, cls, cands, prefixes, keys, loader,
                                       Deadline(max(deadline.left() / 6, 0.5)))
     if found is None:
-        return CacheAdvice(None, reason="; ".join(why))
+        return CacheAdvice(None, reason="; ".join(notes + why))
     c, values, hits = found
-    size = int(_pickled_bytes(values) * c.calls_per_item * len(dataset))
-    advice = CacheAdvice(f"{cls}.{c.name}", share=c.share, bytes=size, budget_bytes=budget_bytes, dataset=dataset,
-                         steps=prefixes[c.name].steps if c.name in prefixes else [], wrappers=wrappers,
-                         hit_rate=hits, outer=outer)
+    size = int(_pickled_bytes(values) * c.calls_per_item * len(outer))
+    advice = CacheAdvice(f"{cls.__name__}.{c.name}", share=c.share, bytes=size, budget_bytes=budget_bytes,
+                         dataset=mine[0], steps=prefixes[c.name].steps if c.name in prefixes else [],
+                         wrappers=wrappers(outer), hit_rate=hits, outer=outer,
+                         leaves=(len(mine), len(leaves(outer))) if wrappers(outer) else None)
     if c.seconds_per_item < MIN_ITEM_S:
         advice.reason = (f"its work per item ({c.seconds_per_item * 1e6:,.0f} us) costs about what reading it back "
                          "from a cache does")
@@ -298,23 +323,50 @@ def find_cache(loader: Any, step: Callable[[Any], Any] | None, *, loader_kwargs:
     return advice
 
 
-def _first_cacheable(dataset: Any, cands: list[MethodCandidate], prefixes: dict[str, PrefixCandidate],
-                     keys: list[Any], loader: Any, wrappers: list[Any],
+def _prefixes(outer: Any, cls: type, mine: list[Any], keys: list[Any]) -> dict[str, PrefixCandidate]:
+    """The composed transforms every leaf of ``cls`` holds, with their deterministic prefixes
+    (:func:`check_prefix`): those refused (with a reason) and those over :data:`MIN_SHARE` of an item."""
+    out: dict[str, PrefixCandidate] = {}
+    for attr in [a for a in composed(mine[0]) if all(a in composed(leaf) for leaf in mine[1:])]:
+        pre = check_prefix(outer, attr, keys, item_seconds(outer, keys), cls=cls)
+        if pre is not None and (pre.reason is not None or pre.candidate.share >= MIN_SHARE):
+            out[pre.candidate.name] = pre
+    return out
+
+
+def _shape_notes(outer: Any, keys: list[Any], cls: type) -> list[str]:
+    """What the dataset's shape left out of the search, in words: a ``__getitems__`` (never the cached unit)
+    and, inside wrappers, the leaves of other classes than the one searched."""
+    notes = []
+    if any(isinstance(k, Batch) for k in keys):
+        notes.append(f"{cls.__name__}.__getitems__: it takes a whole batch of keys and returns the batch's items, "
+                     "so a cache of it by its argument hits only a batch asked for whole again, which a reshuffled "
+                     "epoch does not do: only the methods it calls are candidates")
+    names = list(dict.fromkeys(type(leaf).__name__ for leaf in leaves(outer)))
+    if len(names) > 1:
+        notes.append(f"the {type(wrappers(outer)[0]).__name__} holds datasets of {len(names)} classes "
+                     f"({', '.join(names)}): {cls.__name__}, which took the most of the profiled time, was searched")
+    return notes
+
+
+def _first_cacheable(dataset: Any, cls: type, cands: list[MethodCandidate], prefixes: dict[str, PrefixCandidate],
+                     keys: list[Any], loader: Any,
                      deadline: Deadline) -> tuple[tuple[MethodCandidate, list[Any], float] | None, list[str]]:
     """The first candidate pure in its arguments (:func:`check`) whose arguments recur
     (:func:`hit_rate` at least ``MIN_HITS``), with its recorded outputs and hit rate; and why
-    each one before it was passed over."""
-    cls, why = type(dataset).__name__, []
+    each one before it was passed over. The candidates are of the leaves of ``cls`` inside ``dataset``,
+    the loader's."""
+    why = []
     for c in cands:
         pre = prefixes.get(c.name)
-        reason, values = (pre.reason, pre.values) if pre is not None else check(dataset, c.name, keys)
+        reason, values = (pre.reason, pre.values) if pre is not None else check(dataset, c.name, keys, cls=cls)
         if reason is None:
-            hits, seen = hit_rate(dataset, c.name, loader, wrappers, deadline)
+            hits, seen = hit_rate(dataset, c.name, loader, deadline, cls=cls)
             if hits >= MIN_HITS:
                 return (c, values, hits), why
             reason = (f"its arguments change between epochs: {hits:.0%} of the next epoch's calls repeat the "
                       f"arguments of the epoch before (measured on {seen} keys of the sampler's next two epochs)")
-        why.append(f"{cls}.{c.name.split('[')[0]}: {reason}")
+        why.append(f"{cls.__name__}.{c.name.split('[')[0]}: {reason}")
     return None, why
 
 
@@ -335,7 +387,7 @@ def _measure(advice: CacheAdvice, loader: Any, fixed: list[list[Any]], step: Cal
         order = dict(batch_sampler=fixed) if batched(loader) else dict(sampler=[k for b in fixed for k in b])
         return rebuild_loader(loader, {**loader_kwargs, "persistent_workers": persist}, dataset=ds, **order)
 
-    outer = advice.outer if advice.outer is not None else rewrapped(advice.wrappers, advice.dataset)
+    outer = advice.outer if advice.outer is not None else advice.dataset
 
     stores: list[SampleStore] = []
 
@@ -349,7 +401,7 @@ def _measure(advice: CacheAdvice, loader: Any, fixed: list[list[Any]], step: Cal
 
     def fill_and_read() -> tuple[float, bool]:  # an empty cache filled by one pass, read by the next
         stores.append(SampleStore(advice.budget_bytes))
-        ds = rewrapped(advice.wrappers, cached(advice.dataset, advice.attribute, stores[-1]))
+        ds = cached_inside(outer, advice.method, stores[-1])
         if persist:  # filled and read by the same workers
             (f, got), (h, again) = _passes(make, ds, step, sync, count=2)
         else:
@@ -421,7 +473,7 @@ def measure_at(advice: CacheAdvice, loader: Any, step: Callable[[Any], Any] | No
         return advice
     again = CacheAdvice(advice.method, share=advice.share, bytes=advice.bytes, budget_bytes=advice.budget_bytes,
                         dataset=advice.dataset, steps=list(advice.steps), wrappers=advice.wrappers,
-                        hit_rate=advice.hit_rate, outer=advice.outer)
+                        hit_rate=advice.hit_rate, outer=advice.outer, leaves=advice.leaves)
     _measure(again, loader, fixed, step, loader_kwargs, Deadline(budget_s), sync)
     if not again.recommended or not again.uncached_s or not again.cached_s:
         return advice

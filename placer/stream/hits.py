@@ -1,6 +1,6 @@
 """Whether a cache keyed by a method's arguments will hit: measured on the sampler's next epochs.
 
-May import: placer.executor.stream.store, placer.timing; torch inside functions.
+May import: placer.executor.stream.store, placer.stream.wrappers, placer.timing; torch inside functions.
 
 A method pure in its arguments (:mod:`placer.stream.purity`) may be cached by their
 values, as ``functools.lru_cache`` or joblib's ``Memory`` key a call; whether that cache
@@ -12,18 +12,23 @@ A key ``(index, epoch)`` or ``(epoch, index)`` whose epoch reaches the argument 
 nothing; a decode by the index alone hits every item, whatever the key looks like.
 
 The loader's shapes: automatic batching (keys from the batch sampler), ``batch_size=None``
-(each item a chunk: the sampler's keys one by one, :func:`batched`), and a dataset inside
-``Subset`` wrappers (a train/validation split: :func:`unwrapped`, keys through the
-subsets' indices with :func:`inner_key`, the cached dataset put back inside copies of the
-same wrappers with :func:`rewrapped`).
+(each item a chunk: the sampler's keys one by one, :func:`batched`), datasets inside
+``Subset`` and ``ConcatDataset`` wrappers (the keys of the loader's dataset run through the
+wrappers to the leaf they reach, :mod:`placer.stream.wrappers`; a call's arguments are
+counted with the leaf that made it, as two shards' ``decode(3)`` are two items), and a
+dataset with its own ``__getitems__`` (the loader hands it each batch's keys at once,
+:func:`fetches_batches`): there a batch runs whole, its calls of the method computed rather
+than cut short at the first, since the rest of the batch's calls come after it.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from placer.executor.stream.store import is_plain, plain_key
+from placer.stream.wrappers import Batch, fetched, items_in, kind, leaf_class, leaves, locate, probed
 from placer.timing import Deadline
 
 #: a cache is offered only where at least this share of the next epoch's calls repeat the arguments of the
@@ -70,10 +75,33 @@ def advance_epoch(obj: Any) -> None:
         obj.epoch = epoch + 1
 
 
-def next_epochs(loader: Any, limit: int = HIT_KEYS) -> tuple[list[Any], int, list[Any]]:
-    """Keys of the loader's next two epochs: the first epoch's first ``limit`` keys, its length, and the
-    second's first ``limit`` keys. Drawn from a copy of the sampler (:func:`copied`), the epoch advanced
-    between them (:func:`advance_epoch`); where the sampler cannot be copied, its ``epoch`` is put back."""
+def fetches_batches(loader: Any) -> bool:
+    """Whether the loader hands each batch's keys to its dataset at once (``dataset.__getitems__``, as
+    torch's ``_MapDatasetFetcher`` does under automatic batching) to a method of the user's: the dataset,
+    or the one under its ``Subset`` wrappers (which pass the keys on), defines ``__getitems__``."""
+    ds = getattr(loader, "dataset", None)
+    if not batched(loader) or not getattr(ds, "__getitems__", None):
+        return False
+    while kind(ds) == "Subset":
+        ds = ds.dataset
+    return kind(ds) is None and callable(getattr(ds, "__getitems__", None))
+
+
+def units(loader: Any, batches: list[list[Any]]) -> list[Any]:
+    """What the loader fetches at a time from its batches' keys: each key, or each batch as a
+    :class:`~placer.stream.wrappers.Batch` where the dataset takes them at once (:func:`fetches_batches`)."""
+    if fetches_batches(loader):
+        return [Batch(b) for b in batches]
+    return [k for b in batches for k in b]
+
+
+def next_epochs(loader: Any, limit: int = HIT_KEYS,
+                keep: Callable[[Any], bool] | None = None) -> tuple[list[Any], int, list[Any]]:
+    """Keys of the loader's next two epochs, as it fetches them (:func:`units`), those ``keep`` keeps (all
+    by default): the first epoch's first ones up to ``limit`` items, its length in items, and the second's
+    first ones up to ``limit`` items.
+    Drawn from a copy of the sampler (:func:`copied`), the epoch advanced between them
+    (:func:`advance_epoch`); where the sampler cannot be copied, its ``epoch`` is put back."""
     source = copied(key_source(loader), loader)
     saved = getattr(source, "epoch", None)
     epochs = []
@@ -82,95 +110,95 @@ def next_epochs(loader: Any, limit: int = HIT_KEYS) -> tuple[list[Any], int, lis
             advance_epoch(source)
             advance_epoch(getattr(source, "sampler", None))
         keys: list[Any] = []
-        total = 0
+        total = taken = 0
         for b in source:
-            for k in (b if batched(loader) else [b]):
-                total += 1
-                if len(keys) < limit:
-                    keys.append(k)
+            unit = [u for u in units(loader, [list(b) if batched(loader) else [b]]) if keep is None or keep(u)]
+            total += items_in(unit)
+            if taken < limit:
+                keys += unit
+                taken += items_in(unit)
         epochs.append((keys, total))
     if source is key_source(loader) and isinstance(saved, int):
         source.epoch = saved
     return epochs[0][0], epochs[0][1], epochs[1][0]
 
 
-def unwrapped(dataset: Any) -> tuple[Any, list[Any]]:
-    """The dataset inside ``Subset`` wrappers (a train/validation split), and the wrappers, outermost first."""
-    from torch.utils.data import Subset
-
-    wrappers = []
-    while isinstance(dataset, Subset):
-        wrappers.append(dataset)
-        dataset = dataset.dataset
-    return dataset, wrappers
-
-
-def inner_key(wrappers: list[Any], key: Any) -> Any:
-    """A key of the outermost wrapper as the inner dataset's key (through each subset's indices)."""
-    for w in wrappers:
-        key = w.indices[key]
-    return key
-
-
-def rewrapped(wrappers: list[Any], inner: Any) -> Any:
-    """Copies of ``wrappers`` around ``inner`` instead of the dataset they wrapped."""
-    for w in reversed(wrappers):
-        outer = copy.copy(w)
-        outer.dataset = inner
-        inner = outer
-    return inner
-
-
 class _Reached(Exception):
     """Raised by a probe at the call it waits for: the rest of ``__getitem__`` is not run."""
 
 
-def arguments(dataset: Any, name: str, keys: list[Any], *, later: bool = False) -> list[Any]:
-    """The arguments ``name`` (a method, ``__getitem__`` or a transform prefix ``attr[:k]``) is first
-    called with for each key, as plain data (None where it is not called or its arguments are not
-    plain), running ``dataset[key]`` only up to that call. ``later``: with the dataset's epoch advanced
-    (:func:`advance_epoch`), as in the epoch after."""
+def arguments(dataset: Any, name: str, keys: list[Any], *, later: bool = False, cls: type | None = None) -> list[Any]:
+    """The arguments ``name`` (a method, ``__getitem__`` or a transform prefix ``attr[:k]``) of the leaves of
+    class ``cls`` (default: the first leaf's) is called with, as ``(leaf number, plain data)`` (None where it
+    is not called or its arguments are not plain): for a key, its first call, running ``dataset[key]`` only
+    up to it; for a :class:`~placer.stream.wrappers.Batch`, every call the batch makes (the whole batch
+    runs, the method computed), or one None where it makes none. ``later``: with the leaves' epoch
+    advanced (:func:`advance_epoch`), as in the epoch after."""
     if name == "__getitem__":
-        return [plain_key((k,)) if is_plain((k,)) else None for k in keys]
-    probe = copy.copy(dataset)
-    if later:
-        advance_epoch(probe)
+        return [plain_key(locate(dataset, k)) if is_plain((k,)) else None for k in keys]
+    cls = leaf_class(dataset) if cls is None else cls
     seen: list[Any] = []
 
-    def reached(*args: Any, **kwargs: Any) -> Any:
-        call = (args, sorted(kwargs.items()))
-        seen.append(plain_key(call) if is_plain(call) else None)
-        raise _Reached
+    def make(leaf: Any, number: int) -> Any:
+        original = getattr(leaf, name.split("[", 1)[0])
+        if later:
+            advance_epoch(leaf)
 
-    setattr(probe, name.split("[", 1)[0], reached)
+        def reached(*args: Any, **kwargs: Any) -> Any:
+            call = (args, sorted(kwargs.items()))
+            seen.append((number, plain_key(call)) if is_plain(call) else None)
+            if whole:
+                return original(*args, **kwargs)
+            raise _Reached
+
+        return reached
+
+    probe = probed(dataset, cls, name.split("[", 1)[0], make)
     out = []
     for key in keys:
         seen.clear()
+        whole = isinstance(key, Batch)
         try:
-            probe[key]
+            fetched(probe, key)
         except _Reached:
             pass
-        out.append(seen[0] if seen else None)
+        out += (seen if whole else seen[:1]) or [None]
     return out
 
 
-def hit_rate(dataset: Any, name: str, loader: Any, wrappers: list[Any], deadline: Deadline) -> tuple[float, int]:
-    """The share of the next-but-one epoch's calls of ``name`` whose arguments the next epoch's calls had,
-    and the number of keys it was measured on. Where the first epoch is longer than what was computed
-    (``HIT_KEYS``, or less when ``deadline`` passes), the share found is scaled by the part computed: a
-    shuffled epoch's sample hits what that part held. The caller keeps the global random generators
-    (``dataset[key]`` runs up to the call, and an unseeded sampler draws from torch's)."""
-    first, total, second = next_epochs(loader)
-    sample = second[:: max(1, len(second) // HIT_SAMPLE)][:HIT_SAMPLE]
+def hit_rate(dataset: Any, name: str, loader: Any, deadline: Deadline, *, cls: type | None = None) -> tuple[float, int]:
+    """The share of the next-but-one epoch's calls of ``name`` (on the leaves of ``cls``, inside ``dataset``,
+    the loader's dataset) whose arguments the next epoch's calls had, and the number of items it was
+    measured on. Where the first epoch is longer than what was computed (``HIT_KEYS`` items, or less when
+    ``deadline`` passes), the share found is scaled by the part computed: a shuffled epoch's sample hits
+    what that part held. The caller keeps the global random generators (``dataset[key]`` runs up to the
+    call, and an unseeded sampler draws from torch's). Keys that reach leaves of other classes are left out:
+    they make no call of ``name``."""
+    cls = leaf_class(dataset) if cls is None else cls
+    ends = leaves(dataset)
+    first, total, second = next_epochs(
+        loader, keep=lambda k: isinstance(k, Batch) or type(ends[locate(dataset, k)[0]]) is cls)
+    per = max(1, items_in(second) // max(len(second), 1))  # items a unit fetches
+    n = max(1, HIT_SAMPLE // per)
+    sample = second[:: max(1, len(second) // n)][:n]
+    whole = any(isinstance(u, Batch) for u in first)  # batches compute their calls: half the time for each epoch
+    until = Deadline(deadline.left() / 2) if whole else deadline
     seen = set()
-    done = 0
-    while done < len(first) and not (done and deadline.passed()):
-        chunk = first[done:done + HIT_SAMPLE]
-        seen.update(a for a in arguments(dataset, name, [inner_key(wrappers, k) for k in chunk]) if a is not None)
-        done += len(chunk)
-    later = arguments(dataset, name, [inner_key(wrappers, k) for k in sample], later=True)
-    if not sample:
+    done = taken = 0
+    while taken < len(first) and not (done and until.passed()):
+        chunk = first[taken:taken + n]
+        seen.update(a for a in arguments(dataset, name, chunk, cls=cls) if a is not None)
+        taken += len(chunk)
+        done += items_in(chunk)
+    later: list[Any] = []
+    step = 1 if whole else max(len(sample), 1)
+    for i in range(0, len(sample), step):
+        if later and deadline.passed():
+            sample = sample[:i]
+            break
+        later += arguments(dataset, name, sample[i:i + step], later=True, cls=cls)
+    if not later:
         return 0.0, done
     hits = sum(a is not None and a in seen for a in later)
     part = done / max(total, 1)
-    return min(1.0, hits / len(sample) / max(part, 1e-12)), done + len(sample)
+    return min(1.0, hits / len(later) / max(part, 1e-12)), done + items_in(sample)

@@ -1,8 +1,12 @@
 """Whether a Dataset's method (or a transform prefix) is pure in its arguments: equal arguments give equal
 outputs and no random generator moves, so its outputs may be cached by their arguments.
 
-May import: numpy, placer.executor.stream.store, placer.timing, placer.stream.cache_advice; torch inside
-functions.
+May import: numpy, placer.executor.stream.store, placer.timing, placer.stream.{cache_advice,wrappers}; torch
+inside functions.
+
+The dataset given is the loader's (:mod:`placer.stream.wrappers`: the leaves of one class inside its
+``Subset`` and ``ConcatDataset`` wrappers are checked, through the loader's keys), and a key may be a
+:class:`~placer.stream.wrappers.Batch` fetched at once with ``__getitems__``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 from placer.executor.stream.store import is_plain
 from placer.timing import Clock
 from placer.stream.cache_advice import MethodCandidate
+from placer.stream.wrappers import fetched, items_in, leaf_class, leaves, probed
 
 
 
@@ -51,45 +56,55 @@ def _rng_state() -> tuple:
 
 
 class _Recorder:
-    """A method that records its calls: arguments, output, and whether it moved a global generator."""
+    """A method that records its calls into a shared list: the leaf it was called on (its number), arguments,
+    output, and whether it moved a global generator."""
 
-    def __init__(self, owner: Any, name: str):
-        self.owner, self.name = owner, name
-        self.calls: list[tuple[tuple, dict, Any, bool]] = []
+    def __init__(self, owner: Any, name: str, number: int, calls: list[tuple[int, tuple, dict, Any, bool]]):
+        self.owner, self.name, self.number, self.calls = owner, name, number, calls
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         cls = type(self.owner)
         fn = inspect.getattr_static(cls, self.name).__get__(self.owner, cls)
         before = _rng_state()
         value = fn(*args, **kwargs)
-        self.calls.append((args, kwargs, value, _rng_state() != before))
+        self.calls.append((self.number, args, kwargs, value, _rng_state() != before))
         return value
 
 
-def check(dataset: Any, name: str, keys: list[Any]) -> tuple[str | None, list[Any]]:
-    """Why ``name``'s output cannot be cached (None when it can), and its recorded outputs."""
-    calls: list[tuple[tuple, dict, Any, bool, Any]] = []
+def _recorded(dataset: Any, name: str, keys: list[Any], cls: type) -> list[tuple[int, tuple, dict, Any, bool]]:
+    """The calls of ``name`` on the leaves of ``cls`` while the first keys are fetched (``__getitem__``: the
+    items themselves, on leaf None)."""
+    calls: list[tuple[Any, tuple, dict, Any, bool]] = []
     if name == "__getitem__":
         for key in keys[:CHECKED_ITEMS]:
             before = _rng_state()
-            value = dataset[key]
-            calls.append(((key,), {}, value, _rng_state() != before, key))
-    else:
-        probe = copy.copy(dataset)
-        rec = _Recorder(probe, name)
-        setattr(probe, name, rec)
-        for key in keys[:CHECKED_ITEMS]:
-            start = len(rec.calls)
-            probe[key]
-            calls += [(*c, key) for c in rec.calls[start:]]
+            value = fetched(dataset, key)
+            calls.append((None, (key,), {}, value, _rng_state() != before))
+        return calls
+    probe = probed(dataset, cls, name, lambda leaf, number: _Recorder(leaf, name, number, calls))
+    for key in keys[:CHECKED_ITEMS]:
+        fetched(probe, key)
+    return calls
+
+
+def check(dataset: Any, name: str, keys: list[Any], *, cls: type | None = None) -> tuple[str | None, list[Any]]:
+    """Why ``name``'s output cannot be cached (None when it can), and its recorded outputs; ``name`` a method
+    of the leaves of class ``cls`` (default: the first leaf's) or ``__getitem__`` (the dataset's items)."""
+    cls = leaf_class(dataset) if cls is None else cls
+    calls = _recorded(dataset, name, keys, cls)
     if not calls:
         return f"{name} was not called as self.{name}(...)", []
-    cls = type(dataset)
-    fn = (lambda *a, **k: dataset[a[0]]) if name == "__getitem__" else \
-        inspect.getattr_static(cls, name).__get__(dataset, cls)
+    originals = leaves(dataset)
+
+    def fn(number: Any, *args: Any, **kwargs: Any) -> Any:
+        if number is None:
+            return fetched(dataset, args[0])
+        leaf = originals[number]
+        return inspect.getattr_static(cls, name).__get__(leaf, cls)(*args, **kwargs)
+
     import torch
 
-    for args, kwargs, value, moved, key in calls:
+    for number, args, kwargs, value, moved in calls:
         if not (is_plain(args) and is_plain(sorted(kwargs.items()))):
             return f"its arguments are not plain data (numbers, strings, paths): {_types(args, kwargs)}", []
         if moved:
@@ -98,9 +113,9 @@ def check(dataset: Any, name: str, keys: list[Any]) -> tuple[str | None, list[An
             random.seed(seed)
             np.random.seed(seed)
             torch.manual_seed(seed)
-            if not equal(fn(*args, **kwargs), value):
+            if not equal(fn(number, *args, **kwargs), value):
                 return "it draws random numbers (the same arguments gave another output)", []
-    return None, [c[2] for c in calls]
+    return None, [c[3] for c in calls]
 
 
 def composed(dataset: Any) -> list[str]:
@@ -121,37 +136,43 @@ class PrefixCandidate:
     steps: list[str]
 
 
-def check_prefix(dataset: Any, attr: str, keys: list[Any], item_s: float) -> PrefixCandidate | None:
-    """The deterministic prefix of the composed transform ``attr``: its length, share and outputs.
+def check_prefix(dataset: Any, attr: str, keys: list[Any], item_s: float, *,
+                 cls: type | None = None) -> PrefixCandidate | None:
+    """The deterministic prefix of the composed transform ``attr`` of the leaves of class ``cls`` (default:
+    the first leaf's): its length, share and outputs.
 
     Its calls on a few items are recorded; the input must be plain data (whether it recurs
-    across epochs is measured apart, :func:`placer.stream.hits.hit_rate`); each step then runs twice on the previous steps' output under
-    two states of the global random generators: the first step whose outputs differ, or
-    that moves a generator, ends the prefix. None when the transform is not called.
+    across epochs is measured apart, :func:`placer.stream.hits.hit_rate`); each step then runs twice on
+    the previous steps' output under two states of the global random generators: the first step whose
+    outputs differ, or that moves a generator, ends the prefix (each leaf's own steps, the shortest
+    prefix for all). None when the transform is not called.
     """
     import torch
 
-    compose = getattr(dataset, attr)
-    probe = copy.copy(dataset)
     seen: list[tuple[Any, Any]] = []
 
-    def record(x: Any) -> Any:
-        seen.append((x, key))
-        return compose(x)
+    def make(leaf: Any, number: int) -> Any:
+        compose = getattr(leaf, attr)
 
-    setattr(probe, attr, record)
+        def record(x: Any) -> Any:
+            seen.append((x, compose))
+            return compose(x)
+
+        return record
+
+    probe = probed(dataset, leaf_class(dataset) if cls is None else cls, attr, make)
     for key in keys[:CHECKED_ITEMS]:
-        probe[key]
+        fetched(probe, key)
     if not seen:
         return None
-    steps = list(compose.transforms)
-    k, outputs, prefix_s = len(steps), [], 0.0
-    for x, key in seen:
+    steps = list(seen[0][1].transforms)
+    k, outputs, prefix_s = min(len(c.transforms) for _, c in seen), [], 0.0
+    for x, compose in seen:
         if not is_plain((x,)):
             return PrefixCandidate(MethodCandidate(f"{attr}[:0]", 0.0, 0.0, 0.0), f"its input is not plain data "
                            f"({type(x).__name__}): nothing to key a cache by", [], [])
         y = x
-        for j, t in enumerate(steps[:k]):
+        for j, t in enumerate(list(compose.transforms)[:k]):
             outs = []
             for seed in (12345, 54321):
                 random.seed(seed)
@@ -170,17 +191,19 @@ def check_prefix(dataset: Any, attr: str, keys: list[Any], item_s: float) -> Pre
         outputs.append(y)
     names = [type(t).__name__ for t in steps[:k]]
     share = min(1.0, prefix_s / len(seen) / max(item_s, 1e-12))
-    cand = MethodCandidate(f"{attr}[:{k}]", share, len(seen) / len(keys[:CHECKED_ITEMS]), prefix_s / len(seen))
+    cand = MethodCandidate(f"{attr}[:{k}]", share, len(seen) / max(items_in(keys[:CHECKED_ITEMS]), 1),
+                           prefix_s / len(seen))
     if k == 0:
         return PrefixCandidate(cand, f"its first step ({type(steps[0]).__name__}) draws random numbers", [], [])
     return PrefixCandidate(cand, None, outputs, names)
 
 
 def item_seconds(dataset: Any, keys: list[Any]) -> float:
+    """Seconds an item of the first keys takes, fetched as the loader fetches it."""
     with Clock(cpu_clock=None) as c:
         for key in keys[:CHECKED_ITEMS]:
-            dataset[key]
-    return c.wall / max(1, len(keys[:CHECKED_ITEMS]))
+            fetched(dataset, key)
+    return c.wall / max(1, items_in(keys[:CHECKED_ITEMS]))
 
 
 def _types(args: tuple, kwargs: dict) -> str:

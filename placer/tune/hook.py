@@ -4,7 +4,7 @@ May import: the standard library at load time; torch only once the script has im
 placer.executor.stream.source (the one loader rebuilder) only when a run applies thread workers;
 placer.stream.procmem loaded from its file (standard library and psutil only);
 placer.stream.dataset_cache only in a run that looks for a cache inside the Dataset, and
-placer.stream.{cache_advice,hits} with placer.executor.stream.store only in a run that applies one
+placer.stream.{cache_advice,wrappers} with placer.executor.stream.store only in a run that applies one
 (each imported inside the function that needs it, in that run alone). This file is loaded by
 the ``sitecustomize`` that ``placer tune`` puts first on the script's ``PYTHONPATH``, before
 the script's first line, so it imports nothing the script would not: the script's own import
@@ -84,7 +84,7 @@ class _State:
         self.cache: dict | None = None
         #: the stores of the caches this process applied, by the dataset they keep outputs of (held, so that
         #: its id is not reused): removed when the hook ends the script
-        self.stores: dict[int, tuple] = {}
+        self.stores: dict[tuple, tuple] = {}
         self.finding = False
 
     # -- the record of a loader ----------------------------------------------------------
@@ -452,28 +452,30 @@ def _apply(bound, settings: dict) -> tuple[dict, bool]:
 
 
 def _with_cache(bound, spec: dict) -> dict:
-    """Put the cache ``spec`` names inside the loader's dataset (its ``Subset`` wrappers kept); what was done.
+    """Put the cache ``spec`` names inside the loader's dataset (its ``Subset`` and ``ConcatDataset`` wrappers
+    kept); what was done.
 
-    The cache is applied only to a dataset of the class it was found in: a script that builds
+    The cache is applied only to datasets of the class it was found in: a script that builds
     another dataset at the same place (another split, another option) keeps its own. A loader built
-    again around the same dataset object (each epoch, say) reads the store the first one filled; another
-    dataset object, even of the same class, gets its own store, as its outputs by the same arguments may
-    differ (a training and a validation split built by one function).
+    again around the same datasets (each epoch, say) reads the store the first one filled; other
+    dataset objects, even of the same class, get their own store, as their outputs by the same arguments
+    may differ (a training and a validation split built by one function).
     """
     from placer.executor.stream.store import SampleStore
     from placer.stream.cache_advice import CacheAdvice
-    from placer.stream.hits import unwrapped
+    from placer.stream.wrappers import leaves
 
     method = str(spec["method"])
     dataset = bound.arguments.get("dataset")
-    inner, _ = unwrapped(dataset)
     cls = method.rsplit(".", 1)[0]
-    if type(inner).__name__ != cls:
-        return {"method": method, "applied": False,
-                "reason": f"the dataset built here is a {type(inner).__name__}, not a {cls}"}
-    if id(inner) not in _state.stores:
-        _state.stores[id(inner)] = (inner, SampleStore(int(spec["budget_bytes"])))
-    store = _state.stores[id(inner)][1]
+    mine = tuple(leaf for leaf in leaves(dataset) if type(leaf).__name__ == cls)
+    if not mine:
+        kinds = ", ".join(dict.fromkeys(type(leaf).__name__ for leaf in leaves(dataset)))
+        return {"method": method, "applied": False, "reason": f"the dataset built here is a {kinds}, not a {cls}"}
+    key = tuple(id(leaf) for leaf in leaves(dataset))
+    if key not in _state.stores:
+        _state.stores[key] = (leaves(dataset), SampleStore(int(spec["budget_bytes"])))
+    store = _state.stores[key][1]
     bound.arguments["dataset"] = CacheAdvice(method, budget_bytes=int(spec["budget_bytes"])).apply(dataset, store)
     return {"method": method, "applied": True, "reason": "", "folder": store.folder}
 

@@ -152,12 +152,12 @@ def test_random_draws_end_what_can_be_cached():
 def test_an_item_keyed_by_index_and_epoch_does_not_recur():
     """Whether a call's arguments recur is measured on the sampler's next two epochs, whatever the keys look like."""
     loader = DataLoader(Seeded(), batch_size=4, sampler=EpochKeys(16))
-    rate, seen = hit_rate(Seeded(), "__getitem__", loader, [], Deadline(10))
+    rate, seen = hit_rate(Seeded(), "__getitem__", loader, Deadline(10))
     assert rate == 0.0 and seen > 16  # the sampler's epoch attribute advanced: every key is new
     assert loader.sampler.epoch == 0  # drawn from a copy: the user's sampler is where it was
     plain = DataLoader(Decoded(n=16), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
     state = plain.generator.get_state()
-    assert hit_rate(plain.dataset, "decode", plain, [], Deadline(10))[0] == 1.0
+    assert hit_rate(plain.dataset, "decode", plain, Deadline(10))[0] == 1.0
     assert torch.equal(plain.generator.get_state(), state)  # the user's generator did not move
 
 

@@ -70,7 +70,8 @@ def draws_unseeded(dataset: Any) -> bool:
             random.seed(seed)
             np.random.seed(seed)
             torch.manual_seed(seed)
-            out.append(dataset[0])
+            getitems = getattr(dataset, "__getitems__", None)  # a batch's keys at once, as the loader reads them
+            out.append(getitems([0])[0] if callable(getitems) else dataset[0])
         return not _equal(out[0], out[1])
     except Exception as e:  # a dataset that cannot be read twice: say nothing rather than guess
         log.debug("could not check whether the dataset draws random numbers: %s", e)

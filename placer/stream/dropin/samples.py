@@ -1,7 +1,7 @@
 """The loader's samples timed one by one, as a worker process reads them: what each costs, and the threads it keeps
 busy.
 
-May import: threading, psutil, placer.timing, placer.stream.dataset_cache, placer.stream.purity; torch inside
+May import: threading, psutil, placer.timing, placer.stream.{dataset_cache,hits,purity,wrappers}; torch inside
 functions.
 
 The checks after the search read them: the spread of the samples' costs (a heavy tail that holds
@@ -11,7 +11,8 @@ sample runs work in other threads too, a BLAS pool's: :mod:`~placer.stream.dropi
 Per thread, not per process: on a machine shared with other work the process gets fewer cores than
 its threads ask for, and CPU over wall seconds would read as one thread.
 Each ``dataset[key]`` runs in this process at torch's one intra-op thread, as torch's worker loop sets
-it in each worker (the BLAS pools as a worker inherits them), with the global random generators put back.
+it in each worker (the BLAS pools as a worker inherits them), with the global random generators put back;
+a dataset the loader hands each batch's keys at once reads each sample as ``__getitems__([key])``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 import psutil
 
 from placer.stream.dataset_cache import key_batches
+from placer.stream.hits import fetches_batches
+from placer.stream.wrappers import Batch, fetched
 from placer.stream.purity import global_random_state_kept
 from placer.timing import Clock, Deadline, torch_threads
 
@@ -71,14 +74,14 @@ def time_samples(loader: Any, batches: int, deadline: Deadline) -> Timed | None:
                 break
             each = []
             for key in batch:
-                each.append(_seconds(loader.dataset, key))
+                each.append(_seconds(loader.dataset, units_of(loader, [key])[0]))
                 if deadline.passed():
                     break
             if len(each) < len(batch) and out:  # a batch cut short would read cheaper than it is
                 break
             out.append(each)  # (the first batch is kept cut short: it is all there is)
         after = _thread_cpu()
-        _again(loader.dataset, keys, out)
+        _again(loader.dataset, [units_of(loader, b) for b in keys], out)
     me = threading.get_native_id()
     spent = {t: s - before.get(t, 0.0) for t, s in after.items()}
     own = spent.pop(me, 0.0)
@@ -97,9 +100,15 @@ def _again(dataset: Any, keys: list[list[Any]], costs: list[list[float]]) -> Non
         costs[b][i] = min([costs[b][i], *(_seconds(dataset, keys[b][i]) for _ in range(AGAIN))])
 
 
+def units_of(loader: Any, keys: list[Any]) -> list[Any]:
+    """Each key as the loader reads one sample by it: the key, or a batch of that key alone where the loader
+    hands its dataset each batch's keys at once (``__getitems__``)."""
+    return [Batch([k]) for k in keys] if fetches_batches(loader) else list(keys)
+
+
 def _seconds(dataset: Any, key: Any) -> float:
     with Clock(cpu_clock=None, settle=False) as c:
-        dataset[key]
+        fetched(dataset, key)
     return c.wall
 
 

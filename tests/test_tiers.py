@@ -72,6 +72,10 @@ END_TO_END = {
                                                "test_a_dominant_deterministic_decode_is_offered_with_its_gain",
     "caches by argument, whatever the key's layout":
         "stream/test_cache_shapes.py::test_a_decode_inside_an_epoch_seeded_key_is_cached_by_its_own_argument",
+    "caches inside a ConcatDataset": "stream/test_cache_shapes.py::"
+                                     "test_a_concatenation_is_searched_in_its_datasets_and_cached_in_copies_of_them",
+    "caches through a batched __getitems__": "stream/test_cache_shapes.py::"
+                                             "test_a_batched_getitems_is_fetched_as_the_loader_fetches_and_its_decode_cached",
     "the drop-in: memory per setting": "stream/test_dropin_memory.py::"
                                        "test_a_setting_over_the_memory_budget_is_not_recommended_and_the_advice_says_why",
     "the drop-in: slow samples and in_order": "stream/test_dropin_reorder.py::"

@@ -226,7 +226,7 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", [s if s == "two shards" else pytest.param(s, marks=pytest.mark.slow) for s in SHAPES])
 def test_a_concatenation_is_searched_in_its_datasets_and_cached_in_copies_of_them(shape):
     user = SHAPES[shape]()
     found = offered(shuffled(user))
@@ -276,7 +276,7 @@ class Rows(Dataset):
         raise AssertionError("the loader fetches a batch with __getitems__")
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["whole", "a split"])
+@pytest.mark.parametrize("split", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["whole", "a split"])
 def test_a_batched_getitems_is_fetched_as_the_loader_fetches_and_its_decode_cached(split):
     user = Subset(Rows(), list(range(4, 28))) if split else Rows()
     found = offered(shuffled(user))
@@ -305,6 +305,7 @@ def test_a_getitems_that_reads_the_whole_batch_at_once_is_told_why_nothing_is_ca
     assert "Reads.read_many: its arguments change between epochs" in found.reason
 
 
+@pytest.mark.slow
 def test_shards_keep_their_own_outputs_in_the_store_that_worker_processes_share():
     """Two shards' ``decode(3)`` are two files: with two worker processes filling and reading one store, every
     batch of every epoch is the uncached loader's."""
